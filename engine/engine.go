@@ -1,0 +1,314 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/idemflow/idemflow/store"
+)
+
+// Point names a moment in a step's attempt at which Config.Hook is called.
+type Point string
+
+// The points of a step's attempt.
+const (
+	// PointBefore is just before the step's function runs.
+	PointBefore Point = "before"
+	// PointAfterEffect is after the step's function returned successfully (its side
+	// effect happened) and before its checkpoint commits.
+	PointAfterEffect Point = "after-effect"
+)
+
+// HookFunc is called at each Point of every step attempt. It exists for fault
+// injection: the demo uses it to crash the process at a chosen point.
+type HookFunc func(ctx context.Context, operation, step string, point Point, attempt int)
+
+// Config configures an Engine. The zero value of every field but Operations takes
+// its default.
+type Config struct {
+	// Operations are the operation types this engine runs. Names must be unique.
+	Operations []Definition
+	// Logger receives the engine's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Lease is how long a run holds an operation without renewing its claim. A run
+	// renews it every Lease/3 while it works; an operation whose holder stopped
+	// renewing (it crashed) is taken over by another process once the lease has
+	// expired. Defaults to 15 seconds.
+	Lease time.Duration
+	// SweepInterval is how often the leader looks for operations whose lease
+	// expired, to resume them. Defaults to 5 seconds.
+	SweepInterval time.Duration
+	// PollInterval bounds how long Wait sleeps between reads of an operation that
+	// runs in another process. Defaults to 500 milliseconds.
+	PollInterval time.Duration
+	// Queue is the River queue of the engine's jobs. Defaults to "idemflow".
+	Queue string
+	// MaxWorkers is how many operations the River workers of this process resume
+	// at once. Defaults to 20.
+	MaxWorkers int
+	// Hook, when set, is called at each Point of every step attempt.
+	Hook HookFunc
+}
+
+// The defaults of Config.
+const (
+	DefaultLease         = 15 * time.Second
+	DefaultSweepInterval = 5 * time.Second
+	DefaultPollInterval  = 500 * time.Millisecond
+	DefaultQueue         = "idemflow"
+	DefaultMaxWorkers    = 20
+)
+
+func (c Config) withDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	if c.SweepInterval == 0 {
+		c.SweepInterval = DefaultSweepInterval
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.Queue == "" {
+		c.Queue = DefaultQueue
+	}
+	if c.MaxWorkers == 0 {
+		c.MaxWorkers = DefaultMaxWorkers
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Lease < 100*time.Millisecond:
+		return errors.New("lease must be at least 100ms")
+	case c.SweepInterval < 10*time.Millisecond:
+		return errors.New("sweep interval must be at least 10ms")
+	case c.PollInterval <= 0:
+		return errors.New("poll interval must be positive")
+	case c.MaxWorkers < 1:
+		return errors.New("max workers must be at least 1")
+	}
+	return nil
+}
+
+// Engine starts, runs and resumes operations. Make one with New; it is safe for
+// concurrent use.
+type Engine struct {
+	pool   *pgxpool.Pool
+	store  *store.Store
+	river  *river.Client[pgx.Tx]
+	cfg    Config
+	logger *slog.Logger
+	defs   map[string]*opDef
+
+	// baseCtx outlives the requests that start operations: a first attempt goes on
+	// when its caller stops waiting.
+	baseCtx    context.Context
+	cancelBase context.CancelFunc
+	runs       sync.WaitGroup
+
+	mu       sync.Mutex
+	stopping bool
+	waiters  map[uuid.UUID][]chan *Info
+}
+
+// New returns an Engine that keeps its operations in pool's database, which must
+// have been migrated with store.Migrate. cfg may be nil only when no operation type
+// is needed (inspection only).
+//
+// It returns an error wrapping ErrDuplicateOperation when two operation types share
+// a name.
+func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("engine: invalid config: %w", err)
+	}
+	e := &Engine{
+		pool:    pool,
+		store:   store.New(),
+		cfg:     c,
+		logger:  c.Logger,
+		defs:    make(map[string]*opDef, len(c.Operations)),
+		waiters: make(map[uuid.UUID][]chan *Info),
+	}
+	for _, op := range c.Operations {
+		d := op.definition()
+		if _, dup := e.defs[d.name]; dup {
+			return nil, fmt.Errorf("engine: %w: %q", ErrDuplicateOperation, d.name)
+		}
+		e.defs[d.name] = d
+	}
+	e.baseCtx, e.cancelBase = context.WithCancel(context.Background())
+
+	workers := river.NewWorkers()
+	if err := river.AddWorkerSafely(workers, &resumeWorker{e: e}); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if err := river.AddWorkerSafely(workers, &sweepWorker{e: e}); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Logger:  c.Logger,
+		Queues:  map[string]river.QueueConfig{c.Queue: {MaxWorkers: c.MaxWorkers}},
+		Workers: workers,
+		// The lease, not River's timeout, bounds a run: a long step renews its lease.
+		JobTimeout: -1,
+		PeriodicJobs: []*river.PeriodicJob{
+			river.NewPeriodicJob(river.PeriodicInterval(c.SweepInterval), func() (river.JobArgs, *river.InsertOpts) {
+				return sweepArgs{}, &river.InsertOpts{Queue: c.Queue}
+			}, &river.PeriodicJobOpts{RunOnStart: true}),
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("engine: river client: %w", err)
+	}
+	e.river = rc
+	return e, nil
+}
+
+// StartWorkers starts the River workers that run retries and resumes in this
+// process, and (on the elected leader) the sweeper. First attempts run without
+// them, in the process that starts the operation.
+func (e *Engine) StartWorkers(ctx context.Context) error {
+	if err := e.river.Start(ctx); err != nil {
+		return fmt.Errorf("engine: start river: %w", err)
+	}
+	return nil
+}
+
+// Stop stops accepting new operations and lets running first attempts and River
+// jobs finish until ctx is done; then it cancels what still runs (those operations
+// are resumed later, by this process or another, once their lease expires). It
+// returns ctx's error when it had to cancel.
+func (e *Engine) Stop(ctx context.Context) error {
+	e.mu.Lock()
+	e.stopping = true
+	e.mu.Unlock()
+
+	riverErr := e.river.Stop(ctx)
+	done := make(chan struct{})
+	go func() {
+		e.runs.Wait()
+		close(done)
+	}()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	e.cancelBase()
+	if riverErr != nil {
+		err = errors.Join(err, fmt.Errorf("engine: stop river: %w", riverErr),
+			e.river.StopAndCancel(context.WithoutCancel(ctx)))
+	}
+	<-done
+	return err
+}
+
+// River returns the River client the engine runs its jobs with, for an application
+// that wants to enqueue jobs of its own in the same transactions.
+func (e *Engine) River() *river.Client[pgx.Tx] { return e.river }
+
+func (e *Engine) registered(d Definition) (*opDef, error) {
+	def := d.definition()
+	if e.defs[def.name] != def {
+		return nil, fmt.Errorf("engine: %w: %q", ErrNotRegistered, def.name)
+	}
+	return def, nil
+}
+
+// addRun counts a run that Stop must wait for. It returns false once the engine
+// is stopping.
+func (e *Engine) addRun() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.stopping {
+		return false
+	}
+	e.runs.Add(1)
+	return true
+}
+
+func (e *Engine) addWaiter(id uuid.UUID) chan *Info {
+	ch := make(chan *Info, 1)
+	e.mu.Lock()
+	e.waiters[id] = append(e.waiters[id], ch)
+	e.mu.Unlock()
+	return ch
+}
+
+func (e *Engine) removeWaiter(id uuid.UUID, ch chan *Info) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	list := e.waiters[id]
+	for i, c := range list {
+		if c == ch {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(e.waiters, id)
+	} else {
+		e.waiters[id] = list
+	}
+}
+
+// notifyFinished hands a finished operation to the waiters of this process.
+func (e *Engine) notifyFinished(info *Info) {
+	e.mu.Lock()
+	list := e.waiters[info.ID]
+	delete(e.waiters, info.ID)
+	e.mu.Unlock()
+	for _, ch := range list {
+		ch <- info
+	}
+}
+
+// Wait waits until the operation finishes and returns it, without its steps. It
+// returns ctx's error when ctx ends first, and ErrNotFound when there is no such
+// operation. An operation that runs in this process is handed over the moment it
+// finishes; one that runs elsewhere is read again every PollInterval at most.
+func (e *Engine) Wait(ctx context.Context, id uuid.UUID) (*Info, error) {
+	ch := e.addWaiter(id)
+	defer e.removeWaiter(id, ch)
+	delay := 10 * time.Millisecond
+	for {
+		rec, err := e.store.OperationGet(ctx, e.pool, id)
+		if err != nil {
+			return nil, mapNotFound(err)
+		}
+		if rec.State != store.OperationInProgress {
+			return infoFromRecord(rec), nil
+		}
+		t := time.NewTimer(delay)
+		select {
+		case info := <-ch:
+			t.Stop()
+			return info, nil
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		delay = min(2*delay, e.cfg.PollInterval)
+	}
+}

@@ -1,0 +1,197 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemflow/idemflow/store"
+)
+
+// Status is the state of an operation.
+type Status string
+
+// The states of an operation.
+const (
+	StatusInProgress Status = "in_progress"
+	StatusSucceeded  Status = "succeeded"
+	StatusFailed     Status = "failed"
+)
+
+// StepStatus is the state of one step of an operation, as Get reports it.
+type StepStatus string
+
+// The states of a step.
+const (
+	// StepPending: the step has not run yet.
+	StepPending StepStatus = "pending"
+	// StepRunning: the step is being attempted, or waits for its next attempt after
+	// a transient failure (Attempts and LastError tell which).
+	StepRunning StepStatus = "running"
+	// StepSucceeded: the step is checkpointed; it never runs again.
+	StepSucceeded StepStatus = "succeeded"
+	// StepFailed: the step failed for good and ended the operation.
+	StepFailed StepStatus = "failed"
+	// StepCompensated: the step succeeded, then was undone by its compensation.
+	StepCompensated StepStatus = "compensated"
+	// StepSkipped: the operation ended before the step ran; it never will.
+	StepSkipped StepStatus = "skipped"
+)
+
+// Info is an operation as stored: its state, its stored answer and its steps.
+type Info struct {
+	ID uuid.UUID
+	// Name is the operation type's name.
+	Name string
+	// Scope and Key are the client scope and the client's idempotency key.
+	Scope  string
+	Key    string
+	Status Status
+	// Fingerprint is what the starter passed in StartOpts.Fingerprint.
+	Fingerprint json.RawMessage
+	// Result is the exact bytes of the JSON result once the operation succeeded.
+	Result json.RawMessage
+	// Error is the error that ended a failed operation.
+	Error *PermanentError
+	// Runs counts the runs that claimed the operation: 1 for an operation that
+	// finished in its first attempt.
+	Runs       int
+	CreatedAt  time.Time
+	FinishedAt *time.Time
+	// Steps lists every step the operation was started with, in order. Get fills
+	// it; the Info that Start and Wait return leave it nil.
+	Steps []StepInfo
+}
+
+// StepInfo is one step of an operation.
+type StepInfo struct {
+	Name   string
+	Kind   StepKind
+	Status StepStatus
+	// Attempts counts the finished attempts of the step.
+	Attempts int
+	// DerivedKey is the idempotency key of an external step, empty for others.
+	DerivedKey string
+	StartedAt  *time.Time
+	FinishedAt *time.Time
+	LastError  string
+}
+
+// Get reads an operation and its steps. It returns ErrNotFound when there is none.
+func (e *Engine) Get(ctx context.Context, id uuid.UUID) (*Info, error) {
+	rec, err := e.store.OperationGet(ctx, e.pool, id)
+	if err != nil {
+		return nil, mapNotFound(err)
+	}
+	return e.infoWithSteps(ctx, rec)
+}
+
+// GetByKey reads the operation reserved under (scope, key), with its steps. It
+// returns ErrNotFound when there is none.
+func (e *Engine) GetByKey(ctx context.Context, scope, key string) (*Info, error) {
+	rec, err := e.store.OperationGetByKey(ctx, e.pool, scope, key)
+	if err != nil {
+		return nil, mapNotFound(err)
+	}
+	return e.infoWithSteps(ctx, rec)
+}
+
+// Lookup reads the operation reserved under (scope, key) without its steps, in one
+// indexed read: what a replay needs. It returns ErrNotFound when there is none.
+func (e *Engine) Lookup(ctx context.Context, scope, key string) (*Info, error) {
+	rec, err := e.store.OperationGetByKey(ctx, e.pool, scope, key)
+	if err != nil {
+		return nil, mapNotFound(err)
+	}
+	return infoFromRecord(rec), nil
+}
+
+func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info, error) {
+	steps, err := e.store.StepListByOperation(ctx, e.pool, rec.ID)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	info := infoFromRecord(rec)
+	byName := make(map[string]store.Step, len(steps))
+	for _, s := range steps {
+		byName[s.Name] = s
+	}
+	def := e.defs[rec.Name]
+	held := rec.State == store.OperationInProgress && rec.LockedBy != nil && rec.LockedUntil.After(time.Now())
+	sawUnfinished := false
+	for _, name := range rec.Steps {
+		si := StepInfo{Name: name, Status: StepPending}
+		if def != nil {
+			if i, ok := def.index[name]; ok {
+				si.Kind = def.steps[i].kind
+				if si.Kind == KindExternal {
+					si.DerivedKey = DerivedKey(rec.Name, rec.Scope, rec.Key, name)
+				}
+			}
+		}
+		if s, ok := byName[name]; ok {
+			si.Attempts = s.Attempts
+			si.LastError = s.LastError
+			started := s.StartedAt
+			si.StartedAt = &started
+			si.FinishedAt = s.FinishedAt
+			switch s.State {
+			case store.StepSucceeded:
+				si.Status = StepSucceeded
+			case store.StepCompensated:
+				si.Status = StepCompensated
+			case store.StepFailed:
+				si.Status = StepFailed
+			case store.StepRetrying:
+				si.Status = StepRunning
+			}
+		}
+		if si.Status == StepPending || si.Status == StepRunning {
+			switch {
+			case rec.State != store.OperationInProgress:
+				si.Status = StepSkipped
+			case !sawUnfinished && held:
+				// The first unfinished step of an operation that a live run holds is
+				// the one that run is working on.
+				si.Status = StepRunning
+			}
+			sawUnfinished = true
+		}
+		info.Steps = append(info.Steps, si)
+	}
+	return info, nil
+}
+
+func infoFromRecord(rec *store.Operation) *Info {
+	info := &Info{
+		ID:          rec.ID,
+		Name:        rec.Name,
+		Scope:       rec.Scope,
+		Key:         rec.Key,
+		Status:      Status(rec.State),
+		Fingerprint: rec.Fingerprint,
+		Result:      rec.Result,
+		Runs:        rec.Runs,
+		CreatedAt:   rec.CreatedAt,
+		FinishedAt:  rec.FinishedAt,
+	}
+	if len(rec.Error) > 0 {
+		pe := &PermanentError{}
+		if err := json.Unmarshal(rec.Error, pe); err != nil {
+			pe = &PermanentError{Code: "unreadable_error", Message: string(rec.Error)}
+		}
+		info.Error = pe
+	}
+	return info
+}
+
+func mapNotFound(err error) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return ErrNotFound
+	}
+	return fmt.Errorf("engine: %w", err)
+}

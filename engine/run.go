@@ -1,0 +1,603 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/idemflow/idemflow/store"
+)
+
+// Reasons a run ends without finishing its operation. None of them is a failure of
+// the operation: another run carries it on.
+var (
+	// errKeyTaken: the reservation found the key already taken.
+	errKeyTaken = errors.New("idempotency key already taken")
+	// errHandedOff: the run scheduled a River job to carry on after a backoff.
+	errHandedOff = errors.New("handed off to a river job")
+	// errLost: another run recorded the work first; this run's lease had expired.
+	errLost = errors.New("lease lost to another run")
+)
+
+// run is one attempt at an operation by one process: the first attempt, or a
+// resume by a River worker. It holds the operation through the row's lease
+// (locked_by and locked_until).
+type run struct {
+	e     *Engine
+	def   *opDef
+	id    uuid.UUID
+	runID uuid.UUID
+	scope string
+	key   string
+	// steps are the steps to run, in the order the operation was started with. A
+	// nil entry is a step this process's definition lacks (it had succeeded).
+	steps []*stepDef
+	in    any
+	// state is the operation's *S; stateRaw is its encoding after the last step
+	// that succeeded, from which state is restored when an attempt fails.
+	state    any
+	stateRaw []byte
+	status   map[string]store.StepState
+	// tries counts the recorded attempts of each step.
+	tries map[string]int
+	// failure is the permanent error of a failed step, once there is one.
+	failure *PermanentError
+	resumed bool
+
+	// insert, while not nil, is the reservation still to commit, which the first
+	// transaction of a first attempt carries.
+	insert *store.OperationInsertParams
+	// pending are checkpoints of external steps that the next transaction commits.
+	pending []store.StepCheckpointParams
+
+	local *localRun
+	// mu guards reserved, which the lease timer reads.
+	mu        sync.Mutex
+	reserved  bool
+	cancelRun context.CancelCauseFunc
+}
+
+// execute runs the first attempt of a new operation.
+func (r *run) execute(ctx context.Context) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	r.cancelRun = cancel
+	stopLease := r.keepLease(ctx)
+	defer stopLease()
+
+	info, err := r.runSteps(ctx)
+	r.end(ctx, info, err)
+}
+
+// end reports how the run ended to the starter and to the waiters.
+func (r *run) end(ctx context.Context, info *Info, err error) {
+	log := r.logger()
+	switch {
+	case err == nil:
+		log.DebugContext(ctx, "operation finished", slog.String("status", string(info.Status)), slog.Int("runs", info.Runs))
+	case errors.Is(err, errKeyTaken), errors.Is(err, errHandedOff):
+	case errors.Is(err, errLost):
+		log.WarnContext(ctx, "run stopped: another run took the operation over")
+	default:
+		log.ErrorContext(ctx, "run stopped; the operation resumes once its lease expires", slog.Any("error", err))
+	}
+	if r.local != nil {
+		r.mu.Lock()
+		reserved := r.reserved
+		r.mu.Unlock()
+		if !reserved {
+			res := reservation{err: err}
+			if errors.Is(err, errKeyTaken) {
+				res = r.existing(ctx)
+			}
+			r.local.reserved <- res
+		}
+		r.local.info = info
+		close(r.local.done)
+	}
+	if info != nil {
+		r.e.notifyFinished(info)
+	}
+}
+
+func (r *run) existing(ctx context.Context) reservation {
+	rec, err := r.e.store.OperationGetByKey(ctx, r.e.pool, r.scope, r.key)
+	if err != nil {
+		return reservation{err: fmt.Errorf("engine: read existing operation: %w", err)}
+	}
+	return reservation{existing: infoFromRecord(rec)}
+}
+
+func (r *run) logger() *slog.Logger {
+	return r.e.logger.With(
+		slog.String("operation_id", r.id.String()),
+		slog.String("operation", r.def.name),
+		slog.String("key", r.key),
+	)
+}
+
+// runSteps runs every step that has not succeeded, then stores the result. It
+// returns the finished operation, or why the run ended without finishing it.
+func (r *run) runSteps(ctx context.Context) (*Info, error) {
+	if r.failure != nil {
+		return r.compensate(ctx)
+	}
+	for i, st := range r.steps {
+		if st == nil || r.status[st.name] == store.StepSucceeded {
+			continue
+		}
+		last := i == len(r.steps)-1
+		var (
+			info *Info
+			err  error
+		)
+		if st.kind == KindTx {
+			info, err = r.runTxStep(ctx, i, st, last)
+		} else {
+			info, err = r.runExternalStep(ctx, i, st, last)
+		}
+		if err != nil || info != nil {
+			return info, err
+		}
+	}
+	// Every step had succeeded already: only the result is left to store.
+	tx, err := r.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer rollback(ctx, tx)
+	return r.commitSuccess(ctx, tx)
+}
+
+func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*Info, error) {
+	attempt := r.tries[st.name] + 1
+	started := time.Now()
+	tx, err := r.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer rollback(ctx, tx)
+	r.hook(ctx, st, PointBefore, attempt)
+	if err := st.tx(ctx, tx, r.in, r.state); err != nil {
+		rollback(ctx, tx)
+		return r.stepFailed(ctx, i, st, attempt, started, err)
+	}
+	r.hook(ctx, st, PointAfterEffect, attempt)
+	if err := r.succeeded(i, st, attempt, started); err != nil {
+		rollback(ctx, tx)
+		return r.stepFailed(ctx, i, st, attempt, started, Permanent(err))
+	}
+	if last {
+		return r.commitSuccess(ctx, tx)
+	}
+	return nil, r.commit(ctx, tx)
+}
+
+func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool) (*Info, error) {
+	// The reservation commits before anything leaves the process.
+	if r.insert != nil {
+		tx, err := r.begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := r.commit(ctx, tx); err != nil {
+			return nil, err
+		}
+	}
+	attempt := r.tries[st.name] + 1
+	started := time.Now()
+	call := Call{
+		Key:          DerivedKey(r.def.name, r.scope, r.key, st.name),
+		Attempt:      attempt,
+		Operation:    r.def.name,
+		Step:         st.name,
+		Scope:        r.scope,
+		OperationKey: r.key,
+	}
+	r.hook(ctx, st, PointBefore, attempt)
+	found := false
+	// A resumed run cannot know whether the run before it called out: ask first.
+	if st.lookup != nil && (r.resumed || attempt > 1) {
+		var err error
+		found, err = st.lookup(ctx, call, r.in, r.state)
+		if err != nil {
+			return r.stepFailed(ctx, i, st, attempt, started, fmt.Errorf("lookup: %w", err))
+		}
+		if found {
+			r.logger().InfoContext(ctx, "lookup found the earlier attempt; not calling again",
+				slog.String("step", st.name), slog.Int("attempt", attempt))
+		}
+	}
+	if !found {
+		if err := st.external(ctx, call, r.in, r.state); err != nil {
+			return r.stepFailed(ctx, i, st, attempt, started, err)
+		}
+	}
+	r.hook(ctx, st, PointAfterEffect, attempt)
+	if err := r.succeeded(i, st, attempt, started); err != nil {
+		return r.stepFailed(ctx, i, st, attempt, started, Permanent(err))
+	}
+	if !last {
+		// Checkpointed with the next transaction, so that a first attempt commits
+		// once before its call and once after.
+		return nil, nil
+	}
+	tx, err := r.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer rollback(ctx, tx)
+	return r.commitSuccess(ctx, tx)
+}
+
+// succeeded queues the checkpoint of a step whose effect has happened.
+func (r *run) succeeded(i int, st *stepDef, attempt int, started time.Time) error {
+	raw, err := json.Marshal(r.state)
+	if err != nil {
+		return fmt.Errorf("encode state after step %s: %w", st.name, err)
+	}
+	r.stateRaw = raw
+	r.status[st.name] = store.StepSucceeded
+	r.tries[st.name] = attempt
+	r.pending = append(r.pending, store.StepCheckpointParams{
+		OperationID: r.id,
+		Name:        st.name,
+		Position:    i,
+		Attempts:    attempt,
+		Output:      raw,
+		StartedAt:   started,
+	})
+	return nil
+}
+
+// stepFailed handles a failed attempt: a retry later, or the end of the operation.
+func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, started time.Time, stepErr error) (*Info, error) {
+	if cause := context.Cause(ctx); cause != nil {
+		// The run was stopped (the engine stops, or the lease was lost): the error
+		// says nothing about the step.
+		return nil, cause
+	}
+	if err := r.restoreState(); err != nil {
+		return nil, err
+	}
+	log := r.logger().With(slog.String("step", st.name), slog.Int("attempt", attempt))
+	var pe *PermanentError
+	if !errors.As(stepErr, &pe) && attempt >= st.retry.MaxAttempts {
+		pe = &PermanentError{
+			Code:    "attempts_exhausted",
+			Message: fmt.Sprintf("step %s failed %d times; last error: %s", st.name, attempt, stepErr),
+		}
+	}
+	if pe != nil {
+		pe = &PermanentError{Code: pe.Code, Message: pe.Message, Details: pe.Details, Step: st.name}
+		log.InfoContext(ctx, "step failed permanently", slog.String("code", pe.Code), slog.String("error", pe.Message))
+		r.failure = pe
+		r.tries[st.name] = attempt
+		r.status[st.name] = store.StepFailed
+		return r.compensateWith(ctx, &store.StepRecordFailureParams{
+			OperationID: r.id, Name: st.name, Position: i, State: store.StepFailed,
+			Attempts: attempt, LastError: pe.Error(), StartedAt: started,
+		})
+	}
+
+	delay := st.retry.Backoff(attempt)
+	log.InfoContext(ctx, "step failed; retrying later", slog.Any("error", stepErr), slog.Duration("backoff", delay))
+	tx, err := r.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer rollback(ctx, tx)
+	if err := r.e.store.StepRecordFailure(ctx, tx, store.StepRecordFailureParams{
+		OperationID: r.id, Name: st.name, Position: i, State: store.StepRetrying,
+		Attempts: attempt, LastError: stepErr.Error(), StartedAt: started,
+	}); err != nil {
+		return nil, err
+	}
+	r.tries[st.name] = attempt
+	return nil, r.handOff(ctx, tx, delay)
+}
+
+// handOff writes the pending checkpoints, gives the operation to a River job
+// scheduled after delay, and commits.
+func (r *run) handOff(ctx context.Context, tx pgx.Tx, delay time.Duration) error {
+	runAt := time.Now().Add(delay)
+	ok, err := r.e.store.OperationRelease(ctx, tx, r.id, r.runID, runAt, r.e.cfg.Lease)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errLost
+	}
+	if _, err := r.e.river.InsertTx(ctx, tx, resumeArgs{OperationID: r.id, Operation: r.def.name},
+		&river.InsertOpts{Queue: r.e.cfg.Queue, ScheduledAt: runAt}); err != nil {
+		return fmt.Errorf("engine: enqueue retry: %w", err)
+	}
+	if err := r.commit(ctx, tx); err != nil {
+		return err
+	}
+	return errHandedOff
+}
+
+// compensate undoes the succeeded steps after a permanent failure, last first,
+// and ends the operation failed.
+func (r *run) compensate(ctx context.Context) (*Info, error) {
+	return r.compensateWith(ctx, nil)
+}
+
+// compensateWith is compensate with a failure record that the first of its
+// transactions commits.
+func (r *run) compensateWith(ctx context.Context, failure *store.StepRecordFailureParams) (*Info, error) {
+	var todo []*stepDef
+	for i := len(r.steps) - 1; i >= 0; i-- {
+		st := r.steps[i]
+		if st != nil && st.compensate != nil && r.status[st.name] == store.StepSucceeded {
+			todo = append(todo, st)
+		}
+	}
+	for k, st := range todo {
+		tx, err := r.begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer rollback(ctx, tx)
+		if err := r.recordFailure(ctx, tx, failure); err != nil {
+			return nil, err
+		}
+		if err := st.compensate(ctx, tx, r.in, r.state); err != nil {
+			rollback(ctx, tx)
+			return r.compensationFailed(ctx, st, failure, err)
+		}
+		ok, err := r.e.store.StepCompensated(ctx, tx, r.id, st.name)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, errLost
+		}
+		if k == len(todo)-1 {
+			return r.commitFailure(ctx, tx)
+		}
+		if err := r.commit(ctx, tx); err != nil {
+			return nil, err
+		}
+		failure = nil
+		r.status[st.name] = store.StepCompensated
+	}
+	tx, err := r.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer rollback(ctx, tx)
+	if err := r.recordFailure(ctx, tx, failure); err != nil {
+		return nil, err
+	}
+	return r.commitFailure(ctx, tx)
+}
+
+// recordFailure records a step's permanent failure, and the operation's error so
+// that a resumed run finishes the operation with it.
+func (r *run) recordFailure(ctx context.Context, tx pgx.Tx, failure *store.StepRecordFailureParams) error {
+	if failure == nil {
+		return nil
+	}
+	if err := r.e.store.StepRecordFailure(ctx, tx, *failure); err != nil {
+		return err
+	}
+	raw, err := json.Marshal(r.failure)
+	if err != nil {
+		return fmt.Errorf("engine: encode error: %w", err)
+	}
+	ok, err := r.e.store.OperationSetError(ctx, tx, r.id, r.runID, raw)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errLost
+	}
+	return nil
+}
+
+// compensationFailed retries a compensation later, or, once the failed step's
+// retry policy is spent, ends the operation failed with the compensation's error
+// so that it is visible rather than retried forever.
+func (r *run) compensationFailed(ctx context.Context, st *stepDef, failure *store.StepRecordFailureParams, compErr error) (*Info, error) {
+	if cause := context.Cause(ctx); cause != nil {
+		return nil, cause
+	}
+	r.tries[st.name]++
+	log := r.logger().With(slog.String("step", st.name))
+	tx, err := r.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer rollback(ctx, tx)
+	if err := r.recordFailure(ctx, tx, failure); err != nil {
+		return nil, err
+	}
+	var pe *PermanentError
+	if errors.As(compErr, &pe) || r.tries[st.name] >= st.retry.MaxAttempts {
+		log.ErrorContext(ctx, "compensation failed for good", slog.Any("error", compErr))
+		r.failure = &PermanentError{
+			Code:    "compensation_failed",
+			Message: fmt.Sprintf("compensation of step %s failed: %s (after: %s)", st.name, compErr, r.failure.Message),
+			Step:    r.failure.Step,
+		}
+		return r.commitFailure(ctx, tx)
+	}
+	delay := st.retry.Backoff(r.tries[st.name])
+	log.WarnContext(ctx, "compensation failed; retrying later", slog.Any("error", compErr), slog.Duration("backoff", delay))
+	return nil, r.handOff(ctx, tx, delay)
+}
+
+// begin opens a transaction; on a first attempt whose reservation has not
+// committed yet, the transaction starts with it.
+func (r *run) begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := r.e.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("engine: begin: %w", err)
+	}
+	if r.insert != nil {
+		created, err := r.e.store.OperationInsert(ctx, tx, *r.insert)
+		if err != nil {
+			rollback(ctx, tx)
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		if !created {
+			rollback(ctx, tx)
+			return nil, errKeyTaken
+		}
+	}
+	return tx, nil
+}
+
+func (r *run) writePending(ctx context.Context, tx pgx.Tx) error {
+	for _, cp := range r.pending {
+		ok, err := r.e.store.StepCheckpoint(ctx, tx, cp)
+		if err != nil {
+			return fmt.Errorf("engine: %w", err)
+		}
+		if !ok {
+			return errLost
+		}
+	}
+	return nil
+}
+
+// commit writes the pending checkpoints and commits.
+func (r *run) commit(ctx context.Context, tx pgx.Tx) error {
+	if err := r.writePending(ctx, tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("engine: commit: %w", err)
+	}
+	r.pending = r.pending[:0]
+	if r.insert != nil {
+		r.insert = nil
+		r.mu.Lock()
+		r.reserved = true
+		r.mu.Unlock()
+		if r.local != nil {
+			r.local.reserved <- reservation{created: true}
+		}
+	}
+	return nil
+}
+
+// commitSuccess stores the result with the pending checkpoints and commits.
+func (r *run) commitSuccess(ctx context.Context, tx pgx.Tx) (*Info, error) {
+	result, err := r.def.result(r.in, r.state)
+	if err != nil {
+		rollback(ctx, tx)
+		last := r.steps[len(r.steps)-1]
+		r.failure = &PermanentError{Code: "result_failed", Message: err.Error(), Step: last.name}
+		// The pending checkpoints stand: the steps did happen.
+		return r.compensate(ctx)
+	}
+	return r.finish(ctx, tx, store.OperationSucceeded, result, nil)
+}
+
+func (r *run) commitFailure(ctx context.Context, tx pgx.Tx) (*Info, error) {
+	raw, err := json.Marshal(r.failure)
+	if err != nil {
+		return nil, fmt.Errorf("engine: encode error: %w", err)
+	}
+	return r.finish(ctx, tx, store.OperationFailed, nil, raw)
+}
+
+func (r *run) finish(ctx context.Context, tx pgx.Tx, state store.OperationState, result, errRaw []byte) (*Info, error) {
+	ok, err := r.e.store.OperationFinish(ctx, tx, store.OperationFinishParams{
+		ID: r.id, Run: r.runID, State: state, Result: result, Error: errRaw,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if !ok {
+		return nil, errLost
+	}
+	if err := r.commit(ctx, tx); err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	info := &Info{
+		ID:         r.id,
+		Name:       r.def.name,
+		Scope:      r.scope,
+		Key:        r.key,
+		Status:     Status(state),
+		Result:     result,
+		FinishedAt: &now,
+	}
+	if state == store.OperationFailed {
+		info.Error = r.failure
+	}
+	return info, nil
+}
+
+func (r *run) restoreState() error {
+	s, err := r.def.decodeState(r.stateRaw)
+	if err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	r.state = s
+	return nil
+}
+
+func (r *run) hook(ctx context.Context, st *stepDef, p Point, attempt int) {
+	if r.e.cfg.Hook != nil {
+		r.e.cfg.Hook(ctx, r.def.name, st.name, p, attempt)
+	}
+}
+
+// keepLease renews the run's lease every third of it while the run works, and
+// stops the run when another run has taken the operation over.
+func (r *run) keepLease(ctx context.Context) (stop func()) {
+	every := r.e.cfg.Lease / 3
+	var t *time.Timer
+	var mu sync.Mutex
+	stopped := false
+	var renew func()
+	renew = func() {
+		r.mu.Lock()
+		reserved := r.reserved
+		r.mu.Unlock()
+		if reserved {
+			ok, err := r.e.store.OperationRenewLease(ctx, r.e.pool, r.id, r.runID, r.e.cfg.Lease)
+			switch {
+			case err != nil:
+				r.logger().WarnContext(ctx, "could not renew lease", slog.Any("error", err))
+			case !ok:
+				r.cancelRun(errLost)
+				return
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t.Reset(every)
+		}
+	}
+	mu.Lock()
+	t = time.AfterFunc(every, renew)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
+	}
+}
+
+// rollback ends a transaction that may already have ended; its error says nothing
+// the caller does not know already.
+func rollback(ctx context.Context, tx pgx.Tx) {
+	_ = tx.Rollback(context.WithoutCancel(ctx))
+}

@@ -1,0 +1,5 @@
+-- name: AdvisoryLock :exec
+SELECT pg_advisory_lock(@key::bigint);
+
+-- name: AdvisoryUnlock :exec
+SELECT pg_advisory_unlock(@key::bigint);

@@ -1,0 +1,70 @@
+-- name: OperationInsert :one
+INSERT INTO idemflow_operation (id, name, scope, key, steps, input, fingerprint, locked_by, locked_until, created_at)
+VALUES (@id, @name, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), sqlc.narg('locked_by'), coalesce(sqlc.narg('now')::timestamptz, now()) + @lease::interval, coalesce(sqlc.narg('now')::timestamptz, now()))
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING created_at;
+
+-- name: OperationGetByKey :one
+SELECT * FROM idemflow_operation WHERE scope = @scope AND key = @key;
+
+-- name: OperationGet :one
+SELECT * FROM idemflow_operation WHERE id = @id;
+
+-- name: OperationClaim :one
+-- Takes the operation for a run when nobody holds it: it waits for a job
+-- (locked_by is null) or its holder's lease has expired.
+UPDATE idemflow_operation
+SET locked_by = @run_id,
+    locked_until = coalesce(sqlc.narg('now')::timestamptz, now()) + @lease::interval,
+    runs = runs + 1
+WHERE id = @id
+  AND state = 'in_progress'
+  AND (locked_by IS NULL OR locked_until < coalesce(sqlc.narg('now')::timestamptz, now()))
+RETURNING *;
+
+-- name: OperationRenewLease :execrows
+UPDATE idemflow_operation
+SET locked_until = coalesce(sqlc.narg('now')::timestamptz, now()) + @lease::interval
+WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
+
+-- name: OperationRelease :execrows
+-- Hands the operation to a River job scheduled at run_at; the sweeper looks again
+-- only if nothing has claimed it a lease after that.
+UPDATE idemflow_operation
+SET locked_by = NULL,
+    locked_until = sqlc.arg(run_at)::timestamptz + @lease::interval
+WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
+
+-- name: OperationFinish :execrows
+UPDATE idemflow_operation
+SET state = @state,
+    result = sqlc.narg('result'),
+    error = sqlc.narg('error'),
+    locked_by = NULL,
+    finished_at = coalesce(sqlc.narg('now')::timestamptz, now())
+WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
+
+-- name: OperationListExpired :many
+-- Operations in progress whose holder stopped renewing its lease, oldest first.
+SELECT id, name FROM idemflow_operation
+WHERE state = 'in_progress'
+  AND locked_until < coalesce(sqlc.narg('now')::timestamptz, now())
+ORDER BY locked_until
+LIMIT @max;
+
+-- name: OperationExtendExpired :execrows
+-- Pushes an expired lease forward while a resume job is queued, so that the next
+-- sweep does not enqueue the same operation again.
+UPDATE idemflow_operation
+SET locked_by = NULL,
+    locked_until = coalesce(sqlc.narg('now')::timestamptz, now()) + @lease::interval
+WHERE id = @id
+  AND state = 'in_progress'
+  AND locked_until < coalesce(sqlc.narg('now')::timestamptz, now());
+
+-- name: OperationSetError :execrows
+-- Records the permanent error of an operation that is still compensating, so that
+-- a resumed run finishes it with the same error.
+UPDATE idemflow_operation
+SET error = @error
+WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';

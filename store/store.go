@@ -1,0 +1,387 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemflow/idemflow/store/internal/dbsqlc"
+)
+
+// ErrNotFound is returned when a row that was asked for does not exist.
+var ErrNotFound = errors.New("store: not found")
+
+// DBTX is what every Store method runs on: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// OperationState is the state of an operation.
+type OperationState string
+
+// The states of an operation.
+const (
+	OperationInProgress OperationState = "in_progress"
+	OperationSucceeded  OperationState = "succeeded"
+	OperationFailed     OperationState = "failed"
+)
+
+// StepState is the recorded state of a step. A step with no record is pending.
+type StepState string
+
+// The recorded states of a step.
+const (
+	// StepRetrying: an attempt failed and another will follow.
+	StepRetrying StepState = "retrying"
+	// StepSucceeded: the step is checkpointed and never runs again.
+	StepSucceeded StepState = "succeeded"
+	// StepFailed: the step failed for good and ended its operation.
+	StepFailed StepState = "failed"
+	// StepCompensated: the step had succeeded, and its compensation has run.
+	StepCompensated StepState = "compensated"
+)
+
+// Operation is a row of idemflow_operation.
+type Operation struct {
+	ID    uuid.UUID
+	Name  string
+	Scope string
+	Key   string
+	State OperationState
+	// Steps is the step list the operation was started with.
+	Steps       []string
+	Input       json.RawMessage
+	Fingerprint json.RawMessage
+	// Result holds the exact bytes of the final result once the operation succeeded.
+	Result json.RawMessage
+	// Error holds the permanent error once the operation failed.
+	Error json.RawMessage
+	// Runs counts the runs that claimed the operation: the first attempt and every resume.
+	Runs int
+	// LockedBy is the run that holds the operation, nil while it waits for a job.
+	LockedBy    *uuid.UUID
+	LockedUntil time.Time
+	CreatedAt   time.Time
+	FinishedAt  *time.Time
+}
+
+// Step is a row of idemflow_step.
+type Step struct {
+	OperationID uuid.UUID
+	Name        string
+	Position    int
+	State       StepState
+	Attempts    int
+	// Output is the operation's state after the step succeeded.
+	Output     json.RawMessage
+	LastError  string
+	StartedAt  time.Time
+	FinishedAt *time.Time
+}
+
+// Store runs idemflow's queries. The zero value is not usable: call New.
+type Store struct {
+	q *dbsqlc.Queries
+}
+
+// New returns a Store.
+func New() *Store {
+	return &Store{q: dbsqlc.New()}
+}
+
+// OperationInsertParams are the fields of a new operation.
+type OperationInsertParams struct {
+	ID          uuid.UUID
+	Name        string
+	Scope       string
+	Key         string
+	Steps       []string
+	Input       json.RawMessage
+	Fingerprint json.RawMessage
+	// LockedBy is the run that will execute the operation at once, or nil when a
+	// job will.
+	LockedBy *uuid.UUID
+	// Lease is how long the operation belongs to LockedBy (or to the job) before the
+	// sweeper may take it over.
+	Lease time.Duration
+	// Now overrides the database clock, for tests. Nil means now().
+	Now *time.Time
+}
+
+// OperationInsert reserves (Scope, Key) for a new operation. It returns false, and
+// writes nothing, when the key is already taken.
+func (s *Store) OperationInsert(ctx context.Context, db DBTX, p OperationInsertParams) (bool, error) {
+	_, err := s.q.OperationInsert(ctx, db, dbsqlc.OperationInsertParams{
+		ID:          p.ID,
+		Name:        p.Name,
+		Scope:       p.Scope,
+		Key:         p.Key,
+		Steps:       p.Steps,
+		Input:       p.Input,
+		Fingerprint: nullJSON(p.Fingerprint),
+		LockedBy:    p.LockedBy,
+		Lease:       p.Lease,
+		Now:         p.Now,
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("store: insert operation: %w", err)
+	}
+	return true, nil
+}
+
+// OperationGetByKey reads the operation reserved under (scope, key).
+func (s *Store) OperationGetByKey(ctx context.Context, db DBTX, scope, key string) (*Operation, error) {
+	row, err := s.q.OperationGetByKey(ctx, db, dbsqlc.OperationGetByKeyParams{Scope: scope, Key: key})
+	if err != nil {
+		return nil, mapErr("get operation by key", err)
+	}
+	return operationFromRow(row), nil
+}
+
+// OperationGet reads an operation by its id.
+func (s *Store) OperationGet(ctx context.Context, db DBTX, id uuid.UUID) (*Operation, error) {
+	row, err := s.q.OperationGet(ctx, db, id)
+	if err != nil {
+		return nil, mapErr("get operation", err)
+	}
+	return operationFromRow(row), nil
+}
+
+// OperationClaim takes an operation in progress for run when nobody holds it (it
+// waits for a job, or its holder's lease expired), and counts the run. It returns
+// ErrNotFound when the operation is finished or held by a live run.
+func (s *Store) OperationClaim(ctx context.Context, db DBTX, id, run uuid.UUID, lease time.Duration) (*Operation, error) {
+	row, err := s.q.OperationClaim(ctx, db, dbsqlc.OperationClaimParams{ID: id, RunID: &run, Lease: lease})
+	if err != nil {
+		return nil, mapErr("claim operation", err)
+	}
+	return operationFromRow(row), nil
+}
+
+// OperationRenewLease extends run's hold on an operation. It returns false when run
+// no longer holds it.
+func (s *Store) OperationRenewLease(ctx context.Context, db DBTX, id, run uuid.UUID, lease time.Duration) (bool, error) {
+	n, err := s.q.OperationRenewLease(ctx, db, dbsqlc.OperationRenewLeaseParams{ID: id, RunID: &run, Lease: lease})
+	if err != nil {
+		return false, fmt.Errorf("store: renew lease: %w", err)
+	}
+	return n == 1, nil
+}
+
+// OperationRelease hands an operation from run to a job scheduled at runAt. The
+// sweeper considers the operation again only a lease after runAt. It returns false
+// when run no longer held the operation.
+func (s *Store) OperationRelease(ctx context.Context, db DBTX, id, run uuid.UUID, runAt time.Time, lease time.Duration) (bool, error) {
+	n, err := s.q.OperationRelease(ctx, db, dbsqlc.OperationReleaseParams{ID: id, RunID: &run, RunAt: runAt, Lease: lease})
+	if err != nil {
+		return false, fmt.Errorf("store: release operation: %w", err)
+	}
+	return n == 1, nil
+}
+
+// OperationFinishParams end an operation.
+type OperationFinishParams struct {
+	ID    uuid.UUID
+	Run   uuid.UUID
+	State OperationState
+	// Result is stored byte for byte when the operation succeeded.
+	Result json.RawMessage
+	// Error is the permanent error when the operation failed.
+	Error json.RawMessage
+}
+
+// OperationFinish records an operation's end. It returns false, and changes
+// nothing, when p.Run no longer holds the operation.
+func (s *Store) OperationFinish(ctx context.Context, db DBTX, p OperationFinishParams) (bool, error) {
+	n, err := s.q.OperationFinish(ctx, db, dbsqlc.OperationFinishParams{
+		ID:     p.ID,
+		RunID:  &p.Run,
+		State:  string(p.State),
+		Result: nullJSON(p.Result),
+		Error:  nullJSON(p.Error),
+	})
+	if err != nil {
+		return false, fmt.Errorf("store: finish operation: %w", err)
+	}
+	return n == 1, nil
+}
+
+// ExpiredOperation names an operation in progress whose lease has expired.
+type ExpiredOperation struct {
+	ID   uuid.UUID
+	Name string
+}
+
+// OperationListExpired lists up to max operations in progress whose lease expired
+// before now (nil: the database's clock), oldest lease first.
+func (s *Store) OperationListExpired(ctx context.Context, db DBTX, max int, now *time.Time) ([]ExpiredOperation, error) {
+	rows, err := s.q.OperationListExpired(ctx, db, dbsqlc.OperationListExpiredParams{Max: int32(max), Now: now})
+	if err != nil {
+		return nil, fmt.Errorf("store: list expired operations: %w", err)
+	}
+	out := make([]ExpiredOperation, len(rows))
+	for i, r := range rows {
+		out[i] = ExpiredOperation{ID: r.ID, Name: r.Name}
+	}
+	return out, nil
+}
+
+// OperationExtendExpired pushes an expired lease a lease forward, so that one sweep
+// hands the operation to one job. It returns false when the lease was no longer
+// expired (a run claimed the operation meanwhile).
+func (s *Store) OperationExtendExpired(ctx context.Context, db DBTX, id uuid.UUID, lease time.Duration, now *time.Time) (bool, error) {
+	n, err := s.q.OperationExtendExpired(ctx, db, dbsqlc.OperationExtendExpiredParams{ID: id, Lease: lease, Now: now})
+	if err != nil {
+		return false, fmt.Errorf("store: extend expired lease: %w", err)
+	}
+	return n == 1, nil
+}
+
+// StepListByOperation reads the recorded steps of an operation, in step order.
+func (s *Store) StepListByOperation(ctx context.Context, db DBTX, operationID uuid.UUID) ([]Step, error) {
+	rows, err := s.q.StepListByOperation(ctx, db, operationID)
+	if err != nil {
+		return nil, fmt.Errorf("store: list steps: %w", err)
+	}
+	out := make([]Step, len(rows))
+	for i, r := range rows {
+		out[i] = Step{
+			OperationID: r.OperationID,
+			Name:        r.Name,
+			Position:    int(r.Position),
+			State:       StepState(r.State),
+			Attempts:    int(r.Attempts),
+			Output:      r.Output,
+			StartedAt:   r.StartedAt,
+			FinishedAt:  r.FinishedAt,
+		}
+		if r.LastError != nil {
+			out[i].LastError = *r.LastError
+		}
+	}
+	return out, nil
+}
+
+// StepCheckpointParams record a succeeded step.
+type StepCheckpointParams struct {
+	OperationID uuid.UUID
+	Name        string
+	Position    int
+	Attempts    int
+	Output      json.RawMessage
+	StartedAt   time.Time
+}
+
+// StepCheckpoint records a step as succeeded. It returns false when the step was
+// already recorded as succeeded (or compensated): the caller must then roll back
+// whatever else it did in the same transaction, because another run did it first.
+func (s *Store) StepCheckpoint(ctx context.Context, db DBTX, p StepCheckpointParams) (bool, error) {
+	n, err := s.q.StepCheckpoint(ctx, db, dbsqlc.StepCheckpointParams{
+		OperationID: p.OperationID,
+		Name:        p.Name,
+		Position:    int32(p.Position),
+		Attempts:    int32(p.Attempts),
+		Output:      p.Output,
+		StartedAt:   p.StartedAt,
+	})
+	if err != nil {
+		return false, fmt.Errorf("store: checkpoint step %q: %w", p.Name, err)
+	}
+	return n == 1, nil
+}
+
+// StepRecordFailureParams record a failed attempt of a step.
+type StepRecordFailureParams struct {
+	OperationID uuid.UUID
+	Name        string
+	Position    int
+	// State is StepRetrying when another attempt follows, else StepFailed.
+	State     StepState
+	Attempts  int
+	LastError string
+	StartedAt time.Time
+}
+
+// StepRecordFailure records a failed attempt. A step already checkpointed keeps
+// its record.
+func (s *Store) StepRecordFailure(ctx context.Context, db DBTX, p StepRecordFailureParams) error {
+	err := s.q.StepRecordFailure(ctx, db, dbsqlc.StepRecordFailureParams{
+		OperationID: p.OperationID,
+		Name:        p.Name,
+		Position:    int32(p.Position),
+		State:       string(p.State),
+		Attempts:    int32(p.Attempts),
+		LastError:   &p.LastError,
+		StartedAt:   p.StartedAt,
+	})
+	if err != nil {
+		return fmt.Errorf("store: record failure of step %q: %w", p.Name, err)
+	}
+	return nil
+}
+
+// StepCompensated marks a succeeded step as compensated. It returns false when the
+// step was not (or no longer) succeeded.
+func (s *Store) StepCompensated(ctx context.Context, db DBTX, operationID uuid.UUID, name string) (bool, error) {
+	n, err := s.q.StepCompensated(ctx, db, dbsqlc.StepCompensatedParams{OperationID: operationID, Name: name})
+	if err != nil {
+		return false, fmt.Errorf("store: mark step %q compensated: %w", name, err)
+	}
+	return n == 1, nil
+}
+
+func operationFromRow(r *dbsqlc.IdemflowOperation) *Operation {
+	return &Operation{
+		ID:          r.ID,
+		Name:        r.Name,
+		Scope:       r.Scope,
+		Key:         r.Key,
+		State:       OperationState(r.State),
+		Steps:       r.Steps,
+		Input:       r.Input,
+		Fingerprint: r.Fingerprint,
+		Result:      r.Result,
+		Error:       r.Error,
+		Runs:        int(r.Runs),
+		LockedBy:    r.LockedBy,
+		LockedUntil: r.LockedUntil,
+		CreatedAt:   r.CreatedAt,
+		FinishedAt:  r.FinishedAt,
+	}
+}
+
+// nullJSON turns an empty value into SQL NULL rather than an invalid empty document.
+func nullJSON(b json.RawMessage) json.RawMessage {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
+func mapErr(what string, err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("store: %s: %w", what, ErrNotFound)
+	}
+	return fmt.Errorf("store: %s: %w", what, err)
+}
+
+// OperationSetError records the permanent error of an operation still in
+// progress (it is compensating). It returns false when run no longer holds it.
+func (s *Store) OperationSetError(ctx context.Context, db DBTX, id, run uuid.UUID, errJSON json.RawMessage) (bool, error) {
+	n, err := s.q.OperationSetError(ctx, db, dbsqlc.OperationSetErrorParams{ID: id, RunID: &run, Error: errJSON})
+	if err != nil {
+		return false, fmt.Errorf("store: set operation error: %w", err)
+	}
+	return n == 1, nil
+}
