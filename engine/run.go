@@ -560,16 +560,24 @@ func (r *run) hook(ctx context.Context, st *stepDef, p Point, attempt int) {
 // keepLease renews the run's lease every third of it while the run works, and
 // stops the run when another run has taken the operation over.
 func (r *run) keepLease(ctx context.Context) (stop func()) {
-	every := r.e.cfg.Lease / 3
-	var t *time.Timer
-	var mu sync.Mutex
-	stopped := false
-	var renew func()
-	renew = func() {
-		r.mu.Lock()
-		reserved := r.reserved
-		r.mu.Unlock()
-		if reserved {
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(r.e.cfg.Lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			r.mu.Lock()
+			reserved := r.reserved
+			r.mu.Unlock()
+			if !reserved {
+				continue
+			}
 			ok, err := r.e.store.OperationRenewLease(ctx, r.e.pool, r.id, r.runID, r.e.cfg.Lease)
 			switch {
 			case err != nil:
@@ -579,21 +587,8 @@ func (r *run) keepLease(ctx context.Context) (stop func()) {
 				return
 			}
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		if !stopped {
-			t.Reset(every)
-		}
-	}
-	mu.Lock()
-	t = time.AfterFunc(every, renew)
-	mu.Unlock()
-	return func() {
-		mu.Lock()
-		stopped = true
-		t.Stop()
-		mu.Unlock()
-	}
+	}()
+	return func() { close(done) }
 }
 
 // rollback ends a transaction that may already have ended; its error says nothing

@@ -325,3 +325,26 @@ func databaseName(testName string) (string, error) {
 func quote(name string) string {
 	return pgx.Identifier{name}.Sanitize()
 }
+
+// ExamplePool returns a pool on a new database for an example function, which has
+// no testing.TB, and the function that closes the pool and drops the database. It
+// panics when the database cannot be made: an example cannot fail otherwise.
+func ExamplePool(name string) (*pgxpool.Pool, func()) {
+	ctx := context.Background()
+	s, err := shared()
+	if err != nil {
+		panic(fmt.Sprintf("testdb: set up the test server: %v", err))
+	}
+	db, err := s.createDatabase(ctx, name)
+	if err != nil {
+		panic(err.Error())
+	}
+	pool, err := pgxpool.New(ctx, s.databaseURL(db))
+	if err != nil {
+		panic(err.Error())
+	}
+	return pool, func() {
+		pool.Close()
+		_, _ = s.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+quote(db)+" WITH (FORCE)")
+	}
+}

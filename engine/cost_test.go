@@ -1,0 +1,104 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/testdb"
+)
+
+// statementCounter is a pgx tracer that tells the engine's statements (sqlc
+// queries start with "-- name:") from the steps' own, and counts commits.
+type statementCounter struct {
+	mu      sync.Mutex
+	engine  []string
+	steps   int
+	commits int
+}
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sql := strings.TrimSpace(data.SQL)
+	switch {
+	case strings.EqualFold(sql, "begin"):
+	case strings.EqualFold(sql, "commit"):
+		c.commits++
+	case strings.HasPrefix(sql, "-- name: "):
+		c.engine = append(c.engine, strings.Fields(sql)[2])
+	default:
+		c.steps++
+	}
+	return ctx
+}
+
+func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *statementCounter) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.engine, c.steps, c.commits = nil, 0, 0
+}
+
+// TestFirstAttemptCost pins what a first attempt of a tx, external, tx operation
+// costs the database: two commits (one before the call, one after) and at most
+// five statements of the engine's own. The figures are counts, not timings.
+func TestFirstAttemptCost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	require.NoError(t, err)
+	counter := &statementCounter{}
+	cfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = pool.Exec(ctx, scratchSchema)
+	require.NoError(t, err)
+
+	// The payout records nothing in this database, so that only the engine's and
+	// the tx steps' statements are counted.
+	op, err := engine.NewOperation("transfer", []engine.Step[transferIn, transferState]{
+		engine.TxStep("ledger", ledger, nil),
+		engine.ExternalStep("payout", func(ctx context.Context, call engine.Call, in transferIn, s *transferState) error {
+			s.PayoutID = "po_" + call.Key
+			return nil
+		}, nil),
+		engine.TxStep("finalize", finalize, nil),
+	}, func(in transferIn, s *transferState) (transferOut, error) { return transferOut(*s), nil }, nil)
+	require.NoError(t, err)
+	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}})
+	require.NoError(t, err)
+
+	for i := range 3 {
+		counter.reset()
+		started, err := engine.Start(ctx, e, op, "c", fmt.Sprint("k", i), transferIn{From: "a", To: "b", Amount: 1}, nil)
+		require.NoError(t, err)
+		info := waitDone(t, e, started)
+		require.Equal(t, engine.StatusSucceeded, info.Status)
+
+		counter.mu.Lock()
+		require.Equal(t, 2, counter.commits)
+		require.LessOrEqual(t, len(counter.engine), 5, "engine statements: %v", counter.engine)
+		require.Equal(t, 3, counter.steps, "the steps' own statements")
+		t.Logf("commits=%d engine statements=%d %v step statements=%d", counter.commits, len(counter.engine), counter.engine, counter.steps)
+		counter.mu.Unlock()
+	}
+
+	// A replay reads one row and writes nothing.
+	counter.reset()
+	_, err = e.Lookup(ctx, "c", "k0")
+	require.NoError(t, err)
+	counter.mu.Lock()
+	require.Equal(t, []string{"OperationGetByKey"}, counter.engine)
+	require.Zero(t, counter.commits)
+	counter.mu.Unlock()
+}
