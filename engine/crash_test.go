@@ -124,8 +124,8 @@ func TestCrashChild(t *testing.T) {
 	e, err := engine.New(pool, &engine.Config{
 		Operations: []engine.Definition{op},
 		Lease:      time.Second,
-		Hook: func(ctx context.Context, operation, step string, point engine.Point, attempt int) {
-			if step+":"+string(point) == at {
+		Hook: func(ctx context.Context, ev engine.HookEvent) {
+			if ev.Step+":"+string(ev.Point) == at {
 				fmt.Println(crashReached)
 				time.Sleep(time.Hour) // until SIGKILL
 			}

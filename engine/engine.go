@@ -29,9 +29,22 @@ const (
 	PointAfterEffect Point = "after-effect"
 )
 
+// HookEvent describes the moment at which a HookFunc is called.
+type HookEvent struct {
+	Operation   string
+	OperationID uuid.UUID
+	Step        string
+	Point       Point
+	// Attempt counts the attempts of the step, from 1.
+	Attempt int
+	// Resumed is true in a run that resumes the operation (a retry or a recovery),
+	// false in its first attempt.
+	Resumed bool
+}
+
 // HookFunc is called at each Point of every step attempt. It exists for fault
 // injection: the demo uses it to crash the process at a chosen point.
-type HookFunc func(ctx context.Context, operation, step string, point Point, attempt int)
+type HookFunc func(ctx context.Context, ev HookEvent)
 
 // Config configures an Engine. The zero value of every field but Operations takes
 // its default.

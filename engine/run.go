@@ -553,7 +553,9 @@ func (r *run) restoreState() error {
 
 func (r *run) hook(ctx context.Context, st *stepDef, p Point, attempt int) {
 	if r.e.cfg.Hook != nil {
-		r.e.cfg.Hook(ctx, r.def.name, st.name, p, attempt)
+		r.e.cfg.Hook(ctx, HookEvent{
+			Operation: r.def.name, OperationID: r.id, Step: st.name, Point: p, Attempt: attempt, Resumed: r.resumed,
+		})
 	}
 }
 

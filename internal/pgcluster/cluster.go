@@ -83,6 +83,12 @@ type Config struct {
 	// Logger receives a line when a cluster is initialised, started or stopped.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// OpenParents, when this process runs as root, adds the search permission for
+	// others (o+x, not the right to list) to every parent of DataDir that the
+	// unprivileged server user could not pass, such as /root for the demo's default
+	// directory, logging each change. Without it, such a DataDir is an error.
+	OpenParents bool
 }
 
 // validate checks the configuration.
@@ -107,6 +113,7 @@ type Cluster struct {
 	dataDir     string
 	settings    map[string]string
 	logger      *slog.Logger
+	openParents bool
 	port        int
 	startedHere bool
 
@@ -130,7 +137,7 @@ func newCluster(cfg *Config) (*Cluster, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Cluster{dataDir: dataDir, settings: settings, logger: logger}, nil
+	return &Cluster{dataDir: dataDir, settings: settings, logger: logger, openParents: cfg.OpenParents}, nil
 }
 
 // Ensure starts the cluster in cfg.DataDir, initialising it first when the directory is
@@ -314,7 +321,7 @@ func (c *Cluster) prepare() error {
 	if err != nil {
 		return err
 	}
-	if err := u.checkReachable(c.dataDir); err != nil {
+	if err := u.checkReachable(c.dataDir, c.openParents, c.logger); err != nil {
 		return err
 	}
 	c.binDir, c.user = binDir, u

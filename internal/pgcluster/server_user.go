@@ -2,6 +2,7 @@ package pgcluster
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -62,7 +63,8 @@ func (u *serverUser) chown(path string) error {
 // checkReachable returns an error naming the first parent of dir that the user cannot
 // search, since the server could not reach its data directory through it. Only mode bits
 // are checked (no ACLs); it matters when running as root, which may search anything.
-func (u *serverUser) checkReachable(dir string) error {
+// With open, it adds the search bit for others to such a parent instead.
+func (u *serverUser) checkReachable(dir string, open bool, logger *slog.Logger) error {
 	if u.cred == nil {
 		return nil
 	}
@@ -84,7 +86,13 @@ func (u *serverUser) checkReachable(dir string) error {
 		default:
 			bit = 0o001
 		}
-		if fi.Mode().Perm()&bit == 0 {
+		if fi.Mode().Perm()&bit == 0 && open {
+			if err := os.Chmod(d, fi.Mode().Perm()|0o001); err != nil {
+				return fmt.Errorf("pgcluster: let %s reach the data directory: %w", u.name, err)
+			}
+			logger.Info("added search permission for others so that the PostgreSQL server user can reach its data directory",
+				slog.String("dir", d), slog.String("user", u.name))
+		} else if fi.Mode().Perm()&bit == 0 {
 			return fmt.Errorf("pgcluster: data directory %s is not reachable by user %s (uid %d), which runs PostgreSQL because this process runs as root: %s (mode %s) is not searchable by it; use a directory under %s",
 				dir, u.name, u.uid, d, fi.Mode().Perm(), os.TempDir())
 		}
