@@ -69,6 +69,12 @@ type Config struct {
 	// MaxWorkers is how many operations the River workers of this process resume
 	// at once. Defaults to 20.
 	MaxWorkers int
+	// InlineRetryMax is the longest backoff that a run waits out itself, holding
+	// its lease, before it tries a failed step again. A longer backoff hands the
+	// operation to a River job scheduled at the backoff (River promotes scheduled
+	// jobs every 5 seconds, so a short backoff through it would take seconds).
+	// Defaults to 5 seconds; a negative value sends every retry through River.
+	InlineRetryMax time.Duration
 	// Hook, when set, is called at each Point of every step attempt.
 	Hook HookFunc
 }
@@ -80,6 +86,7 @@ const (
 	DefaultPollInterval  = 500 * time.Millisecond
 	DefaultQueue         = "idemflow"
 	DefaultMaxWorkers    = 20
+	DefaultInlineRetry   = 5 * time.Second
 )
 
 func (c Config) withDefaults() Config {
@@ -100,6 +107,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxWorkers == 0 {
 		c.MaxWorkers = DefaultMaxWorkers
+	}
+	if c.InlineRetryMax == 0 {
+		c.InlineRetryMax = DefaultInlineRetry
 	}
 	return c
 }

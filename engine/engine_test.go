@@ -127,9 +127,25 @@ func TestRetry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
+	t.Run("TransientErrorsRetriedInline", func(t *testing.T) {
+		t.Parallel()
+		e, op, b := setup(t, setupOpts{})
+		b.failPayout.Store(2)
+		started, err := engine.Start(ctx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: 3}, nil)
+		require.NoError(t, err)
+		info := waitDone(t, e, started)
+		require.Equal(t, engine.StatusSucceeded, info.Status)
+		got, err := e.Get(ctx, started.ID)
+		require.NoError(t, err)
+		require.Equal(t, 1, got.Runs, "short backoffs are waited out by the run itself")
+		require.Equal(t, 1, got.Steps[0].Attempts)
+		require.Equal(t, 3, got.Steps[1].Attempts)
+		require.Equal(t, books{ledgerRows: 2, payouts: 1, payoutCalls: 1, finals: 1}, readBooks(t, b.pool))
+	})
+
 	t.Run("TransientErrorsRetriedByRiver", func(t *testing.T) {
 		t.Parallel()
-		e, op, b := setup(t, setupOpts{workers: true})
+		e, op, b := setup(t, setupOpts{workers: true, inlineRetry: -1})
 		b.failPayout.Store(2)
 		started, err := engine.Start(ctx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: 3}, nil)
 		require.NoError(t, err)

@@ -123,6 +123,8 @@ type setupOpts struct {
 	lease   time.Duration
 	workers bool
 	hook    engine.HookFunc
+	// inlineRetry is Config.InlineRetryMax.
+	inlineRetry time.Duration
 }
 
 // setup returns an engine on a database of its own with the scratch tables, the
@@ -141,11 +143,12 @@ func setup(t *testing.T, opts setupOpts) (*engine.Engine, *engine.Operation[tran
 		opts.lease = 15 * time.Second
 	}
 	e, err := engine.New(b.pool, &engine.Config{
-		Operations:    []engine.Definition{op},
-		Lease:         opts.lease,
-		SweepInterval: 50 * time.Millisecond,
-		PollInterval:  20 * time.Millisecond,
-		Hook:          opts.hook,
+		Operations:     []engine.Definition{op},
+		Lease:          opts.lease,
+		SweepInterval:  50 * time.Millisecond,
+		PollInterval:   20 * time.Millisecond,
+		Hook:           opts.hook,
+		InlineRetryMax: opts.inlineRetry,
 	})
 	require.NoError(t, err)
 	if opts.workers {

@@ -8,6 +8,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -50,6 +51,8 @@ type Call struct {
 	Key string
 	// Attempt counts the attempts of this step, from 1.
 	Attempt int
+	// OperationID is the id of the operation the step belongs to.
+	OperationID uuid.UUID
 	// Operation, Step, Scope and OperationKey identify the step.
 	Operation    string
 	Step         string
@@ -363,4 +366,13 @@ func (d *opDef) stepNames() []string {
 		names[i] = s.name
 	}
 	return names
+}
+
+type operationIDKey struct{}
+
+// OperationID returns the id of the operation whose step runs with ctx, for a step
+// that records it beside its own rows. It returns uuid.Nil outside a step.
+func OperationID(ctx context.Context) uuid.UUID {
+	id, _ := ctx.Value(operationIDKey{}).(uuid.UUID)
+	return id
 }

@@ -23,6 +23,8 @@ var (
 	errKeyTaken = errors.New("idempotency key already taken")
 	// errHandedOff: the run scheduled a River job to carry on after a backoff.
 	errHandedOff = errors.New("handed off to a river job")
+	// errRetryNow: the run waited out a short backoff itself; the step runs again.
+	errRetryNow = errors.New("retry the step now")
 	// errLost: another run recorded the work first; this run's lease had expired.
 	errLost = errors.New("lease lost to another run")
 )
@@ -73,7 +75,7 @@ func (r *run) execute(ctx context.Context) {
 	stopLease := r.keepLease(ctx)
 	defer stopLease()
 
-	info, err := r.runSteps(ctx)
+	info, err := r.runSteps(context.WithValue(ctx, operationIDKey{}, r.id))
 	r.end(ctx, info, err)
 }
 
@@ -139,10 +141,15 @@ func (r *run) runSteps(ctx context.Context) (*Info, error) {
 			info *Info
 			err  error
 		)
-		if st.kind == KindTx {
-			info, err = r.runTxStep(ctx, i, st, last)
-		} else {
-			info, err = r.runExternalStep(ctx, i, st, last)
+		for {
+			if st.kind == KindTx {
+				info, err = r.runTxStep(ctx, i, st, last)
+			} else {
+				info, err = r.runExternalStep(ctx, i, st, last)
+			}
+			if !errors.Is(err, errRetryNow) {
+				break
+			}
 		}
 		if err != nil || info != nil {
 			return info, err
@@ -196,6 +203,7 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 	started := time.Now()
 	call := Call{
 		Key:          DerivedKey(r.def.name, r.scope, r.key, st.name),
+		OperationID:  r.id,
 		Attempt:      attempt,
 		Operation:    r.def.name,
 		Step:         st.name,
@@ -302,7 +310,22 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 		return nil, err
 	}
 	r.tries[st.name] = attempt
-	return nil, r.handOff(ctx, tx, delay)
+	if delay > r.e.cfg.InlineRetryMax {
+		return nil, r.handOff(ctx, tx, delay)
+	}
+	// A short backoff is waited out here, holding the lease: a River job would
+	// wait for River's scheduler, which promotes scheduled jobs every few seconds.
+	if err := r.commit(ctx, tx); err != nil {
+		return nil, err
+	}
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil, errRetryNow
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
 }
 
 // handOff writes the pending checkpoints, gives the operation to a River job

@@ -132,7 +132,7 @@ func (e *Engine) resume(ctx context.Context, id uuid.UUID, name string) error {
 	info, err := r.load(ctx, rec, recorded)
 	if err == nil && info == nil {
 		r.logger().InfoContext(ctx, "resuming operation", slog.Int("run", rec.Runs))
-		info, err = r.runSteps(ctx)
+		info, err = r.runSteps(context.WithValue(ctx, operationIDKey{}, id))
 	}
 	r.end(ctx, info, err)
 	switch {

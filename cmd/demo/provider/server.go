@@ -1,0 +1,403 @@
+package provider
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemflow/idemflow/cmd/demo/provider/internal/providerdb"
+)
+
+// The modes of an injected fault. See the package documentation.
+const (
+	FaultError        = "error"
+	FaultLostResponse = "lost_response"
+	FaultSlow         = "slow"
+)
+
+// DeclinePrefix starts the order ids whose refunds the provider declines.
+const DeclinePrefix = "DECLINE-"
+
+// IDPrefix starts the ids of the provider's refunds.
+const IDPrefix = "pr_"
+
+const (
+	// maxBody bounds a request body.
+	maxBody = 64 << 10
+	// maxKeyLen bounds an idempotency key, as Stripe does.
+	maxKeyLen = 255
+	// defaultSlowDelay is how long a slow fault waits when delayMs is not given.
+	defaultSlowDelay = time.Second
+	// maxSlowDelay bounds the wait of a slow fault.
+	maxSlowDelay = 10 * time.Minute
+	// maxFaultCount bounds how many requests one POST /faults may affect.
+	maxFaultCount = 1_000_000
+)
+
+// Config configures a Server. The zero value takes every default.
+type Config struct {
+	// Logger receives a line per refund request and per change of the faults.
+	// Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is the fake payment provider. Make one with New; it is safe for
+// concurrent use, and several Servers (in one process or many) may share one
+// database.
+type Server struct {
+	pool   *pgxpool.Pool
+	q      *providerdb.Queries
+	logger *slog.Logger
+	mux    *http.ServeMux
+}
+
+// New returns a provider that keeps its state in pool's database, which Migrate
+// must have prepared. cfg may be nil.
+func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
+	if pool == nil {
+		return nil, errors.New("provider: pool is nil")
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	s := &Server{pool: pool, q: providerdb.New(), logger: logger, mux: http.NewServeMux()}
+	s.mux.HandleFunc("POST /refunds", s.createRefund)
+	s.mux.HandleFunc("GET /refunds", s.listRefunds)
+	s.mux.HandleFunc("GET /refunds/by-key/{key...}", s.getRefundByKey)
+	s.mux.HandleFunc("POST /faults", s.setFault)
+	s.mux.HandleFunc("DELETE /faults", s.clearFaults)
+	return s, nil
+}
+
+// Handler returns the provider's HTTP API, with routes relative to its root; mount
+// it under a prefix with http.StripPrefix.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// refundRequest is the body of POST /refunds.
+type refundRequest struct {
+	OrderID   string `json:"orderId"`
+	Amount    int64  `json:"amount"`
+	Reference string `json:"reference"`
+}
+
+// refundAnswer is the answer to a POST /refunds that succeeded.
+type refundAnswer struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+}
+
+// refundRecord is a refund as GET /refunds and GET /refunds/by-key/{key} show it.
+type refundRecord struct {
+	ID             string    `json:"id"`
+	IdempotencyKey string    `json:"idempotencyKey"`
+	OrderID        string    `json:"orderId"`
+	Amount         int64     `json:"amount"`
+	Requests       int       `json:"requests"`
+	CreatedAt      time.Time `json:"createdAt"`
+}
+
+// faultRequest is the body of POST /faults.
+type faultRequest struct {
+	Mode    string `json:"mode"`
+	Count   *int   `json:"count"`
+	DelayMs *int   `json:"delayMs"`
+}
+
+func (s *Server) createRefund(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	key := r.Header.Get("Idempotency-Key")
+	switch {
+	case key == "":
+		writeError(w, http.StatusBadRequest, "idempotency_key_missing", "", "the Idempotency-Key header is required")
+		return
+	case !validKey(key):
+		writeError(w, http.StatusBadRequest, "idempotency_key_invalid", "",
+			fmt.Sprintf("the Idempotency-Key header must be 1 to %d visible ASCII characters", maxKeyLen))
+		return
+	}
+	var req refundRequest
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	switch {
+	case req.OrderID == "":
+		writeError(w, http.StatusBadRequest, "invalid_request", "orderId", "orderId is required")
+		return
+	case req.Amount <= 0:
+		writeError(w, http.StatusBadRequest, "invalid_request", "amount", "amount must be a positive integer")
+		return
+	}
+	log := s.logger.With(slog.String("key", key), slog.String("order_id", req.OrderID), slog.Int64("amount", req.Amount))
+
+	fault, err := s.takeFault(ctx)
+	if err != nil {
+		s.internalError(ctx, w, err)
+		return
+	}
+	lost := false
+	if fault != nil {
+		log = log.With(slog.String("fault", fault.Mode))
+		switch fault.Mode {
+		case FaultError:
+			log.InfoContext(ctx, "refund request failed by an injected fault; nothing recorded")
+			writeError(w, http.StatusServiceUnavailable, "service_unavailable", "", "the provider is unavailable (injected fault)")
+			return
+		case FaultSlow:
+			delay := time.Duration(fault.DelayMs) * time.Millisecond
+			log.InfoContext(ctx, "refund request slowed by an injected fault", slog.Duration("delay", delay))
+			// The delay is the fault itself. A real provider goes on with a request
+			// whose caller gave up waiting, and so does this one.
+			time.Sleep(delay)
+			ctx = context.WithoutCancel(ctx)
+		case FaultLostResponse:
+			lost = true
+		}
+	}
+
+	if strings.HasPrefix(req.OrderID, DeclinePrefix) {
+		if lost {
+			log.InfoContext(ctx, "refund declined, and the answer lost by an injected fault")
+			writeError(w, http.StatusServiceUnavailable, "service_unavailable", "", "the provider is unavailable (injected fault)")
+			return
+		}
+		log.InfoContext(ctx, "refund declined")
+		writeError(w, http.StatusPaymentRequired, "declined", "", fmt.Sprintf("the refund of order %s was declined", req.OrderID))
+		return
+	}
+
+	ref, err := s.q.RefundUpsert(ctx, s.pool, providerdb.RefundUpsertParams{
+		ID:             IDPrefix + rand.Text(),
+		IdempotencyKey: key,
+		OrderID:        req.OrderID,
+		Amount:         req.Amount,
+		Reference:      req.Reference,
+	})
+	if err != nil {
+		s.internalError(ctx, w, err)
+		return
+	}
+	log = log.With(slog.String("provider_refund_id", ref.ID), slog.Int("requests", int(ref.Requests)))
+	if ref.Requests > 1 && (ref.OrderID != req.OrderID || ref.Amount != req.Amount) {
+		log.WarnContext(ctx, "idempotency key reused with a different request; answering the refund made under it",
+			slog.String("refund_order_id", ref.OrderID), slog.Int64("refund_amount", ref.Amount))
+	}
+	if lost {
+		log.InfoContext(ctx, "refund recorded, and its answer lost by an injected fault")
+		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "", "the provider is unavailable (injected fault)")
+		return
+	}
+	if ref.Requests > 1 {
+		log.InfoContext(ctx, "refund request repeated; answering the same refund")
+		w.Header().Set("Idempotent-Replayed", "true")
+	} else {
+		log.InfoContext(ctx, "refund made")
+	}
+	writeJSON(w, http.StatusOK, refundAnswer{ID: ref.ID, Status: "succeeded"})
+}
+
+// takeFault takes one injection of the pending fault, or returns nil when there is
+// none.
+func (s *Server) takeFault(ctx context.Context) (*providerdb.FaultTakeRow, error) {
+	f, err := s.q.FaultTake(ctx, s.pool)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("take fault: %w", err)
+	}
+	return f, nil
+}
+
+func (s *Server) getRefundByKey(w http.ResponseWriter, r *http.Request) {
+	key := r.PathValue("key")
+	if key == "" {
+		writeError(w, http.StatusNotFound, "refund_not_found", "", "no refund was made under this idempotency key")
+		return
+	}
+	ref, err := s.q.RefundGetByKey(r.Context(), s.pool, key)
+	if errors.Is(err, pgx.ErrNoRows) {
+		writeError(w, http.StatusNotFound, "refund_not_found", "", "no refund was made under this idempotency key")
+		return
+	}
+	if err != nil {
+		s.internalError(r.Context(), w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, recordFromRow(ref))
+}
+
+func (s *Server) listRefunds(w http.ResponseWriter, r *http.Request) {
+	rows, err := s.q.RefundList(r.Context(), s.pool)
+	if err != nil {
+		s.internalError(r.Context(), w, err)
+		return
+	}
+	refunds := make([]refundRecord, 0, len(rows))
+	for _, row := range rows {
+		refunds = append(refunds, recordFromRow(row))
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Refunds []refundRecord `json:"refunds"`
+	}{refunds})
+}
+
+func (s *Server) setFault(w http.ResponseWriter, r *http.Request) {
+	var req faultRequest
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	switch req.Mode {
+	case FaultError, FaultLostResponse, FaultSlow:
+	default:
+		writeError(w, http.StatusBadRequest, "invalid_request", "mode",
+			fmt.Sprintf("mode must be %q, %q or %q", FaultError, FaultLostResponse, FaultSlow))
+		return
+	}
+	count := 1
+	if req.Count != nil {
+		count = *req.Count
+	}
+	if count < 0 || count > maxFaultCount {
+		writeError(w, http.StatusBadRequest, "invalid_request", "count",
+			fmt.Sprintf("count must be between 0 and %d", maxFaultCount))
+		return
+	}
+	delay := time.Duration(0)
+	if req.Mode == FaultSlow {
+		delay = defaultSlowDelay
+	}
+	if req.DelayMs != nil {
+		delay = time.Duration(*req.DelayMs) * time.Millisecond
+		if *req.DelayMs < 0 || delay > maxSlowDelay {
+			writeError(w, http.StatusBadRequest, "invalid_request", "delayMs",
+				fmt.Sprintf("delayMs must be between 0 and %d", maxSlowDelay.Milliseconds()))
+			return
+		}
+	}
+	err := s.q.FaultSet(r.Context(), s.pool, providerdb.FaultSetParams{
+		Mode:      req.Mode,
+		Remaining: int32(count),
+		DelayMs:   int32(delay.Milliseconds()),
+	})
+	if err != nil {
+		s.internalError(r.Context(), w, err)
+		return
+	}
+	s.logger.InfoContext(r.Context(), "fault injected into the next refund requests",
+		slog.String("fault", req.Mode), slog.Int("count", count), slog.Duration("delay", delay))
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) clearFaults(w http.ResponseWriter, r *http.Request) {
+	if err := s.q.FaultClear(r.Context(), s.pool); err != nil {
+		s.internalError(r.Context(), w, err)
+		return
+	}
+	s.logger.InfoContext(r.Context(), "faults cleared")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) internalError(ctx context.Context, w http.ResponseWriter, err error) {
+	s.logger.ErrorContext(ctx, "provider request failed", slog.Any("error", err))
+	writeError(w, http.StatusInternalServerError, "internal_error", "", "the provider failed to answer")
+}
+
+func recordFromRow(row *providerdb.ProviderRefund) refundRecord {
+	return refundRecord{
+		ID:             row.ID,
+		IdempotencyKey: row.IdempotencyKey,
+		OrderID:        row.OrderID,
+		Amount:         row.Amount,
+		Requests:       int(row.Requests),
+		CreatedAt:      row.CreatedAt.UTC(),
+	}
+}
+
+// validKey reports whether key is 1 to maxKeyLen visible ASCII characters.
+func validKey(key string) bool {
+	if len(key) == 0 || len(key) > maxKeyLen {
+		return false
+	}
+	for i := range len(key) {
+		if key[i] < 0x21 || key[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// decodeBody decodes r's JSON body into v, which must be the body's only value and
+// have every field the body names. On failure it answers 400 (413 for a body too
+// large) and returns false.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		if dec.Decode(&struct{}{}) != io.EOF {
+			err = errors.New("the body holds more than one JSON value")
+		}
+	}
+	if err == nil {
+		return true
+	}
+	var (
+		tooLarge *http.MaxBytesError
+		typeErr  *json.UnmarshalTypeError
+	)
+	switch {
+	case errors.As(err, &tooLarge):
+		writeError(w, http.StatusRequestEntityTooLarge, "request_too_large", "",
+			fmt.Sprintf("the body must be at most %d bytes", maxBody))
+	case errors.As(err, &typeErr):
+		writeError(w, http.StatusBadRequest, "invalid_request", typeErr.Field,
+			fmt.Sprintf("%s must be a JSON %s", typeErr.Field, typeName(typeErr.Type.Kind().String())))
+	default:
+		writeError(w, http.StatusBadRequest, "invalid_request", "", "the body must be a JSON object: "+err.Error())
+	}
+	return false
+}
+
+func typeName(kind string) string {
+	if strings.HasPrefix(kind, "int") {
+		return "integer"
+	}
+	return kind
+}
+
+// errorBody is the body of every error answer.
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	// Param names the body field at fault, if any.
+	Param string `json:"param,omitempty"`
+}
+
+func writeError(w http.ResponseWriter, status int, code, param, message string) {
+	writeJSON(w, status, errorBody{Error: errorDetail{Code: code, Message: message, Param: param}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	// A write error means that the caller went away: there is nobody to tell.
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,466 @@
+package provider_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/cmd/demo/provider"
+	"github.com/idemflow/idemflow/internal/testdb"
+)
+
+// bundle is what setup hands a test besides the provider's base URL.
+type bundle struct {
+	pool *pgxpool.Pool
+	// url is the provider's base URL: a server that mounts it under /provider, as
+	// the demo does.
+	url string
+}
+
+// setup returns a provider on a database of its own, served under /provider.
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	pool := testdb.Pool(t)
+	require.NoError(t, provider.Migrate(t.Context(), pool))
+	return &bundle{pool: pool, url: serve(t, pool)}
+}
+
+// serve serves a new provider on pool under /provider and returns its base URL.
+func serve(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	srv, err := provider.New(pool, nil)
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	mux.Handle("/provider/", http.StripPrefix("/provider", srv.Handler()))
+	ts := httptest.NewServer(mux)
+	t.Cleanup(ts.Close)
+	return ts.URL + "/provider"
+}
+
+// answer is an HTTP answer, read whole.
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// errorCode returns the code of an error answer.
+func (a answer) errorCode(t *testing.T) string {
+	t.Helper()
+	require.Equal(t, "application/json", a.header.Get("Content-Type"))
+	var body struct {
+		Error struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal(a.body, &body), "body: %s", a.body)
+	require.NotEmpty(t, body.Error.Message)
+	return body.Error.Code
+}
+
+func (b *bundle) do(t *testing.T, method, path string, header http.Header, body string) answer {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, b.url+path, strings.NewReader(body))
+	require.NoError(t, err)
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return answer{status: resp.StatusCode, header: resp.Header, body: raw}
+}
+
+// refund posts a refund of amount for orderID under key.
+func (b *bundle) refund(t *testing.T, key, orderID string, amount int64) answer {
+	t.Helper()
+	return b.do(t, http.MethodPost, "/refunds", http.Header{"Idempotency-Key": {key}},
+		fmt.Sprintf(`{"orderId": %q, "amount": %d, "reference": "re_test"}`, orderID, amount))
+}
+
+// refundID posts a refund that must succeed, and returns the provider's id.
+func (b *bundle) refundID(t *testing.T, key, orderID string, amount int64) string {
+	t.Helper()
+	a := b.refund(t, key, orderID, amount)
+	require.Equal(t, http.StatusOK, a.status, "body: %s", a.body)
+	var got struct {
+		ID     string `json:"id"`
+		Status string `json:"status"`
+	}
+	require.NoError(t, json.Unmarshal(a.body, &got))
+	require.True(t, strings.HasPrefix(got.ID, provider.IDPrefix), got.ID)
+	require.Equal(t, "succeeded", got.Status)
+	return got.ID
+}
+
+func (b *bundle) fault(t *testing.T, body string) {
+	t.Helper()
+	a := b.do(t, http.MethodPost, "/faults", nil, body)
+	require.Equal(t, http.StatusNoContent, a.status, "body: %s", a.body)
+}
+
+// record is a refund as the provider lists it.
+type record struct {
+	ID             string    `json:"id"`
+	IdempotencyKey string    `json:"idempotencyKey"`
+	OrderID        string    `json:"orderId"`
+	Amount         int64     `json:"amount"`
+	Requests       int       `json:"requests"`
+	CreatedAt      time.Time `json:"createdAt"`
+}
+
+func (b *bundle) list(t *testing.T) []record {
+	t.Helper()
+	a := b.do(t, http.MethodGet, "/refunds", nil, "")
+	require.Equal(t, http.StatusOK, a.status)
+	require.Equal(t, "application/json", a.header.Get("Content-Type"))
+	var got struct {
+		Refunds []record `json:"refunds"`
+	}
+	dec := json.NewDecoder(strings.NewReader(string(a.body)))
+	dec.DisallowUnknownFields()
+	require.NoError(t, dec.Decode(&got))
+	require.NotNil(t, got.Refunds)
+	return got.Refunds
+}
+
+func TestRefund(t *testing.T) {
+	t.Parallel()
+
+	t.Run("SameKeySameRefund", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		first := b.refundID(t, "key-1", "A-1", 1500)
+		again := b.refund(t, "key-1", "A-1", 1500)
+		require.Equal(t, http.StatusOK, again.status)
+		require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+		require.JSONEq(t, fmt.Sprintf(`{"id": %q, "status": "succeeded"}`, first), string(again.body))
+
+		got := b.list(t)
+		require.Len(t, got, 1)
+		require.Equal(t, first, got[0].ID)
+		require.Equal(t, "key-1", got[0].IdempotencyKey)
+		require.Equal(t, "A-1", got[0].OrderID)
+		require.Equal(t, int64(1500), got[0].Amount)
+		require.Equal(t, 2, got[0].Requests)
+		require.False(t, got[0].CreatedAt.IsZero())
+	})
+
+	t.Run("SameKeyOtherBodySameRefund", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		first := b.refundID(t, "key-1", "A-1", 1500)
+		require.Equal(t, first, b.refundID(t, "key-1", "A-2", 99))
+		got := b.list(t)
+		require.Len(t, got, 1)
+		require.Equal(t, int64(1500), got[0].Amount)
+	})
+
+	t.Run("OtherKeyOtherRefund", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		first := b.refundID(t, "key-1", "A-1", 1500)
+		second := b.refundID(t, "key-2", "A-1", 1500)
+		require.NotEqual(t, first, second)
+		got := b.list(t)
+		require.Len(t, got, 2)
+		require.Equal(t, []int{1, 1}, []int{got[0].Requests, got[1].Requests})
+	})
+
+	t.Run("ConcurrentSameKeyOneRefund", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		const n = 10
+		ids := make([]string, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				a := b.refund(t, "same", "A-1", 100)
+				if a.status == http.StatusOK {
+					var got struct{ ID string }
+					_ = json.Unmarshal(a.body, &got)
+					ids[i] = got.ID
+				}
+			})
+		}
+		wg.Wait()
+		for _, id := range ids {
+			require.Equal(t, ids[0], id)
+		}
+		got := b.list(t)
+		require.Len(t, got, 1)
+		require.Equal(t, n, got[0].Requests)
+	})
+
+	t.Run("DeclineRecordsNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		a := b.refund(t, "key-1", provider.DeclinePrefix+"7", 100)
+		require.Equal(t, http.StatusPaymentRequired, a.status)
+		require.Equal(t, "declined", a.errorCode(t))
+		require.Empty(t, b.list(t))
+		require.Equal(t, http.StatusNotFound, b.do(t, http.MethodGet, "/refunds/by-key/key-1", nil, "").status)
+	})
+
+	t.Run("MissingKey", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		a := b.do(t, http.MethodPost, "/refunds", nil, `{"orderId": "A-1", "amount": 1}`)
+		require.Equal(t, http.StatusBadRequest, a.status)
+		require.Equal(t, "idempotency_key_missing", a.errorCode(t))
+		a = b.refund(t, strings.Repeat("k", 256), "A-1", 1)
+		require.Equal(t, http.StatusBadRequest, a.status)
+		require.Equal(t, "idempotency_key_invalid", a.errorCode(t))
+		require.Empty(t, b.list(t))
+	})
+
+	t.Run("BadBody", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		for _, body := range []string{
+			`not json`,
+			`{"orderId": "A-1", "amount": 1, "extra": true}`,
+			`{"amount": 1}`,
+			`{"orderId": "A-1", "amount": 0}`,
+			`{"orderId": "A-1", "amount": -5}`,
+			`{"orderId": "A-1", "amount": "5"}`,
+			`{"orderId": "A-1", "amount": 1.5}`,
+			`{"orderId": "A-1", "amount": 1} {}`,
+		} {
+			a := b.do(t, http.MethodPost, "/refunds", http.Header{"Idempotency-Key": {"k"}}, body)
+			require.Equal(t, http.StatusBadRequest, a.status, "body %s", body)
+			require.Equal(t, "invalid_request", a.errorCode(t), "body %s", body)
+		}
+		require.Empty(t, b.list(t))
+	})
+}
+
+func TestByKey(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Found", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		key := "idf1_a/b?c#d%e"
+		id := b.refundID(t, key, "A-1", 700)
+		a := b.do(t, http.MethodGet, "/refunds/by-key/"+url.PathEscape(key), nil, "")
+		require.Equal(t, http.StatusOK, a.status, "body: %s", a.body)
+		var got record
+		require.NoError(t, json.Unmarshal(a.body, &got))
+		require.Equal(t, id, got.ID)
+		require.Equal(t, key, got.IdempotencyKey)
+		require.Equal(t, "A-1", got.OrderID)
+		require.Equal(t, int64(700), got.Amount)
+		require.Equal(t, 1, got.Requests)
+	})
+
+	t.Run("NotFound", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.refundID(t, "key-1", "A-1", 700)
+		for _, path := range []string{"/refunds/by-key/other", "/refunds/by-key/"} {
+			a := b.do(t, http.MethodGet, path, nil, "")
+			require.Equal(t, http.StatusNotFound, a.status, path)
+			require.Equal(t, "refund_not_found", a.errorCode(t))
+		}
+	})
+}
+
+func TestList(t *testing.T) {
+	t.Parallel()
+
+	t.Run("EmptyIsAnEmptyList", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		a := b.do(t, http.MethodGet, "/refunds", nil, "")
+		require.Equal(t, http.StatusOK, a.status)
+		require.JSONEq(t, `{"refunds": []}`, string(a.body))
+	})
+
+	t.Run("OldestFirst", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ids := []string{b.refundID(t, "k1", "A-1", 1), b.refundID(t, "k2", "A-2", 2), b.refundID(t, "k3", "A-3", 3)}
+		got := b.list(t)
+		require.Len(t, got, 3)
+		for i := range ids {
+			require.Equal(t, ids[i], got[i].ID)
+		}
+	})
+}
+
+func TestFaults(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Error", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.fault(t, `{"mode": "error", "count": 2}`)
+		for range 2 {
+			a := b.refund(t, "key-1", "A-1", 100)
+			require.Equal(t, http.StatusServiceUnavailable, a.status)
+			require.Equal(t, "service_unavailable", a.errorCode(t))
+			require.Empty(t, b.list(t))
+		}
+		b.refundID(t, "key-1", "A-1", 100)
+		got := b.list(t)
+		require.Len(t, got, 1)
+		require.Equal(t, 1, got[0].Requests)
+	})
+
+	t.Run("CountDefaultsToOne", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.fault(t, `{"mode": "error"}`)
+		require.Equal(t, http.StatusServiceUnavailable, b.refund(t, "key-1", "A-1", 100).status)
+		b.refundID(t, "key-1", "A-1", 100)
+	})
+
+	t.Run("LostResponse", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.fault(t, `{"mode": "lost_response", "count": 1}`)
+		a := b.refund(t, "key-1", "A-1", 100)
+		require.Equal(t, http.StatusServiceUnavailable, a.status)
+		require.Equal(t, "service_unavailable", a.errorCode(t))
+
+		got := b.list(t)
+		require.Len(t, got, 1)
+		require.Equal(t, 1, got[0].Requests)
+		byKey := b.do(t, http.MethodGet, "/refunds/by-key/key-1", nil, "")
+		require.Equal(t, http.StatusOK, byKey.status)
+
+		require.Equal(t, got[0].ID, b.refundID(t, "key-1", "A-1", 100))
+		got = b.list(t)
+		require.Len(t, got, 1)
+		require.Equal(t, 2, got[0].Requests)
+	})
+
+	t.Run("Slow", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		const delay = 50 * time.Millisecond
+		b.fault(t, fmt.Sprintf(`{"mode": "slow", "count": 1, "delayMs": %d}`, delay.Milliseconds()))
+		start := time.Now()
+		b.refundID(t, "key-1", "A-1", 100)
+		require.GreaterOrEqual(t, time.Since(start), delay)
+		require.Len(t, b.list(t), 1)
+	})
+
+	t.Run("SlowGoesOnWhenTheCallerGivesUp", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.fault(t, `{"mode": "slow", "count": 1, "delayMs": 200}`)
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.url+"/refunds", strings.NewReader(`{"orderId": "A-1", "amount": 100}`))
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", "key-1")
+		_, err = http.DefaultClient.Do(req)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		// The provider makes the refund once the delay is over, as a real one that
+		// was slow to answer would have.
+		require.Eventually(t, func() bool {
+			resp, err := http.Get(b.url + "/refunds/by-key/key-1")
+			if err != nil {
+				return false
+			}
+			_ = resp.Body.Close()
+			return resp.StatusCode == http.StatusOK
+		}, 10*time.Second, 10*time.Millisecond)
+		got := b.list(t)
+		require.Len(t, got, 1)
+		require.Equal(t, 1, got[0].Requests)
+		require.Equal(t, got[0].ID, b.refundID(t, "key-1", "A-1", 100))
+	})
+
+	t.Run("DeclineWithLostResponse", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.fault(t, `{"mode": "lost_response"}`)
+		require.Equal(t, http.StatusServiceUnavailable, b.refund(t, "key-1", provider.DeclinePrefix+"1", 100).status)
+		require.Equal(t, http.StatusPaymentRequired, b.refund(t, "key-1", provider.DeclinePrefix+"1", 100).status)
+		require.Empty(t, b.list(t))
+	})
+
+	t.Run("Clear", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.fault(t, `{"mode": "error", "count": 5}`)
+		a := b.do(t, http.MethodDelete, "/faults", nil, "")
+		require.Equal(t, http.StatusNoContent, a.status)
+		b.refundID(t, "key-1", "A-1", 100)
+	})
+
+	t.Run("ReplacesThePendingFault", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.fault(t, `{"mode": "error", "count": 5}`)
+		b.fault(t, `{"mode": "lost_response", "count": 1}`)
+		require.Equal(t, http.StatusServiceUnavailable, b.refund(t, "key-1", "A-1", 100).status)
+		require.Len(t, b.list(t), 1)
+		b.refundID(t, "key-2", "A-1", 100)
+	})
+
+	t.Run("SharedByServersOfOneDatabase", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		other := &bundle{pool: b.pool, url: serve(t, b.pool)}
+		b.fault(t, `{"mode": "error", "count": 1}`)
+		require.Equal(t, http.StatusServiceUnavailable, other.refund(t, "key-1", "A-1", 100).status)
+		b.refundID(t, "key-1", "A-1", 100)
+		require.Len(t, other.list(t), 1)
+	})
+
+	t.Run("Invalid", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		for _, body := range []string{
+			`{"mode": "explode"}`,
+			`{"count": 1}`,
+			`{"mode": "error", "count": -1}`,
+			`{"mode": "slow", "delayMs": -1}`,
+			`{"mode": "slow", "delayMs": 3600000}`,
+			`{"mode": "error", "extra": 1}`,
+			`[]`,
+		} {
+			a := b.do(t, http.MethodPost, "/faults", nil, body)
+			require.Equal(t, http.StatusBadRequest, a.status, "body %s", body)
+			require.Equal(t, "invalid_request", a.errorCode(t), "body %s", body)
+		}
+		b.refundID(t, "key-1", "A-1", 100)
+	})
+}
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ConcurrentAndRepeated", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.Pool(t)
+		errs := make([]error, 3)
+		var wg sync.WaitGroup
+		for i := range errs {
+			wg.Go(func() { errs[i] = provider.Migrate(t.Context(), pool) })
+		}
+		wg.Wait()
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+		require.NoError(t, provider.Migrate(t.Context(), pool))
+	})
+}

@@ -1,0 +1,19 @@
+-- name: FaultSet :exec
+-- Replaces the fault to inject, if any.
+INSERT INTO provider.fault (singleton, mode, remaining, delay_ms)
+VALUES (true, @mode, @remaining, @delay_ms)
+ON CONFLICT (singleton) DO UPDATE
+SET mode = excluded.mode,
+    remaining = excluded.remaining,
+    delay_ms = excluded.delay_ms;
+
+-- name: FaultClear :exec
+DELETE FROM provider.fault;
+
+-- name: FaultTake :one
+-- Takes one injection of the fault, if any is left: the row lock makes two
+-- concurrent requests take two.
+UPDATE provider.fault
+SET remaining = remaining - 1
+WHERE singleton AND remaining > 0
+RETURNING mode, delay_ms;

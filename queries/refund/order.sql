@@ -1,0 +1,14 @@
+-- name: OrderInsert :one
+-- Records an order. No row back means the client has an order of that id already.
+INSERT INTO demo_order (client, order_id, customer_id, amount)
+VALUES (@client, @order_id, @customer_id, @amount)
+ON CONFLICT (client, order_id) DO NOTHING
+RETURNING created_at;
+
+-- name: OrderGet :one
+SELECT * FROM demo_order WHERE client = @client AND order_id = @order_id;
+
+-- name: OrderGetForUpdate :one
+-- Reads an order and locks it until the transaction ends, so that two refunds of
+-- one order check what is left to refund one after the other.
+SELECT * FROM demo_order WHERE client = @client AND order_id = @order_id FOR UPDATE;

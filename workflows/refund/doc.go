@@ -1,0 +1,49 @@
+// Package refund is the demo's business: orders that customers paid, refunds of
+// them through a payment provider, and the double-entry ledger that both move
+// money in. It defines two operations for the engine, reads for the demo's GET
+// endpoints, and the tables they use (see Migrate).
+//
+// Every object belongs to a client (the API caller on whose behalf it was made):
+// the operations take the client in their input, and every read is scoped by it,
+// so that one client never sees another's orders, refunds or accounts.
+//
+// # Operations
+//
+// New returns both operation types; give Workflows.Operations to engine.Config.
+//
+// The order operation (OrderOperation) records an order in one transactional step,
+// "record": it fails with CodeOrderExists when the client has an order of that id,
+// and moves the order's amount from the customer's account to the merchant's.
+//
+// The refund operation (RefundOperation) refunds part or all of an order in three
+// steps:
+//
+//  1. "ledger" (transactional): checks that the order exists (else
+//     CodeOrderNotFound) and that the amount is at most what is left to refund
+//     (else CodeAmountExceedsRefundable), with the order's row locked so that two
+//     refunds of one order check one after the other; moves the amount from the
+//     merchant to the customer and records the refund as pending. If a later step
+//     fails for good, its compensation moves the amount back and marks the refund
+//     failed.
+//  2. "provider" (external): asks the Provider for the refund under the step's
+//     derived idempotency key. A decline fails the operation with
+//     CodeProviderDeclined; any other error is retried with the same key, and a
+//     retry first asks the provider, by that key, whether the lost attempt went
+//     through.
+//  3. "finalize" (transactional): marks the refund succeeded with the provider's
+//     refund id.
+//
+// # Ledger
+//
+// Every move of money is two ledger entries, written by one statement, whose
+// amounts sum to zero: the account paid from goes down, the account paid to goes
+// up. A client's accounts are "merchant" and "customer:<customerId>" for each of
+// its customers, so a client's balances always sum to zero, and its merchant
+// balance equals its orders less its refunds that are pending or succeeded.
+//
+// # Provider
+//
+// The provider step calls a Provider. ProviderClient is one over HTTP, for a
+// provider that speaks the API of the demo's fake provider (Stripe's style: an
+// Idempotency-Key header, 402 for a decline).
+package refund

@@ -1,0 +1,186 @@
+package refund
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Provider is the payment provider that the refund operation's provider step
+// calls. ProviderClient is one.
+type Provider interface {
+	// Refund asks the provider to make the refund req under the idempotency key
+	// key, and returns the refund made. A provider that has made a refund under key
+	// already must answer that one, without refunding again. An error that
+	// errors.Is matches to ErrProviderDeclined is a decline, which ends the
+	// operation; any other error is taken as transient, and the step is tried
+	// again later with the same key.
+	Refund(ctx context.Context, key string, req ProviderRequest) (*ProviderRefund, error)
+	// ByKey returns the refund that the provider made under the idempotency key
+	// key, or false (and a nil error) when it made none.
+	ByKey(ctx context.Context, key string) (*ProviderRefund, bool, error)
+}
+
+// ProviderRequest is a refund asked of the provider.
+type ProviderRequest struct {
+	// OrderID is the client's id of the order to refund.
+	OrderID string `json:"orderId"`
+	// Amount is how much to refund, in minor units.
+	Amount int64 `json:"amount"`
+	// Reference is our id of the refund, for the provider's records.
+	Reference string `json:"reference"`
+}
+
+// ProviderRefund is a refund that the provider made.
+type ProviderRefund struct {
+	// ID is the provider's id of the refund.
+	ID string `json:"id"`
+	// OrderID and Amount are what the refund was made for, when the provider's
+	// answer tells (a lookup by key does); else empty and zero.
+	OrderID string `json:"orderId"`
+	Amount  int64  `json:"amount"`
+}
+
+// ErrProviderDeclined is matched by the error of a refund that the provider
+// declined (see ProviderError).
+var ErrProviderDeclined = errors.New("refund: the provider declined the refund")
+
+// ProviderError is an error answer of the provider's HTTP API.
+type ProviderError struct {
+	// StatusCode is the answer's HTTP status.
+	StatusCode int
+	// Code and Message are from the answer's {"error": {"code", "message"}} body,
+	// when it has one; else Code is empty and Message holds the start of the body.
+	Code    string
+	Message string
+}
+
+// Error implements error.
+func (e *ProviderError) Error() string {
+	if e.Code == "" {
+		return fmt.Sprintf("provider answered %d: %s", e.StatusCode, e.Message)
+	}
+	return fmt.Sprintf("provider answered %d %s: %s", e.StatusCode, e.Code, e.Message)
+}
+
+// Is reports whether e is a decline (status 402) when target is
+// ErrProviderDeclined.
+func (e *ProviderError) Is(target error) bool {
+	return target == ErrProviderDeclined && e.StatusCode == http.StatusPaymentRequired
+}
+
+// DefaultProviderTimeout bounds each request of a ProviderClient whose HTTP is nil.
+const DefaultProviderTimeout = 10 * time.Second
+
+// maxAnswer bounds how much of an answer ProviderClient reads.
+const maxAnswer = 1 << 20
+
+// ProviderClient is a Provider over HTTP, for a provider that speaks the API of
+// the demo's fake provider: POST {BaseURL}/refunds with an Idempotency-Key header,
+// 402 for a decline, and GET {BaseURL}/refunds/by-key/{key}.
+type ProviderClient struct {
+	// BaseURL is the provider's base URL, such as "http://127.0.0.1:8080/provider".
+	BaseURL string
+	// HTTP sends the requests. Defaults to a client whose requests time out after
+	// DefaultProviderTimeout.
+	HTTP *http.Client
+}
+
+var _ Provider = (*ProviderClient)(nil)
+
+// Refund implements Provider. Errors other than a decline are a *ProviderError
+// for an error answer, or the transport's error (a timeout, a refused connection).
+func (c *ProviderClient) Refund(ctx context.Context, key string, req ProviderRequest) (*ProviderRefund, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("refund: encode provider request: %w", err)
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url("/refunds"), bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("refund: provider request: %w", err)
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Idempotency-Key", key)
+	ref, found, err := c.do(hreq)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, &ProviderError{StatusCode: http.StatusNotFound, Message: "the provider has no refunds endpoint"}
+	}
+	return ref, nil
+}
+
+// ByKey implements Provider.
+func (c *ProviderClient) ByKey(ctx context.Context, key string) (*ProviderRefund, bool, error) {
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url("/refunds/by-key/"+url.PathEscape(key)), nil)
+	if err != nil {
+		return nil, false, fmt.Errorf("refund: provider request: %w", err)
+	}
+	return c.do(hreq)
+}
+
+// do sends req and decodes a refund from a 2xx answer. A 404 answer gives false
+// and no error.
+func (c *ProviderClient) do(req *http.Request) (*ProviderRefund, bool, error) {
+	req.Header.Set("Accept", "application/json")
+	client := c.HTTP
+	if client == nil {
+		client = &http.Client{Timeout: DefaultProviderTimeout}
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, false, fmt.Errorf("refund: provider: %w", err)
+	}
+	defer func() {
+		// Drained so that the connection can serve the next request.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxAnswer))
+		_ = resp.Body.Close()
+	}()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	if err != nil {
+		return nil, false, fmt.Errorf("refund: read provider answer: %w", err)
+	}
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		return nil, false, nil
+	case resp.StatusCode < 200 || resp.StatusCode > 299:
+		return nil, false, providerError(resp.StatusCode, raw)
+	}
+	var ref ProviderRefund
+	if err := json.Unmarshal(raw, &ref); err != nil {
+		return nil, false, fmt.Errorf("refund: decode provider answer: %w", err)
+	}
+	if ref.ID == "" {
+		return nil, false, fmt.Errorf("refund: the provider answered %d without a refund id", resp.StatusCode)
+	}
+	return &ref, true, nil
+}
+
+func (c *ProviderClient) url(path string) string {
+	return strings.TrimRight(c.BaseURL, "/") + path
+}
+
+func providerError(status int, raw []byte) *ProviderError {
+	var body struct {
+		Error struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(raw, &body); err == nil && body.Error.Code != "" {
+		return &ProviderError{StatusCode: status, Code: body.Error.Code, Message: body.Error.Message}
+	}
+	msg := strings.TrimSpace(string(raw))
+	if len(msg) > 200 {
+		msg = msg[:200] + "..."
+	}
+	return &ProviderError{StatusCode: status, Message: msg}
+}

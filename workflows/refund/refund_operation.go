@@ -1,0 +1,164 @@
+package refund
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/workflows/refund/internal/refunddb"
+)
+
+// RefundInput is the input of the refund operation.
+type RefundInput struct {
+	// Client owns the order, and will own the refund.
+	Client string `json:"client"`
+	// OrderID is the client's id of the order to refund.
+	OrderID string `json:"orderId"`
+	// Amount is how much to refund, in minor units; positive, and at most what is
+	// left to refund of the order.
+	Amount int64 `json:"amount"`
+}
+
+// RefundState is the refund operation's state between steps, checkpointed by the
+// engine after each.
+type RefundState struct {
+	// RefundID is the refund's id, chosen by the ledger step.
+	RefundID string `json:"refundId"`
+	// CustomerID is the order's customer, whose account the refund credits.
+	CustomerID string `json:"customerId"`
+	// ProviderRefundID is the provider's id of the refund, set by the provider step.
+	ProviderRefundID string `json:"providerRefundId"`
+}
+
+// ledger is the step StepLedger.
+func (w *Workflows) ledger(ctx context.Context, tx pgx.Tx, in RefundInput, s *RefundState) error {
+	if in.Amount <= 0 {
+		return engine.Fail(CodeInvalidRequest, "amount must be a positive integer")
+	}
+	order, err := w.q.OrderGetForUpdate(ctx, tx, refunddb.OrderGetForUpdateParams{Client: in.Client, OrderID: in.OrderID})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return engine.Fail(CodeOrderNotFound, fmt.Sprintf("order %s does not exist", in.OrderID))
+	}
+	if err != nil {
+		return fmt.Errorf("read order: %w", err)
+	}
+	committed, err := w.q.RefundSumCommitted(ctx, tx, refunddb.RefundSumCommittedParams{Client: in.Client, OrderID: in.OrderID})
+	if err != nil {
+		return fmt.Errorf("sum refunds: %w", err)
+	}
+	if left := order.Amount - committed; in.Amount > left {
+		return engine.Fail(CodeAmountExceedsRefundable,
+			fmt.Sprintf("amount %d exceeds the %d left to refund of order %s", in.Amount, left, in.OrderID))
+	}
+
+	id := newID(RefundIDPrefix)
+	if err := w.q.RefundInsert(ctx, tx, refunddb.RefundInsertParams{
+		ID:      id,
+		Client:  in.Client,
+		OrderID: in.OrderID,
+		Amount:  in.Amount,
+	}); err != nil {
+		return fmt.Errorf("insert refund: %w", err)
+	}
+	if err := (move{
+		client:   in.Client,
+		kind:     moveRefund,
+		from:     MerchantAccount,
+		to:       CustomerAccount(order.CustomerID),
+		amount:   in.Amount,
+		orderID:  in.OrderID,
+		refundID: id,
+	}).write(ctx, w.q, tx); err != nil {
+		return err
+	}
+	s.RefundID = id
+	s.CustomerID = order.CustomerID
+	return nil
+}
+
+// reverseLedger compensates StepLedger: it moves the amount back and marks the
+// refund failed.
+func (w *Workflows) reverseLedger(ctx context.Context, tx pgx.Tx, in RefundInput, s *RefundState) error {
+	n, err := w.q.RefundMarkFailed(ctx, tx, s.RefundID)
+	if err != nil {
+		return fmt.Errorf("mark refund %s failed: %w", s.RefundID, err)
+	}
+	if n != 1 {
+		return engine.Permanent(fmt.Errorf("refund %s is not pending", s.RefundID))
+	}
+	return move{
+		client:   in.Client,
+		kind:     moveRefundReversal,
+		from:     CustomerAccount(s.CustomerID),
+		to:       MerchantAccount,
+		amount:   in.Amount,
+		orderID:  in.OrderID,
+		refundID: s.RefundID,
+	}.write(ctx, w.q, tx)
+}
+
+// callProvider is the step StepProvider.
+func (w *Workflows) callProvider(ctx context.Context, call engine.Call, in RefundInput, s *RefundState) error {
+	ref, err := w.provider.Refund(ctx, call.Key, ProviderRequest{
+		OrderID:   in.OrderID,
+		Amount:    in.Amount,
+		Reference: s.RefundID,
+	})
+	if errors.Is(err, ErrProviderDeclined) {
+		return engine.Fail(CodeProviderDeclined, "the payment provider declined the refund")
+	}
+	if err != nil {
+		return err
+	}
+	if ref == nil || ref.ID == "" {
+		return errors.New("the provider answered a refund without an id")
+	}
+	s.ProviderRefundID = ref.ID
+	return nil
+}
+
+// lookupProvider asks the provider whether an earlier attempt of StepProvider,
+// whose answer was lost, made the refund.
+func (w *Workflows) lookupProvider(ctx context.Context, call engine.Call, _ RefundInput, s *RefundState) (bool, error) {
+	ref, found, err := w.provider.ByKey(ctx, call.Key)
+	if err != nil || !found {
+		return false, err
+	}
+	if ref == nil || ref.ID == "" {
+		return false, errors.New("the provider's lookup found a refund without an id")
+	}
+	s.ProviderRefundID = ref.ID
+	return true, nil
+}
+
+// finalize is the step StepFinalize.
+func (w *Workflows) finalize(ctx context.Context, tx pgx.Tx, _ RefundInput, s *RefundState) error {
+	n, err := w.q.RefundMarkSucceeded(ctx, tx, refunddb.RefundMarkSucceededParams{
+		ID:               s.RefundID,
+		ProviderRefundID: s.ProviderRefundID,
+	})
+	if err != nil {
+		return fmt.Errorf("mark refund %s succeeded: %w", s.RefundID, err)
+	}
+	if n != 1 {
+		return fmt.Errorf("refund %s is not pending", s.RefundID)
+	}
+	return nil
+}
+
+func refundResult(in RefundInput, s *RefundState) (Refund, error) {
+	if s.RefundID == "" || s.ProviderRefundID == "" {
+		return Refund{}, fmt.Errorf("refund of order %s finished without its ids", in.OrderID)
+	}
+	providerID := s.ProviderRefundID
+	return Refund{
+		RefundID:         s.RefundID,
+		OrderID:          in.OrderID,
+		Amount:           in.Amount,
+		Status:           StatusSucceeded,
+		ProviderRefundID: &providerID,
+	}, nil
+}
