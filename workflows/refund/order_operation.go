@@ -2,6 +2,7 @@ package refund
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -21,6 +22,8 @@ type OrderInput struct {
 	CustomerID string `json:"customerId"`
 	// Amount is what the customer paid, in minor units; positive.
 	Amount int64 `json:"amount"`
+	// Metadata is the client's own, stored with the operation and never read.
+	Metadata json.RawMessage `json:"metadata,omitempty"`
 }
 
 // OrderState is the order operation's state between steps: none, since it has

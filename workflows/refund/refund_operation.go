@@ -2,6 +2,7 @@ package refund
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -20,6 +21,8 @@ type RefundInput struct {
 	// Amount is how much to refund, in minor units; positive, and at most what is
 	// left to refund of the order.
 	Amount int64 `json:"amount"`
+	// Metadata is the client's own, stored with the operation and never read.
+	Metadata json.RawMessage `json:"metadata,omitempty"`
 }
 
 // RefundState is the refund operation's state between steps, checkpointed by the

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// config is the demo's configuration: each flag can also come from the environment
+// variable named beside it; a flag given on the command line wins.
+type config struct {
+	addr         string        // -addr, DEMO_ADDR
+	clients      []client      // -clients, DEMO_CLIENTS
+	retryBackoff time.Duration // -retry-backoff, DEMO_RETRY_BACKOFF
+	wait         time.Duration // -wait, DEMO_WAIT
+	lease        time.Duration // -lease, DEMO_LEASE
+	providerURL  string        // -provider-url, DEMO_PROVIDER_URL
+	dataDir      string        // -data-dir, DEMO_DATA_DIR
+	databaseURL  string        // DATABASE_URL
+	crash        *crashPoint   // DEMO_CRASH
+}
+
+// client is an API client of the demo and its bearer token.
+type client struct {
+	name  string
+	token string
+}
+
+// crashPoint is where DEMO_CRASH makes the process exit.
+type crashPoint struct {
+	step  string
+	point string
+}
+
+const crashExitCode = 86
+
+var defaultClients = []client{{"merchant-a", "demo-token-a"}, {"merchant-b", "demo-token-b"}}
+
+// parseConfig reads the flags in args (without the program name) and the
+// environment through getenv.
+func parseConfig(name string, args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	env := func(key, def string) string {
+		if v := getenv(key); v != "" {
+			return v
+		}
+		return def
+	}
+	addr := fs.String("addr", env("DEMO_ADDR", "127.0.0.1:8080"), "address to listen on (DEMO_ADDR)")
+	clients := fs.String("clients", env("DEMO_CLIENTS", ""), "API clients as name=token,name=token (DEMO_CLIENTS); default: merchant-a=demo-token-a,merchant-b=demo-token-b")
+	backoff := fs.String("retry-backoff", env("DEMO_RETRY_BACKOFF", "1s"), "base of the exponential backoff between attempts of a failed step (DEMO_RETRY_BACKOFF)")
+	wait := fs.String("wait", env("DEMO_WAIT", "5s"), "how long a request waits for its operation before answering 202 (DEMO_WAIT)")
+	lease := fs.String("lease", env("DEMO_LEASE", "15s"), "how long a crashed process's operations wait before another process takes them over (DEMO_LEASE)")
+	providerURL := fs.String("provider-url", env("DEMO_PROVIDER_URL", ""), "the payment provider's base URL (DEMO_PROVIDER_URL); default: the fake provider under /provider of this server")
+	dataDir := fs.String("data-dir", env("DEMO_DATA_DIR", ""), "data directory of the private PostgreSQL cluster used when DATABASE_URL is unset (DEMO_DATA_DIR); default: $XDG_DATA_HOME/idemflow/demo-pg")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+
+	c := &config{addr: *addr, providerURL: strings.TrimRight(*providerURL, "/"), databaseURL: getenv("DATABASE_URL")}
+	var err error
+	if c.clients, err = parseClients(*clients); err != nil {
+		return nil, fmt.Errorf("-clients: %w", err)
+	}
+	if c.retryBackoff, err = parsePositiveDuration(*backoff); err != nil {
+		return nil, fmt.Errorf("-retry-backoff: %w", err)
+	}
+	if c.wait, err = parsePositiveDuration(*wait); err != nil {
+		return nil, fmt.Errorf("-wait: %w", err)
+	}
+	if c.lease, err = parsePositiveDuration(*lease); err != nil {
+		return nil, fmt.Errorf("-lease: %w", err)
+	}
+	if c.lease < time.Second {
+		return nil, errors.New("-lease: must be at least 1s")
+	}
+	if c.dataDir = *dataDir; c.dataDir == "" {
+		if c.dataDir, err = defaultDataDir(getenv); err != nil {
+			return nil, err
+		}
+	}
+	if c.crash, err = parseCrash(getenv("DEMO_CRASH")); err != nil {
+		return nil, fmt.Errorf("DEMO_CRASH: %w", err)
+	}
+	return c, nil
+}
+
+func parsePositiveDuration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, err
+	}
+	if d <= 0 {
+		return 0, fmt.Errorf("%s is not positive", s)
+	}
+	return d, nil
+}
+
+// parseClients reads name=token,name=token. Empty means the default clients.
+func parseClients(s string) ([]client, error) {
+	if strings.TrimSpace(s) == "" {
+		return slices.Clone(defaultClients), nil
+	}
+	var out []client
+	names, tokens := map[string]bool{}, map[string]bool{}
+	for _, part := range strings.Split(s, ",") {
+		name, token, ok := strings.Cut(strings.TrimSpace(part), "=")
+		name, token = strings.TrimSpace(name), strings.TrimSpace(token)
+		switch {
+		case !ok || name == "" || token == "":
+			return nil, fmt.Errorf("%q is not name=token", part)
+		case names[name]:
+			return nil, fmt.Errorf("client %q is named twice", name)
+		case tokens[token]:
+			return nil, fmt.Errorf("two clients share the token of %q", name)
+		}
+		names[name], tokens[token] = true, true
+		out = append(out, client{name: name, token: token})
+	}
+	return out, nil
+}
+
+var crashSteps = []string{"ledger", "provider", "finalize", "record"}
+
+// parseCrash reads DEMO_CRASH=<step>:<point>. Empty means no crash.
+func parseCrash(s string) (*crashPoint, error) {
+	if s == "" {
+		return nil, nil
+	}
+	step, point, ok := strings.Cut(s, ":")
+	if !ok || !slices.Contains(crashSteps, step) || (point != "before" && point != "after-effect") {
+		return nil, fmt.Errorf("%q is not <step>:<point> with step one of %s and point before or after-effect", s, strings.Join(crashSteps, ", "))
+	}
+	return &crashPoint{step: step, point: point}, nil
+}
+
+func defaultDataDir(getenv func(string) string) (string, error) {
+	if x := getenv("XDG_DATA_HOME"); x != "" && filepath.IsAbs(x) {
+		return filepath.Join(x, "idemflow", "demo-pg"), nil
+	}
+	home := getenv("HOME")
+	if home == "" {
+		var err error
+		if home, err = os.UserHomeDir(); err != nil {
+			return "", fmt.Errorf("no -data-dir, and no home directory for the default: %w", err)
+		}
+	}
+	return filepath.Join(home, ".local", "share", "idemflow", "demo-pg"), nil
+}

@@ -1,0 +1,203 @@
+// Command demo is a refund API built on idemflow, with a fake payment provider, a
+// double-entry ledger, and fault and crash injection. Its HTTP contract is
+// shared/contract/demo-api.md; the README walks through it.
+//
+// Usage:
+//
+//	demo [flags]             serve the API (and the fake provider under /provider)
+//	demo provider [flags]    serve the fake provider alone
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemflow/idemflow/cmd/demo/provider"
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/workflows/refund"
+)
+
+// shutdownTimeout bounds how long a stopping demo lets running steps finish.
+const shutdownTimeout = 10 * time.Second
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	name, serve := "demo", serveAPI
+	if len(args) > 0 && args[0] == "provider" {
+		name, serve, args = "demo provider", serveProvider, args[1:]
+	}
+	cfg, err := parseConfig(name, args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := serve(ctx, cfg, logger, stdout); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 1
+	}
+	return 0
+}
+
+// serveAPI runs the refund API until ctx ends, then drains it.
+func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.Writer) error {
+	fmt.Fprintln(stdout, "API clients (Authorization: Bearer <token>):")
+	for _, c := range cfg.clients {
+		fmt.Fprintf(stdout, "  %s  %s\n", c.name, c.token)
+	}
+	pool, stopDB, err := openDatabase(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer stopDB(context.WithoutCancel(ctx))
+	defer pool.Close()
+	if err := migrate(ctx, pool, logger); err != nil {
+		return err
+	}
+
+	// The listener comes first: the default provider URL is this server's own.
+	ln, err := net.Listen("tcp", cfg.addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.addr, err)
+	}
+	defer ln.Close()
+	providerURL := cfg.providerURL
+	var providerHandler http.Handler
+	if providerURL == "" {
+		providerURL = "http://" + ln.Addr().String() + "/provider"
+		p, err := provider.New(pool, &provider.Config{Logger: logger})
+		if err != nil {
+			return err
+		}
+		providerHandler = p.Handler()
+	}
+	wf, err := refund.New(&refund.ProviderClient{BaseURL: providerURL}, &refund.Config{
+		Retry: engine.RetryPolicy{Base: cfg.retryBackoff},
+	})
+	if err != nil {
+		return err
+	}
+	e, err := engine.New(pool, &engine.Config{
+		Operations: wf.Operations(),
+		Logger:     logger,
+		Lease:      cfg.lease,
+		Hook:       crashHook(cfg.crash),
+	})
+	if err != nil {
+		return err
+	}
+	if err := e.StartWorkers(ctx); err != nil {
+		return err
+	}
+	srv, err := newServer(&serverConfig{
+		pool: pool, engine: e, workflows: wf, clients: cfg.clients,
+		wait: cfg.wait, provider: providerHandler, logger: logger,
+	})
+	if err != nil {
+		return err
+	}
+	httpServer := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- httpServer.Serve(ln) }()
+	fmt.Fprintf(stdout, "idemflow demo listening on http://%s\n", ln.Addr())
+
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	logger.Info("stopping: draining requests and running steps")
+	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	if err := httpServer.Shutdown(drainCtx); err != nil {
+		logger.Warn("requests still running at shutdown", slog.String("error", err.Error()))
+	}
+	if err := e.Stop(drainCtx); err != nil {
+		logger.Warn("operations still running at shutdown resume after restart", slog.String("error", err.Error()))
+	}
+	return nil
+}
+
+// serveProvider runs the fake payment provider alone, at / and under /provider.
+func serveProvider(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.Writer) error {
+	pool, stopDB, err := openDatabase(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer stopDB(context.WithoutCancel(ctx))
+	defer pool.Close()
+	if err := provider.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	p, err := provider.New(pool, &provider.Config{Logger: logger})
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/provider/", http.StripPrefix("/provider", p.Handler()))
+	mux.Handle("/", p.Handler())
+	ln, err := net.Listen("tcp", cfg.addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.addr, err)
+	}
+	httpServer := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- httpServer.Serve(ln) }()
+	fmt.Fprintf(stdout, "fake payment provider listening on http://%s\n", ln.Addr())
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	return httpServer.Shutdown(drainCtx)
+}
+
+// migrate applies the engine's and River's migrations, the demo's ledger and the
+// provider's schema. Each set takes its own lock, so concurrent starts are safe.
+func migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
+	if err := store.Migrate(ctx, pool, &store.MigrateOpts{Logger: logger}); err != nil {
+		return err
+	}
+	if err := refund.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	return provider.Migrate(ctx, pool)
+}
+
+// crashHook returns the engine hook that makes the process exit at once with
+// status 86, with no cleanup, at the chosen point of the first run of a step.
+func crashHook(at *crashPoint) engine.HookFunc {
+	if at == nil {
+		return nil
+	}
+	return func(ctx context.Context, ev engine.HookEvent) {
+		if ev.Resumed || ev.Attempt != 1 || ev.Step != at.step || string(ev.Point) != at.point {
+			return
+		}
+		fmt.Fprintf(os.Stderr, "DEMO_CRASH: exiting with status %d at %s:%s of operation %s\n", crashExitCode, at.step, at.point, ev.OperationID)
+		os.Exit(crashExitCode)
+	}
+}

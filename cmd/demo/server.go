@@ -1,0 +1,252 @@
+package main
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idempotency"
+	"github.com/idemflow/idemflow/workflows/refund"
+)
+
+// serverConfig is what the demo's HTTP server is made of.
+type serverConfig struct {
+	pool      *pgxpool.Pool
+	engine    *engine.Engine
+	workflows *refund.Workflows
+	clients   []client
+	wait      time.Duration
+	// provider, when not nil, is the fake provider, mounted under /provider.
+	provider http.Handler
+	logger   *slog.Logger
+}
+
+// server routes the demo's API.
+type server struct {
+	cfg *serverConfig
+	mux *http.ServeMux
+}
+
+type clientKey struct{}
+
+// newServer returns the demo's HTTP handler.
+func newServer(cfg *serverConfig) (*server, error) {
+	s := &server{cfg: cfg, mux: http.NewServeMux()}
+	idem := &idempotency.Config{
+		Engine:    cfg.engine,
+		ScopeFunc: func(r *http.Request) (string, error) { return clientOf(r), nil },
+		Wait:      cfg.wait,
+		Logger:    cfg.logger,
+	}
+	orders, err := idempotency.Handler(idem, cfg.workflows.Order, &idempotency.EndpointOpts[refund.OrderInput]{
+		DecodeFunc:      decodeOrder,
+		Unfingerprinted: []string{"metadata"},
+		ErrorStatusFunc: errorStatus,
+	})
+	if err != nil {
+		return nil, err
+	}
+	refunds, err := idempotency.Handler(idem, cfg.workflows.Refund, &idempotency.EndpointOpts[refund.RefundInput]{
+		DecodeFunc:      decodeRefund,
+		Unfingerprinted: []string{"metadata"},
+		ErrorStatusFunc: errorStatus,
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	s.mux.HandleFunc("GET /healthz", s.healthz)
+	if cfg.provider != nil {
+		s.mux.Handle("/provider/", http.StripPrefix("/provider", cfg.provider))
+	}
+	s.mux.Handle("POST /orders", s.authenticated(orders))
+	s.mux.Handle("GET /orders/{orderId}", s.authenticated(http.HandlerFunc(s.getOrder)))
+	s.mux.Handle("POST /refunds", s.authenticated(refunds))
+	s.mux.Handle("GET /refunds/{refundId}", s.authenticated(http.HandlerFunc(s.getRefund)))
+	s.mux.Handle("GET /accounts", s.authenticated(http.HandlerFunc(s.listAccounts)))
+	s.mux.Handle("GET /operations/{operationId}", s.authenticated(http.HandlerFunc(s.getOperation)))
+	// Patterns without a method catch the other methods, so that even a 405 is
+	// a JSON error.
+	for _, path := range []string{"/healthz", "/orders", "/orders/{orderId}", "/refunds", "/refunds/{refundId}", "/accounts", "/operations/{operationId}"} {
+		s.mux.HandleFunc(path, methodNotAllowed)
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		idempotency.WriteError(w, http.StatusNotFound, "not_found", "no such endpoint", nil)
+	})
+	return s, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+func methodNotAllowed(w http.ResponseWriter, r *http.Request) {
+	idempotency.WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed here", nil)
+}
+
+// authenticated answers 401 unless the request carries a known client's bearer
+// token, and passes the client's name on in the request's context.
+func (s *server) authenticated(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		name := ""
+		if ok {
+			for _, c := range s.cfg.clients {
+				if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), []byte(c.token)) == 1 {
+					name = c.name
+				}
+			}
+		}
+		if name == "" {
+			idempotency.WriteError(w, http.StatusUnauthorized, "unauthenticated", "missing or unknown bearer token", nil)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), clientKey{}, name)))
+	})
+}
+
+func clientOf(r *http.Request) string {
+	name, _ := r.Context().Value(clientKey{}).(string)
+	return name
+}
+
+func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
+	if err := s.cfg.pool.Ping(r.Context()); err != nil {
+		idempotency.WriteError(w, http.StatusServiceUnavailable, "service_unavailable", "the database is not reachable", nil)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *server) getOrder(w http.ResponseWriter, r *http.Request) {
+	order, err := refund.GetOrder(r.Context(), s.cfg.pool, clientOf(r), r.PathValue("orderId"))
+	if errors.Is(err, refund.ErrOrderNotFound) {
+		idempotency.WriteError(w, http.StatusNotFound, refund.CodeOrderNotFound, "no such order", nil)
+		return
+	}
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, order)
+}
+
+func (s *server) getRefund(w http.ResponseWriter, r *http.Request) {
+	ref, err := refund.GetRefund(r.Context(), s.cfg.pool, clientOf(r), r.PathValue("refundId"))
+	if errors.Is(err, refund.ErrRefundNotFound) {
+		idempotency.WriteError(w, http.StatusNotFound, "refund_not_found", "no such refund", nil)
+		return
+	}
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ref)
+}
+
+func (s *server) listAccounts(w http.ResponseWriter, r *http.Request) {
+	accounts, err := refund.ListAccounts(r.Context(), s.cfg.pool, clientOf(r))
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"accounts": accounts})
+}
+
+// operationBody is the JSON of GET /operations/{operationId}.
+type operationBody struct {
+	OperationID uuid.UUID  `json:"operationId"`
+	Name        string     `json:"name"`
+	Key         string     `json:"key"`
+	Status      string     `json:"status"`
+	CreatedAt   time.Time  `json:"createdAt"`
+	FinishedAt  *time.Time `json:"finishedAt"`
+	Steps       []stepBody `json:"steps"`
+}
+
+type stepBody struct {
+	Name       string     `json:"name"`
+	Status     string     `json:"status"`
+	Attempts   int        `json:"attempts"`
+	DerivedKey string     `json:"derivedKey,omitempty"`
+	StartedAt  *time.Time `json:"startedAt"`
+	FinishedAt *time.Time `json:"finishedAt"`
+	LastError  *string    `json:"lastError"`
+}
+
+func (s *server) getOperation(w http.ResponseWriter, r *http.Request) {
+	notFound := func() {
+		idempotency.WriteError(w, http.StatusNotFound, "operation_not_found", "no such operation", nil)
+	}
+	id, err := uuid.Parse(r.PathValue("operationId"))
+	if err != nil {
+		notFound()
+		return
+	}
+	info, err := s.cfg.engine.Get(r.Context(), id)
+	if errors.Is(err, engine.ErrNotFound) || err == nil && info.Scope != clientOf(r) {
+		notFound()
+		return
+	}
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	body := operationBody{
+		OperationID: info.ID, Name: info.Name, Key: info.Key, Status: string(info.Status),
+		CreatedAt: info.CreatedAt, FinishedAt: info.FinishedAt, Steps: []stepBody{},
+	}
+	for _, st := range info.Steps {
+		sb := stepBody{
+			Name: st.Name, Status: string(st.Status), Attempts: st.Attempts, DerivedKey: st.DerivedKey,
+			StartedAt: st.StartedAt, FinishedAt: st.FinishedAt,
+		}
+		if st.LastError != "" {
+			sb.LastError = &st.LastError
+		}
+		body.Steps = append(body.Steps, sb)
+	}
+	w.Header().Set(idempotency.HeaderOperationID, info.ID.String())
+	writeJSON(w, http.StatusOK, body)
+}
+
+func (s *server) internalError(w http.ResponseWriter, r *http.Request, err error) {
+	s.cfg.logger.ErrorContext(r.Context(), "request failed", slog.String("path", r.URL.Path), slog.String("error", err.Error()))
+	idempotency.WriteError(w, http.StatusInternalServerError, "internal_error", "the server could not answer; try again", nil)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		idempotency.WriteError(w, http.StatusInternalServerError, "internal_error", "could not encode the answer", nil)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// errorStatus maps the workflows' business error codes to HTTP statuses.
+func errorStatus(code string) int {
+	switch code {
+	case refund.CodeOrderNotFound:
+		return http.StatusNotFound
+	case refund.CodeOrderExists:
+		return http.StatusConflict
+	case refund.CodeAmountExceedsRefundable:
+		return http.StatusUnprocessableEntity
+	case refund.CodeProviderDeclined:
+		return http.StatusPaymentRequired
+	case refund.CodeInvalidRequest:
+		return http.StatusBadRequest
+	}
+	return 0
+}

@@ -1,0 +1,75 @@
+package idempotency
+
+import (
+	"bytes"
+	"encoding/json"
+	"maps"
+	"net/http"
+	"slices"
+)
+
+// The error codes this package answers with.
+const (
+	CodeUnauthenticated    = "unauthenticated"
+	CodeKeyMissing         = "idempotency_key_missing"
+	CodeKeyInvalid         = "idempotency_key_invalid"
+	CodeKeyReused          = "idempotency_key_reused"
+	CodeInvalidRequest     = "invalid_request"
+	CodeRequestTooLarge    = "request_too_large"
+	CodeRequestInProgress  = "request_in_progress"
+	CodeInternalError      = "internal_error"
+	CodeServiceUnavailable = "service_unavailable"
+)
+
+// FieldError is a problem with one field of a request body. A DecodeFunc returns
+// one to answer 400 invalid_request with error.param set to Param.
+type FieldError struct {
+	// Param names the field: a top-level field's name, or a path into it such as
+	// "metadata.note" or "items[2]".
+	Param string
+	// Message says what is wrong, for a person.
+	Message string
+}
+
+// Error implements error.
+func (e *FieldError) Error() string { return e.Param + ": " + e.Message }
+
+// WriteError answers status with the JSON error body
+//
+//	{"error": {"code": code, "message": message, ...extra}}
+//
+// and Content-Type application/json. The members of extra follow message, in key
+// order; an extra member that does not marshal to JSON is left out. Equal
+// arguments give byte-identical bodies.
+func WriteError(w http.ResponseWriter, status int, code, message string, extra map[string]any) {
+	writeJSON(w, status, errorBody(code, message, extra))
+}
+
+func errorBody(code, message string, extra map[string]any) []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"error":{"code":`)
+	writeString(&b, code)
+	b.WriteString(`,"message":`)
+	writeString(&b, message)
+	for _, k := range slices.Sorted(maps.Keys(extra)) {
+		if k == "code" || k == "message" {
+			continue
+		}
+		raw, err := json.Marshal(extra[k])
+		if err != nil {
+			continue
+		}
+		b.WriteByte(',')
+		writeString(&b, k)
+		b.WriteByte(':')
+		b.Write(raw)
+	}
+	b.WriteString("}}")
+	return b.Bytes()
+}
+
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(body) // the client has gone: nothing to do
+}
