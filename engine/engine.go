@@ -75,6 +75,13 @@ type Config struct {
 	// jobs every 5 seconds, so a short backoff through it would take seconds).
 	// Defaults to 5 seconds; a negative value sends every retry through River.
 	InlineRetryMax time.Duration
+	// Retention is how long a finished operation, and so its key and stored
+	// answer, is kept before the retention job deletes it (OperationOpts.Retention
+	// overrides it per type). Defaults to 24 hours.
+	Retention time.Duration
+	// RetentionInterval is how often the leader runs the retention job. Defaults
+	// to 1 minute.
+	RetentionInterval time.Duration
 	// Hook, when set, is called at each Point of every step attempt.
 	Hook HookFunc
 }
@@ -87,6 +94,8 @@ const (
 	DefaultQueue         = "idemflow"
 	DefaultMaxWorkers    = 20
 	DefaultInlineRetry   = 5 * time.Second
+	DefaultRetention     = 24 * time.Hour
+	DefaultRetentionRun  = time.Minute
 )
 
 func (c Config) withDefaults() Config {
@@ -111,6 +120,12 @@ func (c Config) withDefaults() Config {
 	if c.InlineRetryMax == 0 {
 		c.InlineRetryMax = DefaultInlineRetry
 	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.RetentionInterval == 0 {
+		c.RetentionInterval = DefaultRetentionRun
+	}
 	return c
 }
 
@@ -124,6 +139,8 @@ func (c Config) validate() error {
 		return errors.New("poll interval must be positive")
 	case c.MaxWorkers < 1:
 		return errors.New("max workers must be at least 1")
+	case c.Retention < 0, c.RetentionInterval < 0:
+		return errors.New("retention and its interval must not be negative")
 	}
 	return nil
 }
@@ -187,6 +204,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err := river.AddWorkerSafely(workers, &sweepWorker{e: e}); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
+	if err := river.AddWorkerSafely(workers, &retentionWorker{e: e}); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
 	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
 		Logger:  c.Logger,
 		Queues:  map[string]river.QueueConfig{c.Queue: {MaxWorkers: c.MaxWorkers}},
@@ -196,6 +216,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		PeriodicJobs: []*river.PeriodicJob{
 			river.NewPeriodicJob(river.PeriodicInterval(c.SweepInterval), func() (river.JobArgs, *river.InsertOpts) {
 				return sweepArgs{}, &river.InsertOpts{Queue: c.Queue}
+			}, &river.PeriodicJobOpts{RunOnStart: true}),
+			river.NewPeriodicJob(river.PeriodicInterval(c.RetentionInterval), func() (river.JobArgs, *river.InsertOpts) {
+				return retentionArgs{}, &river.InsertOpts{Queue: c.Queue}
 			}, &river.PeriodicJobOpts{RunOnStart: true}),
 		},
 	})
@@ -249,6 +272,12 @@ func (e *Engine) Stop(ctx context.Context) error {
 // River returns the River client the engine runs its jobs with, for an application
 // that wants to enqueue jobs of its own in the same transactions.
 func (e *Engine) River() *river.Client[pgx.Tx] { return e.river }
+
+// Registered reports whether op was given to New, so that Start accepts it.
+func (e *Engine) Registered(op Definition) bool {
+	_, err := e.registered(op)
+	return err == nil
+}
 
 func (e *Engine) registered(d Definition) (*opDef, error) {
 	def := d.definition()

@@ -22,6 +22,30 @@ var (
 	ErrInvalidKey = errors.New("invalid idempotency key")
 	// ErrStopped is returned by Start once the engine is stopping.
 	ErrStopped = errors.New("engine stopped")
+	// ErrRunning is returned by Cancel for an operation that a live run holds.
+	ErrRunning = errors.New("operation is running")
+	// ErrNotFailed is returned by Retry for an operation that has not failed.
+	ErrNotFailed = errors.New("operation has not failed")
+	// ErrFinished is returned by Cancel for an operation that has finished.
+	ErrFinished = errors.New("operation has finished")
+)
+
+// The codes of the failures that the engine itself ends operations with.
+const (
+	// CodeAttemptsExhausted: a step failed transiently more often than its retry
+	// policy allows.
+	CodeAttemptsExhausted = "attempts_exhausted"
+	// CodeCompensationFailed: a compensation failed for good.
+	CodeCompensationFailed = "compensation_failed"
+	// CodeResultFailed: the operation's result function returned an error.
+	CodeResultFailed = "result_failed"
+	// CodeDefinitionChanged: this process's definition lacks a step that the
+	// operation still needs (see VersionError).
+	CodeDefinitionChanged = "definition_changed"
+	// CodeCancelled: an operator cancelled the operation (Engine.Cancel).
+	CodeCancelled = "cancelled"
+	// CodeUnreadableError: the stored error could not be decoded.
+	CodeUnreadableError = "unreadable_error"
 )
 
 // PermanentError is a failure that no retry can mend: the engine does not try the

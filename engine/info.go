@@ -182,7 +182,7 @@ func infoFromRecord(rec *store.Operation) *Info {
 	if len(rec.Error) > 0 {
 		pe := &PermanentError{}
 		if err := json.Unmarshal(rec.Error, pe); err != nil {
-			pe = &PermanentError{Code: "unreadable_error", Message: string(rec.Error)}
+			pe = &PermanentError{Code: CodeUnreadableError, Message: string(rec.Error)}
 		}
 		info.Error = pe
 	}

@@ -188,17 +188,21 @@ type OperationOpts struct {
 	// Retry is the retry policy of the operation's steps. Zero fields take the
 	// defaults (see RetryPolicy).
 	Retry RetryPolicy
+	// Retention is how long a finished operation of this type, and so its key and
+	// stored answer, is kept. Zero takes Config.Retention.
+	Retention time.Duration
 }
 
 // Operation is an operation type: a name, an ordered list of uniquely named steps
 // over an input In and a state S, and the final result Out built from them. It is
 // immutable once made, and safe for concurrent use.
 type Operation[In, S, Out any] struct {
-	name   string
-	steps  []Step[In, S]
-	result func(in In, state *S) (Out, error)
-	retry  RetryPolicy
-	erased *opDef
+	name      string
+	steps     []Step[In, S]
+	result    func(in In, state *S) (Out, error)
+	retry     RetryPolicy
+	retention time.Duration
+	erased    *opDef
 }
 
 // NewOperation declares an operation type. result builds the final result from the
@@ -223,6 +227,9 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 	if err := opts.Retry.validate(); err != nil {
 		return nil, fmt.Errorf("engine: operation %q: %w", name, err)
 	}
+	if opts.Retention < 0 {
+		return nil, fmt.Errorf("engine: operation %q: retention must not be negative", name)
+	}
 	seen := make(map[string]bool, len(steps))
 	for i, s := range steps {
 		switch {
@@ -241,10 +248,11 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 		seen[s.name] = true
 	}
 	op := &Operation[In, S, Out]{
-		name:   name,
-		steps:  append([]Step[In, S](nil), steps...),
-		result: result,
-		retry:  opts.Retry.withDefaults(),
+		name:      name,
+		steps:     append([]Step[In, S](nil), steps...),
+		result:    result,
+		retry:     opts.Retry.withDefaults(),
+		retention: opts.Retention,
 	}
 	op.erased = op.erase()
 	return op, nil
@@ -286,9 +294,10 @@ type Definition interface {
 // opDef is an operation type with its types erased, which is what the runner and
 // the River workers work with.
 type opDef struct {
-	name  string
-	steps []*stepDef
-	index map[string]int
+	name      string
+	retention time.Duration
+	steps     []*stepDef
+	index     map[string]int
 	// newState returns a fresh *S, filled from a checkpoint when raw is not empty.
 	decodeState func(raw []byte) (any, error)
 	decodeInput func(raw []byte) (any, error)
@@ -307,8 +316,9 @@ type stepDef struct {
 
 func (op *Operation[In, S, Out]) erase() *opDef {
 	d := &opDef{
-		name:  op.name,
-		index: make(map[string]int, len(op.steps)),
+		name:      op.name,
+		retention: op.retention,
+		index:     make(map[string]int, len(op.steps)),
 		decodeState: func(raw []byte) (any, error) {
 			s := new(S)
 			if len(raw) == 0 {

@@ -280,7 +280,7 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 	var pe *PermanentError
 	if !errors.As(stepErr, &pe) && attempt >= st.retry.MaxAttempts {
 		pe = &PermanentError{
-			Code:    "attempts_exhausted",
+			Code:    CodeAttemptsExhausted,
 			Message: fmt.Sprintf("step %s failed %d times; last error: %s", st.name, attempt, stepErr),
 		}
 	}
@@ -449,7 +449,7 @@ func (r *run) compensationFailed(ctx context.Context, st *stepDef, failure *stor
 	if errors.As(compErr, &pe) || r.tries[st.name] >= st.retry.MaxAttempts {
 		log.ErrorContext(ctx, "compensation failed for good", slog.Any("error", compErr))
 		r.failure = &PermanentError{
-			Code:    "compensation_failed",
+			Code:    CodeCompensationFailed,
 			Message: fmt.Sprintf("compensation of step %s failed: %s (after: %s)", st.name, compErr, r.failure.Message),
 			Step:    r.failure.Step,
 		}
@@ -521,7 +521,7 @@ func (r *run) commitSuccess(ctx context.Context, tx pgx.Tx) (*Info, error) {
 	if err != nil {
 		rollback(ctx, tx)
 		last := r.steps[len(r.steps)-1]
-		r.failure = &PermanentError{Code: "result_failed", Message: err.Error(), Step: last.name}
+		r.failure = &PermanentError{Code: CodeResultFailed, Message: err.Error(), Step: last.name}
 		// The pending checkpoints stand: the steps did happen.
 		return r.compensate(ctx)
 	}

@@ -90,26 +90,41 @@ func (e *Engine) Sweep(ctx context.Context) error {
 
 // resume claims an operation and runs it from its first unfinished step.
 func (e *Engine) resume(ctx context.Context, id uuid.UUID, name string) error {
+	_, err := e.claimAndRun(ctx, id, name, nil)
+	switch {
+	case err == nil, errors.Is(err, errHandedOff), errors.Is(err, errLost), errors.Is(err, errNotClaimed):
+		return nil
+	default:
+		return err
+	}
+}
+
+// errNotClaimed: the operation is finished, or a live run holds it.
+var errNotClaimed = errors.New("operation not claimed")
+
+// claimAndRun claims an operation and runs what is left of it; with cancel, it
+// ends the operation failed with that error instead, after compensating.
+func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, cancelWith *PermanentError) (*Info, error) {
 	def := e.defs[name]
 	if def == nil {
 		// Another process may know the type; River retries the job.
-		return fmt.Errorf("engine: resume %s: %w: %q", id, ErrNotRegistered, name)
+		return nil, fmt.Errorf("engine: run %s: %w: %q", id, ErrNotRegistered, name)
 	}
 	if !e.addRun() {
-		return ErrStopped
+		return nil, ErrStopped
 	}
 	defer e.runs.Done()
 	runID := uuid.New()
 	rec, err := e.store.OperationClaim(ctx, e.pool, id, runID, e.cfg.Lease)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil
+		return nil, errNotClaimed
 	}
 	if err != nil {
-		return fmt.Errorf("engine: %w", err)
+		return nil, fmt.Errorf("engine: %w", err)
 	}
 	recorded, err := e.store.StepListByOperation(ctx, e.pool, id)
 	if err != nil {
-		return fmt.Errorf("engine: %w", err)
+		return nil, fmt.Errorf("engine: %w", err)
 	}
 	r := &run{
 		e:        e,
@@ -131,16 +146,16 @@ func (e *Engine) resume(ctx context.Context, id uuid.UUID, name string) error {
 
 	info, err := r.load(ctx, rec, recorded)
 	if err == nil && info == nil {
-		r.logger().InfoContext(ctx, "resuming operation", slog.Int("run", rec.Runs))
+		if cancelWith != nil && r.failure == nil {
+			r.logger().InfoContext(ctx, "cancelling operation", slog.Int("run", rec.Runs))
+			r.failure = cancelWith
+		} else {
+			r.logger().InfoContext(ctx, "resuming operation", slog.Int("run", rec.Runs))
+		}
 		info, err = r.runSteps(context.WithValue(ctx, operationIDKey{}, id))
 	}
 	r.end(ctx, info, err)
-	switch {
-	case err == nil, errors.Is(err, errHandedOff), errors.Is(err, errLost):
-		return nil
-	default:
-		return err
-	}
+	return info, err
 }
 
 // load restores a run from the operation's records. It ends the operation failed
@@ -191,7 +206,7 @@ func (r *run) load(ctx context.Context, rec *store.Operation, recorded []store.S
 	}
 	verr := &VersionError{Operation: r.def.name, Started: rec.Steps, Registered: r.def.stepNames(), Missing: missing}
 	r.logger().ErrorContext(ctx, "cannot resume operation", slog.Any("error", verr))
-	r.failure = &PermanentError{Code: "definition_changed", Message: verr.Error()}
+	r.failure = &PermanentError{Code: CodeDefinitionChanged, Message: verr.Error()}
 	tx, err := r.begin(ctx)
 	if err != nil {
 		return nil, err

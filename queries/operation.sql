@@ -68,3 +68,33 @@ WHERE id = @id
 UPDATE idemflow_operation
 SET error = @error
 WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
+
+-- name: OperationDeleteFinished :execrows
+-- Deletes up to max finished operations (their steps go with them) that finished
+-- before the horizon: of one type when name is given, else of every type but
+-- those excluded. Rows that another sweep holds are skipped, not waited for.
+DELETE FROM idemflow_operation
+WHERE id IN (
+    SELECT o.id FROM idemflow_operation o
+    WHERE o.state <> 'in_progress'
+      AND o.finished_at < sqlc.arg(horizon)::timestamptz
+      AND (sqlc.narg(name)::text IS NULL OR o.name = sqlc.narg(name)::text)
+      AND NOT (o.name = ANY (sqlc.arg(exclude)::text[]))
+    ORDER BY o.finished_at
+    LIMIT sqlc.arg(max)
+    FOR UPDATE SKIP LOCKED
+);
+
+-- name: OperationReopen :execrows
+-- Gives a failed operation back to the runs, for an operator's retry.
+UPDATE idemflow_operation
+SET state = 'in_progress', result = NULL, error = NULL, finished_at = NULL,
+    locked_by = NULL, locked_until = now() + sqlc.arg(lease)::interval
+WHERE id = sqlc.arg(id) AND state = 'failed';
+
+-- name: OperationList :many
+-- Operations in one state, newest first, for operators.
+SELECT * FROM idemflow_operation
+WHERE state = sqlc.arg(state)
+ORDER BY created_at DESC
+LIMIT sqlc.arg(max);

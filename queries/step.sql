@@ -32,3 +32,8 @@ WHERE idemflow_step.state IN ('retrying', 'failed');
 UPDATE idemflow_step
 SET state = 'compensated', finished_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE operation_id = @operation_id AND name = @name AND state = 'succeeded';
+
+-- name: StepDeleteUnsucceeded :exec
+-- Forgets the failed and compensated steps of a reopened operation, so that they
+-- run again; succeeded steps stay done.
+DELETE FROM idemflow_step WHERE operation_id = @operation_id AND state <> 'succeeded';

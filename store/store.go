@@ -385,3 +385,83 @@ func (s *Store) OperationSetError(ctx context.Context, db DBTX, id, run uuid.UUI
 	}
 	return n == 1, nil
 }
+
+// OperationDeleteFinishedParams select finished operations to delete.
+type OperationDeleteFinishedParams struct {
+	// Horizon: operations that finished before it are deleted.
+	Horizon time.Time
+	// Name, when not empty, limits the deletion to one operation type.
+	Name string
+	// Exclude are operation types left alone (those with a retention of their own).
+	Exclude []string
+	// Max bounds the rows deleted.
+	Max int
+	// Timeout bounds the statement; zero means no bound.
+	Timeout time.Duration
+}
+
+// OperationDeleteFinished deletes up to p.Max finished operations, with their
+// steps, in one short transaction, and returns how many it deleted. Operations in
+// progress are never deleted.
+func (s *Store) OperationDeleteFinished(ctx context.Context, db Beginner, p OperationDeleteFinishedParams) (int, error) {
+	var name *string
+	if p.Name != "" {
+		name = &p.Name
+	}
+	exclude := p.Exclude
+	if exclude == nil {
+		exclude = []string{}
+	}
+	var n int64
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if p.Timeout > 0 {
+			if err := s.q.SetLocalStatementTimeout(ctx, tx, p.Timeout.Milliseconds()); err != nil {
+				return err
+			}
+		}
+		var err error
+		n, err = s.q.OperationDeleteFinished(ctx, tx, dbsqlc.OperationDeleteFinishedParams{
+			Horizon: p.Horizon, Name: name, Exclude: exclude, Max: int32(p.Max),
+		})
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: delete finished operations: %w", err)
+	}
+	return int(n), nil
+}
+
+// Beginner starts transactions: a *pgxpool.Pool or a *pgx.Conn.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// OperationReopen gives a failed operation back to the runs: in progress again,
+// its answer cleared, its failed and compensated steps forgotten so that they run
+// again, waiting for a job. It returns false when the operation is not failed.
+func (s *Store) OperationReopen(ctx context.Context, db DBTX, id uuid.UUID, lease time.Duration) (bool, error) {
+	n, err := s.q.OperationReopen(ctx, db, dbsqlc.OperationReopenParams{ID: id, Lease: lease})
+	if err != nil {
+		return false, fmt.Errorf("store: reopen operation: %w", err)
+	}
+	if n == 0 {
+		return false, nil
+	}
+	if err := s.q.StepDeleteUnsucceeded(ctx, db, id); err != nil {
+		return false, fmt.Errorf("store: reopen operation: %w", err)
+	}
+	return true, nil
+}
+
+// OperationList lists up to max operations in state, newest first.
+func (s *Store) OperationList(ctx context.Context, db DBTX, state OperationState, max int) ([]*Operation, error) {
+	rows, err := s.q.OperationList(ctx, db, dbsqlc.OperationListParams{State: string(state), Max: int32(max)})
+	if err != nil {
+		return nil, fmt.Errorf("store: list operations: %w", err)
+	}
+	out := make([]*Operation, len(rows))
+	for i, r := range rows {
+		out[i] = operationFromRow(r)
+	}
+	return out, nil
+}

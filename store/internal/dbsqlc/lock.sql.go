@@ -26,3 +26,12 @@ func (q *Queries) AdvisoryUnlock(ctx context.Context, db DBTX, key int64) error 
 	_, err := db.Exec(ctx, advisoryUnlock, key)
 	return err
 }
+
+const setLocalStatementTimeout = `-- name: SetLocalStatementTimeout :exec
+SELECT set_config('statement_timeout', $1::bigint::text, true)
+`
+
+func (q *Queries) SetLocalStatementTimeout(ctx context.Context, db DBTX, timeoutMs int64) error {
+	_, err := db.Exec(ctx, setLocalStatementTimeout, timeoutMs)
+	return err
+}

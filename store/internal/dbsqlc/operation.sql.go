@@ -61,6 +61,43 @@ func (q *Queries) OperationClaim(ctx context.Context, db DBTX, arg OperationClai
 	return &i, err
 }
 
+const operationDeleteFinished = `-- name: OperationDeleteFinished :execrows
+DELETE FROM idemflow_operation
+WHERE id IN (
+    SELECT o.id FROM idemflow_operation o
+    WHERE o.state <> 'in_progress'
+      AND o.finished_at < $1::timestamptz
+      AND ($2::text IS NULL OR o.name = $2::text)
+      AND NOT (o.name = ANY ($3::text[]))
+    ORDER BY o.finished_at
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+)
+`
+
+type OperationDeleteFinishedParams struct {
+	Horizon time.Time
+	Name    *string
+	Exclude []string
+	Max     int32
+}
+
+// Deletes up to max finished operations (their steps go with them) that finished
+// before the horizon: of one type when name is given, else of every type but
+// those excluded. Rows that another sweep holds are skipped, not waited for.
+func (q *Queries) OperationDeleteFinished(ctx context.Context, db DBTX, arg OperationDeleteFinishedParams) (int64, error) {
+	result, err := db.Exec(ctx, operationDeleteFinished,
+		arg.Horizon,
+		arg.Name,
+		arg.Exclude,
+		arg.Max,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const operationExtendExpired = `-- name: OperationExtendExpired :execrows
 UPDATE idemflow_operation
 SET locked_by = NULL,
@@ -217,6 +254,55 @@ func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationIns
 	return created_at, err
 }
 
+const operationList = `-- name: OperationList :many
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at FROM idemflow_operation
+WHERE state = $1
+ORDER BY created_at DESC
+LIMIT $2
+`
+
+type OperationListParams struct {
+	State string
+	Max   int32
+}
+
+// Operations in one state, newest first, for operators.
+func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListParams) ([]*IdemflowOperation, error) {
+	rows, err := db.Query(ctx, operationList, arg.State, arg.Max)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*IdemflowOperation
+	for rows.Next() {
+		var i IdemflowOperation
+		if err := rows.Scan(
+			&i.ID,
+			&i.Name,
+			&i.Scope,
+			&i.Key,
+			&i.State,
+			&i.Steps,
+			&i.Input,
+			&i.Fingerprint,
+			&i.Result,
+			&i.Error,
+			&i.Runs,
+			&i.LockedBy,
+			&i.LockedUntil,
+			&i.CreatedAt,
+			&i.FinishedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const operationListExpired = `-- name: OperationListExpired :many
 SELECT id, name FROM idemflow_operation
 WHERE state = 'in_progress'
@@ -305,6 +391,27 @@ func (q *Queries) OperationRenewLease(ctx context.Context, db DBTX, arg Operatio
 		arg.ID,
 		arg.RunID,
 	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const operationReopen = `-- name: OperationReopen :execrows
+UPDATE idemflow_operation
+SET state = 'in_progress', result = NULL, error = NULL, finished_at = NULL,
+    locked_by = NULL, locked_until = now() + $1::interval
+WHERE id = $2 AND state = 'failed'
+`
+
+type OperationReopenParams struct {
+	Lease time.Duration
+	ID    uuid.UUID
+}
+
+// Gives a failed operation back to the runs, for an operator's retry.
+func (q *Queries) OperationReopen(ctx context.Context, db DBTX, arg OperationReopenParams) (int64, error) {
+	result, err := db.Exec(ctx, operationReopen, arg.Lease, arg.ID)
 	if err != nil {
 		return 0, err
 	}

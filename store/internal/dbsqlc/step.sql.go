@@ -73,6 +73,17 @@ func (q *Queries) StepCompensated(ctx context.Context, db DBTX, arg StepCompensa
 	return result.RowsAffected(), nil
 }
 
+const stepDeleteUnsucceeded = `-- name: StepDeleteUnsucceeded :exec
+DELETE FROM idemflow_step WHERE operation_id = $1 AND state <> 'succeeded'
+`
+
+// Forgets the failed and compensated steps of a reopened operation, so that they
+// run again; succeeded steps stay done.
+func (q *Queries) StepDeleteUnsucceeded(ctx context.Context, db DBTX, operationID uuid.UUID) error {
+	_, err := db.Exec(ctx, stepDeleteUnsucceeded, operationID)
+	return err
+}
+
 const stepListByOperation = `-- name: StepListByOperation :many
 SELECT operation_id, name, position, state, attempts, output, last_error, started_at, finished_at FROM idemflow_step WHERE operation_id = $1 ORDER BY position
 `

@@ -1,0 +1,153 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/riverqueue/river"
+
+	"github.com/idemflow/idemflow/store"
+)
+
+// Retry gives a failed operation another run, for an operator who has mended the
+// cause: the operation is in progress again, its failed and compensated steps run
+// again (external ones with the same derived keys), its succeeded steps stay done,
+// and a River job runs it. The key's stored answer is replaced by the new run's.
+// It returns ErrNotFailed when the operation has not failed.
+func (e *Engine) Retry(ctx context.Context, id uuid.UUID) error {
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("engine: retry: %w", err)
+	}
+	defer rollback(ctx, tx)
+	rec, err := e.store.OperationGet(ctx, tx, id)
+	if err != nil {
+		return mapNotFound(err)
+	}
+	ok, err := e.store.OperationReopen(ctx, tx, id, e.cfg.Lease)
+	if err != nil {
+		return fmt.Errorf("engine: retry: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("engine: retry %s: %w (it is %s)", id, ErrNotFailed, rec.State)
+	}
+	if _, err := e.river.InsertTx(ctx, tx, resumeArgs{OperationID: id, Operation: rec.Name}, &river.InsertOpts{Queue: e.cfg.Queue}); err != nil {
+		return fmt.Errorf("engine: retry: enqueue: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("engine: retry: %w", err)
+	}
+	e.logger.InfoContext(ctx, "operation reopened by an operator",
+		slog.String("operation_id", id.String()), slog.String("operation", rec.Name))
+	return nil
+}
+
+// Cancel ends an operation in progress that no live run holds (it waits for a
+// retry, or its process died): the compensations of its succeeded steps run, last
+// first, and it ends failed with code CodeCancelled and the given reason. It
+// returns ErrRunning when a live run holds the operation (try again once its
+// lease expires), and ErrFinished when it has finished.
+func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info, error) {
+	rec, err := e.store.OperationGet(ctx, e.pool, id)
+	if err != nil {
+		return nil, mapNotFound(err)
+	}
+	if rec.State != store.OperationInProgress {
+		return nil, fmt.Errorf("engine: cancel %s: %w", id, ErrFinished)
+	}
+	if reason == "" {
+		reason = "cancelled by an operator"
+	}
+	info, err := e.claimAndRun(ctx, id, rec.Name, &PermanentError{Code: CodeCancelled, Message: reason})
+	if errors.Is(err, errNotClaimed) {
+		return nil, fmt.Errorf("engine: cancel %s: %w", id, ErrRunning)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("engine: cancel %s: %w", id, err)
+	}
+	return info, nil
+}
+
+// List returns up to max operations with the given status, newest first, without
+// their steps: how an operator finds failed operations.
+func (e *Engine) List(ctx context.Context, status Status, max int) ([]*Info, error) {
+	recs, err := e.store.OperationList(ctx, e.pool, store.OperationState(status), max)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	out := make([]*Info, len(recs))
+	for i, rec := range recs {
+		out[i] = infoFromRecord(rec)
+	}
+	return out, nil
+}
+
+// Retention bounds: each batch deletes at most retentionBatch operations within
+// retentionBatchTimeout, so that the job never holds locks for long.
+const (
+	retentionBatch        = 1000
+	retentionBatchTimeout = 5 * time.Second
+)
+
+// DeleteFinished deletes the operations that finished longer ago than their
+// retention (OperationOpts.Retention, else Config.Retention) before now, in
+// batches, and returns how many it deleted. Operations in progress are never
+// deleted; rows of the application that name an operation are not touched. A key
+// whose operation was deleted is free: a request that uses it again starts a new
+// operation. The retention job calls it; tests and operators may too.
+func (e *Engine) DeleteFinished(ctx context.Context, now time.Time) (int, error) {
+	total := 0
+	var own []string
+	for name, def := range e.defs {
+		if def.retention == 0 {
+			continue
+		}
+		own = append(own, name)
+		n, err := e.deleteFinished(ctx, store.OperationDeleteFinishedParams{Horizon: now.Add(-def.retention), Name: name})
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	n, err := e.deleteFinished(ctx, store.OperationDeleteFinishedParams{Horizon: now.Add(-e.cfg.Retention), Exclude: own})
+	return total + n, err
+}
+
+func (e *Engine) deleteFinished(ctx context.Context, p store.OperationDeleteFinishedParams) (int, error) {
+	p.Max, p.Timeout = retentionBatch, retentionBatchTimeout
+	total := 0
+	for {
+		n, err := e.store.OperationDeleteFinished(ctx, e.pool, p)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("engine: %w", err)
+		}
+		if n < p.Max {
+			return total, nil
+		}
+	}
+}
+
+// retentionArgs is the periodic job that deletes expired operations.
+type retentionArgs struct{}
+
+// Kind implements river.JobArgs.
+func (retentionArgs) Kind() string { return "idemflow_retention" }
+
+type retentionWorker struct {
+	river.WorkerDefaults[retentionArgs]
+	e *Engine
+}
+
+// Work deletes the operations whose retention has passed.
+func (w *retentionWorker) Work(ctx context.Context, job *river.Job[retentionArgs]) error {
+	n, err := w.e.DeleteFinished(ctx, time.Now())
+	if n > 0 {
+		w.e.logger.InfoContext(ctx, "deleted finished operations past their retention", slog.Int("deleted", n))
+	}
+	return err
+}

@@ -1,0 +1,169 @@
+package engine_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/engine"
+)
+
+func TestDeleteFinished(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e, op, b := setup(t, setupOpts{})
+
+	// Two finished operations through the engine, and one left waiting for a job.
+	for _, key := range []string{"done-1", "done-2"} {
+		s, err := engine.Start(ctx, e, op, "c", key, transferIn{From: "a", To: "b", Amount: 1}, nil)
+		require.NoError(t, err)
+		waitDone(t, e, s)
+	}
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	waiting, err := engine.StartTx(ctx, tx, e, op, "c", "waiting", transferIn{From: "a", To: "b", Amount: 1}, nil)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	// And enough old finished rows to take more than one batch.
+	_, err = b.pool.Exec(ctx, `INSERT INTO idemflow_operation (id, name, scope, key, state, steps, input, locked_until, created_at, finished_at)
+		SELECT gen_random_uuid(), 'transfer', 'bulk', 'k' || i, 'succeeded', '{ledger}', '{}', now(), now() - interval '3 days', now() - interval '3 days'
+		FROM generate_series(1, 2500) i`)
+	require.NoError(t, err)
+	count := func() (finished, inProgress int) {
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state <> 'in_progress'), count(*) FILTER (WHERE state = 'in_progress') FROM idemflow_operation`).Scan(&finished, &inProgress))
+		return finished, inProgress
+	}
+
+	n, err := e.DeleteFinished(ctx, time.Now())
+	require.NoError(t, err)
+	require.Equal(t, 2500, n, "only the rows past the 24-hour default horizon")
+	finished, inProgress := count()
+	require.Equal(t, 2, finished)
+	require.Equal(t, 1, inProgress)
+
+	n, err = e.DeleteFinished(ctx, time.Now().Add(25*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	finished, inProgress = count()
+	require.Zero(t, finished)
+	require.Equal(t, 1, inProgress, "operations in progress are never deleted")
+	var steps int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_step`).Scan(&steps))
+	require.Zero(t, steps, "steps go with their operation")
+	require.Equal(t, books{ledgerRows: 4, payouts: 2, payoutCalls: 2, finals: 2}, readBooks(t, b.pool), "business rows stay")
+	_, err = e.Get(ctx, waiting.ID)
+	require.NoError(t, err)
+
+	// A key whose operation was deleted starts a new operation.
+	again, err := engine.Start(ctx, e, op, "c", "done-1", transferIn{From: "a", To: "b", Amount: 1}, nil)
+	require.NoError(t, err)
+	require.True(t, again.Created)
+	waitDone(t, e, again)
+}
+
+func TestDeleteFinishedPerTypeRetention(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setupPool(t)
+	b := &bundle{pool: pool}
+	long := b.transferOp(t, engine.RetryPolicy{})
+	short, err := engine.NewOperation("short", []engine.Step[int, int]{
+		engine.TxStep("only", func(context.Context, pgx.Tx, int, *int) error { return nil }, nil),
+	}, func(in int, s *int) (int, error) { return in, nil }, &engine.OperationOpts{Retention: time.Hour})
+	require.NoError(t, err)
+	e := newEngine(t, pool, long, short)
+	s1, err := engine.Start(ctx, e, long, "c", "long", transferIn{From: "a", To: "b", Amount: 1}, nil)
+	require.NoError(t, err)
+	waitDone(t, e, s1)
+	s2, err := engine.Start(ctx, e, short, "c", "short", 1, nil)
+	require.NoError(t, err)
+	waitDone(t, e, s2)
+
+	n, err := e.DeleteFinished(ctx, time.Now().Add(2*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	_, err = e.Get(ctx, s2.ID)
+	require.ErrorIs(t, err, engine.ErrNotFound)
+	_, err = e.Get(ctx, s1.ID)
+	require.NoError(t, err)
+}
+
+func TestOperatorRetry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e, op, b := setup(t, setupOpts{workers: true, retry: engine.RetryPolicy{MaxAttempts: 2}})
+	b.failPayout.Store(1000)
+	s, err := engine.Start(ctx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: 5}, nil)
+	require.NoError(t, err)
+	info := waitDone(t, e, s)
+	require.Equal(t, engine.CodeAttemptsExhausted, info.Error.Code)
+	failed, err := e.List(ctx, engine.StatusFailed, 10)
+	require.NoError(t, err)
+	require.Len(t, failed, 1)
+	require.Equal(t, s.ID, failed[0].ID)
+
+	require.ErrorIs(t, e.Retry(ctx, s.ID), nil)
+	b.failPayout.Store(0)
+	ctx2, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	info, err = e.Wait(ctx2, s.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, info.Status)
+	// The first run's ledger move was reversed; the retry moved it again: once, net.
+	require.Equal(t, books{ledgerRows: 4, reversals: 2, payouts: 1, payoutCalls: 1, finals: 1}, readBooks(t, b.pool))
+	require.ErrorIs(t, e.Retry(ctx, s.ID), engine.ErrNotFailed)
+}
+
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("WaitingOperationCompensated", func(t *testing.T) {
+		t.Parallel()
+		// The retry is an hour away, in a River job that no worker runs.
+		e, op, b := setup(t, setupOpts{inlineRetry: -1, retry: engine.RetryPolicy{Base: time.Hour}})
+		b.failPayout.Store(1)
+		s, err := engine.Start(ctx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: 5}, nil)
+		require.NoError(t, err)
+		shortCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		_, err = s.Wait(shortCtx)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+
+		info, err := e.Cancel(ctx, s.ID, "customer gave up")
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusFailed, info.Status)
+		require.Equal(t, engine.CodeCancelled, info.Error.Code)
+		require.Equal(t, "customer gave up", info.Error.Message)
+		require.Equal(t, books{ledgerRows: 2, reversals: 2}, readBooks(t, b.pool))
+
+		_, err = e.Cancel(ctx, s.ID, "")
+		require.ErrorIs(t, err, engine.ErrFinished)
+	})
+
+	t.Run("RunningOperationRefused", func(t *testing.T) {
+		t.Parallel()
+		pool := setupPool(t)
+		release := make(chan struct{})
+		entered := make(chan struct{})
+		op, err := engine.NewOperation("slow", []engine.Step[int, int]{
+			engine.ExternalStep("wait", func(ctx context.Context, call engine.Call, in int, s *int) error {
+				close(entered)
+				<-release
+				return nil
+			}, nil),
+		}, func(in int, s *int) (int, error) { return in, nil }, nil)
+		require.NoError(t, err)
+		e := newEngine(t, pool, op)
+		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+		require.NoError(t, err)
+		<-entered
+		_, err = e.Cancel(ctx, s.ID, "")
+		require.ErrorIs(t, err, engine.ErrRunning)
+		close(release)
+		waitDone(t, e, s)
+	})
+}
