@@ -6,6 +6,8 @@
 //
 //	demo [flags]             serve the API (and the fake provider under /provider)
 //	demo provider [flags]    serve the fake provider alone
+//	demo ops [flags] list|retry|cancel ...   an operator's view: list operations
+//	                         by status, retry a failed one, cancel a stuck one
 package main
 
 import (
@@ -40,6 +42,11 @@ func main() {
 func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	name, serve := "demo", serveAPI
+	if len(args) > 0 && args[0] == "ops" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		return runOps(ctx, args[1:], getenv, stdout, stderr, logger)
+	}
 	if len(args) > 0 && args[0] == "provider" {
 		name, serve, args = "demo provider", serveProvider, args[1:]
 	}

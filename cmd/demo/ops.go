@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/google/uuid"
+
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/workflows/refund"
+)
+
+const opsUsage = `usage: demo ops [flags] list [in_progress|succeeded|failed]
+       demo ops [flags] retry <operation id>
+       demo ops [flags] cancel <operation id> [reason]`
+
+// runOps is the operator's command line: list operations by status, retry a
+// failed one (a running demo's workers pick it up), or cancel one that no live
+// process holds (its compensations run here). It uses the demo's database flags.
+func runOps(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, logger *slog.Logger) int {
+	var flagArgs, rest []string
+	for i, a := range args {
+		if a == "list" || a == "retry" || a == "cancel" {
+			flagArgs, rest = args[:i], args[i:]
+			break
+		}
+	}
+	if len(rest) == 0 {
+		fmt.Fprintln(stderr, opsUsage)
+		return 2
+	}
+	cfg, err := parseConfig("demo ops", flagArgs, getenv, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "demo ops: %v\n", err)
+		return 2
+	}
+	if err := ops(ctx, cfg, rest, stdout, logger); err != nil {
+		fmt.Fprintf(stderr, "demo ops: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logger *slog.Logger) error {
+	pool, stopDB, err := openDatabase(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer stopDB(context.WithoutCancel(ctx))
+	defer pool.Close()
+	if err := migrate(ctx, pool, logger); err != nil {
+		return err
+	}
+	providerURL := cfg.providerURL
+	if providerURL == "" {
+		providerURL = "http://" + cfg.addr + "/provider"
+	}
+	wf, err := refund.New(&refund.ProviderClient{BaseURL: providerURL}, nil)
+	if err != nil {
+		return err
+	}
+	e, err := engine.New(pool, &engine.Config{Operations: wf.Operations(), Logger: logger, Lease: cfg.lease})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = e.Stop(context.WithoutCancel(ctx)) }()
+
+	out := json.NewEncoder(stdout)
+	out.SetIndent("", "  ")
+	switch args[0] {
+	case "list":
+		status := engine.StatusFailed
+		if len(args) > 1 {
+			status = engine.Status(args[1])
+		}
+		list, err := e.List(ctx, status, 100)
+		if err != nil {
+			return err
+		}
+		for _, info := range list {
+			line := fmt.Sprintf("%s  %-7s %-11s %s/%s", info.ID, info.Name, info.Status, info.Scope, info.Key)
+			if info.Error != nil {
+				line += "  " + info.Error.Error()
+			}
+			fmt.Fprintln(stdout, line)
+		}
+		return nil
+	case "retry", "cancel":
+		if len(args) < 2 {
+			return fmt.Errorf("%s needs an operation id\n%s", args[0], opsUsage)
+		}
+		id, err := uuid.Parse(args[1])
+		if err != nil {
+			return fmt.Errorf("%q is not an operation id: %w", args[1], err)
+		}
+		if args[0] == "retry" {
+			if err := e.Retry(ctx, id); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "operation %s reopened; a running demo resumes it\n", id)
+			return nil
+		}
+		reason := ""
+		if len(args) > 2 {
+			reason = args[2]
+		}
+		info, err := e.Cancel(ctx, id, reason)
+		if err != nil {
+			return err
+		}
+		return out.Encode(map[string]any{"operationId": info.ID, "status": info.Status, "error": info.Error})
+	}
+	return fmt.Errorf("unknown command %q\n%s", args[0], opsUsage)
+}
