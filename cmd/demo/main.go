@@ -109,7 +109,9 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		Operations: wf.Operations(),
 		Logger:     logger,
 		Lease:      cfg.lease,
-		Hook:       crashHook(cfg.crash),
+		// A crashed process's operations wait a lease, then at most a sweep.
+		SweepInterval: min(engine.DefaultSweepInterval, cfg.lease/3),
+		Hook:          crashHook(cfg.crash),
 	})
 	if err != nil {
 		return err
