@@ -27,7 +27,9 @@
 // rides with the next transaction, the one of the next transactional step or the
 // one that stores the result. So an operation of a transactional step, an external
 // step and another transactional step commits twice, the floor for one call to
-// the outside world, and sends five statements of its own beside the steps'.
+// the outside world, and sends three statements of its own beside the steps': the
+// reservation, and one StepCheckpointMany per transaction, which writes every
+// pending checkpoint and, in the last, the result.
 //
 // # Failures
 //

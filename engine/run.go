@@ -481,22 +481,35 @@ func (r *run) begin(ctx context.Context) (pgx.Tx, error) {
 	return tx, nil
 }
 
-func (r *run) writePending(ctx context.Context, tx pgx.Tx) error {
-	for _, cp := range r.pending {
-		ok, err := r.e.store.StepCheckpoint(ctx, tx, cp)
-		if err != nil {
-			return fmt.Errorf("engine: %w", err)
-		}
-		if !ok {
-			return errLost
-		}
+// writePending writes the pending checkpoints and, with end, ends the operation,
+// all in one statement.
+func (r *run) writePending(ctx context.Context, tx pgx.Tx, end *store.StepCheckpointManyParams) error {
+	p := store.StepCheckpointManyParams{}
+	if end != nil {
+		p = *end
+	} else if len(r.pending) == 0 {
+		return nil
+	}
+	p.OperationID, p.Steps, p.Run = r.id, r.pending, r.runID
+	ok, err := r.e.store.StepCheckpointMany(ctx, tx, p)
+	if err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	if !ok {
+		return errLost
 	}
 	return nil
 }
 
 // commit writes the pending checkpoints and commits.
 func (r *run) commit(ctx context.Context, tx pgx.Tx) error {
-	if err := r.writePending(ctx, tx); err != nil {
+	return r.commitEnd(ctx, tx, nil)
+}
+
+// commitEnd writes the pending checkpoints, ends the operation as end says (nil:
+// it goes on), and commits.
+func (r *run) commitEnd(ctx context.Context, tx pgx.Tx, end *store.StepCheckpointManyParams) error {
+	if err := r.writePending(ctx, tx, end); err != nil {
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -537,16 +550,8 @@ func (r *run) commitFailure(ctx context.Context, tx pgx.Tx) (*Info, error) {
 }
 
 func (r *run) finish(ctx context.Context, tx pgx.Tx, state store.OperationState, result, errRaw []byte) (*Info, error) {
-	ok, err := r.e.store.OperationFinish(ctx, tx, store.OperationFinishParams{
-		ID: r.id, Run: r.runID, State: state, Result: result, Error: errRaw,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
-	}
-	if !ok {
-		return nil, errLost
-	}
-	if err := r.commit(ctx, tx); err != nil {
+	end := &store.StepCheckpointManyParams{Finish: true, State: state, Result: result, Error: errRaw}
+	if err := r.commitEnd(ctx, tx, end); err != nil {
 		return nil, err
 	}
 	now := time.Now()

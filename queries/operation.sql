@@ -35,15 +35,6 @@ SET locked_by = NULL,
     locked_until = sqlc.arg(run_at)::timestamptz + @lease::interval
 WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
 
--- name: OperationFinish :execrows
-UPDATE idemflow_operation
-SET state = @state,
-    result = sqlc.narg('result'),
-    error = sqlc.narg('error'),
-    locked_by = NULL,
-    finished_at = coalesce(sqlc.narg('now')::timestamptz, now())
-WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
-
 -- name: OperationListExpired :many
 -- Operations in progress whose holder stopped renewing its lease, oldest first.
 SELECT id, name FROM idemflow_operation

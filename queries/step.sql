@@ -1,20 +1,6 @@
 -- name: StepListByOperation :many
 SELECT * FROM idemflow_step WHERE operation_id = @operation_id ORDER BY position;
 
--- name: StepCheckpoint :execrows
--- Records a step as succeeded. Zero rows means it already was (or was compensated):
--- the caller must roll back whatever it did in the same transaction.
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
-VALUES (@operation_id, @name, @position, 'succeeded', @attempts, @output, @started_at,
-        coalesce(sqlc.narg('now')::timestamptz, now()))
-ON CONFLICT (operation_id, name) DO UPDATE
-SET state = 'succeeded',
-    attempts = excluded.attempts,
-    output = excluded.output,
-    last_error = NULL,
-    finished_at = excluded.finished_at
-WHERE idemflow_step.state IN ('retrying', 'failed');
-
 -- name: StepRecordFailure :exec
 -- Records a failed attempt: 'retrying' when another attempt will follow, 'failed'
 -- when the step failed for good.
@@ -37,3 +23,42 @@ WHERE operation_id = @operation_id AND name = @name AND state = 'succeeded';
 -- Forgets the failed and compensated steps of a reopened operation, so that they
 -- run again; succeeded steps stay done.
 DELETE FROM idemflow_step WHERE operation_id = @operation_id AND state <> 'succeeded';
+
+-- name: StepCheckpointMany :one
+-- Records several steps as succeeded and, when finish is set, ends the operation
+-- in the same statement: one round trip for what a transaction commits after an
+-- external call. checkpointed counts the steps recorded (fewer than given means
+-- another run recorded some first); finished is 1 when the operation was ended.
+WITH cp AS (
+    INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
+    SELECT sqlc.arg(operation_id)::uuid, u.name, u.position, 'succeeded', u.attempts, u.output::json, u.started_at,
+           coalesce(sqlc.narg(now)::timestamptz, now())
+    FROM (
+        SELECT unnest(sqlc.arg(names)::text[]) AS name,
+               unnest(sqlc.arg(positions)::integer[]) AS position,
+               unnest(sqlc.arg(attempts)::integer[]) AS attempts,
+               unnest(sqlc.arg(outputs)::text[]) AS output,
+               unnest(sqlc.arg(started_ats)::timestamptz[]) AS started_at
+    ) AS u
+    ON CONFLICT (operation_id, name) DO UPDATE
+    SET state = 'succeeded',
+        attempts = excluded.attempts,
+        output = excluded.output,
+        last_error = NULL,
+        finished_at = excluded.finished_at
+    WHERE idemflow_step.state IN ('retrying', 'failed')
+    RETURNING 1
+), fin AS (
+    UPDATE idemflow_operation
+    SET state = sqlc.arg(state)::text,
+        result = sqlc.narg(result)::json,
+        error = sqlc.narg(error)::jsonb,
+        locked_by = NULL,
+        finished_at = coalesce(sqlc.narg(now)::timestamptz, now())
+    WHERE sqlc.arg(finish)::boolean
+      AND id = sqlc.arg(operation_id)::uuid
+      AND locked_by = sqlc.arg(run_id)::uuid
+      AND state = 'in_progress'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM cp)::integer AS checkpointed, (SELECT count(*) FROM fin)::integer AS finished;

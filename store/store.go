@@ -190,33 +190,6 @@ func (s *Store) OperationRelease(ctx context.Context, db DBTX, id, run uuid.UUID
 	return n == 1, nil
 }
 
-// OperationFinishParams end an operation.
-type OperationFinishParams struct {
-	ID    uuid.UUID
-	Run   uuid.UUID
-	State OperationState
-	// Result is stored byte for byte when the operation succeeded.
-	Result json.RawMessage
-	// Error is the permanent error when the operation failed.
-	Error json.RawMessage
-}
-
-// OperationFinish records an operation's end. It returns false, and changes
-// nothing, when p.Run no longer holds the operation.
-func (s *Store) OperationFinish(ctx context.Context, db DBTX, p OperationFinishParams) (bool, error) {
-	n, err := s.q.OperationFinish(ctx, db, dbsqlc.OperationFinishParams{
-		ID:     p.ID,
-		RunID:  &p.Run,
-		State:  string(p.State),
-		Result: nullJSON(p.Result),
-		Error:  nullJSON(p.Error),
-	})
-	if err != nil {
-		return false, fmt.Errorf("store: finish operation: %w", err)
-	}
-	return n == 1, nil
-}
-
 // ExpiredOperation names an operation in progress whose lease has expired.
 type ExpiredOperation struct {
 	ID   uuid.UUID
@@ -273,7 +246,7 @@ func (s *Store) StepListByOperation(ctx context.Context, db DBTX, operationID uu
 	return out, nil
 }
 
-// StepCheckpointParams record a succeeded step.
+// StepCheckpointParams describe a succeeded step, for StepCheckpointMany.
 type StepCheckpointParams struct {
 	OperationID uuid.UUID
 	Name        string
@@ -281,24 +254,6 @@ type StepCheckpointParams struct {
 	Attempts    int
 	Output      json.RawMessage
 	StartedAt   time.Time
-}
-
-// StepCheckpoint records a step as succeeded. It returns false when the step was
-// already recorded as succeeded (or compensated): the caller must then roll back
-// whatever else it did in the same transaction, because another run did it first.
-func (s *Store) StepCheckpoint(ctx context.Context, db DBTX, p StepCheckpointParams) (bool, error) {
-	n, err := s.q.StepCheckpoint(ctx, db, dbsqlc.StepCheckpointParams{
-		OperationID: p.OperationID,
-		Name:        p.Name,
-		Position:    int32(p.Position),
-		Attempts:    int32(p.Attempts),
-		Output:      p.Output,
-		StartedAt:   p.StartedAt,
-	})
-	if err != nil {
-		return false, fmt.Errorf("store: checkpoint step %q: %w", p.Name, err)
-	}
-	return n == 1, nil
 }
 
 // StepRecordFailureParams record a failed attempt of a step.
@@ -464,4 +419,49 @@ func (s *Store) OperationList(ctx context.Context, db DBTX, state OperationState
 		out[i] = operationFromRow(r)
 	}
 	return out, nil
+}
+
+// StepCheckpointManyParams record succeeded steps and, optionally, end their
+// operation, in one statement.
+type StepCheckpointManyParams struct {
+	OperationID uuid.UUID
+	Steps       []StepCheckpointParams
+	// Finish ends the operation in State with Result or Error, fenced by Run.
+	Finish bool
+	Run    uuid.UUID
+	State  OperationState
+	Result json.RawMessage
+	Error  json.RawMessage
+}
+
+// StepCheckpointMany records p.Steps as succeeded and, with p.Finish, ends the
+// operation, in one round trip. It returns false, and the caller must roll its
+// transaction back, when another run recorded one of the steps first or no
+// longer lets p.Run end the operation.
+func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpointManyParams) (bool, error) {
+	args := dbsqlc.StepCheckpointManyParams{
+		OperationID: p.OperationID,
+		Names:       make([]string, len(p.Steps)),
+		Positions:   make([]int32, len(p.Steps)),
+		Attempts:    make([]int32, len(p.Steps)),
+		Outputs:     make([]string, len(p.Steps)),
+		StartedAts:  make([]time.Time, len(p.Steps)),
+		Finish:      p.Finish,
+		RunID:       p.Run,
+		State:       string(p.State),
+		Result:      nullJSON(p.Result),
+		Error:       nullJSON(p.Error),
+	}
+	for i, st := range p.Steps {
+		args.Names[i] = st.Name
+		args.Positions[i] = int32(st.Position)
+		args.Attempts[i] = int32(st.Attempts)
+		args.Outputs[i] = string(st.Output)
+		args.StartedAts[i] = st.StartedAt
+	}
+	row, err := s.q.StepCheckpointMany(ctx, db, args)
+	if err != nil {
+		return false, fmt.Errorf("store: checkpoint steps: %w", err)
+	}
+	return int(row.Checkpointed) == len(p.Steps) && (!p.Finish || row.Finished == 1), nil
 }

@@ -123,40 +123,6 @@ func (q *Queries) OperationExtendExpired(ctx context.Context, db DBTX, arg Opera
 	return result.RowsAffected(), nil
 }
 
-const operationFinish = `-- name: OperationFinish :execrows
-UPDATE idemflow_operation
-SET state = $1,
-    result = $2,
-    error = $3,
-    locked_by = NULL,
-    finished_at = coalesce($4::timestamptz, now())
-WHERE id = $5 AND locked_by = $6 AND state = 'in_progress'
-`
-
-type OperationFinishParams struct {
-	State  string
-	Result []byte
-	Error  json.RawMessage
-	Now    *time.Time
-	ID     uuid.UUID
-	RunID  *uuid.UUID
-}
-
-func (q *Queries) OperationFinish(ctx context.Context, db DBTX, arg OperationFinishParams) (int64, error) {
-	result, err := db.Exec(ctx, operationFinish,
-		arg.State,
-		arg.Result,
-		arg.Error,
-		arg.Now,
-		arg.ID,
-		arg.RunID,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const operationGet = `-- name: OperationGet :one
 SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at FROM idemflow_operation WHERE id = $1
 `

@@ -7,50 +7,90 @@ package dbsqlc
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 
 	"github.com/google/uuid"
 )
 
-const stepCheckpoint = `-- name: StepCheckpoint :execrows
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
-VALUES ($1, $2, $3, 'succeeded', $4, $5, $6,
-        coalesce($7::timestamptz, now()))
-ON CONFLICT (operation_id, name) DO UPDATE
-SET state = 'succeeded',
-    attempts = excluded.attempts,
-    output = excluded.output,
-    last_error = NULL,
-    finished_at = excluded.finished_at
-WHERE idemflow_step.state IN ('retrying', 'failed')
+const stepCheckpointMany = `-- name: StepCheckpointMany :one
+WITH cp AS (
+    INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
+    SELECT $1::uuid, u.name, u.position, 'succeeded', u.attempts, u.output::json, u.started_at,
+           coalesce($2::timestamptz, now())
+    FROM (
+        SELECT unnest($3::text[]) AS name,
+               unnest($4::integer[]) AS position,
+               unnest($5::integer[]) AS attempts,
+               unnest($6::text[]) AS output,
+               unnest($7::timestamptz[]) AS started_at
+    ) AS u
+    ON CONFLICT (operation_id, name) DO UPDATE
+    SET state = 'succeeded',
+        attempts = excluded.attempts,
+        output = excluded.output,
+        last_error = NULL,
+        finished_at = excluded.finished_at
+    WHERE idemflow_step.state IN ('retrying', 'failed')
+    RETURNING 1
+), fin AS (
+    UPDATE idemflow_operation
+    SET state = $8::text,
+        result = $9::json,
+        error = $10::jsonb,
+        locked_by = NULL,
+        finished_at = coalesce($2::timestamptz, now())
+    WHERE $11::boolean
+      AND id = $1::uuid
+      AND locked_by = $12::uuid
+      AND state = 'in_progress'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM cp)::integer AS checkpointed, (SELECT count(*) FROM fin)::integer AS finished
 `
 
-type StepCheckpointParams struct {
+type StepCheckpointManyParams struct {
 	OperationID uuid.UUID
-	Name        string
-	Position    int32
-	Attempts    int32
-	Output      []byte
-	StartedAt   time.Time
 	Now         *time.Time
+	Names       []string
+	Positions   []int32
+	Attempts    []int32
+	Outputs     []string
+	StartedAts  []time.Time
+	State       string
+	Result      []byte
+	Error       json.RawMessage
+	Finish      bool
+	RunID       uuid.UUID
 }
 
-// Records a step as succeeded. Zero rows means it already was (or was compensated):
-// the caller must roll back whatever it did in the same transaction.
-func (q *Queries) StepCheckpoint(ctx context.Context, db DBTX, arg StepCheckpointParams) (int64, error) {
-	result, err := db.Exec(ctx, stepCheckpoint,
+type StepCheckpointManyRow struct {
+	Checkpointed int32
+	Finished     int32
+}
+
+// Records several steps as succeeded and, when finish is set, ends the operation
+// in the same statement: one round trip for what a transaction commits after an
+// external call. checkpointed counts the steps recorded (fewer than given means
+// another run recorded some first); finished is 1 when the operation was ended.
+func (q *Queries) StepCheckpointMany(ctx context.Context, db DBTX, arg StepCheckpointManyParams) (*StepCheckpointManyRow, error) {
+	row := db.QueryRow(ctx, stepCheckpointMany,
 		arg.OperationID,
-		arg.Name,
-		arg.Position,
-		arg.Attempts,
-		arg.Output,
-		arg.StartedAt,
 		arg.Now,
+		arg.Names,
+		arg.Positions,
+		arg.Attempts,
+		arg.Outputs,
+		arg.StartedAts,
+		arg.State,
+		arg.Result,
+		arg.Error,
+		arg.Finish,
+		arg.RunID,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	var i StepCheckpointManyRow
+	err := row.Scan(&i.Checkpointed, &i.Finished)
+	return &i, err
 }
 
 const stepCompensated = `-- name: StepCompensated :execrows
