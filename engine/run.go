@@ -53,6 +53,8 @@ type run struct {
 	// failure is the permanent error of a failed step, once there is one.
 	failure *PermanentError
 	resumed bool
+	// runs counts the runs of the operation, this one included.
+	runs int
 
 	// insert, while not nil, is the reservation still to commit, which the first
 	// transaction of a first attempt carries.
@@ -88,14 +90,22 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 	case errors.Is(err, errKeyTaken), errors.Is(err, errHandedOff):
 	case errors.Is(err, errLost):
 		log.WarnContext(ctx, "run stopped: another run took the operation over")
+	case errors.Is(err, context.Canceled) && r.isReserved():
+		// The engine is stopping: hand the operation back at once, so that the next
+		// sweep, here after a restart or in another process, resumes it without
+		// waiting for the lease to expire.
+		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		if _, rerr := r.e.store.OperationRelease(releaseCtx, r.e.pool, r.id, r.runID, time.Now(), 0); rerr != nil {
+			log.WarnContext(ctx, "could not release the operation; it resumes once its lease expires", slog.Any("error", rerr))
+		} else {
+			log.InfoContext(ctx, "run stopped with the engine; the operation resumes at the next sweep")
+		}
 	default:
 		log.ErrorContext(ctx, "run stopped; the operation resumes once its lease expires", slog.Any("error", err))
 	}
 	if r.local != nil {
-		r.mu.Lock()
-		reserved := r.reserved
-		r.mu.Unlock()
-		if !reserved {
+		if !r.isReserved() {
 			res := reservation{err: err}
 			if errors.Is(err, errKeyTaken) {
 				res = r.existing(ctx)
@@ -108,6 +118,12 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 	if info != nil {
 		r.e.notifyFinished(info)
 	}
+}
+
+func (r *run) isReserved() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.reserved
 }
 
 func (r *run) existing(ctx context.Context) reservation {
@@ -562,6 +578,7 @@ func (r *run) finish(ctx context.Context, tx pgx.Tx, state store.OperationState,
 		Key:        r.key,
 		Status:     Status(state),
 		Result:     result,
+		Runs:       r.runs,
 		FinishedAt: &now,
 	}
 	if state == store.OperationFailed {
@@ -602,10 +619,7 @@ func (r *run) keepLease(ctx context.Context) (stop func()) {
 				return
 			case <-t.C:
 			}
-			r.mu.Lock()
-			reserved := r.reserved
-			r.mu.Unlock()
-			if !reserved {
+			if !r.isReserved() {
 				continue
 			}
 			ok, err := r.e.store.OperationRenewLease(ctx, r.e.pool, r.id, r.runID, r.e.cfg.Lease)

@@ -94,6 +94,7 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 		key:    key,
 		steps:  def.steps,
 		in:     in,
+		runs:   1,
 		status: make(map[string]store.StepState, len(def.steps)),
 		tries:  make(map[string]int, len(def.steps)),
 		local: &localRun{

@@ -81,3 +81,43 @@ func TestLeaseRenewedDuringLongStep(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, got.Runs, "no other run took the operation over")
 }
+
+// TestStopHandsOperationsBack stops an engine in the middle of a step: the run is
+// cancelled and releases its operation, which another engine resumes at its next
+// sweep, without waiting for the lease to expire.
+func TestStopHandsOperationsBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setupPool(t)
+	entered := make(chan struct{}, 1)
+	var calls atomic.Int32
+	op, err := engine.NewOperation("blocking", []engine.Step[int, int]{
+		engine.ExternalStep("wait", func(ctx context.Context, call engine.Call, in int, s *int) error {
+			if calls.Add(1) == 1 {
+				entered <- struct{}{}
+				<-ctx.Done() // the first run waits for the engine to stop
+				return ctx.Err()
+			}
+			*s = in
+			return nil
+		}, nil),
+	}, func(in int, s *int) (int, error) { return *s, nil }, nil)
+	require.NoError(t, err)
+	// With an hour's lease, only the release lets another engine resume it.
+	first, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Lease: time.Hour})
+	require.NoError(t, err)
+	s, err := engine.Start(ctx, first, op, "c", "k", 3, nil)
+	require.NoError(t, err)
+	<-entered
+	stopCtx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, first.Stop(stopCtx), context.DeadlineExceeded)
+
+	second := newEngine(t, pool, op)
+	waitCtx, cancelWait := context.WithTimeout(ctx, 30*time.Second)
+	defer cancelWait()
+	info, err := second.Wait(waitCtx, s.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, info.Status)
+	require.Equal(t, int32(2), calls.Load())
+}

@@ -137,6 +137,7 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 		tries:    make(map[string]int, len(rec.Steps)),
 		resumed:  true,
 		reserved: true,
+		runs:     rec.Runs,
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
