@@ -1,0 +1,111 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func envOf(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestParseConfig(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		check   func(t *testing.T, c *config)
+		wantErr string
+	}{
+		{name: "Defaults", env: map[string]string{"HOME": "/home/ann"}, check: func(t *testing.T, c *config) {
+			require.Equal(t, "127.0.0.1:8080", c.addr)
+			require.Equal(t, defaultClients, c.clients)
+			require.Equal(t, time.Second, c.retryBackoff)
+			require.Equal(t, 5*time.Second, c.wait)
+			require.Equal(t, 15*time.Second, c.lease)
+			require.Equal(t, "/home/ann/.local/share/idemflow/demo-pg", c.dataDir)
+			require.Empty(t, c.providerURL)
+			require.Nil(t, c.crash)
+		}},
+		{name: "Environment", env: map[string]string{
+			"DEMO_ADDR": "127.0.0.1:9000", "DEMO_CLIENTS": "x=tx, y=ty", "DEMO_RETRY_BACKOFF": "100ms",
+			"DEMO_WAIT": "2s", "DEMO_LEASE": "3s", "DEMO_PROVIDER_URL": "http://p/", "XDG_DATA_HOME": "/xdg",
+			"DEMO_CRASH": "provider:after-effect", "DATABASE_URL": "postgres://db",
+		}, check: func(t *testing.T, c *config) {
+			require.Equal(t, "127.0.0.1:9000", c.addr)
+			require.Equal(t, []client{{"x", "tx"}, {"y", "ty"}}, c.clients)
+			require.Equal(t, 100*time.Millisecond, c.retryBackoff)
+			require.Equal(t, 2*time.Second, c.wait)
+			require.Equal(t, 3*time.Second, c.lease)
+			require.Equal(t, "http://p", c.providerURL)
+			require.Equal(t, "/xdg/idemflow/demo-pg", c.dataDir)
+			require.Equal(t, &crashPoint{step: "provider", point: "after-effect"}, c.crash)
+			require.Equal(t, "postgres://db", c.databaseURL)
+		}},
+		{name: "FlagBeatsEnvironment", args: []string{"-wait", "1s", "-data-dir", "/d"}, env: map[string]string{"DEMO_WAIT": "9s"}, check: func(t *testing.T, c *config) {
+			require.Equal(t, time.Second, c.wait)
+			require.Equal(t, "/d", c.dataDir)
+		}},
+		{name: "BadBackoff", args: []string{"-retry-backoff", "soon"}, wantErr: "-retry-backoff"},
+		{name: "NegativeWait", env: map[string]string{"DEMO_WAIT": "-1s"}, wantErr: "-wait"},
+		{name: "ShortLease", args: []string{"-lease", "10ms"}, wantErr: "at least 1s"},
+		{name: "ClientWithoutToken", args: []string{"-clients", "a="}, wantErr: "not name=token"},
+		{name: "DuplicateClient", args: []string{"-clients", "a=1,a=2"}, wantErr: "named twice"},
+		{name: "SharedToken", args: []string{"-clients", "a=1,b=1"}, wantErr: "share the token"},
+		{name: "CrashUnknownStep", env: map[string]string{"DEMO_CRASH": "refund:before"}, wantErr: "DEMO_CRASH"},
+		{name: "CrashUnknownPoint", env: map[string]string{"DEMO_CRASH": "ledger:after"}, wantErr: "DEMO_CRASH"},
+		{name: "StrayArgument", args: []string{"extra"}, wantErr: "unexpected argument"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			env := tt.env
+			if env == nil {
+				env = map[string]string{"HOME": "/h"}
+			}
+			c, err := parseConfig("demo", tt.args, envOf(env), io.Discard)
+			if tt.wantErr != "" {
+				require.ErrorContains(t, err, tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			tt.check(t, c)
+		})
+	}
+}
+
+// FuzzParseConfig feeds the environment variables arbitrary values: a clear error
+// or a valid configuration, never a panic.
+func FuzzParseConfig(f *testing.F) {
+	f.Add("a=b,c=d", "1s", "5s", "15s", "ledger:before")
+	f.Add("", "100ms", "0", "1h", "")
+	f.Add("=,=", "-1s", "1e9", "15", "provider:")
+	f.Add("a=b=c, d = e", "9223372036854775807ns", "5s", "2562047h", "finalize:after-effect")
+	f.Fuzz(func(t *testing.T, clients, backoff, wait, lease, crash string) {
+		env := map[string]string{"HOME": "/h", "DEMO_CLIENTS": clients, "DEMO_RETRY_BACKOFF": backoff,
+			"DEMO_WAIT": wait, "DEMO_LEASE": lease, "DEMO_CRASH": crash}
+		c, err := parseConfig("demo", nil, envOf(env), io.Discard)
+		if err != nil {
+			return
+		}
+		require.NotEmpty(t, c.clients)
+		for _, cl := range c.clients {
+			require.NotEmpty(t, cl.name)
+			require.NotEmpty(t, cl.token)
+			require.False(t, strings.ContainsAny(cl.name+cl.token, ","))
+		}
+		require.Positive(t, c.retryBackoff)
+		require.Positive(t, c.wait)
+		require.GreaterOrEqual(t, c.lease, time.Second)
+		if crash == "" {
+			require.Nil(t, c.crash)
+		} else {
+			require.Equal(t, crash, c.crash.step+":"+c.crash.point)
+		}
+	})
+}
