@@ -43,8 +43,8 @@
 // # Crashes
 //
 // A run holds its operation through a lease on the operation's row, renewed while
-// it works. When a process dies its leases expire; the sweeper, a River periodic
-// job that runs on the elected leader, hands such operations to River workers,
+// it works. When a process dies its leases expire; the sweeper, which runs in
+// every process with started workers, hands such operations to River workers,
 // which resume each at its first unfinished step. Checkpoints are written with
 // INSERT ... ON CONFLICT, so a run that lost its lease and still finishes a step
 // finds the checkpoint taken and rolls its transaction back.

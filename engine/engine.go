@@ -58,8 +58,8 @@ type Config struct {
 	// renewing (it crashed) is taken over by another process once the lease has
 	// expired. Defaults to 15 seconds.
 	Lease time.Duration
-	// SweepInterval is how often the leader looks for operations whose lease
-	// expired, to resume them. Defaults to 5 seconds.
+	// SweepInterval is how often each process with started workers looks for
+	// operations whose lease expired, to resume them. Defaults to 5 seconds.
 	SweepInterval time.Duration
 	// PollInterval bounds how long Wait sleeps between reads of an operation that
 	// runs in another process. Defaults to 500 milliseconds.
@@ -160,6 +160,7 @@ type Engine struct {
 	baseCtx    context.Context
 	cancelBase context.CancelFunc
 	runs       sync.WaitGroup
+	sweeps     sync.WaitGroup
 
 	mu       sync.Mutex
 	stopping bool
@@ -201,9 +202,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err := river.AddWorkerSafely(workers, &resumeWorker{e: e}); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	if err := river.AddWorkerSafely(workers, &sweepWorker{e: e}); err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
-	}
 	if err := river.AddWorkerSafely(workers, &retentionWorker{e: e}); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
@@ -214,9 +212,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		// The lease, not River's timeout, bounds a run: a long step renews its lease.
 		JobTimeout: -1,
 		PeriodicJobs: []*river.PeriodicJob{
-			river.NewPeriodicJob(river.PeriodicInterval(c.SweepInterval), func() (river.JobArgs, *river.InsertOpts) {
-				return sweepArgs{}, &river.InsertOpts{Queue: c.Queue}
-			}, &river.PeriodicJobOpts{RunOnStart: true}),
 			river.NewPeriodicJob(river.PeriodicInterval(c.RetentionInterval), func() (river.JobArgs, *river.InsertOpts) {
 				return retentionArgs{}, &river.InsertOpts{Queue: c.Queue}
 			}, &river.PeriodicJobOpts{RunOnStart: true}),
@@ -230,12 +225,17 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 }
 
 // StartWorkers starts the River workers that run retries and resumes in this
-// process, and (on the elected leader) the sweeper. First attempts run without
+// process, the sweeper, and (on River's elected leader) the retention job. First attempts run without
 // them, in the process that starts the operation.
 func (e *Engine) StartWorkers(ctx context.Context) error {
 	if err := e.river.Start(ctx); err != nil {
 		return fmt.Errorf("engine: start river: %w", err)
 	}
+	e.sweeps.Add(1)
+	go func() {
+		defer e.sweeps.Done()
+		e.sweepLoop(e.baseCtx)
+	}()
 	return nil
 }
 
@@ -261,6 +261,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 		err = ctx.Err()
 	}
 	e.cancelBase()
+	e.sweeps.Wait()
 	if riverErr != nil {
 		err = errors.Join(err, fmt.Errorf("engine: stop river: %w", riverErr),
 			e.river.StopAndCancel(context.WithoutCancel(ctx)))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/riverqueue/river"
@@ -35,30 +36,32 @@ func (w *resumeWorker) Work(ctx context.Context, job *river.Job[resumeArgs]) err
 	return w.e.resume(ctx, job.Args.OperationID, job.Args.Operation)
 }
 
-// sweepArgs is the periodic job that finds operations whose lease expired.
-type sweepArgs struct{}
-
-// Kind implements river.JobArgs.
-func (sweepArgs) Kind() string { return "idemflow_sweep" }
-
-type sweepWorker struct {
-	river.WorkerDefaults[sweepArgs]
-	e *Engine
-}
-
 // sweepBatch bounds the operations one sweep hands to workers.
 const sweepBatch = 100
 
-// Work hands every operation whose lease expired to a resume job. Pushing the
-// lease forward in the same transaction keeps the next sweep from enqueueing the
-// operation again while the job waits for a worker.
-func (w *sweepWorker) Work(ctx context.Context, job *river.Job[sweepArgs]) error {
-	return w.e.Sweep(ctx)
+// sweepLoop sweeps every SweepInterval until ctx ends. Every process with started
+// workers sweeps, rather than River's elected leader only: when the leader is the
+// process that crashed, River takes up to 20 seconds to elect another, and the
+// crashed process's operations would wait that long. Sweeps in several processes
+// are safe: one conditional update hands an operation to one job.
+func (e *Engine) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(e.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		if err := e.Sweep(ctx); err != nil && ctx.Err() == nil {
+			e.logger.WarnContext(ctx, "sweep failed; trying again at the next", slog.Any("error", err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // Sweep hands every operation whose lease expired (its run crashed, or its River
-// job was lost) to a resume job, and returns when they are enqueued. The sweeper's
-// periodic job calls it; tests and operators may too.
+// job was lost) to a resume job, and returns when they are enqueued. Each process
+// with started workers calls it every SweepInterval; tests and operators may too.
 func (e *Engine) Sweep(ctx context.Context) error {
 	expired, err := e.store.OperationListExpired(ctx, e.pool, sweepBatch, nil)
 	if err != nil {

@@ -57,12 +57,16 @@ func requiredID(f idempotency.Fields, name string, dst *string) error {
 	return nil
 }
 
+// maxAmount bounds an amount (a trillion minor units less one), so that no sum of
+// a client's balances can overflow.
+const maxAmount = 999_999_999_999
+
 func positiveAmount(f idempotency.Fields, dst *int64) error {
 	if err := f.Required("amount", dst); err != nil {
 		return err
 	}
-	if *dst <= 0 {
-		return &idempotency.FieldError{Param: "amount", Message: "must be a positive integer (minor units)"}
+	if *dst <= 0 || *dst > maxAmount {
+		return &idempotency.FieldError{Param: "amount", Message: "must be a positive integer (minor units) of at most 999999999999"}
 	}
 	return nil
 }
