@@ -87,8 +87,9 @@
 // # Retention
 //
 // A key is kept as long as its operation: until a retention job deletes finished
-// operations older than the retention period (24 hours by default; the job comes
-// with its own change), and never while the operation is in progress. A request
+// operations older than the retention period (engine.Config.Retention, 24 hours by
+// default, or engine.OperationOpts.Retention per type), and never while the
+// operation is in progress. A request
 // that brings back a key whose operation was deleted is a first request: it starts
 // a new operation. Clients must therefore not retry with a key after the
 // retention period.
