@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"math/big"
@@ -50,7 +51,7 @@ func parseBody(data []byte) (*parsedBody, error) {
 		}
 		start := dec.InputOffset()
 		var canon bytes.Buffer
-		if err := canonicalValue(dec, &canon, name); err != nil {
+		if err := canonicalValue(dec, &canon, name, 1); err != nil {
 			return nil, err
 		}
 		// The value starts after the key's colon.
@@ -86,7 +87,7 @@ func canonicalJSON(data []byte) ([]byte, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	var canon bytes.Buffer
-	if err := canonicalValue(dec, &canon, ""); err != nil {
+	if err := canonicalValue(dec, &canon, "", 0); err != nil {
 		return nil, err
 	}
 	if _, err := dec.Token(); err != io.EOF {
@@ -95,26 +96,36 @@ func canonicalJSON(data []byte) ([]byte, error) {
 	return canon.Bytes(), nil
 }
 
+// MaxDepth bounds how deeply the arrays and objects of a request body may nest,
+// the body itself counting as the first level; a deeper body answers 400
+// invalid_request.
+const MaxDepth = 32
+
 // canonicalValue reads the next JSON value from dec and writes its canonical form
 // to w: object members sorted by key, no white space, strings as encoding/json
 // writes them, and numbers in a form that depends on their value alone (see
 // canonicalNumber). Two values are equal as JSON values exactly when their
 // canonical forms are equal. dec must use json.Number (UseNumber); path names
-// the value in errors.
-func canonicalValue(dec *json.Decoder, w *bytes.Buffer, path string) error {
+// the value in errors; depth counts the arrays and objects around it.
+func canonicalValue(dec *json.Decoder, w *bytes.Buffer, path string, depth int) error {
 	tok, err := dec.Token()
 	if err != nil {
 		return errNotJSON(err)
 	}
 	switch v := tok.(type) {
 	case json.Delim:
+		// The bound keeps a hostile body's cost linear: every level holds its own
+		// path and buffer while the levels below it are read.
+		if depth >= MaxDepth {
+			return &FieldError{Param: path, Message: fmt.Sprintf("the value is nested more than %d levels deep", MaxDepth)}
+		}
 		if v == '[' {
 			w.WriteByte('[')
 			for i := 0; dec.More(); i++ {
 				if i > 0 {
 					w.WriteByte(',')
 				}
-				if err := canonicalValue(dec, w, path+"["+strconv.Itoa(i)+"]"); err != nil {
+				if err := canonicalValue(dec, w, path+"["+strconv.Itoa(i)+"]", depth+1); err != nil {
 					return err
 				}
 			}
@@ -131,7 +142,7 @@ func canonicalValue(dec *json.Decoder, w *bytes.Buffer, path string) error {
 					return &FieldError{Param: path + "." + key, Message: "the field appears more than once"}
 				}
 				var member bytes.Buffer
-				if err := canonicalValue(dec, &member, path+"."+key); err != nil {
+				if err := canonicalValue(dec, &member, path+"."+key, depth+1); err != nil {
 					return err
 				}
 				members[key] = member.Bytes()

@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/idemflow/idemflow/idempotency"
 	"github.com/idemflow/idemflow/workflows/refund"
@@ -49,12 +51,24 @@ func requiredID(f idempotency.Fields, name string, dst *string) error {
 	if *dst == "" || len(*dst) > maxIDLen {
 		return &idempotency.FieldError{Param: name, Message: "must be a string of 1 to 255 bytes"}
 	}
-	for _, r := range *dst {
-		if r < 0x20 || r == 0x7f {
-			return &idempotency.FieldError{Param: name, Message: "must not contain control characters"}
-		}
+	if hasControl(*dst) {
+		return &idempotency.FieldError{Param: name, Message: "must not contain control characters"}
 	}
 	return nil
+}
+
+// hasControl reports whether s holds a C0 control character or DEL.
+func hasControl(s string) bool {
+	return strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f })
+}
+
+// possibleID reports whether id, taken raw from a request's path, could name an
+// order or a refund: 1 to 255 bytes of valid UTF-8 without control characters,
+// as requiredID admits (refund ids are the demo's own, and shorter). Any other id
+// names nothing, and is not sent to the database, which refuses NUL bytes and
+// invalid UTF-8 with an error rather than finding no row.
+func possibleID(id string) bool {
+	return id != "" && len(id) <= maxIDLen && utf8.ValidString(id) && !hasControl(id)
 }
 
 // maxAmount bounds an amount (a trillion minor units less one), so that no sum of

@@ -93,9 +93,15 @@ func methodNotAllowed(w http.ResponseWriter, r *http.Request) {
 }
 
 // authenticated answers 401 unless the request carries a known client's bearer
-// token, and passes the client's name on in the request's context.
+// token, and passes the client's name on in the request's context. A request with
+// more than one Authorization header is refused: which of them counts would be
+// anybody's guess (a proxy may read the last where this server reads the first).
 func (s *server) authenticated(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.Header.Values("Authorization")) > 1 {
+			idempotency.WriteError(w, http.StatusUnauthorized, "unauthenticated", "more than one Authorization header", nil)
+			return
+		}
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		name := ""
 		if ok {
@@ -127,7 +133,12 @@ func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) getOrder(w http.ResponseWriter, r *http.Request) {
-	order, err := refund.GetOrder(r.Context(), s.cfg.pool, clientOf(r), r.PathValue("orderId"))
+	id := r.PathValue("orderId")
+	if !possibleID(id) {
+		idempotency.WriteError(w, http.StatusNotFound, refund.CodeOrderNotFound, "no such order", nil)
+		return
+	}
+	order, err := refund.GetOrder(r.Context(), s.cfg.pool, clientOf(r), id)
 	if errors.Is(err, refund.ErrOrderNotFound) {
 		idempotency.WriteError(w, http.StatusNotFound, refund.CodeOrderNotFound, "no such order", nil)
 		return
@@ -140,9 +151,17 @@ func (s *server) getOrder(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) getRefund(w http.ResponseWriter, r *http.Request) {
-	ref, err := refund.GetRefund(r.Context(), s.cfg.pool, clientOf(r), r.PathValue("refundId"))
-	if errors.Is(err, refund.ErrRefundNotFound) {
+	notFound := func() {
 		idempotency.WriteError(w, http.StatusNotFound, "refund_not_found", "no such refund", nil)
+	}
+	id := r.PathValue("refundId")
+	if !possibleID(id) {
+		notFound()
+		return
+	}
+	ref, err := refund.GetRefund(r.Context(), s.cfg.pool, clientOf(r), id)
+	if errors.Is(err, refund.ErrRefundNotFound) {
+		notFound()
 		return
 	}
 	if err != nil {

@@ -140,6 +140,13 @@ func (s *Server) createRefund(w http.ResponseWriter, r *http.Request) {
 	case req.Amount <= 0:
 		writeError(w, http.StatusBadRequest, "invalid_request", "amount", "amount must be a positive integer")
 		return
+	case strings.ContainsRune(req.OrderID, 0):
+		// PostgreSQL's text cannot hold a NUL byte.
+		writeError(w, http.StatusBadRequest, "invalid_request", "orderId", "orderId must not contain NUL characters")
+		return
+	case strings.ContainsRune(req.Reference, 0):
+		writeError(w, http.StatusBadRequest, "invalid_request", "reference", "reference must not contain NUL characters")
+		return
 	}
 	log := s.logger.With(slog.String("key", key), slog.String("order_id", req.OrderID), slog.Int64("amount", req.Amount))
 
@@ -224,7 +231,7 @@ func (s *Server) takeFault(ctx context.Context) (*providerdb.FaultTakeRow, error
 
 func (s *Server) getRefundByKey(w http.ResponseWriter, r *http.Request) {
 	key := r.PathValue("key")
-	if key == "" {
+	if !validKey(key) { // no refund is made under a key that POST /refunds refuses
 		writeError(w, http.StatusNotFound, "refund_not_found", "", "no refund was made under this idempotency key")
 		return
 	}
@@ -281,12 +288,13 @@ func (s *Server) setFault(w http.ResponseWriter, r *http.Request) {
 		delay = defaultSlowDelay
 	}
 	if req.DelayMs != nil {
-		delay = time.Duration(*req.DelayMs) * time.Millisecond
-		if *req.DelayMs < 0 || delay > maxSlowDelay {
+		// Compared before the conversion, which would overflow for a huge delayMs.
+		if *req.DelayMs < 0 || int64(*req.DelayMs) > maxSlowDelay.Milliseconds() {
 			writeError(w, http.StatusBadRequest, "invalid_request", "delayMs",
 				fmt.Sprintf("delayMs must be between 0 and %d", maxSlowDelay.Milliseconds()))
 			return
 		}
+		delay = time.Duration(*req.DelayMs) * time.Millisecond
 	}
 	err := s.q.FaultSet(r.Context(), s.pool, providerdb.FaultSetParams{
 		Mode:      req.Mode,
