@@ -624,6 +624,8 @@ func (r *run) keepLease(ctx context.Context) (stop func()) {
 			}
 			ok, err := r.e.store.OperationRenewLease(ctx, r.e.pool, r.id, r.runID, r.e.cfg.Lease)
 			switch {
+			case err != nil && ctx.Err() != nil:
+				return // the run ended while renewing
 			case err != nil:
 				r.logger().WarnContext(ctx, "could not renew lease", slog.Any("error", err))
 			case !ok:

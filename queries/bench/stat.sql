@@ -22,3 +22,14 @@ SELECT pg_stat_clear_snapshot();
 -- Makes this backend publish its pending statistics when it next goes idle
 -- (PostgreSQL 15 and later), instead of up to 10 seconds later.
 SELECT pg_stat_force_next_flush();
+
+-- name: ServerSettings :one
+-- What the figures depend on.
+SELECT current_setting('server_version') AS server_version,
+       current_setting('server_version_num')::integer AS server_version_num,
+       current_setting('fsync') AS fsync,
+       current_setting('synchronous_commit') AS synchronous_commit,
+       current_setting('full_page_writes') AS full_page_writes,
+       current_setting('wal_sync_method') AS wal_sync_method,
+       current_setting('shared_buffers') AS shared_buffers,
+       current_setting('max_connections') AS max_connections;

@@ -1,0 +1,362 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemflow/idemflow/cmd/bench/internal/benchdb"
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idempotency"
+	"github.com/idemflow/idemflow/workflows/refund"
+)
+
+const (
+	// benchClient is the client (the scope) of every order and refund.
+	benchClient = "bench"
+	// orderAmount is what each order is of; refundAmount, what each refund takes.
+	orderAmount  = 10_000
+	refundAmount = 100
+	// opTimeout bounds one operation.
+	opTimeout = time.Minute
+)
+
+// bench runs the modes on one server.
+type bench struct {
+	opts *options
+	srv  *server
+	// quiet is the logger of the engine, the provider and the API: warnings and
+	// errors only, so that logging costs nothing per operation.
+	quiet *slog.Logger
+	// progress reports what the benchmark does, on stderr.
+	progress io.Writer
+}
+
+func benchmark(ctx context.Context, opts *options, stdout, stderr io.Writer) error {
+	quiet := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// refund.Migrate and provider.Migrate log to the default logger.
+	slog.SetDefault(quiet)
+	srv, err := openServer(ctx, opts, quiet)
+	if err != nil {
+		return err
+	}
+	defer srv.stop(context.WithoutCancel(ctx))
+	b := &bench{opts: opts, srv: srv, quiet: quiet, progress: stderr}
+
+	rep := newReport(stdout, opts, srv)
+	for _, mode := range opts.modes {
+		r, err := b.runMode(ctx, mode)
+		if err != nil {
+			return fmt.Errorf("%s: %w", mode, err)
+		}
+		rep.add(r)
+	}
+	rep.finish()
+	return nil
+}
+
+func (b *bench) logf(format string, args ...any) {
+	fmt.Fprintf(b.progress, "bench: "+format+"\n", args...)
+}
+
+// runMode prepares a mode's orders and env, and measures it.
+func (b *bench) runMode(ctx context.Context, mode string) (*result, error) {
+	n, w := b.opts.n, b.opts.warmup
+	prefix := mode + "-"
+	b.logf("%s: creating %d orders", mode, n+w)
+	if err := b.srv.createOrders(ctx, benchClient, prefix, n+w, orderAmount); err != nil {
+		return nil, err
+	}
+	var (
+		e   *env
+		op  func(ctx context.Context, i int) error
+		err error
+	)
+	switch mode {
+	case modeBaseline:
+		if e, err = b.newEnv(ctx, false, false); err != nil {
+			return nil, err
+		}
+		bl := &baseline{pool: e.app, provider: e.provider, q: benchdb.New()}
+		op = func(ctx context.Context, i int) error {
+			return bl.refund(ctx, benchClient, key(prefix, i), key(prefix, i), refundAmount)
+		}
+
+	case modeEngine:
+		if e, err = b.newEnv(ctx, true, true); err != nil {
+			return nil, err
+		}
+		op = func(ctx context.Context, i int) error { return engineRefund(ctx, e, prefix, i) }
+
+	case modeHTTP:
+		if e, err = b.newEnv(ctx, true, true); err != nil {
+			return nil, err
+		}
+		url, err := b.serveAPI(e)
+		if err != nil {
+			e.close(ctx)
+			return nil, err
+		}
+		client := &http.Client{Transport: &http.Transport{
+			MaxIdleConns:        2 * b.opts.c,
+			MaxIdleConnsPerHost: 2 * b.opts.c,
+			IdleConnTimeout:     time.Minute,
+			DisableCompression:  true,
+		}}
+		e.closers = append(e.closers, func(context.Context) { client.CloseIdleConnections() })
+		op = func(ctx context.Context, i int) error { return httpRefund(ctx, client, url, prefix, i) }
+
+	case modeReplay:
+		// Lookups need no River worker; the refunds they replay run first, untimed.
+		if e, err = b.newEnv(ctx, true, false); err != nil {
+			return nil, err
+		}
+		b.logf("%s: running %d refunds to replay", mode, n+w)
+		if failed, err := drive(ctx, 0, n+w, b.opts.c, func(ctx context.Context, i int) error {
+			return engineRefund(ctx, e, prefix, i)
+		}, nil); err != nil {
+			e.close(ctx)
+			return nil, fmt.Errorf("%d refunds to replay failed; the first: %w", failed, err)
+		}
+		op = func(ctx context.Context, i int) error { return replay(ctx, e, prefix, i) }
+
+	default:
+		return nil, fmt.Errorf("unknown mode %q", mode)
+	}
+	return b.measure(ctx, mode, e, op)
+}
+
+// key returns the idempotency key, and the order id, of operation i of a mode.
+func key(prefix string, i int) string {
+	return prefix + strconv.Itoa(i+1)
+}
+
+func engineRefund(ctx context.Context, e *env, prefix string, i int) error {
+	k := key(prefix, i)
+	started, err := engine.Start(ctx, e.eng, e.wf.Refund, benchClient, k,
+		refund.RefundInput{Client: benchClient, OrderID: k, Amount: refundAmount}, nil)
+	if err != nil {
+		return err
+	}
+	if !started.Created {
+		return fmt.Errorf("key %s was taken", k)
+	}
+	info, err := started.Wait(ctx)
+	if err != nil {
+		return fmt.Errorf("wait for %s: %w", k, err)
+	}
+	if info.Status != engine.StatusSucceeded {
+		return fmt.Errorf("refund %s ended %s: %v", k, info.Status, info.Error)
+	}
+	return nil
+}
+
+func httpRefund(ctx context.Context, client *http.Client, url, prefix string, i int) error {
+	k := key(prefix, i)
+	body := `{"orderId":"` + k + `","amount":` + strconv.Itoa(refundAmount) + `}`
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+apiToken)
+	req.Header.Set(idempotency.HeaderKey, k)
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusCreated {
+		return fmt.Errorf("%w: POST /refunds %s answered %d: %s", errStatus, k, resp.StatusCode, raw)
+	}
+	return nil
+}
+
+// replay is what a retry of a finished refund costs the engine: the lookup of
+// its key, and the decoding of its stored result.
+func replay(ctx context.Context, e *env, prefix string, i int) error {
+	k := key(prefix, i)
+	info, err := e.eng.Lookup(ctx, benchClient, k)
+	if err != nil {
+		return err
+	}
+	if info.Status != engine.StatusSucceeded {
+		return fmt.Errorf("refund %s is %s", k, info.Status)
+	}
+	if _, err := e.wf.Refund.Result(info); err != nil {
+		return fmt.Errorf("result of %s: %w", k, err)
+	}
+	return nil
+}
+
+// measure warms a mode up, then times n operations at the set concurrency, and
+// reads what they cost. It closes e.
+func (b *bench) measure(ctx context.Context, mode string, e *env, op func(ctx context.Context, i int) error) (*result, error) {
+	defer e.close(ctx)
+	n, w, c := b.opts.n, b.opts.warmup, b.opts.c
+
+	// The warm-up uses the operations after the timed ones: it opens the
+	// connections and fills their statement caches.
+	b.logf("%s: warming up with %d operations", mode, w)
+	if failed, err := drive(ctx, n, n+w, c, op, nil); err != nil {
+		return nil, fmt.Errorf("warm-up: %d operations failed; the first: %w", failed, err)
+	}
+	if _, err := b.srv.flushIdle(ctx, e.app, e.prov); err != nil {
+		return nil, err
+	}
+	if err := b.awaitQuiet(ctx, mode); err != nil {
+		return nil, err
+	}
+	before, err := b.srv.readStats(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	appBefore, provBefore := e.appCount.snapshot(), e.provCount.snapshot()
+
+	b.logf("%s: timing %d operations at concurrency %d", mode, n, c)
+	lat := make([]float32, n)
+	stopProfile, err := b.startProfile(mode)
+	if err != nil {
+		return nil, err
+	}
+	cpuBefore := sampleCPU(b.srv.postmasterPID)
+	start := time.Now()
+	failed, firstErr := drive(ctx, 0, n, c, op, lat)
+	elapsed := time.Since(start)
+	cpu := sampleCPU(b.srv.postmasterPID).since(cpuBefore, n)
+	if err := stopProfile(); err != nil {
+		return nil, err
+	}
+	app := e.appCount.snapshot().since(appBefore)
+	prov := e.provCount.snapshot().since(provBefore)
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	if failed == int64(n) {
+		return nil, fmt.Errorf("every operation failed; the first: %w", firstErr)
+	}
+	if failed > 0 {
+		b.logf("%s: %d of %d operations failed; the first: %v", mode, failed, n, firstErr)
+	}
+
+	e.close(ctx)
+	after, err := b.srv.readStats(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	return newResult(mode, b.opts, lat, failed, elapsed, cpu, after.since(before), app, prov), nil
+}
+
+// Quiet is under quietBusy of the machine's CPU time used by other programs
+// (this process and its cluster left out when known) over quietWindow. An idle
+// virtual machine shows several percent of kernel time charged to no process.
+const (
+	quietBusy   = 0.20
+	quietWindow = 2 * time.Second
+)
+
+// awaitQuiet waits, up to -wait-quiet, until the machine is quiet, so that other
+// programs do not share the CPUs with the timed operations.
+func (b *bench) awaitQuiet(ctx context.Context, mode string) error {
+	if b.opts.waitQuiet <= 0 {
+		return nil
+	}
+	deadline := time.Now().Add(b.opts.waitQuiet)
+	for {
+		s0 := sampleCPU(b.srv.postmasterPID)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(quietWindow):
+		}
+		u := sampleCPU(b.srv.postmasterPID).since(s0, 1)
+		busy := u.others
+		if busy < 0 {
+			busy = u.machineBusy
+		}
+		switch {
+		case busy < 0: // not measured here
+			return nil
+		case busy < quietBusy:
+			return nil
+		case time.Now().After(deadline):
+			b.logf("%s: other programs still use %.0f%% of the CPUs; timing anyway", mode, 100*busy)
+			return nil
+		}
+		b.logf("%s: waiting for a quiet machine (other programs use %.0f%% of the CPUs)", mode, 100*busy)
+	}
+}
+
+// startProfile starts the CPU profile of a mode's timed operations, if asked.
+func (b *bench) startProfile(mode string) (stop func() error, err error) {
+	if b.opts.cpuProfile == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(b.opts.cpuProfile + "." + mode + ".pprof")
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		return nil
+	}, nil
+}
+
+// drive runs op for i in [from, to) with up to c at once. When lat is not nil it
+// records the latency of op(from+k) in lat[k], in milliseconds. It returns how
+// many failed, and the first error.
+func drive(ctx context.Context, from, to, c int, op func(ctx context.Context, i int) error, lat []float32) (int64, error) {
+	var (
+		next, failed atomic.Int64
+		once         sync.Once
+		first        error
+		wg           sync.WaitGroup
+	)
+	for range min(c, to-from) {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				k := int(next.Add(1) - 1)
+				if k >= to-from {
+					return
+				}
+				opCtx, cancel := context.WithTimeout(ctx, opTimeout)
+				t0 := time.Now()
+				err := op(opCtx, from+k)
+				d := time.Since(t0)
+				cancel()
+				if lat != nil {
+					lat[k] = float32(d.Seconds() * 1000)
+				}
+				if err != nil {
+					failed.Add(1)
+					once.Do(func() { first = err })
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return failed.Load(), err
+	}
+	return failed.Load(), first
+}

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/testdb"
+)
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		sql  string
+		cat  category
+		name string
+	}{
+		{sql: "begin", cat: catTxControl, name: "BEGIN"},
+		{sql: " COMMIT ", cat: catTxControl, name: "COMMIT"},
+		{sql: "rollback", cat: catTxControl, name: "ROLLBACK"},
+		{sql: "-- name: OperationInsert :one\nINSERT INTO idemflow_operation (id) VALUES ($1)", cat: catEngine, name: "OperationInsert"},
+		{sql: "-- name: StepCheckpointMany :one\nWITH cp AS (INSERT INTO idemflow_step ...)", cat: catEngine, name: "StepCheckpointMany"},
+		{sql: "-- name: OperationReserve :execrows\nINSERT INTO bench_operation (id) VALUES ($1)", cat: catEngine, name: "OperationReserve"},
+		{sql: "-- name: RefundInsertChecked :execrows\nINSERT INTO demo_refund SELECT ... FROM bench_operation", cat: catSteps, name: "RefundInsertChecked"},
+		{sql: "-- name: OrderGetForUpdate :one\nSELECT * FROM demo_order FOR UPDATE", cat: catSteps, name: "OrderGetForUpdate"},
+		{sql: "-- name: JobGetAvailable :many\nSELECT * FROM /* TEMPLATE: schema */river_job", cat: catRiver, name: "JobGetAvailable"},
+		{sql: "-- name: RefundUpsert :one\nINSERT INTO provider.refund (id) VALUES ($1)", cat: catProvider, name: "RefundUpsert"},
+		{sql: "select 1", cat: catOther, name: "SELECT"},
+	} {
+		cat, name := classify(tc.sql)
+		require.Equal(t, tc.cat, cat, tc.sql)
+		require.Equal(t, tc.name, name, tc.sql)
+	}
+}
+
+// TestRun runs every mode briefly against the test cluster: the program works
+// and counts what it should. It asserts counts, never speed.
+func TestRun(t *testing.T) {
+	t.Parallel()
+	adminURL := testdb.AdminURL(t)
+	getenv := func(key string) string {
+		if key == "DATABASE_URL" {
+			return adminURL
+		}
+		return ""
+	}
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"-n", "20", "-c", "4", "-warmup", "4", "-json"}, getenv, &stdout, &stderr)
+	require.Equal(t, 0, code, "stderr: %s", stderr.String())
+
+	results := map[string]result{}
+	sc := bufio.NewScanner(&stdout)
+	for sc.Scan() {
+		var r result
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &r), sc.Text())
+		results[r.Mode] = r
+	}
+	require.Len(t, results, len(allModes))
+	for mode, r := range results {
+		require.Zero(t, r.Errors, mode)
+		require.Equal(t, 20, r.N, mode)
+		require.Equal(t, 4, r.Concurrency, mode)
+		require.Positive(t, r.OpsPerS, mode)
+		require.GreaterOrEqual(t, r.CommitsPerOp, r.EngineCommitsPerOp, mode)
+	}
+
+	// The baseline sends two batches, each its own transaction; the provider
+	// commits its two statements.
+	bl := results[modeBaseline]
+	require.InDelta(t, 2.0, bl.RoundTripsPerOp, 1e-9)
+	require.InDelta(t, 2.0, bl.EngineCommitsPerOp, 1e-9)
+	require.InDelta(t, 2.0, bl.ProviderCommitsPerOp, 1e-9)
+	// The server counts a little more: the pool's pings of connections idle for
+	// a second (an empty query is a transaction too), a few per run, which over
+	// 20 refunds can add up to one per refund.
+	require.GreaterOrEqual(t, bl.CommitsPerOp, 3.9, "the server's count of commits covers the tracers'")
+	require.Less(t, bl.CommitsPerOp, 6.0, "the server's count of commits is near the tracers'")
+
+	// Every refund reserves its key once, and a replay reads it once.
+	require.InDelta(t, 1.0, results[modeEngine].Statements["OperationInsert"], 1e-9)
+	require.InDelta(t, 1.0, results[modeHTTP].Statements["OperationGetByKey"], 1e-9)
+	require.Equal(t, map[string]float64{"OperationGetByKey": 1}, results[modeReplay].Statements)
+}

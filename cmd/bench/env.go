@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemflow/idemflow/cmd/demo/provider"
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/workflows/refund"
+)
+
+// stopTimeout bounds how long a mode's engine and servers take to stop.
+const stopTimeout = 30 * time.Second
+
+// env is what one mode runs on: a pool for the application (the engine, the
+// steps, River; or the baseline) and one for the provider, each with its
+// counter, the provider, and, but for the baseline, the engine.
+type env struct {
+	app, prov           *pgxpool.Pool
+	appCount, provCount *counter
+	// provider calls the fake provider's handler in memory.
+	provider *refund.ProviderClient
+	wf       *refund.Workflows
+	eng      *engine.Engine
+	// closers run first when the env closes, last added first.
+	closers []func(context.Context)
+	logger  *slog.Logger
+	closed  sync.Once
+}
+
+// newEnv opens a mode's pools and provider and, withEngine, its engine, whose
+// River workers (retries, resumes, the sweeper) run when workers is set.
+func (b *bench) newEnv(ctx context.Context, withEngine, workers bool) (_ *env, err error) {
+	e := &env{appCount: &counter{}, provCount: &counter{}, logger: b.quiet}
+	defer func() {
+		if err != nil {
+			e.close(ctx)
+		}
+	}()
+	// Every operation in flight holds at most one connection of each pool; the
+	// spare ones are River's (its notifier holds one) and the lease renewals'.
+	if e.app, err = b.srv.pool(ctx, b.opts.c+10, e.appCount); err != nil {
+		return e, err
+	}
+	if e.prov, err = b.srv.pool(ctx, b.opts.c+2, e.provCount); err != nil {
+		return e, err
+	}
+	p, err := provider.New(e.prov, &provider.Config{Logger: b.quiet})
+	if err != nil {
+		return e, err
+	}
+	e.provider = &refund.ProviderClient{
+		BaseURL: "http://provider.bench",
+		HTTP:    &http.Client{Transport: handlerTransport{h: p.Handler()}, Timeout: refund.DefaultProviderTimeout},
+	}
+	if !withEngine {
+		return e, nil
+	}
+	if e.wf, err = refund.New(e.provider, nil); err != nil {
+		return e, err
+	}
+	if e.eng, err = engine.New(e.app, &engine.Config{Operations: e.wf.Operations(), Logger: b.quiet}); err != nil {
+		return e, err
+	}
+	if workers {
+		if err := e.eng.StartWorkers(ctx); err != nil {
+			return e, err
+		}
+	}
+	return e, nil
+}
+
+// close stops what runs on the env and closes its pools, whose backends then
+// exit and publish their statistics. Calls after the first do nothing.
+func (e *env) close(ctx context.Context) {
+	e.closed.Do(func() { e.stop(ctx) })
+}
+
+func (e *env) stop(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
+	defer cancel()
+	for _, f := range slices.Backward(e.closers) {
+		f(ctx)
+	}
+	if e.eng != nil {
+		if err := e.eng.Stop(ctx); err != nil {
+			e.logger.WarnContext(ctx, "could not stop the engine", slog.String("error", err.Error()))
+		}
+	}
+	if e.app != nil {
+		e.app.Close()
+	}
+	if e.prov != nil {
+		e.prov.Close()
+	}
+}

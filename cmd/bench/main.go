@@ -1,0 +1,145 @@
+// Command bench measures what a refund costs through idemflow, and what the same
+// database writes cost without it.
+//
+// Usage:
+//
+//	go run ./cmd/bench [-n 2000] [-c 32] [-mode all] [-json]
+//
+// It runs refunds of the demo's refund workflow (workflows/refund) with the demo's
+// fake payment provider (cmd/demo/provider) in this process, in four modes:
+//
+//   - engine: engine.Start and Started.Wait, no HTTP;
+//   - http: POST /refunds through the idempotency package's handler, served on
+//     loopback TCP by an http.Server in this process and called by an http.Client
+//     in this process;
+//   - replay: Engine.Lookup of keys whose refund has finished, as a retry does;
+//   - baseline: a hand-written refund with no engine: one batched transaction
+//     (the key's reservation, the order's lock, the pending refund, the ledger
+//     move), the provider call, one batched transaction (the refund marked
+//     succeeded, the answer stored).
+//
+// The provider is called through its http.Handler in memory (an http.RoundTripper
+// that serves the request without a socket), the same way in every mode; it
+// keeps its refunds in the same database, through a pool of its own.
+//
+// For each mode it prints the throughput, the latency percentiles (from the start
+// of an operation to its stored result), and the database work per operation:
+// commits, rollbacks and WAL syncs from the server's statistics, and statements,
+// transactions and round trips counted by a pgx tracer on each pool (the
+// engine's statements apart from the steps', the provider's apart from both).
+// -json prints one JSON object per mode per line instead.
+//
+// The database is DATABASE_URL's server or, when it is unset, a private cluster
+// in -data-dir, started with PostgreSQL's defaults (fsync and synchronous_commit
+// on) and stopped at exit if this run started it. Each run creates a database of
+// its own, idemflow_bench_<random>, and drops it at exit.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The modes, in the order -mode all runs them.
+var allModes = []string{modeBaseline, modeEngine, modeHTTP, modeReplay}
+
+const (
+	modeEngine   = "engine"
+	modeHTTP     = "http"
+	modeReplay   = "replay"
+	modeBaseline = "baseline"
+)
+
+// options are the command line's.
+type options struct {
+	n, c        int
+	warmup      int
+	modes       []string
+	json        bool
+	dataDir     string
+	databaseURL string
+	// cpuProfile, when set, is the prefix of a CPU profile per mode of its timed
+	// operations: <cpuProfile>.<mode>.pprof.
+	cpuProfile string
+	// waitQuiet, when positive, bounds how long each mode waits, before its timed
+	// operations, for the machine to be idle.
+	waitQuiet time.Duration
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	opts, err := parseOptions(args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := benchmark(ctx, opts, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := &options{databaseURL: getenv("DATABASE_URL")}
+	fs.IntVar(&o.n, "n", 2000, "operations per mode")
+	fs.IntVar(&o.c, "c", 32, "concurrency: operations in flight at once")
+	mode := fs.String("mode", "all", "engine, http, replay, baseline or all (a comma-separated list works too)")
+	fs.BoolVar(&o.json, "json", false, "print one JSON object per mode per line")
+	fs.IntVar(&o.warmup, "warmup", -1, "untimed operations per mode before the timed ones (default: 4 per unit of concurrency, at least 50)")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of each mode's timed operations to `prefix`.<mode>.pprof")
+	fs.DurationVar(&o.waitQuiet, "wait-quiet", 0, "before each mode's timed operations, wait up to this long until other programs use under 20% of the CPUs for 2 seconds (for a shared machine; 0: do not wait)")
+	fs.StringVar(&o.dataDir, "data-dir", filepath.Join(os.TempDir(), "idemflow-bench-pg"),
+		"data directory of the private PostgreSQL cluster used when DATABASE_URL is unset")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	switch {
+	case o.n < 1:
+		return nil, errors.New("-n must be at least 1")
+	case o.c < 1:
+		return nil, errors.New("-c must be at least 1")
+	case o.c > 256:
+		return nil, errors.New("-c must be at most 256 (each operation in flight holds a connection)")
+	}
+	if o.warmup < 0 {
+		o.warmup = max(50, 4*o.c)
+	}
+	for _, m := range strings.Split(*mode, ",") {
+		m = strings.TrimSpace(m)
+		switch {
+		case m == "all":
+			o.modes = slices.Clone(allModes)
+		case slices.Contains(allModes, m):
+			if !slices.Contains(o.modes, m) {
+				o.modes = append(o.modes, m)
+			}
+		default:
+			return nil, fmt.Errorf("-mode: %q is not one of engine, http, replay, baseline, all", m)
+		}
+	}
+	return o, nil
+}
