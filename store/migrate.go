@@ -56,26 +56,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 		logger = slog.Default()
 	}
 
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	locker, err := lock.NewPostgresSessionLocker()
-	if err != nil {
-		return fmt.Errorf("store: migration lock: %w", err)
-	}
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, Migrations(),
-		goose.WithTableName(gooseTable),
-		goose.WithSessionLocker(locker),
-		goose.WithDisableGlobalRegistry(true),
-	)
-	if err != nil {
-		return fmt.Errorf("store: migrations: %w", err)
-	}
-	results, err := provider.Up(ctx)
-	if err != nil {
-		return fmt.Errorf("store: apply migrations: %w", err)
-	}
-	for _, r := range results {
-		logger.InfoContext(ctx, "applied migration", slog.String("migration", r.Source.Path), slog.Duration("took", r.Duration))
+	if err := ApplyMigrations(ctx, pool, Migrations(), gooseTable, logger); err != nil {
+		return fmt.Errorf("store: %w", err)
 	}
 
 	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger})
@@ -101,6 +83,42 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	}
 	for _, v := range res.Versions {
 		logger.InfoContext(ctx, "applied river migration", slog.Int("version", v.Version))
+	}
+	return nil
+}
+
+// ApplyMigrations applies the goose SQL migrations in fsys (files at its root) to
+// pool's database, recording them in the version table named table, which must be
+// the set's own so that each set keeps its own history. It is safe to call from
+// several processes at once: goose holds a session-level advisory lock (polled
+// every second, for up to five minutes) while it migrates. Each applied migration
+// is logged to logger, or to slog.Default() when it is nil. The demo's ledger, the
+// fake provider and the benchmark apply their own migrations with it.
+func ApplyMigrations(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, table string, logger *slog.Logger) error {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300))
+	if err != nil {
+		return fmt.Errorf("migration lock: %w", err)
+	}
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
+		goose.WithTableName(table),
+		goose.WithSessionLocker(locker),
+		goose.WithDisableGlobalRegistry(true),
+	)
+	if err != nil {
+		return fmt.Errorf("migrations of %s: %w", table, err)
+	}
+	results, err := provider.Up(ctx)
+	if err != nil {
+		return fmt.Errorf("apply migrations of %s: %w", table, err)
+	}
+	for _, r := range results {
+		logger.InfoContext(ctx, "applied migration", slog.String("migration", r.Source.Path),
+			slog.String("table", table), slog.Duration("took", r.Duration))
 	}
 	return nil
 }

@@ -14,8 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
 
 	"github.com/idemflow/idemflow/cmd/bench/internal/benchdb"
 	"github.com/idemflow/idemflow/cmd/demo/provider"
@@ -179,17 +177,8 @@ func (s *server) migrate(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("bench: migrations: %w", err)
 	}
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, db, sub,
-		goose.WithTableName(gooseTable),
-		goose.WithDisableGlobalRegistry(true),
-	)
-	if err != nil {
-		return fmt.Errorf("bench: migrations: %w", err)
-	}
-	if _, err := p.Up(ctx); err != nil {
-		return fmt.Errorf("bench: apply migrations: %w", err)
+	if err := store.ApplyMigrations(ctx, pool, sub, gooseTable, nil); err != nil {
+		return fmt.Errorf("bench: %w", err)
 	}
 	return nil
 }

@@ -5,12 +5,10 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
-	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
+
+	"github.com/idemflow/idemflow/store"
 )
 
 //go:embed migrations/*.sql
@@ -21,35 +19,15 @@ var migrations embed.FS
 const gooseTable = "demo_goose_version"
 
 // Migrate creates or updates the tables of orders, refunds and the ledger in
-// pool's database. It is safe to call from several processes at once: goose holds
-// a session-level advisory lock while it migrates. It logs each applied migration
-// to slog.Default().
+// pool's database. It is safe to call from several processes at once (see
+// store.ApplyMigrations).
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	sub, err := fs.Sub(migrations, "migrations")
 	if err != nil {
 		return fmt.Errorf("refund: migrations: %w", err)
 	}
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	// Poll for the lock every second, for up to five minutes.
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300))
-	if err != nil {
-		return fmt.Errorf("refund: migration lock: %w", err)
-	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, sub,
-		goose.WithTableName(gooseTable),
-		goose.WithSessionLocker(locker),
-		goose.WithDisableGlobalRegistry(true),
-	)
-	if err != nil {
-		return fmt.Errorf("refund: migrations: %w", err)
-	}
-	results, err := p.Up(ctx)
-	if err != nil {
-		return fmt.Errorf("refund: apply migrations: %w", err)
-	}
-	for _, r := range results {
-		slog.InfoContext(ctx, "applied migration", slog.String("migration", r.Source.Path), slog.Duration("took", r.Duration))
+	if err := store.ApplyMigrations(ctx, pool, sub, gooseTable, nil); err != nil {
+		return fmt.Errorf("refund: %w", err)
 	}
 	return nil
 }
