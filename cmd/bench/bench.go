@@ -26,6 +26,9 @@ const (
 	// orderAmount is what each order is of; refundAmount, what each refund takes.
 	orderAmount  = 10_000
 	refundAmount = 100
+	// historyPrefix starts the keys and order ids of -history's operations;
+	// no mode's prefix (mode + "-") starts with it.
+	historyPrefix = "history-"
 	// opTimeout bounds one operation.
 	opTimeout = time.Minute
 )
@@ -51,6 +54,14 @@ func benchmark(ctx context.Context, opts *options, stdout, stderr io.Writer) err
 	}
 	defer srv.stop(context.WithoutCancel(ctx))
 	b := &bench{opts: opts, srv: srv, quiet: quiet, progress: stderr}
+	if opts.history > 0 {
+		b.logf("history: inserting %d finished refund operations", opts.history)
+		start := time.Now()
+		if err := srv.fillHistory(ctx, benchClient, historyPrefix, opts.history, orderAmount, refundAmount); err != nil {
+			return fmt.Errorf("history: %w", err)
+		}
+		b.logf("history: inserted and vacuumed in %s", time.Since(start).Round(time.Second))
+	}
 
 	rep := newReport(stdout, opts, srv)
 	for _, mode := range opts.modes {

@@ -48,7 +48,7 @@ func TestRun(t *testing.T) {
 		return ""
 	}
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"-n", "20", "-c", "4", "-warmup", "4", "-json"}, getenv, &stdout, &stderr)
+	code := run([]string{"-n", "20", "-c", "4", "-warmup", "4", "-history", "50", "-json"}, getenv, &stdout, &stderr)
 	require.Equal(t, 0, code, "stderr: %s", stderr.String())
 
 	results := map[string]result{}
@@ -63,6 +63,7 @@ func TestRun(t *testing.T) {
 		require.Zero(t, r.Errors, mode)
 		require.Equal(t, 20, r.N, mode)
 		require.Equal(t, 4, r.Concurrency, mode)
+		require.Equal(t, 50, r.History, mode)
 		require.Positive(t, r.OpsPerS, mode)
 		require.GreaterOrEqual(t, r.CommitsPerOp, r.EngineCommitsPerOp, mode)
 	}

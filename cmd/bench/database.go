@@ -134,10 +134,10 @@ func postmasterPID(dataDir string) int {
 	return pid
 }
 
-// exec runs a statement that names a database. It is the only SQL of the
-// benchmark that does not go through sqlc: CREATE and DROP DATABASE take the
-// name as an identifier, which no query parameter can be, and cannot run inside
-// a function. The name is ours, and quoted.
+// exec runs a statement that names a database. With fillHistory's VACUUM, it is
+// the only SQL of the benchmark that does not go through sqlc: CREATE and DROP
+// DATABASE take the name as an identifier, which no query parameter can be, and
+// cannot run inside a function. The name is ours, and quoted.
 func (s *server) exec(ctx context.Context, sql string) error {
 	_, err := s.admin.Exec(ctx, sql)
 	return err
@@ -203,6 +203,62 @@ func (s *server) createOrders(ctx context.Context, client, prefix string, count 
 	}
 	if _, err := q.LedgerMoveOrderSeries(ctx, pool, benchdb.LedgerMoveOrderSeriesParams{Client: client, Prefix: prefix}); err != nil {
 		return fmt.Errorf("record the orders' ledger moves: %w", err)
+	}
+	return nil
+}
+
+// historyTables are the tables fillHistory fills.
+const historyTables = "idemflow_operation, idemflow_step, demo_order, demo_refund"
+
+// fillHistory records count finished refunds of client, as the engine and the
+// refund workflow leave them: orders prefix1 to prefixN of orderAmount, a
+// succeeded refund of refundAmount of each, and the engine's operation (keys
+// prefix1 to prefixN, finished in the past hour) with its 3 step rows. Then it
+// vacuums and analyzes the tables, as autovacuum would in time, so that the
+// timed modes meet a settled table and fresh statistics rather than the bulk
+// insert's aftermath. The orders' and refunds' ledger entries are left out.
+func (s *server) fillHistory(ctx context.Context, client, prefix string, count int, orderAmount, refundAmount int64) error {
+	pool, err := s.pool(ctx, 1, nil)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	q := benchdb.New()
+	n, err := q.OrderInsertSeries(ctx, pool, benchdb.OrderInsertSeriesParams{
+		Client: client, Prefix: prefix, Amount: orderAmount, Count: int32(count),
+	})
+	if err != nil {
+		return fmt.Errorf("insert the orders: %w", err)
+	}
+	if n != int64(count) {
+		return fmt.Errorf("inserted %d orders of %d", n, count)
+	}
+	if n, err = q.HistoryRefundInsertSeries(ctx, pool, benchdb.HistoryRefundInsertSeriesParams{
+		Client: client, Prefix: prefix, Amount: refundAmount, Count: int32(count),
+	}); err != nil {
+		return fmt.Errorf("insert the refunds: %w", err)
+	}
+	if n != int64(count) {
+		return fmt.Errorf("inserted %d refunds of %d", n, count)
+	}
+	if n, err = q.HistoryOperationInsertSeries(ctx, pool, benchdb.HistoryOperationInsertSeriesParams{
+		Scope: client, Prefix: prefix, Amount: refundAmount, Count: int32(count),
+	}); err != nil {
+		return fmt.Errorf("insert the operations: %w", err)
+	}
+	if n != int64(count) {
+		return fmt.Errorf("inserted %d operations of %d", n, count)
+	}
+	if n, err = q.HistoryStepInsertSeries(ctx, pool, benchdb.HistoryStepInsertSeriesParams{Scope: client, Prefix: prefix}); err != nil {
+		return fmt.Errorf("insert the operations' steps: %w", err)
+	}
+	if n != 3*int64(count) {
+		return fmt.Errorf("inserted %d steps for %d operations", n, count)
+	}
+	// Not through sqlc, like exec's CREATE DATABASE: VACUUM cannot run inside a
+	// transaction block or a function, and the statement is a constant.
+	if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) "+historyTables); err != nil {
+		return fmt.Errorf("vacuum and analyze %s: %w", historyTables, err)
 	}
 	return nil
 }

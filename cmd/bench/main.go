@@ -3,7 +3,7 @@
 //
 // Usage:
 //
-//	go run ./cmd/bench [-n 2000] [-c 32] [-mode all] [-json]
+//	go run ./cmd/bench [-n 2000] [-c 32] [-mode all] [-json] [-history 0]
 //
 // It runs refunds of the demo's refund workflow (workflows/refund) with the demo's
 // fake payment provider (cmd/demo/provider) in this process, in four modes:
@@ -33,6 +33,10 @@
 // in -data-dir, started with PostgreSQL's defaults (fsync and synchronous_commit
 // on) and stopped at exit if this run started it. Each run creates a database of
 // its own, idemflow_bench_<random>, and drops it at exit.
+//
+// -history N first fills that database with N finished refunds, as the engine
+// leaves them (operation rows, step rows, orders and refunds), and vacuums and
+// analyzes them, to show what a history in the tables costs each mode.
 package main
 
 import (
@@ -41,6 +45,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -62,8 +67,11 @@ const (
 
 // options are the command line's.
 type options struct {
-	n, c        int
-	warmup      int
+	n, c   int
+	warmup int
+	// history is how many finished refund operations fill the database before
+	// the timed modes.
+	history     int
 	modes       []string
 	json        bool
 	dataDir     string
@@ -106,6 +114,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.IntVar(&o.c, "c", 32, "concurrency: operations in flight at once")
 	mode := fs.String("mode", "all", "engine, http, replay, baseline or all (a comma-separated list works too)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per mode per line")
+	fs.IntVar(&o.history, "history", 0, "before the modes, fill the database with this many finished refund operations (with their steps, orders and refunds), then VACUUM ANALYZE")
 	fs.IntVar(&o.warmup, "warmup", -1, "untimed operations per mode before the timed ones (default: 4 per unit of concurrency, at least 50)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of each mode's timed operations to `prefix`.<mode>.pprof")
 	fs.DurationVar(&o.waitQuiet, "wait-quiet", 0, "before each mode's timed operations, wait up to this long until other programs use under 20% of the CPUs for 2 seconds (for a shared machine; 0: do not wait)")
@@ -124,6 +133,8 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		return nil, errors.New("-c must be at least 1")
 	case o.c > 256:
 		return nil, errors.New("-c must be at most 256 (each operation in flight holds a connection)")
+	case o.history < 0 || o.history > math.MaxInt32:
+		return nil, fmt.Errorf("-history must be between 0 and %d", math.MaxInt32)
 	}
 	if o.warmup < 0 {
 		o.warmup = max(50, 4*o.c)

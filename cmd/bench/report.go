@@ -17,12 +17,15 @@ import (
 // result is one mode's figures. Per-operation figures divide what the timed
 // operations cost by n.
 type result struct {
-	Mode        string  `json:"mode"`
-	N           int     `json:"n"`
-	Concurrency int     `json:"concurrency"`
-	Errors      int64   `json:"errors"`
-	Seconds     float64 `json:"seconds"`
-	OpsPerS     float64 `json:"ops_per_s"`
+	Mode        string `json:"mode"`
+	N           int    `json:"n"`
+	Concurrency int    `json:"concurrency"`
+	// History is how many finished refund operations were in the tables
+	// before the modes ran (-history).
+	History int     `json:"history"`
+	Errors  int64   `json:"errors"`
+	Seconds float64 `json:"seconds"`
+	OpsPerS float64 `json:"ops_per_s"`
 	// Latency of one operation, from its start to its stored result.
 	P50ms float64 `json:"p50_ms"`
 	P90ms float64 `json:"p90_ms"`
@@ -88,6 +91,7 @@ func newResult(mode string, opts *options, lat []float32, failed int64, elapsed 
 		Mode:        mode,
 		N:           opts.n,
 		Concurrency: opts.c,
+		History:     opts.history,
 		Errors:      failed,
 		Seconds:     round(elapsed.Seconds(), 3),
 		OpsPerS:     round(n/elapsed.Seconds(), 1),
@@ -162,8 +166,8 @@ func newReport(w io.Writer, opts *options, srv *server) *report {
 		s := srv.settings
 		fmt.Fprintf(w, "PostgreSQL %s (fsync=%s, synchronous_commit=%s, full_page_writes=%s, wal_sync_method=%s, shared_buffers=%s), database %s\n",
 			s.ServerVersion, s.Fsync, s.SynchronousCommit, s.FullPageWrites, s.WalSyncMethod, s.SharedBuffers, srv.dbName)
-		fmt.Fprintf(w, "%s/%s, %d CPUs, GOMAXPROCS %d; n=%d per mode, concurrency %d, %d warm-up operations per mode\n\n",
-			runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), opts.n, opts.c, opts.warmup)
+		fmt.Fprintf(w, "%s/%s, %d CPUs, GOMAXPROCS %d; n=%d per mode, concurrency %d, %d warm-up operations per mode, %d finished operations of history\n\n",
+			runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), opts.n, opts.c, opts.warmup, opts.history)
 	}
 	return r
 }

@@ -53,3 +53,33 @@ type DemoRefund struct {
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
 }
+
+type IdemflowOperation struct {
+	ID          uuid.UUID
+	Name        string
+	Scope       string
+	Key         string
+	State       string
+	Steps       []string
+	Input       []byte
+	Fingerprint []byte
+	Result      []byte
+	Error       []byte
+	Runs        int32
+	LockedBy    *uuid.UUID
+	LockedUntil time.Time
+	CreatedAt   time.Time
+	FinishedAt  *time.Time
+}
+
+type IdemflowStep struct {
+	OperationID uuid.UUID
+	Name        string
+	Position    int32
+	State       string
+	Attempts    int32
+	Output      []byte
+	LastError   *string
+	StartedAt   time.Time
+	FinishedAt  *time.Time
+}

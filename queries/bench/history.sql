@@ -1,0 +1,38 @@
+-- name: HistoryRefundInsertSeries :execrows
+-- The succeeded refunds of those operations, one of amount per order prefix1 to
+-- prefixN that OrderInsertSeries recorded, with the ids the operations store.
+INSERT INTO demo_refund (id, client, order_id, amount, status, provider_refund_id, created_at, updated_at)
+SELECT 're_' || sqlc.arg(prefix)::text || g, @client, sqlc.arg(prefix)::text || g, sqlc.arg(amount)::bigint, 'succeeded',
+       'pr_' || sqlc.arg(prefix)::text || g, now() - interval '1 hour', now() - interval '1 hour'
+FROM generate_series(1, sqlc.arg(count)::int) AS g;
+
+-- name: HistoryOperationInsertSeries :execrows
+-- Inserts count refund operations of the engine in scope, of amount each, with
+-- keys (and order ids) prefix1 to prefixN, finished in the past hour (within any
+-- retention), as the engine leaves a refund that succeeded at its first attempt.
+-- The ids are time-ordered, version 7 like the engine's, so that the primary
+-- key's history sorts before what the timed modes insert.
+INSERT INTO idemflow_operation (id, name, scope, key, state, steps, input, result,
+                                runs, locked_by, locked_until, created_at, finished_at)
+SELECT (lpad(to_hex((extract(epoch FROM t.finished_at) * 1000)::bigint), 12, '0') || '7'
+        || substr(replace(gen_random_uuid()::text, '-', ''), 14, 19))::uuid,
+       'refund', sqlc.arg(scope)::text, sqlc.arg(prefix)::text || g, 'succeeded',
+       ARRAY['ledger', 'provider', 'finalize'],
+       json_build_object('client', sqlc.arg(scope)::text, 'orderId', sqlc.arg(prefix)::text || g, 'amount', sqlc.arg(amount)::bigint),
+       json_build_object('refundId', 're_' || sqlc.arg(prefix)::text || g, 'orderId', sqlc.arg(prefix)::text || g,
+                         'amount', sqlc.arg(amount)::bigint, 'status', 'succeeded',
+                         'providerRefundId', 'pr_' || sqlc.arg(prefix)::text || g),
+       1, NULL, t.finished_at + interval '5 minutes', t.finished_at - interval '5 milliseconds', t.finished_at
+FROM generate_series(1, sqlc.arg(count)::integer) AS g
+CROSS JOIN LATERAL (SELECT now() - interval '1 hour' + interval '1 hour' * g / (sqlc.arg(count)::integer + 1) AS finished_at) AS t;
+
+-- name: HistoryStepInsertSeries :execrows
+-- The 3 step rows of each operation that HistoryOperationInsertSeries inserted.
+INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
+SELECT o.id, s.name, s.position, 'succeeded', 1,
+       json_build_object('refundId', 're_' || o.key, 'customerId', 'cus_' || substr(o.key, length(sqlc.arg(prefix)::text) + 1),
+                         'providerRefundId', CASE WHEN s.position > 0 THEN 'pr_' || o.key ELSE '' END),
+       o.created_at, o.finished_at
+FROM idemflow_operation AS o
+CROSS JOIN (VALUES ('ledger', 0), ('provider', 1), ('finalize', 2)) AS s (name, position)
+WHERE o.scope = sqlc.arg(scope)::text AND starts_with(o.key, sqlc.arg(prefix)::text);
