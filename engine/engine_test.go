@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
@@ -198,7 +197,7 @@ func TestRetry(t *testing.T) {
 		pool := setupPool(t)
 		calls := 0
 		op, err := engine.NewOperation("flaky", []engine.Step[int, int]{
-			engine.TxStep("write", func(ctx context.Context, tx pgx.Tx, in int, s *int) error {
+			engine.TxStep("write", func(ctx context.Context, tx engine.Tx, in int, s *int) error {
 				calls++
 				if _, err := tx.Exec(ctx, `INSERT INTO test_ledger (account, amount) VALUES ('x', $1)`, in); err != nil {
 					return err
@@ -266,12 +265,12 @@ func TestPermanentFailure(t *testing.T) {
 		var mu sync.Mutex
 		var order []string
 		step := func(name string, fail bool) engine.Step[int, int] {
-			return engine.TxStep(name, func(ctx context.Context, tx pgx.Tx, in int, s *int) error {
+			return engine.TxStep(name, func(ctx context.Context, tx engine.Tx, in int, s *int) error {
 				if fail {
 					return engine.Fail("nope", "step "+name+" refuses")
 				}
 				return nil
-			}, &engine.StepOpts[int, int]{Compensate: func(ctx context.Context, tx pgx.Tx, in int, s *int) error {
+			}, &engine.StepOpts[int, int]{Compensate: func(ctx context.Context, tx engine.Tx, in int, s *int) error {
 				mu.Lock()
 				defer mu.Unlock()
 				order = append(order, name)
@@ -300,7 +299,7 @@ func TestPermanentFailure(t *testing.T) {
 
 func TestDefinition(t *testing.T) {
 	t.Parallel()
-	noop := func(ctx context.Context, tx pgx.Tx, in int, s *int) error { return nil }
+	noop := func(ctx context.Context, tx engine.Tx, in int, s *int) error { return nil }
 	result := func(in int, s *int) (int, error) { return 0, nil }
 
 	tests := []struct {

@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
@@ -36,7 +34,7 @@ func Example() {
 		PaymentID string `json:"paymentId"`
 	}
 
-	debit := func(ctx context.Context, tx pgx.Tx, in payIn, s *payState) error {
+	debit := func(ctx context.Context, tx engine.Tx, in payIn, s *payState) error {
 		return tx.QueryRow(ctx, `INSERT INTO wallet VALUES ($1, 100 - $2)
 			ON CONFLICT (owner) DO UPDATE SET balance = wallet.balance - $2 RETURNING balance`,
 			in.Owner, in.Amount).Scan(&s.Balance)

@@ -55,7 +55,7 @@ type bundle struct {
 	calls         atomic.Int32
 }
 
-func ledger(ctx context.Context, tx pgx.Tx, in transferIn, s *transferState) error {
+func ledger(ctx context.Context, tx engine.Tx, in transferIn, s *transferState) error {
 	if in.Amount <= 0 {
 		return engine.Fail("invalid_amount", "amount must be positive")
 	}
@@ -66,13 +66,13 @@ func ledger(ctx context.Context, tx pgx.Tx, in transferIn, s *transferState) err
 	return err
 }
 
-func reverseLedger(ctx context.Context, tx pgx.Tx, in transferIn, s *transferState) error {
+func reverseLedger(ctx context.Context, tx engine.Tx, in transferIn, s *transferState) error {
 	_, err := tx.Exec(ctx, `INSERT INTO test_ledger (account, amount, note) VALUES ($1, $2, 'reversal'), ($3, $4, 'reversal')`,
 		in.From, in.Amount, in.To, -in.Amount)
 	return err
 }
 
-func finalize(ctx context.Context, tx pgx.Tx, in transferIn, s *transferState) error {
+func finalize(ctx context.Context, tx engine.Tx, in transferIn, s *transferState) error {
 	_, err := tx.Exec(ctx, `INSERT INTO test_final (ledger_id, payout_id) VALUES ($1, $2)`, s.LedgerID, s.PayoutID)
 	return err
 }

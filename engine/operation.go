@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 )
 
 // StepKind tells how the engine runs a step and checkpoints it.
@@ -28,7 +27,7 @@ const (
 
 // TxFunc is the body of a transactional step. It reads the operation's input and
 // may change its state; its writes go through tx and commit with the checkpoint.
-type TxFunc[In, S any] func(ctx context.Context, tx pgx.Tx, in In, state *S) error
+type TxFunc[In, S any] func(ctx context.Context, tx Tx, in In, state *S) error
 
 // ExternalFunc is the body of an external step. It must pass call.Key to the
 // outside service as the idempotency key of its request.
@@ -42,7 +41,7 @@ type LookupFunc[In, S any] func(ctx context.Context, call Call, in In, state *S)
 // CompensateFunc undoes a succeeded step when a later step fails permanently. It
 // runs in a transaction that also records the compensation, so it takes effect
 // once.
-type CompensateFunc[In, S any] func(ctx context.Context, tx pgx.Tx, in In, state *S) error
+type CompensateFunc[In, S any] func(ctx context.Context, tx Tx, in In, state *S) error
 
 // Call describes one attempt of an external step.
 type Call struct {
@@ -307,10 +306,10 @@ type opDef struct {
 type stepDef struct {
 	name       string
 	kind       StepKind
-	tx         func(ctx context.Context, tx pgx.Tx, in, state any) error
+	tx         func(ctx context.Context, tx Tx, in, state any) error
 	external   func(ctx context.Context, call Call, in, state any) error
 	lookup     func(ctx context.Context, call Call, in, state any) (bool, error)
-	compensate func(ctx context.Context, tx pgx.Tx, in, state any) error
+	compensate func(ctx context.Context, tx Tx, in, state any) error
 	retry      RetryPolicy
 }
 
@@ -348,7 +347,7 @@ func (op *Operation[In, S, Out]) erase() *opDef {
 		sd := &stepDef{name: s.name, kind: s.kind, retry: s.retry.merged(op.retry)}
 		if s.tx != nil {
 			fn := s.tx
-			sd.tx = func(ctx context.Context, tx pgx.Tx, in, state any) error { return fn(ctx, tx, in.(In), state.(*S)) }
+			sd.tx = func(ctx context.Context, tx Tx, in, state any) error { return fn(ctx, tx, in.(In), state.(*S)) }
 		}
 		if s.external != nil {
 			fn := s.external
@@ -362,7 +361,7 @@ func (op *Operation[In, S, Out]) erase() *opDef {
 		}
 		if s.compensate != nil {
 			fn := s.compensate
-			sd.compensate = func(ctx context.Context, tx pgx.Tx, in, state any) error { return fn(ctx, tx, in.(In), state.(*S)) }
+			sd.compensate = func(ctx context.Context, tx Tx, in, state any) error { return fn(ctx, tx, in.(In), state.(*S)) }
 		}
 		d.steps = append(d.steps, sd)
 		d.index[s.name] = i

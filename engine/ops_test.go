@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
@@ -71,7 +70,7 @@ func TestDeleteFinishedPerTypeRetention(t *testing.T) {
 	b := &bundle{pool: pool}
 	long := b.transferOp(t, engine.RetryPolicy{})
 	short, err := engine.NewOperation("short", []engine.Step[int, int]{
-		engine.TxStep("only", func(context.Context, pgx.Tx, int, *int) error { return nil }, nil),
+		engine.TxStep("only", func(context.Context, engine.Tx, int, *int) error { return nil }, nil),
 	}, func(in int, s *int) (int, error) { return in, nil }, &engine.OperationOpts{Retention: time.Hour})
 	require.NoError(t, err)
 	e := newEngine(t, pool, long, short)

@@ -9,7 +9,6 @@ import (
 	"os"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/engine"
@@ -44,7 +43,7 @@ func ExampleHandler() {
 	defer pool.Close()
 
 	refund, err := engine.NewOperation("refund", []engine.Step[refundIn, refundState]{
-		engine.TxStep("ledger", func(ctx context.Context, tx pgx.Tx, in refundIn, s *refundState) error {
+		engine.TxStep("ledger", func(ctx context.Context, tx engine.Tx, in refundIn, s *refundState) error {
 			if !strings.HasPrefix(in.OrderID, "A-") {
 				// A business outcome: stored, and answered 404 on every attempt.
 				return engine.Fail("order_not_found", "there is no order "+in.OrderID)

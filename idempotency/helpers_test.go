@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -161,7 +160,7 @@ func bearerScope(r *http.Request) (string, error) {
 	return token, nil
 }
 
-func (h *harness) record(ctx context.Context, tx pgx.Tx, in chargeIn, s *chargeState) error {
+func (h *harness) record(ctx context.Context, tx engine.Tx, in chargeIn, s *chargeState) error {
 	if in.Account == "unknown" {
 		return engine.Fail("account_not_found", "there is no account "+in.Account)
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/idemflow/idemflow/workflows/refund/internal/refunddb"
 )
@@ -36,7 +35,7 @@ type move struct {
 }
 
 // write records the move's two entries, which sum to zero.
-func (m move) write(ctx context.Context, q *refunddb.Queries, tx pgx.Tx) error {
+func (m move) write(ctx context.Context, q *refunddb.Queries, tx refunddb.DBTX) error {
 	p := refunddb.LedgerMoveParams{
 		Client:      m.client,
 		MoveID:      uuid.Must(uuid.NewV7()),

@@ -37,7 +37,7 @@ type RefundState struct {
 }
 
 // ledger is the step StepLedger.
-func (w *Workflows) ledger(ctx context.Context, tx pgx.Tx, in RefundInput, s *RefundState) error {
+func (w *Workflows) ledger(ctx context.Context, tx engine.Tx, in RefundInput, s *RefundState) error {
 	if in.Amount <= 0 {
 		return engine.Fail(CodeInvalidRequest, "amount must be a positive integer")
 	}
@@ -84,7 +84,7 @@ func (w *Workflows) ledger(ctx context.Context, tx pgx.Tx, in RefundInput, s *Re
 
 // reverseLedger compensates StepLedger: it moves the amount back and marks the
 // refund failed.
-func (w *Workflows) reverseLedger(ctx context.Context, tx pgx.Tx, in RefundInput, s *RefundState) error {
+func (w *Workflows) reverseLedger(ctx context.Context, tx engine.Tx, in RefundInput, s *RefundState) error {
 	n, err := w.q.RefundMarkFailed(ctx, tx, s.RefundID)
 	if err != nil {
 		return fmt.Errorf("mark refund %s failed: %w", s.RefundID, err)
@@ -138,7 +138,7 @@ func (w *Workflows) lookupProvider(ctx context.Context, call engine.Call, _ Refu
 }
 
 // finalize is the step StepFinalize.
-func (w *Workflows) finalize(ctx context.Context, tx pgx.Tx, _ RefundInput, s *RefundState) error {
+func (w *Workflows) finalize(ctx context.Context, tx engine.Tx, _ RefundInput, s *RefundState) error {
 	n, err := w.q.RefundMarkSucceeded(ctx, tx, refunddb.RefundMarkSucceededParams{
 		ID:               s.RefundID,
 		ProviderRefundID: s.ProviderRefundID,

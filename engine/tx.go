@@ -1,0 +1,29 @@
+package engine
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Tx is the transaction that a transactional step, or a compensation, writes
+// through. The engine begins it and ends it: the step's writes commit with its
+// checkpoint or not at all, so a step has no way to commit or roll back itself.
+// A pgx.Tx is a Tx, which lets a step be tested on its own; sqlc's generated
+// queries take one as their DBTX.
+//
+// The engine sends what a Tx is asked for together with its own statements
+// where it can (the reservation and BEGIN with a step's first statement, the
+// checkpoint with COMMIT), so a step that sends one batch, or one statement,
+// costs one round trip. Send several statements in one pgx.Batch (SendBatch) to
+// keep it so.
+type Tx interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
+}
+
+var _ Tx = pgx.Tx(nil)
