@@ -31,6 +31,15 @@
 // reservation, and one StepCheckpointMany per transaction, which writes every
 // pending checkpoint and, in the last, the result.
 //
+// None of them costs a round trip of its own. A step's transaction (a Tx) sends
+// nothing until the step does: then BEGIN, and on a first attempt the
+// reservation, go in one pgx batch with the step's first statement, and the
+// checkpoint goes in one batch with COMMIT. Both of the engine's statements fail
+// rather than answer "no row" when the run must not go on (the key is taken,
+// another run got the step first), so that what follows them in the batch does
+// not run. A step that sends one statement, or one batch, costs one round trip,
+// and its transaction two.
+//
 // # Failures
 //
 // A step that returns an error is retried after a backoff (RetryPolicy) by a River
@@ -47,7 +56,8 @@
 // every process with started workers, hands such operations to River workers,
 // which resume each at its first unfinished step. Checkpoints are written with
 // INSERT ... ON CONFLICT, so a run that lost its lease and still finishes a step
-// finds the checkpoint taken and rolls its transaction back.
+// finds the checkpoint taken, and its transaction, the step's writes with it,
+// fails.
 //
 // # Versioning
 //

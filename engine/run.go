@@ -172,30 +172,30 @@ func (r *run) runSteps(ctx context.Context) (*Info, error) {
 		}
 	}
 	// Every step had succeeded already: only the result is left to store.
-	tx, err := r.begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer rollback(ctx, tx)
+	tx := r.begin(ctx)
+	defer tx.end(ctx)
 	return r.commitSuccess(ctx, tx)
 }
 
 func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*Info, error) {
 	attempt := r.tries[st.name] + 1
 	started := time.Now()
-	tx, err := r.begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer rollback(ctx, tx)
+	tx := r.begin(ctx)
+	defer tx.end(ctx)
 	r.hook(ctx, st, PointBefore, attempt)
-	if err := st.tx(ctx, tx, r.in, r.state); err != nil {
-		rollback(ctx, tx)
+	err := st.tx(ctx, tx, r.in, r.state)
+	if tx.failed != nil {
+		// The engine's own statements sent with the step's failed: the step's
+		// error says nothing about the step.
+		return nil, runError(tx.failed)
+	}
+	if err != nil {
+		tx.end(ctx)
 		return r.stepFailed(ctx, i, st, attempt, started, err)
 	}
 	r.hook(ctx, st, PointAfterEffect, attempt)
 	if err := r.succeeded(i, st, attempt, started); err != nil {
-		rollback(ctx, tx)
+		tx.end(ctx)
 		return r.stepFailed(ctx, i, st, attempt, started, Permanent(err))
 	}
 	if last {
@@ -207,11 +207,7 @@ func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*In
 func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool) (*Info, error) {
 	// The reservation commits before anything leaves the process.
 	if r.insert != nil {
-		tx, err := r.begin(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if err := r.commit(ctx, tx); err != nil {
+		if err := r.commit(ctx, r.begin(ctx)); err != nil {
 			return nil, err
 		}
 	}
@@ -254,11 +250,8 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 		// once before its call and once after.
 		return nil, nil
 	}
-	tx, err := r.begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer rollback(ctx, tx)
+	tx := r.begin(ctx)
+	defer tx.end(ctx)
 	return r.commitSuccess(ctx, tx)
 }
 
@@ -314,16 +307,13 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 
 	delay := st.retry.Backoff(attempt)
 	log.InfoContext(ctx, "step failed; retrying later", slog.Any("error", stepErr), slog.Duration("backoff", delay))
-	tx, err := r.begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer rollback(ctx, tx)
+	tx := r.begin(ctx)
+	defer tx.end(ctx)
 	if err := r.e.store.StepRecordFailure(ctx, tx, store.StepRecordFailureParams{
 		OperationID: r.id, Name: st.name, Position: i, State: store.StepRetrying,
 		Attempts: attempt, LastError: stepErr.Error(), StartedAt: started,
 	}); err != nil {
-		return nil, err
+		return nil, runError(err)
 	}
 	r.tries[st.name] = attempt
 	if delay > r.e.cfg.InlineRetryMax {
@@ -346,16 +336,20 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 
 // handOff writes the pending checkpoints, gives the operation to a River job
 // scheduled after delay, and commits.
-func (r *run) handOff(ctx context.Context, tx pgx.Tx, delay time.Duration) error {
+func (r *run) handOff(ctx context.Context, tx *txn, delay time.Duration) error {
 	runAt := time.Now().Add(delay)
 	ok, err := r.e.store.OperationRelease(ctx, tx, r.id, r.runID, runAt, r.e.cfg.Lease)
 	if err != nil {
-		return err
+		return runError(err)
 	}
 	if !ok {
 		return errLost
 	}
-	if _, err := r.e.river.InsertTx(ctx, tx, resumeArgs{OperationID: r.id, Operation: r.def.name},
+	ptx, err := tx.pgx(ctx)
+	if err != nil {
+		return runError(err)
+	}
+	if _, err := r.e.river.InsertTx(ctx, ptx, resumeArgs{OperationID: r.id, Operation: r.def.name},
 		&river.InsertOpts{Queue: r.e.cfg.Queue, ScheduledAt: runAt}); err != nil {
 		return fmt.Errorf("engine: enqueue retry: %w", err)
 	}
@@ -382,21 +376,21 @@ func (r *run) compensateWith(ctx context.Context, failure *store.StepRecordFailu
 		}
 	}
 	for k, st := range todo {
-		tx, err := r.begin(ctx)
-		if err != nil {
-			return nil, err
-		}
-		defer rollback(ctx, tx)
+		tx := r.begin(ctx)
+		defer tx.end(ctx)
 		if err := r.recordFailure(ctx, tx, failure); err != nil {
 			return nil, err
 		}
 		if err := st.compensate(ctx, tx, r.in, r.state); err != nil {
-			rollback(ctx, tx)
+			if tx.failed != nil {
+				return nil, runError(tx.failed)
+			}
+			tx.end(ctx)
 			return r.compensationFailed(ctx, st, failure, err)
 		}
 		ok, err := r.e.store.StepCompensated(ctx, tx, r.id, st.name)
 		if err != nil {
-			return nil, err
+			return nil, runError(err)
 		}
 		if !ok {
 			return nil, errLost
@@ -410,11 +404,8 @@ func (r *run) compensateWith(ctx context.Context, failure *store.StepRecordFailu
 		failure = nil
 		r.status[st.name] = store.StepCompensated
 	}
-	tx, err := r.begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer rollback(ctx, tx)
+	tx := r.begin(ctx)
+	defer tx.end(ctx)
 	if err := r.recordFailure(ctx, tx, failure); err != nil {
 		return nil, err
 	}
@@ -423,12 +414,12 @@ func (r *run) compensateWith(ctx context.Context, failure *store.StepRecordFailu
 
 // recordFailure records a step's permanent failure, and the operation's error so
 // that a resumed run finishes the operation with it.
-func (r *run) recordFailure(ctx context.Context, tx pgx.Tx, failure *store.StepRecordFailureParams) error {
+func (r *run) recordFailure(ctx context.Context, tx *txn, failure *store.StepRecordFailureParams) error {
 	if failure == nil {
 		return nil
 	}
 	if err := r.e.store.StepRecordFailure(ctx, tx, *failure); err != nil {
-		return err
+		return runError(err)
 	}
 	raw, err := json.Marshal(r.failure)
 	if err != nil {
@@ -436,7 +427,7 @@ func (r *run) recordFailure(ctx context.Context, tx pgx.Tx, failure *store.StepR
 	}
 	ok, err := r.e.store.OperationSetError(ctx, tx, r.id, r.runID, raw)
 	if err != nil {
-		return err
+		return runError(err)
 	}
 	if !ok {
 		return errLost
@@ -453,11 +444,8 @@ func (r *run) compensationFailed(ctx context.Context, st *stepDef, failure *stor
 	}
 	r.tries[st.name]++
 	log := r.logger().With(slog.String("step", st.name))
-	tx, err := r.begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer rollback(ctx, tx)
+	tx := r.begin(ctx)
+	defer tx.end(ctx)
 	if err := r.recordFailure(ctx, tx, failure); err != nil {
 		return nil, err
 	}
@@ -476,60 +464,49 @@ func (r *run) compensationFailed(ctx context.Context, st *stepDef, failure *stor
 	return nil, r.handOff(ctx, tx, delay)
 }
 
-// begin opens a transaction; on a first attempt whose reservation has not
-// committed yet, the transaction starts with it.
-func (r *run) begin(ctx context.Context) (pgx.Tx, error) {
-	tx, err := r.e.pool.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("engine: begin: %w", err)
-	}
+// begin makes the run's next transaction, which sends nothing yet; on a first
+// attempt whose reservation has not committed, the reservation goes first.
+func (r *run) begin(ctx context.Context) *txn {
+	tx := newTxn(r.e.pool)
 	if r.insert != nil {
-		created, err := r.e.store.OperationInsert(ctx, tx, *r.insert)
-		if err != nil {
-			rollback(ctx, tx)
-			return nil, fmt.Errorf("engine: %w", err)
-		}
-		if !created {
-			rollback(ctx, tx)
-			return nil, errKeyTaken
-		}
+		// Only queued: it cannot fail here.
+		_ = r.e.store.OperationReserve(ctx, tx.queue(), *r.insert)
 	}
-	return tx, nil
+	return tx
 }
 
-// writePending writes the pending checkpoints and, with end, ends the operation,
-// all in one statement.
-func (r *run) writePending(ctx context.Context, tx pgx.Tx, end *store.StepCheckpointManyParams) error {
-	p := store.StepCheckpointManyParams{}
-	if end != nil {
-		p = *end
-	} else if len(r.pending) == 0 {
-		return nil
-	}
-	p.OperationID, p.Steps, p.Run = r.id, r.pending, r.runID
-	ok, err := r.e.store.StepCheckpointMany(ctx, tx, p)
-	if err != nil {
-		return fmt.Errorf("engine: %w", err)
-	}
-	if !ok {
+// runError turns the errors that the engine's statements raise on purpose into
+// the run's reasons to stop.
+func runError(err error) error {
+	switch {
+	case errors.Is(err, store.ErrKeyTaken):
+		return errKeyTaken
+	case errors.Is(err, store.ErrFenced):
 		return errLost
 	}
-	return nil
+	return err
 }
 
 // commit writes the pending checkpoints and commits.
-func (r *run) commit(ctx context.Context, tx pgx.Tx) error {
+func (r *run) commit(ctx context.Context, tx *txn) error {
 	return r.commitEnd(ctx, tx, nil)
 }
 
 // commitEnd writes the pending checkpoints, ends the operation as end says (nil:
-// it goes on), and commits.
-func (r *run) commitEnd(ctx context.Context, tx pgx.Tx, end *store.StepCheckpointManyParams) error {
-	if err := r.writePending(ctx, tx, end); err != nil {
-		return err
+// it goes on), and commits, all in one round trip.
+func (r *run) commitEnd(ctx context.Context, tx *txn, end *store.StepCheckpointManyParams) error {
+	last := &pgx.Batch{}
+	if end != nil || len(r.pending) > 0 {
+		p := store.StepCheckpointManyParams{}
+		if end != nil {
+			p = *end
+		}
+		p.OperationID, p.Steps, p.Run = r.id, r.pending, r.runID
+		// Only queued: it cannot fail here.
+		_ = r.e.store.StepCheckpointMany(ctx, store.Queue{Batch: last}, p)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("engine: commit: %w", err)
+	if err := tx.commit(ctx, last); err != nil {
+		return runError(err)
 	}
 	r.pending = r.pending[:0]
 	if r.insert != nil {
@@ -545,10 +522,10 @@ func (r *run) commitEnd(ctx context.Context, tx pgx.Tx, end *store.StepCheckpoin
 }
 
 // commitSuccess stores the result with the pending checkpoints and commits.
-func (r *run) commitSuccess(ctx context.Context, tx pgx.Tx) (*Info, error) {
+func (r *run) commitSuccess(ctx context.Context, tx *txn) (*Info, error) {
 	result, err := r.def.result(r.in, r.state)
 	if err != nil {
-		rollback(ctx, tx)
+		tx.end(ctx)
 		last := r.steps[len(r.steps)-1]
 		r.failure = &PermanentError{Code: CodeResultFailed, Message: err.Error(), Step: last.name}
 		// The pending checkpoints stand: the steps did happen.
@@ -557,7 +534,7 @@ func (r *run) commitSuccess(ctx context.Context, tx pgx.Tx) (*Info, error) {
 	return r.finish(ctx, tx, store.OperationSucceeded, result, nil)
 }
 
-func (r *run) commitFailure(ctx context.Context, tx pgx.Tx) (*Info, error) {
+func (r *run) commitFailure(ctx context.Context, tx *txn) (*Info, error) {
 	raw, err := json.Marshal(r.failure)
 	if err != nil {
 		return nil, fmt.Errorf("engine: encode error: %w", err)
@@ -565,7 +542,7 @@ func (r *run) commitFailure(ctx context.Context, tx pgx.Tx) (*Info, error) {
 	return r.finish(ctx, tx, store.OperationFailed, nil, raw)
 }
 
-func (r *run) finish(ctx context.Context, tx pgx.Tx, state store.OperationState, result, errRaw []byte) (*Info, error) {
+func (r *run) finish(ctx context.Context, tx *txn, state store.OperationState, result, errRaw []byte) (*Info, error) {
 	end := &store.StepCheckpointManyParams{Finish: true, State: state, Result: result, Error: errRaw}
 	if err := r.commitEnd(ctx, tx, end); err != nil {
 		return nil, err

@@ -211,10 +211,7 @@ func (r *run) load(ctx context.Context, rec *store.Operation, recorded []store.S
 	verr := &VersionError{Operation: r.def.name, Started: rec.Steps, Registered: r.def.stepNames(), Missing: missing}
 	r.logger().ErrorContext(ctx, "cannot resume operation", slog.Any("error", verr))
 	r.failure = &PermanentError{Code: CodeDefinitionChanged, Message: verr.Error()}
-	tx, err := r.begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer rollback(ctx, tx)
+	tx := r.begin(ctx)
+	defer tx.end(ctx)
 	return r.commitFailure(ctx, tx)
 }

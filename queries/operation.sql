@@ -4,6 +4,14 @@ VALUES (@id, @name, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING created_at;
 
+-- name: OperationReserve :exec
+-- Reserves (scope, key) for an operation that this run executes at once. A taken
+-- key is an error (unique_violation on idemflow_operation_scope_key) rather than
+-- no row, so that what the engine sends in the same round trip after it does not
+-- run. OperationInsert is the variant for a caller's own transaction.
+INSERT INTO idemflow_operation (id, name, scope, key, steps, input, fingerprint, locked_by, locked_until)
+VALUES (@id, @name, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @locked_by, now() + @lease::interval);
+
 -- name: OperationGetByKey :one
 SELECT * FROM idemflow_operation WHERE scope = @scope AND key = @key;
 

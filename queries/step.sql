@@ -24,11 +24,12 @@ WHERE operation_id = @operation_id AND name = @name AND state = 'succeeded';
 -- run again; succeeded steps stay done.
 DELETE FROM idemflow_step WHERE operation_id = @operation_id AND state <> 'succeeded';
 
--- name: StepCheckpointMany :one
+-- name: StepCheckpointMany :exec
 -- Records several steps as succeeded and, when finish is set, ends the operation
 -- in the same statement: one round trip for what a transaction commits after an
--- external call. checkpointed counts the steps recorded (fewer than given means
--- another run recorded some first); finished is 1 when the operation was ended.
+-- external call. It raises SQLSTATE IF001, aborting the transaction, when another
+-- run recorded one of the steps first or no longer lets this run end the
+-- operation: the engine sends COMMIT right behind it.
 WITH cp AS (
     INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
     SELECT sqlc.arg(operation_id)::uuid, u.name, u.position, 'succeeded', u.attempts, u.output::json, u.started_at,
@@ -61,4 +62,5 @@ WITH cp AS (
       AND state = 'in_progress'
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM cp)::integer AS checkpointed, (SELECT count(*) FROM fin)::integer AS finished;
+SELECT idemflow_fence((SELECT count(*) FROM cp) = cardinality(sqlc.arg(names)::text[])
+                      AND (NOT sqlc.arg(finish)::boolean OR (SELECT count(*) FROM fin) = 1));

@@ -17,6 +17,71 @@ import (
 // ErrNotFound is returned when a row that was asked for does not exist.
 var ErrNotFound = errors.New("store: not found")
 
+// Errors that the engine's statements raise on purpose, so that a statement
+// sent after them in the same batch (COMMIT, a step's first statement) does
+// not run.
+var (
+	// ErrKeyTaken: OperationReserve found the key reserved already.
+	ErrKeyTaken = errors.New("store: idempotency key already taken")
+	// ErrFenced: a checkpoint found that another run recorded the step first, or
+	// holds the operation.
+	ErrFenced = errors.New("store: another run holds the operation")
+)
+
+// SQLSTATEs that Err tells apart.
+const (
+	// fencedCode is what idemflow_fence raises.
+	fencedCode = "IF001"
+	// uniqueViolation is PostgreSQL's unique_violation.
+	uniqueViolation = "23505"
+)
+
+// Err returns err wrapped with ErrKeyTaken or ErrFenced when it is the error
+// that OperationReserve or StepCheckpointMany raise on purpose, and err itself
+// otherwise. It is for errors read back from a batch of queued statements.
+func Err(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch {
+	case pgErr.Code == fencedCode:
+		return fmt.Errorf("%w: %w", ErrFenced, err)
+	case pgErr.Code == uniqueViolation && pgErr.ConstraintName == "idemflow_operation_scope_key":
+		return fmt.Errorf("%w: %w", ErrKeyTaken, err)
+	}
+	return err
+}
+
+// Queue is a DBTX that queues the statements of the store's exec-only methods
+// (OperationReserve, StepCheckpointMany) into Batch instead of sending them;
+// their errors come back with the batch's results. Reads fail.
+type Queue struct {
+	Batch *pgx.Batch
+}
+
+var errQueueRead = errors.New("store: a Queue queues statements; it cannot answer a read")
+
+// Exec queues sql with args.
+func (q Queue) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	q.Batch.Queue(sql, args...)
+	return pgconn.CommandTag{}, nil
+}
+
+// Query fails: a queued statement has no rows yet.
+func (q Queue) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, errQueueRead
+}
+
+// QueryRow fails: a queued statement has no row yet.
+func (q Queue) QueryRow(context.Context, string, ...any) pgx.Row {
+	return errRow{}
+}
+
+type errRow struct{}
+
+func (errRow) Scan(...any) error { return errQueueRead }
+
 // DBTX is what every Store method runs on: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
 type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -138,6 +203,28 @@ func (s *Store) OperationInsert(ctx context.Context, db DBTX, p OperationInsertP
 		return false, fmt.Errorf("store: insert operation: %w", err)
 	}
 	return true, nil
+}
+
+// OperationReserve reserves p.Scope and p.Key for an operation that p.LockedBy
+// runs at once. Unlike OperationInsert it fails, with ErrKeyTaken, when the key
+// is taken, which aborts the transaction: what is sent after it in the same
+// batch does not run. With a Queue for db it only queues the statement.
+func (s *Store) OperationReserve(ctx context.Context, db DBTX, p OperationInsertParams) error {
+	err := s.q.OperationReserve(ctx, db, dbsqlc.OperationReserveParams{
+		ID:          p.ID,
+		Name:        p.Name,
+		Scope:       p.Scope,
+		Key:         p.Key,
+		Steps:       p.Steps,
+		Input:       p.Input,
+		Fingerprint: nullJSON(p.Fingerprint),
+		LockedBy:    p.LockedBy,
+		Lease:       p.Lease,
+	})
+	if err != nil {
+		return fmt.Errorf("store: reserve operation: %w", Err(err))
+	}
+	return nil
 }
 
 // OperationGetByKey reads the operation reserved under (scope, key).
@@ -435,10 +522,11 @@ type StepCheckpointManyParams struct {
 }
 
 // StepCheckpointMany records p.Steps as succeeded and, with p.Finish, ends the
-// operation, in one round trip. It returns false, and the caller must roll its
-// transaction back, when another run recorded one of the steps first or no
-// longer lets p.Run end the operation.
-func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpointManyParams) (bool, error) {
+// operation, in one statement. It fails with ErrFenced, and leaves the
+// transaction aborted, when another run recorded one of the steps first or no
+// longer lets p.Run end the operation. With a Queue for db it only queues the
+// statement; its error then comes back with the batch's results (see Err).
+func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpointManyParams) error {
 	args := dbsqlc.StepCheckpointManyParams{
 		OperationID: p.OperationID,
 		Names:       make([]string, len(p.Steps)),
@@ -459,9 +547,8 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 		args.Outputs[i] = string(st.Output)
 		args.StartedAts[i] = st.StartedAt
 	}
-	row, err := s.q.StepCheckpointMany(ctx, db, args)
-	if err != nil {
-		return false, fmt.Errorf("store: checkpoint steps: %w", err)
+	if err := s.q.StepCheckpointMany(ctx, db, args); err != nil {
+		return fmt.Errorf("store: checkpoint steps: %w", Err(err))
 	}
-	return int(row.Checkpointed) == len(p.Steps) && (!p.Finish || row.Finished == 1), nil
+	return nil
 }

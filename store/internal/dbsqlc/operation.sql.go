@@ -384,6 +384,42 @@ func (q *Queries) OperationReopen(ctx context.Context, db DBTX, arg OperationReo
 	return result.RowsAffected(), nil
 }
 
+const operationReserve = `-- name: OperationReserve :exec
+INSERT INTO idemflow_operation (id, name, scope, key, steps, input, fingerprint, locked_by, locked_until)
+VALUES ($1, $2, $3, $4, $5::text[], $6, $7, $8, now() + $9::interval)
+`
+
+type OperationReserveParams struct {
+	ID          uuid.UUID
+	Name        string
+	Scope       string
+	Key         string
+	Steps       []string
+	Input       []byte
+	Fingerprint json.RawMessage
+	LockedBy    *uuid.UUID
+	Lease       time.Duration
+}
+
+// Reserves (scope, key) for an operation that this run executes at once. A taken
+// key is an error (unique_violation on idemflow_operation_scope_key) rather than
+// no row, so that what the engine sends in the same round trip after it does not
+// run. OperationInsert is the variant for a caller's own transaction.
+func (q *Queries) OperationReserve(ctx context.Context, db DBTX, arg OperationReserveParams) error {
+	_, err := db.Exec(ctx, operationReserve,
+		arg.ID,
+		arg.Name,
+		arg.Scope,
+		arg.Key,
+		arg.Steps,
+		arg.Input,
+		arg.Fingerprint,
+		arg.LockedBy,
+		arg.Lease,
+	)
+	return err
+}
+
 const operationSetError = `-- name: OperationSetError :execrows
 UPDATE idemflow_operation
 SET error = $1

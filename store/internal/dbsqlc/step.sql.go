@@ -13,17 +13,17 @@ import (
 	"github.com/google/uuid"
 )
 
-const stepCheckpointMany = `-- name: StepCheckpointMany :one
+const stepCheckpointMany = `-- name: StepCheckpointMany :exec
 WITH cp AS (
     INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
-    SELECT $1::uuid, u.name, u.position, 'succeeded', u.attempts, u.output::json, u.started_at,
-           coalesce($2::timestamptz, now())
+    SELECT $3::uuid, u.name, u.position, 'succeeded', u.attempts, u.output::json, u.started_at,
+           coalesce($4::timestamptz, now())
     FROM (
-        SELECT unnest($3::text[]) AS name,
-               unnest($4::integer[]) AS position,
-               unnest($5::integer[]) AS attempts,
-               unnest($6::text[]) AS output,
-               unnest($7::timestamptz[]) AS started_at
+        SELECT unnest($1::text[]) AS name,
+               unnest($5::integer[]) AS position,
+               unnest($6::integer[]) AS attempts,
+               unnest($7::text[]) AS output,
+               unnest($8::timestamptz[]) AS started_at
     ) AS u
     ON CONFLICT (operation_id, name) DO UPDATE
     SET state = 'succeeded',
@@ -35,24 +35,26 @@ WITH cp AS (
     RETURNING 1
 ), fin AS (
     UPDATE idemflow_operation
-    SET state = $8::text,
-        result = $9::json,
-        error = $10::jsonb,
+    SET state = $9::text,
+        result = $10::json,
+        error = $11::jsonb,
         locked_by = NULL,
-        finished_at = coalesce($2::timestamptz, now())
-    WHERE $11::boolean
-      AND id = $1::uuid
+        finished_at = coalesce($4::timestamptz, now())
+    WHERE $2::boolean
+      AND id = $3::uuid
       AND locked_by = $12::uuid
       AND state = 'in_progress'
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM cp)::integer AS checkpointed, (SELECT count(*) FROM fin)::integer AS finished
+SELECT idemflow_fence((SELECT count(*) FROM cp) = cardinality($1::text[])
+                      AND (NOT $2::boolean OR (SELECT count(*) FROM fin) = 1))
 `
 
 type StepCheckpointManyParams struct {
+	Names       []string
+	Finish      bool
 	OperationID uuid.UUID
 	Now         *time.Time
-	Names       []string
 	Positions   []int32
 	Attempts    []int32
 	Outputs     []string
@@ -60,24 +62,20 @@ type StepCheckpointManyParams struct {
 	State       string
 	Result      []byte
 	Error       json.RawMessage
-	Finish      bool
 	RunID       uuid.UUID
-}
-
-type StepCheckpointManyRow struct {
-	Checkpointed int32
-	Finished     int32
 }
 
 // Records several steps as succeeded and, when finish is set, ends the operation
 // in the same statement: one round trip for what a transaction commits after an
-// external call. checkpointed counts the steps recorded (fewer than given means
-// another run recorded some first); finished is 1 when the operation was ended.
-func (q *Queries) StepCheckpointMany(ctx context.Context, db DBTX, arg StepCheckpointManyParams) (*StepCheckpointManyRow, error) {
-	row := db.QueryRow(ctx, stepCheckpointMany,
+// external call. It raises SQLSTATE IF001, aborting the transaction, when another
+// run recorded one of the steps first or no longer lets this run end the
+// operation: the engine sends COMMIT right behind it.
+func (q *Queries) StepCheckpointMany(ctx context.Context, db DBTX, arg StepCheckpointManyParams) error {
+	_, err := db.Exec(ctx, stepCheckpointMany,
+		arg.Names,
+		arg.Finish,
 		arg.OperationID,
 		arg.Now,
-		arg.Names,
 		arg.Positions,
 		arg.Attempts,
 		arg.Outputs,
@@ -85,12 +83,9 @@ func (q *Queries) StepCheckpointMany(ctx context.Context, db DBTX, arg StepCheck
 		arg.State,
 		arg.Result,
 		arg.Error,
-		arg.Finish,
 		arg.RunID,
 	)
-	var i StepCheckpointManyRow
-	err := row.Scan(&i.Checkpointed, &i.Finished)
-	return &i, err
+	return err
 }
 
 const stepCompensated = `-- name: StepCompensated :execrows

@@ -1,0 +1,273 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemflow/idemflow/store"
+)
+
+// txn is one transaction of a run. It saves round trips by sending the engine's
+// statements with the step's: nothing is sent when it is made; BEGIN and the
+// statements queued in prelude (a first attempt's reservation) go out with the
+// first thing the step sends, and the checkpoint goes out with COMMIT. Every
+// statement the engine queues fails rather than answer "no row" when it must
+// not go on (store.ErrKeyTaken, store.ErrFenced), so that a COMMIT or a step's
+// statement queued behind it never runs.
+//
+// A txn is a Tx for the step. It is not safe for concurrent use.
+type txn struct {
+	pool *pgxpool.Pool
+	// prelude is sent after BEGIN, before anything else.
+	prelude *pgx.Batch
+	conn    *pgxpool.Conn
+	// tx is the transaction once BEGIN has been sent.
+	tx pgx.Tx
+	// failed is why the prelude failed, once it has.
+	failed error
+	// open is a batch whose results the step has not closed yet.
+	open pgx.BatchResults
+}
+
+var _ Tx = (*txn)(nil)
+
+func newTxn(pool *pgxpool.Pool) *txn {
+	return &txn{pool: pool, prelude: &pgx.Batch{}}
+}
+
+// queue queues the engine's statements for the prelude: q is a store.Queue.
+func (t *txn) queue() store.Queue {
+	return store.Queue{Batch: t.prelude}
+}
+
+// send sends b, preceded by BEGIN and the prelude when the transaction has not
+// begun, and returns b's results.
+func (t *txn) send(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	t.closeOpen()
+	if t.failed != nil {
+		return pgx.FailedBatchResults(b, t.failed)
+	}
+	if t.tx != nil {
+		return t.tx.SendBatch(ctx, b)
+	}
+	if t.conn == nil {
+		conn, err := t.pool.Acquire(ctx)
+		if err != nil {
+			return pgx.FailedBatchResults(b, fmt.Errorf("engine: acquire a connection: %w", err))
+		}
+		t.conn = conn
+	}
+	all := &pgx.Batch{}
+	all.BeginTx(pgx.TxOptions{})
+	all.QueuedQueries = append(all.QueuedQueries, t.prelude.QueuedQueries...)
+	all.QueuedQueries = append(all.QueuedQueries, b.QueuedQueries...)
+	br := t.conn.SendBatch(ctx, all)
+	t.tx = br.Tx()
+	for range 1 + t.prelude.Len() {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			t.failed = store.Err(err)
+			return pgx.FailedBatchResults(b, t.failed)
+		}
+	}
+	return stepResults{br}
+}
+
+// begin sends BEGIN and the prelude, if they have not been sent.
+func (t *txn) begin(ctx context.Context) error {
+	if t.tx != nil || t.failed != nil {
+		return t.failed
+	}
+	return t.send(ctx, &pgx.Batch{}).Close()
+}
+
+// pgx returns the transaction as a pgx.Tx, for the engine's rare paths that
+// need one (River's InsertTx).
+func (t *txn) pgx(ctx context.Context) (pgx.Tx, error) {
+	if err := t.begin(ctx); err != nil {
+		return nil, err
+	}
+	t.closeOpen()
+	return t.tx, nil
+}
+
+// commit sends what is queued in last (the checkpoint), then COMMIT, in one
+// round trip with BEGIN and the prelude when they have not been sent. It rolls
+// back when any of it fails, and ends the transaction in every case.
+func (t *txn) commit(ctx context.Context, last *pgx.Batch) (err error) {
+	defer t.end(ctx)
+	t.closeOpen()
+	if t.failed != nil {
+		return t.failed
+	}
+	if last == nil {
+		last = &pgx.Batch{}
+	}
+	b := &pgx.Batch{QueuedQueries: last.QueuedQueries}
+	if t.tx == nil && t.prelude.Len() == 0 && b.Len() == 0 {
+		return nil // nothing was sent and nothing is to be written
+	}
+	b.Queue("commit")
+	br := t.send(ctx, b)
+	for range last.Len() {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return store.Err(err)
+		}
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("engine: commit: %w", err)
+	}
+	if tag.String() != "COMMIT" {
+		return fmt.Errorf("engine: commit: %w", pgx.ErrTxCommitRollback)
+	}
+	return nil
+}
+
+// end rolls back what has not committed and gives the connection back. It is
+// safe to call more than once.
+func (t *txn) end(ctx context.Context) {
+	t.closeOpen()
+	if t.conn == nil {
+		return
+	}
+	if t.conn.Conn().PgConn().TxStatus() != 'I' {
+		// A failed ROLLBACK leaves the connection in a transaction, and Release
+		// then closes it rather than give it to someone else.
+		_, _ = t.conn.Exec(context.WithoutCancel(ctx), "rollback")
+	}
+	t.conn.Release()
+	t.conn = nil
+}
+
+// closeOpen closes results that the step left open, which would otherwise keep
+// the connection busy.
+func (t *txn) closeOpen() {
+	if t.open != nil {
+		_ = t.open.Close()
+		t.open = nil
+	}
+}
+
+// Exec runs sql in the transaction.
+func (t *txn) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.tx != nil {
+		t.closeOpen()
+		return t.tx.Exec(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	b.Queue(sql, args...)
+	br := t.send(ctx, b)
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+// Query runs sql in the transaction.
+func (t *txn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.tx != nil {
+		t.closeOpen()
+		return t.tx.Query(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	b.Queue(sql, args...)
+	br := t.send(ctx, b)
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return rows, err
+	}
+	t.open = br
+	return &batchRows{Rows: rows, br: br}, nil
+}
+
+// QueryRow runs sql in the transaction.
+func (t *txn) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if t.tx != nil {
+		t.closeOpen()
+		return t.tx.QueryRow(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	b.Queue(sql, args...)
+	br := t.send(ctx, b)
+	t.open = br
+	return batchRow{row: br.QueryRow(), br: br}
+}
+
+// SendBatch sends b in the transaction.
+func (t *txn) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	br := t.send(ctx, b)
+	t.open = br
+	return br
+}
+
+// CopyFrom copies rows into the table in the transaction.
+func (t *txn) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	tx, err := t.pgx(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return tx.CopyFrom(ctx, table, columns, src)
+}
+
+// stepResults are the results of the step's part of a batch that began the
+// transaction. The transaction is the engine's: Tx is nil.
+type stepResults struct {
+	pgx.BatchResults
+}
+
+func (stepResults) Tx() pgx.Tx { return nil }
+
+// batchRows are the rows of the one query of a batch; closing them closes the
+// batch, which reads the rest of the server's answer.
+type batchRows struct {
+	pgx.Rows
+	br  pgx.BatchResults
+	err error
+}
+
+func (r *batchRows) Close() {
+	r.Rows.Close()
+	if err := r.br.Close(); err != nil && r.err == nil {
+		r.err = err
+	}
+}
+
+func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.err
+}
+
+func (r *batchRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
+}
+
+// batchRow is the row of the one query of a batch.
+type batchRow struct {
+	row pgx.Row
+	br  pgx.BatchResults
+}
+
+func (r batchRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	if cerr := r.br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
