@@ -7,8 +7,3 @@ RETURNING created_at;
 
 -- name: OrderGet :one
 SELECT * FROM demo_order WHERE client = @client AND order_id = @order_id;
-
--- name: OrderGetForUpdate :one
--- Reads an order and locks it until the transaction ends, so that two refunds of
--- one order check what is left to refund one after the other.
-SELECT * FROM demo_order WHERE client = @client AND order_id = @order_id FOR UPDATE;

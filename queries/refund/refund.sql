@@ -1,21 +1,63 @@
--- name: RefundInsert :exec
-INSERT INTO demo_refund (id, client, order_id, amount)
-VALUES (@id, @client, @order_id, @amount);
+-- name: RefundRecord :one
+-- Records a pending refund of amount of an order and its ledger move, in one
+-- statement. The UPDATE takes amount from what is left to refund of the order,
+-- and only if it is left: under READ COMMITTED, an UPDATE that waited for the
+-- row lock of a concurrent refund checks its WHERE again on the row that refund
+-- left, so refunds of one order never take more than its amount together (a
+-- read of the refunds in the same statement would not do: it would see them as
+-- of the statement's start, before the wait). From the order it took, the
+-- statement inserts the refund, and moves amount from the merchant's account to
+-- the order's customer's (customer_account_prefix and the customer id): two
+-- entries that sum to zero. Returns the customer id; no row back means the
+-- client has no such order, or less than amount left to refund of it, and
+-- nothing was written.
+WITH taken AS (
+    UPDATE demo_order AS o
+    SET refunded = o.refunded + sqlc.arg(amount)::bigint
+    WHERE o.client = @client AND o.order_id = @order_id
+      AND sqlc.arg(amount)::bigint <= o.amount - o.refunded
+    RETURNING o.client, o.order_id, o.customer_id
+), refund AS (
+    INSERT INTO demo_refund (id, client, order_id, amount)
+    SELECT sqlc.arg(id)::text, t.client, t.order_id, sqlc.arg(amount)::bigint
+    FROM taken AS t
+    RETURNING id, client, order_id, amount
+), entries AS (
+    INSERT INTO demo_ledger_entry (client, move_id, account, amount, kind, order_id, refund_id)
+    SELECT r.client, @move_id, e.account, e.amount, 'refund', r.order_id, r.id
+    FROM refund AS r
+    CROSS JOIN taken AS t
+    CROSS JOIN LATERAL (VALUES (sqlc.arg(merchant_account)::text, 0 - r.amount),
+                               (sqlc.arg(customer_account_prefix)::text || t.customer_id, r.amount)) AS e (account, amount)
+)
+SELECT customer_id FROM taken;
 
--- name: RefundSumCommitted :one
--- The amount of an order that its pending and succeeded refunds take.
-SELECT coalesce(sum(amount), 0)::bigint AS committed
-FROM demo_refund
-WHERE client = @client AND order_id = @order_id AND status IN ('pending', 'succeeded');
+-- name: RefundFail :execrows
+-- Compensates RefundRecord, in one statement: marks a pending refund failed,
+-- moves its amount back from from_account (the customer's) to to_account (the
+-- merchant's), two entries that sum to zero, and gives the amount back to what
+-- is left to refund of its order. One row: the order's. Zero rows: the refund
+-- is not pending, and nothing was written.
+WITH failed AS (
+    UPDATE demo_refund AS r
+    SET status = 'failed', updated_at = clock_timestamp()
+    WHERE r.id = @id AND r.status = 'pending'
+    RETURNING r.id, r.client, r.order_id, r.amount
+), entries AS (
+    INSERT INTO demo_ledger_entry (client, move_id, account, amount, kind, order_id, refund_id)
+    SELECT f.client, @move_id, e.account, e.amount, 'refund_reversal', f.order_id, f.id
+    FROM failed AS f
+    CROSS JOIN LATERAL (VALUES (sqlc.arg(from_account)::text, 0 - f.amount),
+                               (sqlc.arg(to_account)::text, f.amount)) AS e (account, amount)
+)
+UPDATE demo_order AS o
+SET refunded = o.refunded - f.amount
+FROM failed AS f
+WHERE o.client = f.client AND o.order_id = f.order_id;
 
 -- name: RefundMarkSucceeded :execrows
 UPDATE demo_refund
 SET status = 'succeeded', provider_refund_id = sqlc.arg(provider_refund_id)::text, updated_at = clock_timestamp()
-WHERE id = @id AND status = 'pending';
-
--- name: RefundMarkFailed :execrows
-UPDATE demo_refund
-SET status = 'failed', updated_at = clock_timestamp()
 WHERE id = @id AND status = 'pending';
 
 -- name: RefundGet :one

@@ -18,13 +18,15 @@
 // The refund operation (RefundOperation) refunds part or all of an order in three
 // steps:
 //
-//  1. "ledger" (transactional): checks that the order exists (else
-//     CodeOrderNotFound) and that the amount is at most what is left to refund
-//     (else CodeAmountExceedsRefundable), with the order's row locked so that two
-//     refunds of one order check one after the other; moves the amount from the
-//     merchant to the customer and records the refund as pending. If a later step
-//     fails for good, its compensation moves the amount back and marks the refund
-//     failed.
+//  1. "ledger" (transactional): in one statement, takes the amount from what is
+//     left to refund of the order (the order's refunded column, which an UPDATE
+//     raises only while it stays at most the order's amount, so that two refunds
+//     of one order check one after the other), records the refund as pending, and
+//     moves the amount from the merchant to the customer. When that statement
+//     finds no order with enough left, a read tells which failure it is:
+//     CodeOrderNotFound or CodeAmountExceedsRefundable. If a later step fails for
+//     good, its compensation, also one statement, marks the refund failed, moves
+//     the amount back and gives it back to what is left to refund.
 //  2. "provider" (external): asks the Provider for the refund under the step's
 //     derived idempotency key. A decline fails the operation with
 //     CodeProviderDeclined; any other error is retried with the same key, and a

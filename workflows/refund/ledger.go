@@ -17,12 +17,10 @@ func CustomerAccount(customerID string) string {
 	return "customer:" + customerID
 }
 
-// The kinds of ledger move.
-const (
-	moveOrder          = "order"
-	moveRefund         = "refund"
-	moveRefundReversal = "refund_reversal"
-)
+// moveOrder is the kind of an order's ledger move. A refund's moves, of kinds
+// "refund" and "refund_reversal", are written by the statements that record
+// and fail the refund (see queries/refund/refund.sql).
+const moveOrder = "order"
 
 // move is one move of money within a client's ledger.
 type move struct {
@@ -31,12 +29,11 @@ type move struct {
 	from, to string
 	amount   int64
 	orderID  string
-	refundID string
 }
 
 // write records the move's two entries, which sum to zero.
 func (m move) write(ctx context.Context, q *refunddb.Queries, tx refunddb.DBTX) error {
-	p := refunddb.LedgerMoveParams{
+	if err := q.LedgerMove(ctx, tx, refunddb.LedgerMoveParams{
 		Client:      m.client,
 		MoveID:      uuid.Must(uuid.NewV7()),
 		FromAccount: m.from,
@@ -44,11 +41,7 @@ func (m move) write(ctx context.Context, q *refunddb.Queries, tx refunddb.DBTX) 
 		Amount:      m.amount,
 		Kind:        m.kind,
 		OrderID:     m.orderID,
-	}
-	if m.refundID != "" {
-		p.RefundID = &m.refundID
-	}
-	if err := q.LedgerMove(ctx, tx, p); err != nil {
+	}); err != nil {
 		return fmt.Errorf("ledger move %s of %d from %s to %s: %w", m.kind, m.amount, m.from, m.to, err)
 	}
 	return nil

@@ -86,6 +86,7 @@ func GetOrder(ctx context.Context, db DBTX, client, orderID string) (*Order, err
 		Amount:     row.Amount,
 		Refunds:    make([]OrderRefund, 0, len(refunds)),
 	}
+	// Not row.Refunded, which counts the pending refunds too.
 	for _, r := range refunds {
 		if Status(r.Status) == StatusSucceeded {
 			o.Refunded += r.Amount

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemflow/idemflow/engine"
@@ -36,71 +37,75 @@ type RefundState struct {
 	ProviderRefundID string `json:"providerRefundId"`
 }
 
-// ledger is the step StepLedger.
+// ledger is the step StepLedger. It sends one statement, RefundRecord, which
+// takes the amount from what is left to refund of the order, records the refund
+// as pending and moves the amount from the merchant to the customer, or does
+// nothing when the order does not exist or has less than the amount left. Only
+// then does it read the order, to tell the two apart.
 func (w *Workflows) ledger(ctx context.Context, tx engine.Tx, in RefundInput, s *RefundState) error {
 	if in.Amount <= 0 {
 		return engine.Fail(CodeInvalidRequest, "amount must be a positive integer")
 	}
-	order, err := w.q.OrderGetForUpdate(ctx, tx, refunddb.OrderGetForUpdateParams{Client: in.Client, OrderID: in.OrderID})
+	id := newID(RefundIDPrefix)
+	customerID, err := w.q.RefundRecord(ctx, tx, refunddb.RefundRecordParams{
+		ID:                    id,
+		Client:                in.Client,
+		OrderID:               in.OrderID,
+		Amount:                in.Amount,
+		MoveID:                uuid.Must(uuid.NewV7()),
+		MerchantAccount:       MerchantAccount,
+		CustomerAccountPrefix: CustomerAccount(""),
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return w.notRecorded(ctx, tx, in)
+	}
+	if err != nil {
+		return fmt.Errorf("record refund: %w", err)
+	}
+	s.RefundID = id
+	s.CustomerID = customerID
+	return nil
+}
+
+// notRecorded tells why RefundRecord recorded nothing: the order does not exist,
+// or has less than in.Amount left to refund. It runs in the step's transaction,
+// which the failure rolls back.
+func (w *Workflows) notRecorded(ctx context.Context, tx engine.Tx, in RefundInput) error {
+	order, err := w.q.OrderGet(ctx, tx, refunddb.OrderGetParams{Client: in.Client, OrderID: in.OrderID})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return engine.Fail(CodeOrderNotFound, fmt.Sprintf("order %s does not exist", in.OrderID))
 	}
 	if err != nil {
 		return fmt.Errorf("read order: %w", err)
 	}
-	committed, err := w.q.RefundSumCommitted(ctx, tx, refunddb.RefundSumCommittedParams{Client: in.Client, OrderID: in.OrderID})
-	if err != nil {
-		return fmt.Errorf("sum refunds: %w", err)
+	left := order.Amount - order.Refunded
+	if in.Amount <= left {
+		// A refund of the order failed, and gave its amount back, between the
+		// two statements: the amount fits now. Not a permanent failure; the
+		// engine runs the step again.
+		return fmt.Errorf("order %s had less than %d left to refund, and has %d now", in.OrderID, in.Amount, left)
 	}
-	if left := order.Amount - committed; in.Amount > left {
-		return engine.Fail(CodeAmountExceedsRefundable,
-			fmt.Sprintf("amount %d exceeds the %d left to refund of order %s", in.Amount, left, in.OrderID))
-	}
-
-	id := newID(RefundIDPrefix)
-	if err := w.q.RefundInsert(ctx, tx, refunddb.RefundInsertParams{
-		ID:      id,
-		Client:  in.Client,
-		OrderID: in.OrderID,
-		Amount:  in.Amount,
-	}); err != nil {
-		return fmt.Errorf("insert refund: %w", err)
-	}
-	if err := (move{
-		client:   in.Client,
-		kind:     moveRefund,
-		from:     MerchantAccount,
-		to:       CustomerAccount(order.CustomerID),
-		amount:   in.Amount,
-		orderID:  in.OrderID,
-		refundID: id,
-	}).write(ctx, w.q, tx); err != nil {
-		return err
-	}
-	s.RefundID = id
-	s.CustomerID = order.CustomerID
-	return nil
+	return engine.Fail(CodeAmountExceedsRefundable,
+		fmt.Sprintf("amount %d exceeds the %d left to refund of order %s", in.Amount, left, in.OrderID))
 }
 
-// reverseLedger compensates StepLedger: it moves the amount back and marks the
-// refund failed.
-func (w *Workflows) reverseLedger(ctx context.Context, tx engine.Tx, in RefundInput, s *RefundState) error {
-	n, err := w.q.RefundMarkFailed(ctx, tx, s.RefundID)
+// reverseLedger compensates StepLedger in one statement, RefundFail: it marks
+// the refund failed, moves the amount back from the customer to the merchant,
+// and gives it back to what is left to refund of the order.
+func (w *Workflows) reverseLedger(ctx context.Context, tx engine.Tx, _ RefundInput, s *RefundState) error {
+	n, err := w.q.RefundFail(ctx, tx, refunddb.RefundFailParams{
+		ID:          s.RefundID,
+		MoveID:      uuid.Must(uuid.NewV7()),
+		FromAccount: CustomerAccount(s.CustomerID),
+		ToAccount:   MerchantAccount,
+	})
 	if err != nil {
 		return fmt.Errorf("mark refund %s failed: %w", s.RefundID, err)
 	}
 	if n != 1 {
 		return engine.Permanent(fmt.Errorf("refund %s is not pending", s.RefundID))
 	}
-	return move{
-		client:   in.Client,
-		kind:     moveRefundReversal,
-		from:     CustomerAccount(s.CustomerID),
-		to:       MerchantAccount,
-		amount:   in.Amount,
-		orderID:  in.OrderID,
-		refundID: s.RefundID,
-	}.write(ctx, w.q, tx)
+	return nil
 }
 
 // callProvider is the step StepProvider.

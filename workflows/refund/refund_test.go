@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -146,6 +147,19 @@ func (b *bundle) getOrder(t *testing.T, client, orderID string) *refund.Order {
 	return o
 }
 
+// orderRefunded reads the order's refunded column, what its pending and
+// succeeded refunds take, and checks that it is their sum.
+func (b *bundle) orderRefunded(t *testing.T, client, orderID string) int64 {
+	t.Helper()
+	var refunded, sum int64
+	require.NoError(t, b.pool.QueryRow(t.Context(), `
+		SELECT o.refunded, (SELECT coalesce(sum(r.amount), 0) FROM demo_refund AS r
+		                    WHERE r.client = o.client AND r.order_id = o.order_id AND r.status IN ('pending', 'succeeded'))
+		FROM demo_order AS o WHERE o.client = $1 AND o.order_id = $2`, client, orderID).Scan(&refunded, &sum))
+	require.Equal(t, sum, refunded, "refunded of order %s is the sum of its pending and succeeded refunds", orderID)
+	return refunded
+}
+
 // providerRefund is a refund as the provider lists it.
 type providerRefund struct {
 	ID             string `json:"id"`
@@ -180,6 +194,28 @@ func (b *bundle) fault(t *testing.T, body string) {
 	require.NoError(t, err)
 	require.NoError(t, resp.Body.Close())
 	require.Equal(t, http.StatusNoContent, resp.StatusCode)
+}
+
+// concurrentRefunds starts a refund of orderID of merchant-a for each amount at
+// once, and waits for them all.
+func (b *bundle) concurrentRefunds(t *testing.T, orderID string, amounts []int64) []*engine.Info {
+	t.Helper()
+	started := make([]*engine.Started, len(amounts))
+	errs := make([]error, len(amounts))
+	var wg sync.WaitGroup
+	for i, amount := range amounts {
+		wg.Go(func() {
+			started[i], errs[i] = engine.Start(t.Context(), b.e, b.wf.Refund, "merchant-a", fmt.Sprint("key-", i),
+				refund.RefundInput{Client: "merchant-a", OrderID: orderID, Amount: amount}, nil)
+		})
+	}
+	wg.Wait()
+	infos := make([]*engine.Info, len(amounts))
+	for i := range amounts {
+		require.NoError(t, errs[i])
+		infos[i] = wait(t, started[i])
+	}
+	return infos
 }
 
 // stepsOf returns the operation's steps by name.
@@ -271,6 +307,7 @@ func TestRefund(t *testing.T) {
 			OrderID: "A-1042", CustomerID: "cus_1", Amount: 5000, Refunded: 1499,
 			Refunds: []refund.OrderRefund{{RefundID: out.RefundID, Amount: 1499, Status: refund.StatusSucceeded, ProviderRefundID: out.ProviderRefundID}},
 		}, b.getOrder(t, "merchant-a", "A-1042"))
+		require.Equal(t, int64(1499), b.orderRefunded(t, "merchant-a", "A-1042"))
 		// The merchant's balance is its orders less its refunds.
 		require.Equal(t, map[string]int64{"customer:cus_1": -3501, "merchant": 5000 - 1499}, b.balances(t, "merchant-a"))
 
@@ -340,13 +377,26 @@ func TestRefund(t *testing.T) {
 		b.mustOrder(t, "merchant-a", "A-1", "cus_1", 1000)
 		requireFailed(t, b.refund(t, "merchant-a", "key-1", "A-1", 1001), refund.CodeAmountExceedsRefundable, refund.StepLedger)
 		require.Equal(t, engine.StatusSucceeded, b.refund(t, "merchant-a", "key-2", "A-1", 600).Status)
-		requireFailed(t, b.refund(t, "merchant-a", "key-3", "A-1", 401), refund.CodeAmountExceedsRefundable, refund.StepLedger)
+		info := b.refund(t, "merchant-a", "key-3", "A-1", 401)
+		requireFailed(t, info, refund.CodeAmountExceedsRefundable, refund.StepLedger)
+		require.Equal(t, "amount 401 exceeds the 400 left to refund of order A-1", info.Error.Message)
 
 		o := b.getOrder(t, "merchant-a", "A-1")
 		require.Len(t, o.Refunds, 1, "a rejected refund records nothing")
 		require.Equal(t, int64(600), o.Refunded)
+		require.Equal(t, int64(600), b.orderRefunded(t, "merchant-a", "A-1"))
 		require.Equal(t, map[string]int64{"customer:cus_1": -400, "merchant": 400}, b.balances(t, "merchant-a"))
 		require.Len(t, b.providerRefunds(t), 1)
+	})
+
+	t.Run("HugeAmountExceedsRefundable", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.mustOrder(t, "merchant-a", "A-1", "cus_1", 1000)
+		require.Equal(t, engine.StatusSucceeded, b.refund(t, "merchant-a", "key-1", "A-1", 600).Status)
+		// refunded + amount would overflow a bigint.
+		requireFailed(t, b.refund(t, "merchant-a", "key-2", "A-1", math.MaxInt64), refund.CodeAmountExceedsRefundable, refund.StepLedger)
+		require.Equal(t, int64(600), b.orderRefunded(t, "merchant-a", "A-1"))
 	})
 
 	t.Run("NonPositiveAmountFails", func(t *testing.T) {
@@ -366,6 +416,7 @@ func TestRefund(t *testing.T) {
 		requireFailed(t, info, refund.CodeProviderDeclined, refund.StepProvider)
 
 		require.Equal(t, map[string]int64{"customer:cus_1": -5000, "merchant": 5000}, b.balances(t, "merchant-a"))
+		require.Zero(t, b.orderRefunded(t, "merchant-a", orderID), "the compensation gave the amount back")
 		o := b.getOrder(t, "merchant-a", orderID)
 		require.Zero(t, o.Refunded)
 		require.Len(t, o.Refunds, 1)
@@ -384,6 +435,8 @@ func TestRefund(t *testing.T) {
 
 		// A declined refund no longer counts against what is left to refund.
 		requireFailed(t, b.refund(t, "merchant-a", "key-2", orderID, 5000), refund.CodeProviderDeclined, refund.StepProvider)
+		require.Zero(t, b.orderRefunded(t, "merchant-a", orderID))
+		require.Equal(t, map[string]int64{"customer:cus_1": -5000, "merchant": 5000}, b.balances(t, "merchant-a"))
 	})
 
 	t.Run("ProviderErrorIsRetried", func(t *testing.T) {
@@ -471,10 +524,74 @@ func TestRefund(t *testing.T) {
 				require.Equal(t, tc.succeeded, succeeded)
 				refunded := int64(tc.succeeded) * tc.amount
 				require.Equal(t, refunded, b.getOrder(t, "merchant-a", "A-1").Refunded)
+				require.Equal(t, refunded, b.orderRefunded(t, "merchant-a", "A-1"))
 				require.Equal(t, map[string]int64{"customer:cus_1": refunded - 1000, "merchant": 1000 - refunded}, b.balances(t, "merchant-a"))
 				require.Len(t, b.providerRefunds(t), tc.succeeded)
 			})
 		}
+	})
+
+	t.Run("ManyConcurrentRefundsOfDifferentAmounts", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		const orderAmount = 1000
+		b.mustOrder(t, "merchant-a", "A-1", "cus_1", orderAmount)
+		// 30 refunds of 20 to 167, about 2,800 together.
+		amounts := make([]int64, 30)
+		for i := range amounts {
+			amounts[i] = 20 + int64(i*37%148)
+		}
+		infos := b.concurrentRefunds(t, "A-1", amounts)
+
+		var refunded int64
+		succeeded := 0
+		var failed []int64
+		for i, info := range infos {
+			if info.Status == engine.StatusSucceeded {
+				refunded += amounts[i]
+				succeeded++
+				continue
+			}
+			requireFailed(t, info, refund.CodeAmountExceedsRefundable, refund.StepLedger)
+			failed = append(failed, amounts[i])
+		}
+		require.LessOrEqual(t, refunded, int64(orderAmount))
+		require.NotEmpty(t, failed)
+		// What is left only went down, so every refund refused was refused rightly:
+		// it did not fit in what is left now.
+		for _, amount := range failed {
+			require.Greater(t, amount, orderAmount-refunded)
+		}
+		require.Equal(t, refunded, b.orderRefunded(t, "merchant-a", "A-1"))
+		o := b.getOrder(t, "merchant-a", "A-1")
+		require.Equal(t, refunded, o.Refunded)
+		require.Len(t, o.Refunds, succeeded, "a rejected refund records nothing")
+		require.Equal(t, map[string]int64{"customer:cus_1": refunded - orderAmount, "merchant": orderAmount - refunded}, b.balances(t, "merchant-a"))
+		require.Len(t, b.providerRefunds(t), succeeded)
+	})
+
+	t.Run("ConcurrentDeclinesGiveTheAmountBack", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		orderID := provider.DeclinePrefix + "1"
+		b.mustOrder(t, "merchant-a", orderID, "cus_1", 1000)
+		amounts := []int64{400, 400, 400, 400, 400, 400, 400, 400, 400, 400}
+		declined := 0
+		for _, info := range b.concurrentRefunds(t, orderID, amounts) {
+			require.Equal(t, engine.StatusFailed, info.Status)
+			require.Contains(t, []string{refund.CodeProviderDeclined, refund.CodeAmountExceedsRefundable}, info.Error.Code)
+			if info.Error.Code == refund.CodeProviderDeclined {
+				declined++
+			}
+		}
+		require.Positive(t, declined)
+		require.Zero(t, b.orderRefunded(t, "merchant-a", orderID), "every compensation gave its amount back")
+		o := b.getOrder(t, "merchant-a", orderID)
+		require.Len(t, o.Refunds, declined)
+		for _, r := range o.Refunds {
+			require.Equal(t, refund.StatusFailed, r.Status)
+		}
+		require.Equal(t, map[string]int64{"customer:cus_1": -1000, "merchant": 1000}, b.balances(t, "merchant-a"))
 	})
 
 	t.Run("RefundsArePerClient", func(t *testing.T) {

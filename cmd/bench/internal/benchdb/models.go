@@ -41,6 +41,7 @@ type DemoOrder struct {
 	CustomerID string
 	Amount     int64
 	CreatedAt  time.Time
+	Refunded   int64
 }
 
 type DemoRefund struct {

@@ -46,9 +46,9 @@ func (q *Queries) LedgerBalances(ctx context.Context, db DBTX, client string) ([
 }
 
 const ledgerMove = `-- name: LedgerMove :exec
-INSERT INTO demo_ledger_entry (client, move_id, account, amount, kind, order_id, refund_id)
-VALUES ($1, $2, $3::text, 0 - $4::bigint, $5, $6, $7),
-       ($1, $2, $8::text, $4::bigint, $5, $6, $7)
+INSERT INTO demo_ledger_entry (client, move_id, account, amount, kind, order_id)
+VALUES ($1, $2, $3::text, 0 - $4::bigint, $5, $6),
+       ($1, $2, $7::text, $4::bigint, $5, $6)
 `
 
 type LedgerMoveParams struct {
@@ -58,12 +58,12 @@ type LedgerMoveParams struct {
 	Amount      int64
 	Kind        string
 	OrderID     string
-	RefundID    *string
 	ToAccount   string
 }
 
 // Moves amount from one account to another: two entries of one move, in one
-// statement, that sum to zero.
+// statement, that sum to zero. A refund's moves are written with the refund
+// (RefundRecord, RefundFail).
 func (q *Queries) LedgerMove(ctx context.Context, db DBTX, arg LedgerMoveParams) error {
 	_, err := db.Exec(ctx, ledgerMove,
 		arg.Client,
@@ -72,7 +72,6 @@ func (q *Queries) LedgerMove(ctx context.Context, db DBTX, arg LedgerMoveParams)
 		arg.Amount,
 		arg.Kind,
 		arg.OrderID,
-		arg.RefundID,
 		arg.ToAccount,
 	)
 	return err

@@ -28,6 +28,7 @@ type DemoOrder struct {
 	CustomerID string
 	Amount     int64
 	CreatedAt  time.Time
+	Refunded   int64
 }
 
 type DemoRefund struct {

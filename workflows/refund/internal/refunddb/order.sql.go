@@ -11,7 +11,7 @@ import (
 )
 
 const orderGet = `-- name: OrderGet :one
-SELECT client, order_id, customer_id, amount, created_at FROM demo_order WHERE client = $1 AND order_id = $2
+SELECT client, order_id, customer_id, amount, created_at, refunded FROM demo_order WHERE client = $1 AND order_id = $2
 `
 
 type OrderGetParams struct {
@@ -28,30 +28,7 @@ func (q *Queries) OrderGet(ctx context.Context, db DBTX, arg OrderGetParams) (*D
 		&i.CustomerID,
 		&i.Amount,
 		&i.CreatedAt,
-	)
-	return &i, err
-}
-
-const orderGetForUpdate = `-- name: OrderGetForUpdate :one
-SELECT client, order_id, customer_id, amount, created_at FROM demo_order WHERE client = $1 AND order_id = $2 FOR UPDATE
-`
-
-type OrderGetForUpdateParams struct {
-	Client  string
-	OrderID string
-}
-
-// Reads an order and locks it until the transaction ends, so that two refunds of
-// one order check what is left to refund one after the other.
-func (q *Queries) OrderGetForUpdate(ctx context.Context, db DBTX, arg OrderGetForUpdateParams) (*DemoOrder, error) {
-	row := db.QueryRow(ctx, orderGetForUpdate, arg.Client, arg.OrderID)
-	var i DemoOrder
-	err := row.Scan(
-		&i.Client,
-		&i.OrderID,
-		&i.CustomerID,
-		&i.Amount,
-		&i.CreatedAt,
+		&i.Refunded,
 	)
 	return &i, err
 }

@@ -7,7 +7,53 @@ package refunddb
 
 import (
 	"context"
+
+	"github.com/google/uuid"
 )
+
+const refundFail = `-- name: RefundFail :execrows
+WITH failed AS (
+    UPDATE demo_refund AS r
+    SET status = 'failed', updated_at = clock_timestamp()
+    WHERE r.id = $1 AND r.status = 'pending'
+    RETURNING r.id, r.client, r.order_id, r.amount
+), entries AS (
+    INSERT INTO demo_ledger_entry (client, move_id, account, amount, kind, order_id, refund_id)
+    SELECT f.client, $2, e.account, e.amount, 'refund_reversal', f.order_id, f.id
+    FROM failed AS f
+    CROSS JOIN LATERAL (VALUES ($3::text, 0 - f.amount),
+                               ($4::text, f.amount)) AS e (account, amount)
+)
+UPDATE demo_order AS o
+SET refunded = o.refunded - f.amount
+FROM failed AS f
+WHERE o.client = f.client AND o.order_id = f.order_id
+`
+
+type RefundFailParams struct {
+	ID          string
+	MoveID      uuid.UUID
+	FromAccount string
+	ToAccount   string
+}
+
+// Compensates RefundRecord, in one statement: marks a pending refund failed,
+// moves its amount back from from_account (the customer's) to to_account (the
+// merchant's), two entries that sum to zero, and gives the amount back to what
+// is left to refund of its order. One row: the order's. Zero rows: the refund
+// is not pending, and nothing was written.
+func (q *Queries) RefundFail(ctx context.Context, db DBTX, arg RefundFailParams) (int64, error) {
+	result, err := db.Exec(ctx, refundFail,
+		arg.ID,
+		arg.MoveID,
+		arg.FromAccount,
+		arg.ToAccount,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
 
 const refundGet = `-- name: RefundGet :one
 SELECT id, client, order_id, amount, status, provider_refund_id, created_at, updated_at FROM demo_refund WHERE client = $1 AND id = $2
@@ -32,28 +78,6 @@ func (q *Queries) RefundGet(ctx context.Context, db DBTX, arg RefundGetParams) (
 		&i.UpdatedAt,
 	)
 	return &i, err
-}
-
-const refundInsert = `-- name: RefundInsert :exec
-INSERT INTO demo_refund (id, client, order_id, amount)
-VALUES ($1, $2, $3, $4)
-`
-
-type RefundInsertParams struct {
-	ID      string
-	Client  string
-	OrderID string
-	Amount  int64
-}
-
-func (q *Queries) RefundInsert(ctx context.Context, db DBTX, arg RefundInsertParams) error {
-	_, err := db.Exec(ctx, refundInsert,
-		arg.ID,
-		arg.Client,
-		arg.OrderID,
-		arg.Amount,
-	)
-	return err
 }
 
 const refundListByOrder = `-- name: RefundListByOrder :many
@@ -96,20 +120,6 @@ func (q *Queries) RefundListByOrder(ctx context.Context, db DBTX, arg RefundList
 	return items, nil
 }
 
-const refundMarkFailed = `-- name: RefundMarkFailed :execrows
-UPDATE demo_refund
-SET status = 'failed', updated_at = clock_timestamp()
-WHERE id = $1 AND status = 'pending'
-`
-
-func (q *Queries) RefundMarkFailed(ctx context.Context, db DBTX, id string) (int64, error) {
-	result, err := db.Exec(ctx, refundMarkFailed, id)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const refundMarkSucceeded = `-- name: RefundMarkSucceeded :execrows
 UPDATE demo_refund
 SET status = 'succeeded', provider_refund_id = $1::text, updated_at = clock_timestamp()
@@ -129,21 +139,62 @@ func (q *Queries) RefundMarkSucceeded(ctx context.Context, db DBTX, arg RefundMa
 	return result.RowsAffected(), nil
 }
 
-const refundSumCommitted = `-- name: RefundSumCommitted :one
-SELECT coalesce(sum(amount), 0)::bigint AS committed
-FROM demo_refund
-WHERE client = $1 AND order_id = $2 AND status IN ('pending', 'succeeded')
+const refundRecord = `-- name: RefundRecord :one
+WITH taken AS (
+    UPDATE demo_order AS o
+    SET refunded = o.refunded + $1::bigint
+    WHERE o.client = $2 AND o.order_id = $3
+      AND $1::bigint <= o.amount - o.refunded
+    RETURNING o.client, o.order_id, o.customer_id
+), refund AS (
+    INSERT INTO demo_refund (id, client, order_id, amount)
+    SELECT $4::text, t.client, t.order_id, $1::bigint
+    FROM taken AS t
+    RETURNING id, client, order_id, amount
+), entries AS (
+    INSERT INTO demo_ledger_entry (client, move_id, account, amount, kind, order_id, refund_id)
+    SELECT r.client, $5, e.account, e.amount, 'refund', r.order_id, r.id
+    FROM refund AS r
+    CROSS JOIN taken AS t
+    CROSS JOIN LATERAL (VALUES ($6::text, 0 - r.amount),
+                               ($7::text || t.customer_id, r.amount)) AS e (account, amount)
+)
+SELECT customer_id FROM taken
 `
 
-type RefundSumCommittedParams struct {
-	Client  string
-	OrderID string
+type RefundRecordParams struct {
+	Amount                int64
+	Client                string
+	OrderID               string
+	ID                    string
+	MoveID                uuid.UUID
+	MerchantAccount       string
+	CustomerAccountPrefix string
 }
 
-// The amount of an order that its pending and succeeded refunds take.
-func (q *Queries) RefundSumCommitted(ctx context.Context, db DBTX, arg RefundSumCommittedParams) (int64, error) {
-	row := db.QueryRow(ctx, refundSumCommitted, arg.Client, arg.OrderID)
-	var committed int64
-	err := row.Scan(&committed)
-	return committed, err
+// Records a pending refund of amount of an order and its ledger move, in one
+// statement. The UPDATE takes amount from what is left to refund of the order,
+// and only if it is left: under READ COMMITTED, an UPDATE that waited for the
+// row lock of a concurrent refund checks its WHERE again on the row that refund
+// left, so refunds of one order never take more than its amount together (a
+// read of the refunds in the same statement would not do: it would see them as
+// of the statement's start, before the wait). From the order it took, the
+// statement inserts the refund, and moves amount from the merchant's account to
+// the order's customer's (customer_account_prefix and the customer id): two
+// entries that sum to zero. Returns the customer id; no row back means the
+// client has no such order, or less than amount left to refund of it, and
+// nothing was written.
+func (q *Queries) RefundRecord(ctx context.Context, db DBTX, arg RefundRecordParams) (string, error) {
+	row := db.QueryRow(ctx, refundRecord,
+		arg.Amount,
+		arg.Client,
+		arg.OrderID,
+		arg.ID,
+		arg.MoveID,
+		arg.MerchantAccount,
+		arg.CustomerAccountPrefix,
+	)
+	var customer_id string
+	err := row.Scan(&customer_id)
+	return customer_id, err
 }
