@@ -19,6 +19,7 @@ func TestClassify(t *testing.T) {
 		name string
 	}{
 		{sql: "begin", cat: catTxControl, name: "BEGIN"},
+		{sql: "begin isolation level serializable", cat: catTxControl, name: "BEGIN"},
 		{sql: " COMMIT ", cat: catTxControl, name: "COMMIT"},
 		{sql: "rollback", cat: catTxControl, name: "ROLLBACK"},
 		{sql: "-- name: OperationInsert :one\nINSERT INTO idemflow_operation (id) VALUES ($1)", cat: catEngine, name: "OperationInsert"},

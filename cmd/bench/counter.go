@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // category is what a statement does, told from its SQL.
@@ -51,8 +52,8 @@ type kind struct {
 	cat   category
 	name  string
 	count *atomic.Int64
-	// commit and rollback tell COMMIT and ROLLBACK apart from BEGIN.
-	commit, rollback bool
+	// begin, commit and rollback tell BEGIN, COMMIT and ROLLBACK apart.
+	begin, commit, rollback bool
 }
 
 var (
@@ -81,9 +82,15 @@ type traceState struct {
 type traceKey struct{}
 
 func (c *counter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	return c.queryStart(ctx, conn.PgConn().TxStatus(), data.SQL)
+}
+
+// queryStart is TraceQueryStart on a connection whose transaction status (as
+// pgconn.PgConn.TxStatus reports it) is txStatus.
+func (c *counter) queryStart(ctx context.Context, txStatus byte, sql string) context.Context {
 	c.roundTrips.Add(1)
-	k := c.count(data.SQL)
-	implicit := k.cat != catTxControl && conn.PgConn().TxStatus() == 'I'
+	k := c.count(sql)
+	implicit := k.cat != catTxControl && txStatus == 'I'
 	return context.WithValue(ctx, traceKey{}, traceState{implicit: implicit, kind: k})
 }
 
@@ -93,29 +100,50 @@ func (c *counter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.Trace
 	case st.kind == nil:
 	case st.implicit:
 		c.ended(data.Err == nil)
-	case st.kind.commit:
-		// COMMIT of a failed transaction answers ROLLBACK.
-		c.ended(data.Err == nil && data.CommandTag.String() == "COMMIT")
-	case st.kind.rollback && data.Err == nil:
-		c.rollbacks.Add(1)
+	default:
+		c.txControl(st.kind, data.CommandTag, data.Err)
 	}
 }
 
 // TraceBatchStart counts a batch as one round trip: pgx sends its statements
 // and one Sync together. Outside a transaction block the server runs the batch
-// as one implicit transaction.
-func (c *counter) TraceBatchStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.roundTrips.Add(1)
-	return context.WithValue(ctx, traceKey{}, traceState{implicit: conn.PgConn().TxStatus() == 'I'})
+// as one implicit transaction, unless the batch begins with BEGIN: then it is
+// the start of an explicit one, which a COMMIT or ROLLBACK ends, in this batch or
+// a later one.
+func (c *counter) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	return c.batchStart(ctx, conn.PgConn().TxStatus(), data.Batch)
 }
 
+// batchStart is TraceBatchStart on a connection whose transaction status is
+// txStatus.
+func (c *counter) batchStart(ctx context.Context, txStatus byte, b *pgx.Batch) context.Context {
+	c.roundTrips.Add(1)
+	begins := b != nil && len(b.QueuedQueries) > 0 && c.lookup(b.QueuedQueries[0].SQL).begin
+	return context.WithValue(ctx, traceKey{}, traceState{implicit: txStatus == 'I' && !begins})
+}
+
+// TraceBatchQuery counts a statement of a batch. pgx traces the statements up
+// to the first that fails, and none after it: the server skipped them.
 func (c *counter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
-	c.count(data.SQL)
+	c.txControl(c.count(data.SQL), data.CommandTag, data.Err)
 }
 
 func (c *counter) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchEndData) {
 	if st, _ := ctx.Value(traceKey{}).(traceState); st.implicit {
 		c.ended(data.Err == nil)
+	}
+}
+
+// txControl counts the end of a transaction when k, which answered tag and err,
+// is COMMIT or ROLLBACK of an explicit transaction.
+func (c *counter) txControl(k *kind, tag pgconn.CommandTag, err error) {
+	switch {
+	case k.commit:
+		// COMMIT of a failed transaction answers ROLLBACK; a COMMIT that fails
+		// (at a deferred constraint, say) leaves no transaction either.
+		c.ended(err == nil && tag.String() == "COMMIT")
+	case k.rollback && err == nil:
+		c.rollbacks.Add(1)
 	}
 }
 
@@ -129,19 +157,25 @@ func (c *counter) ended(committed bool) {
 
 // count counts a statement and returns what it is.
 func (c *counter) count(sql string) *kind {
+	k := c.lookup(sql)
+	c.stmts[k.cat].Add(1)
+	k.count.Add(1)
+	return k
+}
+
+// lookup returns what a statement is, without counting it.
+func (c *counter) lookup(sql string) *kind {
 	v, ok := c.kinds.Load(sql)
 	if !ok {
 		cat, name := classify(sql)
 		n, _ := c.byName.LoadOrStore(name, new(atomic.Int64))
+		tc := cat == catTxControl
 		v, _ = c.kinds.LoadOrStore(sql, &kind{
 			cat: cat, name: name, count: n.(*atomic.Int64),
-			commit: cat == catTxControl && name == "COMMIT", rollback: cat == catTxControl && name == "ROLLBACK",
+			begin: tc && name == "BEGIN", commit: tc && name == "COMMIT", rollback: tc && name == "ROLLBACK",
 		})
 	}
-	k := v.(*kind)
-	c.stmts[k.cat].Add(1)
-	k.count.Add(1)
-	return k
+	return v.(*kind)
 }
 
 // classify tells a statement's category and name from its SQL. sqlc's queries
@@ -149,7 +183,11 @@ func (c *counter) count(sql string) *kind {
 // and work on idemflow_ tables (the baseline's, on bench_operation).
 func classify(sql string) (category, string) {
 	s := strings.TrimSpace(sql)
-	for _, tc := range []string{"BEGIN", "COMMIT", "ROLLBACK"} {
+	// pgx begins with options as "begin isolation level ...".
+	if first, _, _ := strings.Cut(s, " "); strings.EqualFold(first, "BEGIN") {
+		return catTxControl, "BEGIN"
+	}
+	for _, tc := range []string{"COMMIT", "ROLLBACK"} {
 		if strings.EqualFold(s, tc) {
 			return catTxControl, tc
 		}
