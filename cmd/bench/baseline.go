@@ -23,9 +23,11 @@ import (
 // implicit transaction, all or nothing):
 //
 //  1. before the provider call: the key's reservation in bench_operation
-//     (client-generated id, with the run's lease), the order's row lock, the
-//     pending refund (inserted only if the reservation is this transaction's
-//     and the order has enough left to refund), its ledger move;
+//     (client-generated id, with the run's lease), then in one statement, as
+//     the workflow's ledger step records it, the amount taken from what is left
+//     to refund of the order, the pending refund and its ledger move (written
+//     only if the reservation is this transaction's and the order has enough
+//     left to refund);
 //  2. after it: the refund marked succeeded, the answer stored in the
 //     reservation, fenced by the run's id.
 //
@@ -55,11 +57,10 @@ func (b *baseline) refund(ctx context.Context, scope, key, orderID string, amoun
 	_, _ = b.q.OperationReserve(ctx, bq, benchdb.OperationReserveParams{
 		ID: opID, Scope: scope, Key: key, Input: input, RunID: &runID, Lease: engine.DefaultLease,
 	})
-	_ = b.q.OrderLock(ctx, bq, benchdb.OrderLockParams{Client: scope, OrderID: orderID})
-	_, _ = b.q.RefundInsertChecked(ctx, bq, benchdb.RefundInsertCheckedParams{
+	_, _ = b.q.RefundRecordReserved(ctx, bq, benchdb.RefundRecordReservedParams{
 		ID: refundID, Client: scope, OrderID: orderID, Amount: amount, OperationID: opID,
+		MoveID: uuid.Must(uuid.NewV7()), MerchantAccount: refund.MerchantAccount, CustomerAccountPrefix: refund.CustomerAccount(""),
 	})
-	_, _ = b.q.LedgerMoveRefund(ctx, bq, benchdb.LedgerMoveRefundParams{MoveID: uuid.Must(uuid.NewV7()), RefundID: refundID})
 	tags, err := sendBatch(ctx, b.pool, batch)
 	if err != nil {
 		return fmt.Errorf("reserve and record the refund: %w", err)
@@ -67,7 +68,7 @@ func (b *baseline) refund(ctx context.Context, scope, key, orderID string, amoun
 	switch {
 	case tags[0].RowsAffected() != 1:
 		return fmt.Errorf("key %s was taken", key)
-	case tags[2].RowsAffected() != 1:
+	case tags[1].RowsAffected() != 1:
 		// A real program would store the failure as the key's answer.
 		return fmt.Errorf("order %s has no %d left to refund", orderID, amount)
 	}

@@ -25,8 +25,8 @@ func TestClassify(t *testing.T) {
 		{sql: "-- name: OperationInsert :one\nINSERT INTO idemflow_operation (id) VALUES ($1)", cat: catEngine, name: "OperationInsert"},
 		{sql: "-- name: StepCheckpointMany :one\nWITH cp AS (INSERT INTO idemflow_step ...)", cat: catEngine, name: "StepCheckpointMany"},
 		{sql: "-- name: OperationReserve :execrows\nINSERT INTO bench_operation (id) VALUES ($1)", cat: catEngine, name: "OperationReserve"},
-		{sql: "-- name: RefundInsertChecked :execrows\nINSERT INTO demo_refund SELECT ... FROM bench_operation", cat: catSteps, name: "RefundInsertChecked"},
-		{sql: "-- name: OrderGetForUpdate :one\nSELECT * FROM demo_order FOR UPDATE", cat: catSteps, name: "OrderGetForUpdate"},
+		{sql: "-- name: RefundRecordReserved :execrows\nWITH taken AS (UPDATE demo_order ... FROM bench_operation ...)", cat: catSteps, name: "RefundRecordReserved"},
+		{sql: "-- name: RefundRecord :one\nWITH taken AS (UPDATE demo_order ...) SELECT customer_id FROM taken", cat: catSteps, name: "RefundRecord"},
 		{sql: "-- name: JobGetAvailable :many\nSELECT * FROM /* TEMPLATE: schema */river_job", cat: catRiver, name: "JobGetAvailable"},
 		{sql: "-- name: RefundUpsert :one\nINSERT INTO provider.refund (id) VALUES ($1)", cat: catProvider, name: "RefundUpsert"},
 		{sql: "select 1", cat: catOther, name: "SELECT"},
@@ -81,8 +81,20 @@ func TestRun(t *testing.T) {
 	require.GreaterOrEqual(t, bl.CommitsPerOp, 3.9, "the server's count of commits covers the tracers'")
 	require.Less(t, bl.CommitsPerOp, 6.0, "the server's count of commits is near the tracers'")
 
+	// The refund is recorded in one statement, by the baseline as by the
+	// workflow's ledger step; finalize marks it succeeded.
+	require.InDelta(t, 1.0, bl.Statements["RefundRecordReserved"], 1e-9)
+	require.InDelta(t, 2.0, bl.StepStatementsPerOp, 1e-9)
+	eng := results[modeEngine]
+	require.InDelta(t, 1.0, eng.Statements["RefundRecord"], 1e-9)
+	require.InDelta(t, 2.0, eng.StepStatementsPerOp, 1e-9)
+	// The engine's two transactions, each begun in a batch with the step's
+	// statement and committed in a batch with the checkpoint.
+	require.InDelta(t, 2.0, eng.EngineCommitsPerOp, 1e-9)
+	require.Zero(t, eng.EngineRollbacksPerOp)
+
 	// Every refund reserves its key once, and a replay reads it once.
-	require.InDelta(t, 1.0, results[modeEngine].Statements["OperationInsert"], 1e-9)
+	require.InDelta(t, 1.0, results[modeEngine].Statements["OperationReserve"], 1e-9)
 	require.InDelta(t, 1.0, results[modeHTTP].Statements["OperationGetByKey"], 1e-9)
 	require.Equal(t, map[string]float64{"OperationGetByKey": 1}, results[modeReplay].Statements)
 }

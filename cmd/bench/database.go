@@ -212,7 +212,8 @@ const historyTables = "idemflow_operation, idemflow_step, demo_order, demo_refun
 
 // fillHistory records count finished refunds of client, as the engine and the
 // refund workflow leave them: orders prefix1 to prefixN of orderAmount, a
-// succeeded refund of refundAmount of each, and the engine's operation (keys
+// succeeded refund of refundAmount of each (counted in the order's refunded),
+// and the engine's operation (keys
 // prefix1 to prefixN, finished in the past hour) with its 3 step rows. Then it
 // vacuums and analyzes the tables, as autovacuum would in time, so that the
 // timed modes meet a settled table and fresh statistics rather than the bulk
@@ -239,7 +240,7 @@ func (s *server) fillHistory(ctx context.Context, client, prefix string, count i
 		return fmt.Errorf("insert the refunds: %w", err)
 	}
 	if n != int64(count) {
-		return fmt.Errorf("inserted %d refunds of %d", n, count)
+		return fmt.Errorf("inserted the refunds of %d orders of %d", n, count)
 	}
 	if n, err = q.HistoryOperationInsertSeries(ctx, pool, benchdb.HistoryOperationInsertSeriesParams{
 		Scope: client, Prefix: prefix, Amount: refundAmount, Count: int32(count),

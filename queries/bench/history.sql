@@ -1,10 +1,19 @@
 -- name: HistoryRefundInsertSeries :execrows
 -- The succeeded refunds of those operations, one of amount per order prefix1 to
--- prefixN that OrderInsertSeries recorded, with the ids the operations store.
-INSERT INTO demo_refund (id, client, order_id, amount, status, provider_refund_id, created_at, updated_at)
-SELECT 're_' || sqlc.arg(prefix)::text || g, @client, sqlc.arg(prefix)::text || g, sqlc.arg(amount)::bigint, 'succeeded',
-       'pr_' || sqlc.arg(prefix)::text || g, now() - interval '1 hour', now() - interval '1 hour'
-FROM generate_series(1, sqlc.arg(count)::int) AS g;
+-- prefixN that OrderInsertSeries recorded, with the ids the operations store,
+-- each counted in its order's refunded as the refund's ledger step counts it.
+-- The rows are the orders updated.
+WITH refund AS (
+    INSERT INTO demo_refund (id, client, order_id, amount, status, provider_refund_id, created_at, updated_at)
+    SELECT 're_' || sqlc.arg(prefix)::text || g, @client, sqlc.arg(prefix)::text || g, sqlc.arg(amount)::bigint, 'succeeded',
+           'pr_' || sqlc.arg(prefix)::text || g, now() - interval '1 hour', now() - interval '1 hour'
+    FROM generate_series(1, sqlc.arg(count)::int) AS g
+    RETURNING client, order_id, amount
+)
+UPDATE demo_order AS o
+SET refunded = o.refunded + r.amount
+FROM refund AS r
+WHERE o.client = r.client AND o.order_id = r.order_id;
 
 -- name: HistoryOperationInsertSeries :execrows
 -- Inserts count refund operations of the engine in scope, of amount each, with

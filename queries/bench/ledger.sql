@@ -9,16 +9,3 @@ FROM demo_order AS o
 CROSS JOIN LATERAL (SELECT gen_random_uuid() AS move_id, o.order_id AS order_id) AS m
 CROSS JOIN (SELECT unnest(ARRAY[-1, 1]) AS sign) AS s
 WHERE o.client = @client AND o.order_id LIKE sqlc.arg(prefix)::text || '%';
-
--- name: LedgerMoveRefund :execrows
--- The ledger move of a refund that this transaction inserted: its amount from
--- the merchant to the order's customer, two entries that sum to zero. No rows
--- when there is no such refund.
-INSERT INTO demo_ledger_entry (client, move_id, account, amount, kind, order_id, refund_id)
-SELECT r.client, @move_id,
-       CASE WHEN s.sign < 0 THEN 'merchant' ELSE 'customer:' || o.customer_id END,
-       s.sign * r.amount, 'refund', r.order_id, r.id
-FROM demo_refund AS r
-JOIN demo_order AS o ON o.client = r.client AND o.order_id = r.order_id
-CROSS JOIN (SELECT unnest(ARRAY[-1, 1]) AS sign) AS s
-WHERE r.id = @refund_id;

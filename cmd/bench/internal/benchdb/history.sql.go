@@ -51,10 +51,17 @@ func (q *Queries) HistoryOperationInsertSeries(ctx context.Context, db DBTX, arg
 }
 
 const historyRefundInsertSeries = `-- name: HistoryRefundInsertSeries :execrows
-INSERT INTO demo_refund (id, client, order_id, amount, status, provider_refund_id, created_at, updated_at)
-SELECT 're_' || $1::text || g, $2, $1::text || g, $3::bigint, 'succeeded',
-       'pr_' || $1::text || g, now() - interval '1 hour', now() - interval '1 hour'
-FROM generate_series(1, $4::int) AS g
+WITH refund AS (
+    INSERT INTO demo_refund (id, client, order_id, amount, status, provider_refund_id, created_at, updated_at)
+    SELECT 're_' || $1::text || g, $2, $1::text || g, $3::bigint, 'succeeded',
+           'pr_' || $1::text || g, now() - interval '1 hour', now() - interval '1 hour'
+    FROM generate_series(1, $4::int) AS g
+    RETURNING client, order_id, amount
+)
+UPDATE demo_order AS o
+SET refunded = o.refunded + r.amount
+FROM refund AS r
+WHERE o.client = r.client AND o.order_id = r.order_id
 `
 
 type HistoryRefundInsertSeriesParams struct {
@@ -65,7 +72,9 @@ type HistoryRefundInsertSeriesParams struct {
 }
 
 // The succeeded refunds of those operations, one of amount per order prefix1 to
-// prefixN that OrderInsertSeries recorded, with the ids the operations store.
+// prefixN that OrderInsertSeries recorded, with the ids the operations store,
+// each counted in its order's refunded as the refund's ledger step counts it.
+// The rows are the orders updated.
 func (q *Queries) HistoryRefundInsertSeries(ctx context.Context, db DBTX, arg HistoryRefundInsertSeriesParams) (int64, error) {
 	result, err := db.Exec(ctx, historyRefundInsertSeries,
 		arg.Prefix,

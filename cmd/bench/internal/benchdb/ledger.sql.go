@@ -7,8 +7,6 @@ package benchdb
 
 import (
 	"context"
-
-	"github.com/google/uuid"
 )
 
 const ledgerMoveOrderSeries = `-- name: LedgerMoveOrderSeries :execrows
@@ -31,33 +29,6 @@ type LedgerMoveOrderSeriesParams struct {
 // amount from its customer to the merchant.
 func (q *Queries) LedgerMoveOrderSeries(ctx context.Context, db DBTX, arg LedgerMoveOrderSeriesParams) (int64, error) {
 	result, err := db.Exec(ctx, ledgerMoveOrderSeries, arg.Client, arg.Prefix)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const ledgerMoveRefund = `-- name: LedgerMoveRefund :execrows
-INSERT INTO demo_ledger_entry (client, move_id, account, amount, kind, order_id, refund_id)
-SELECT r.client, $1,
-       CASE WHEN s.sign < 0 THEN 'merchant' ELSE 'customer:' || o.customer_id END,
-       s.sign * r.amount, 'refund', r.order_id, r.id
-FROM demo_refund AS r
-JOIN demo_order AS o ON o.client = r.client AND o.order_id = r.order_id
-CROSS JOIN (SELECT unnest(ARRAY[-1, 1]) AS sign) AS s
-WHERE r.id = $2
-`
-
-type LedgerMoveRefundParams struct {
-	MoveID   uuid.UUID
-	RefundID string
-}
-
-// The ledger move of a refund that this transaction inserted: its amount from
-// the merchant to the order's customer, two entries that sum to zero. No rows
-// when there is no such refund.
-func (q *Queries) LedgerMoveRefund(ctx context.Context, db DBTX, arg LedgerMoveRefundParams) (int64, error) {
-	result, err := db.Exec(ctx, ledgerMoveRefund, arg.MoveID, arg.RefundID)
 	if err != nil {
 		return 0, err
 	}

@@ -36,19 +36,3 @@ func (q *Queries) OrderInsertSeries(ctx context.Context, db DBTX, arg OrderInser
 	}
 	return result.RowsAffected(), nil
 }
-
-const orderLock = `-- name: OrderLock :exec
-SELECT 1 FROM demo_order WHERE client = $1 AND order_id = $2 FOR UPDATE
-`
-
-type OrderLockParams struct {
-	Client  string
-	OrderID string
-}
-
-// Locks an order until the transaction ends, so that two refunds of it check
-// what is left to refund one after the other.
-func (q *Queries) OrderLock(ctx context.Context, db DBTX, arg OrderLockParams) error {
-	_, err := db.Exec(ctx, orderLock, arg.Client, arg.OrderID)
-	return err
-}

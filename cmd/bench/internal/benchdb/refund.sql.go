@@ -11,46 +11,6 @@ import (
 	"github.com/google/uuid"
 )
 
-const refundInsertChecked = `-- name: RefundInsertChecked :execrows
-INSERT INTO demo_refund (id, client, order_id, amount)
-SELECT $1, o.client, o.order_id, $2::bigint
-FROM demo_order AS o
-WHERE o.client = $3
-  AND o.order_id = $4
-  AND EXISTS (SELECT 1 FROM bench_operation AS op WHERE op.id = $5::uuid)
-  AND $2::bigint <= o.amount - (
-        SELECT coalesce(sum(r.amount), 0)
-        FROM demo_refund AS r
-        WHERE r.client = $3 AND r.order_id = $4 AND r.status IN ('pending', 'succeeded'))
-`
-
-type RefundInsertCheckedParams struct {
-	ID          string
-	Amount      int64
-	Client      string
-	OrderID     string
-	OperationID uuid.UUID
-}
-
-// Records a pending refund when the baseline's reservation committed in this
-// transaction (operation_id) and the order has amount left to refund. Run it
-// after OrderLock, in its own statement, so that its snapshot sees every refund
-// that committed before the lock was granted. Zero rows: no such order, the
-// amount exceeds what is left, or the key was taken.
-func (q *Queries) RefundInsertChecked(ctx context.Context, db DBTX, arg RefundInsertCheckedParams) (int64, error) {
-	result, err := db.Exec(ctx, refundInsertChecked,
-		arg.ID,
-		arg.Amount,
-		arg.Client,
-		arg.OrderID,
-		arg.OperationID,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const refundMarkSucceeded = `-- name: RefundMarkSucceeded :execrows
 UPDATE demo_refund
 SET status = 'succeeded', provider_refund_id = $1::text, updated_at = clock_timestamp()
@@ -64,6 +24,68 @@ type RefundMarkSucceededParams struct {
 
 func (q *Queries) RefundMarkSucceeded(ctx context.Context, db DBTX, arg RefundMarkSucceededParams) (int64, error) {
 	result, err := db.Exec(ctx, refundMarkSucceeded, arg.ProviderRefundID, arg.ID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const refundRecordReserved = `-- name: RefundRecordReserved :execrows
+WITH taken AS (
+    UPDATE demo_order AS o
+    SET refunded = o.refunded + $1::bigint
+    WHERE o.client = $2 AND o.order_id = $3
+      AND $1::bigint <= o.amount - o.refunded
+      AND EXISTS (SELECT 1 FROM bench_operation AS op WHERE op.id = $4::uuid)
+    RETURNING o.client, o.order_id, o.customer_id
+), refund AS (
+    INSERT INTO demo_refund (id, client, order_id, amount)
+    SELECT $5::text, t.client, t.order_id, $1::bigint
+    FROM taken AS t
+    RETURNING id, client, order_id, amount
+), entries AS (
+    INSERT INTO demo_ledger_entry (client, move_id, account, amount, kind, order_id, refund_id)
+    SELECT r.client, $6, e.account, e.amount, 'refund', r.order_id, r.id
+    FROM refund AS r
+    CROSS JOIN taken AS t
+    CROSS JOIN LATERAL (VALUES ($7::text, 0 - r.amount),
+                               ($8::text || t.customer_id, r.amount)) AS e (account, amount)
+)
+SELECT customer_id FROM taken
+`
+
+type RefundRecordReservedParams struct {
+	Amount                int64
+	Client                string
+	OrderID               string
+	OperationID           uuid.UUID
+	ID                    string
+	MoveID                uuid.UUID
+	MerchantAccount       string
+	CustomerAccountPrefix string
+}
+
+// The baseline's copy of the refund workflow's RefundRecord (queries/refund):
+// the same writes in one statement, and one more condition, that the baseline's
+// reservation (operation_id) was inserted in this transaction, so that a taken
+// key records nothing. The UPDATE takes amount from what is left to refund of
+// the order, only if it is left (after waiting for a concurrent refund's row
+// lock, it checks its WHERE again on the newest row); from the order it took,
+// the statement inserts the pending refund and moves amount from the merchant
+// to the order's customer, two entries that sum to zero. Its command tag counts
+// the rows of its final SELECT: 1 when it recorded the refund, 0 when the key
+// was taken, there is no such order, or less than amount is left to refund.
+func (q *Queries) RefundRecordReserved(ctx context.Context, db DBTX, arg RefundRecordReservedParams) (int64, error) {
+	result, err := db.Exec(ctx, refundRecordReserved,
+		arg.Amount,
+		arg.Client,
+		arg.OrderID,
+		arg.OperationID,
+		arg.ID,
+		arg.MoveID,
+		arg.MerchantAccount,
+		arg.CustomerAccountPrefix,
+	)
 	if err != nil {
 		return 0, err
 	}
