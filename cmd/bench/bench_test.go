@@ -89,8 +89,10 @@ func TestRun(t *testing.T) {
 	require.InDelta(t, 1.0, eng.Statements["RefundRecord"], 1e-9)
 	require.InDelta(t, 2.0, eng.StepStatementsPerOp, 1e-9)
 	// The engine's two transactions, each begun in a batch with the step's
-	// statement and committed in a batch with the checkpoint.
-	require.InDelta(t, 2.0, eng.EngineCommitsPerOp, 1e-9)
+	// statement and committed in a batch with the checkpoint; a sweep of the
+	// engine's may add one commit to the run (0.05 over 20 refunds).
+	require.GreaterOrEqual(t, eng.EngineCommitsPerOp, 2.0, "%v", eng.Statements)
+	require.Less(t, eng.EngineCommitsPerOp, 2.5, "%v", eng.Statements)
 	require.Zero(t, eng.EngineRollbacksPerOp)
 
 	// Every refund reserves its key once, and a replay reads it once.
