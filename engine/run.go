@@ -194,14 +194,25 @@ func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*In
 		return r.stepFailed(ctx, i, st, attempt, started, err)
 	}
 	r.hook(ctx, st, PointAfterEffect, attempt)
+	prevState, prevStatus := r.stateRaw, r.status[st.name]
 	if err := r.succeeded(i, st, attempt, started); err != nil {
 		tx.end(ctx)
 		return r.stepFailed(ctx, i, st, attempt, started, Permanent(err))
 	}
+	var info *Info
 	if last {
-		return r.commitSuccess(ctx, tx)
+		info, err = r.commitSuccess(ctx, tx)
+	} else {
+		err = r.commit(ctx, tx)
 	}
-	return nil, r.commit(ctx, tx)
+	if se := (*stepError)(nil); errors.As(err, &se) {
+		// A statement the step queued with AtCommit failed: the step did not
+		// succeed after all, and nothing of its transaction committed.
+		r.pending = r.pending[:len(r.pending)-1]
+		r.stateRaw, r.status[st.name] = prevState, prevStatus
+		return r.stepFailed(ctx, i, st, attempt, started, se.err)
+	}
+	return info, err
 }
 
 func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool) (*Info, error) {
@@ -395,11 +406,17 @@ func (r *run) compensateWith(ctx context.Context, failure *store.StepRecordFailu
 		if !ok {
 			return nil, errLost
 		}
+		var info *Info
 		if k == len(todo)-1 {
-			return r.commitFailure(ctx, tx)
+			info, err = r.commitFailure(ctx, tx)
+		} else {
+			err = r.commit(ctx, tx)
 		}
-		if err := r.commit(ctx, tx); err != nil {
-			return nil, err
+		if se := (*stepError)(nil); errors.As(err, &se) {
+			return r.compensationFailed(ctx, st, failure, se.err)
+		}
+		if err != nil || info != nil {
+			return info, err
 		}
 		failure = nil
 		r.status[st.name] = store.StepCompensated

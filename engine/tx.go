@@ -27,3 +27,22 @@ type Tx interface {
 }
 
 var _ Tx = pgx.Tx(nil)
+
+// AtCommit returns a Tx whose Exec does not send its statement but queues it to
+// run when the engine commits the step's transaction, after the step has
+// returned, in the round trip of the checkpoint and COMMIT: a step whose writes
+// all go this way costs no round trip of its own. The step never sees the
+// statement's result, so use it only for a write that fails on its own (a
+// constraint, an error raised in SQL) when the step must not succeed: the
+// transaction then commits nothing, and the attempt fails with that error as
+// if the step had returned it (a transient failure, retried). Reads, batches
+// and copies through the returned Tx fail.
+//
+// On a Tx that is not the engine's, a pgx.Tx in a test for instance, AtCommit
+// returns tx itself: the statement runs at once.
+func AtCommit(tx Tx) Tx {
+	if t, ok := tx.(*txn); ok {
+		return atCommitTx{t}
+	}
+	return tx
+}

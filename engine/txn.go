@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -31,6 +32,8 @@ type txn struct {
 	failed error
 	// open is a batch whose results the step has not closed yet.
 	open pgx.BatchResults
+	// atCommit holds the step's statements queued with AtCommit.
+	atCommit pgx.Batch
 }
 
 var _ Tx = (*txn)(nil)
@@ -95,9 +98,10 @@ func (t *txn) pgx(ctx context.Context) (pgx.Tx, error) {
 	return t.tx, nil
 }
 
-// commit sends what is queued in last (the checkpoint), then COMMIT, in one
-// round trip with BEGIN and the prelude when they have not been sent. It rolls
-// back when any of it fails, and ends the transaction in every case.
+// commit sends the statements queued with AtCommit, what is queued in last (the
+// checkpoint), then COMMIT, in one round trip with BEGIN and the prelude when
+// they have not been sent. It rolls back when any of it fails, and ends the
+// transaction in every case. A failed AtCommit statement is a *stepError.
 func (t *txn) commit(ctx context.Context, last *pgx.Batch) (err error) {
 	defer t.end(ctx)
 	t.closeOpen()
@@ -107,12 +111,23 @@ func (t *txn) commit(ctx context.Context, last *pgx.Batch) (err error) {
 	if last == nil {
 		last = &pgx.Batch{}
 	}
-	b := &pgx.Batch{QueuedQueries: last.QueuedQueries}
+	b := &pgx.Batch{}
+	b.QueuedQueries = append(b.QueuedQueries, t.atCommit.QueuedQueries...)
+	b.QueuedQueries = append(b.QueuedQueries, last.QueuedQueries...)
 	if t.tx == nil && t.prelude.Len() == 0 && b.Len() == 0 {
 		return nil // nothing was sent and nothing is to be written
 	}
 	b.Queue("commit")
 	br := t.send(ctx, b)
+	for range t.atCommit.Len() {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			if t.failed != nil {
+				return t.failed
+			}
+			return &stepError{err: err}
+		}
+	}
 	for range last.Len() {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
@@ -271,3 +286,44 @@ func (r batchRow) Scan(dest ...any) error {
 	}
 	return err
 }
+
+// stepError is the error of a statement that a step queued with AtCommit: the
+// step's attempt failed, not the run.
+type stepError struct {
+	err error
+}
+
+func (e *stepError) Error() string { return e.err.Error() }
+func (e *stepError) Unwrap() error { return e.err }
+
+// atCommitTx is what AtCommit returns for the engine's transaction.
+type atCommitTx struct {
+	t *txn
+}
+
+var errAtCommitRead = errors.New("engine: a statement queued with AtCommit has no result for the step to read")
+
+func (a atCommitTx) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	a.t.atCommit.Queue(sql, args...)
+	return pgconn.CommandTag{}, nil
+}
+
+func (a atCommitTx) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, errAtCommitRead
+}
+
+func (a atCommitTx) QueryRow(context.Context, string, ...any) pgx.Row {
+	return errRow{}
+}
+
+func (a atCommitTx) SendBatch(_ context.Context, b *pgx.Batch) pgx.BatchResults {
+	return pgx.FailedBatchResults(b, errAtCommitRead)
+}
+
+func (a atCommitTx) CopyFrom(context.Context, pgx.Identifier, []string, pgx.CopyFromSource) (int64, error) {
+	return 0, errAtCommitRead
+}
+
+type errRow struct{}
+
+func (errRow) Scan(...any) error { return errAtCommitRead }

@@ -101,6 +101,15 @@ func TestTxnStep(t *testing.T) {
 			_, err := tx.CopyFrom(ctx, pgx.Identifier{"txn_test"}, []string{"n"}, pgx.CopyFromRows([][]any{{11}, {12}}))
 			return err
 		}, []int{11, 12}},
+		{"at commit", func(ctx context.Context, tx Tx) error {
+			if _, err := AtCommit(tx).Exec(ctx, `INSERT INTO txn_test (n) VALUES (3)`); err != nil {
+				return err
+			}
+			if _, err := AtCommit(tx).Query(ctx, `SELECT 1`); err == nil {
+				t.Error("a read through AtCommit did not fail")
+			}
+			return insert(ctx, tx, 1)
+		}, []int{1, 3}},
 		{"nothing", func(context.Context, Tx) error { return nil }, []int{}},
 	}
 	for _, tc := range tests {

@@ -1,0 +1,136 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/testdb"
+)
+
+const atCommitSchema = `
+CREATE TABLE test_at_commit (step text NOT NULL, n int NOT NULL CHECK (n > 0));
+CREATE TABLE test_attempt (step text NOT NULL);
+`
+
+// atCommitOp is a tx, external, tx operation whose tx steps write through
+// engine.AtCommit, and with plain also send a write at once. Each tx step's
+// AtCommit write violates a CHECK while fail says so.
+func atCommitOp(t *testing.T, plain bool, fail map[string]*atomic.Int32, calls *atomic.Int32) *engine.Operation[int, int, int] {
+	t.Helper()
+	write := func(name string) engine.TxFunc[int, int] {
+		return func(ctx context.Context, tx engine.Tx, in int, s *int) error {
+			// A plain write, sent at once: it must not outlive a failed attempt.
+			if plain {
+				if _, err := tx.Exec(ctx, `INSERT INTO test_attempt (step) VALUES ($1)`, name); err != nil {
+					return err
+				}
+			}
+			n := 1
+			if fail[name] != nil && fail[name].Add(-1) >= 0 {
+				n = 0
+			}
+			*s += n
+			_, err := engine.AtCommit(tx).Exec(ctx, `INSERT INTO test_at_commit (step, n) VALUES ($1, $2)`, name, n)
+			return err
+		}
+	}
+	op, err := engine.NewOperation("at_commit", []engine.Step[int, int]{
+		engine.TxStep("first", write("first"), nil),
+		engine.ExternalStep("call", func(context.Context, engine.Call, int, *int) error {
+			calls.Add(1)
+			return nil
+		}, nil),
+		engine.TxStep("last", write("last"), nil),
+	}, func(in int, s *int) (int, error) { return *s, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: 1}})
+	require.NoError(t, err)
+	return op
+}
+
+// TestAtCommit: a statement queued with AtCommit commits with the step's
+// checkpoint; when it fails, nothing of the step's transaction commits, the
+// attempt fails and is retried, and the checkpoints the transaction carried for
+// earlier steps are not lost (the external step is not called again).
+func TestAtCommit(t *testing.T) {
+	t.Parallel()
+	for _, failing := range []string{"", "first", "last"} {
+		t.Run("failing="+failing, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := testdb.Pool(t)
+			_, err := pool.Exec(ctx, atCommitSchema)
+			require.NoError(t, err)
+			fail := map[string]*atomic.Int32{}
+			if failing != "" {
+				fail[failing] = &atomic.Int32{}
+				fail[failing].Store(1)
+			}
+			var calls atomic.Int32
+			op := atCommitOp(t, true, fail, &calls)
+			e := newEngine(t, pool, op)
+
+			started, err := engine.Start(ctx, e, op, "c", "k", 0, nil)
+			require.NoError(t, err)
+			info := waitDone(t, e, started)
+			require.Equal(t, engine.StatusSucceeded, info.Status, "%+v", info.Error)
+			out, err := op.Result(info)
+			require.NoError(t, err)
+			require.Equal(t, 2, out, "the state of the failed attempt was dropped")
+			require.Equal(t, int32(1), calls.Load())
+
+			got, err := e.Get(ctx, started.ID)
+			require.NoError(t, err)
+			for _, st := range got.Steps {
+				want := 1
+				if st.Name == failing {
+					want = 2
+				}
+				require.Equal(t, want, st.Attempts, st.Name)
+			}
+			var written, attempts int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM test_at_commit`).Scan(&written))
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM test_attempt`).Scan(&attempts))
+			require.Equal(t, 2, written)
+			require.Equal(t, 2, attempts, "the failed attempt's own write rolled back with it")
+		})
+	}
+}
+
+// TestAtCommitCost: tx steps that write only through AtCommit cost one round
+// trip per transaction, reservation, checkpoint and COMMIT included.
+func TestAtCommitCost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	require.NoError(t, err)
+	counter := &statementCounter{}
+	cfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = pool.Exec(ctx, atCommitSchema)
+	require.NoError(t, err)
+	var calls atomic.Int32
+	op := atCommitOp(t, false, nil, &calls)
+	// No workers: nothing but the first attempt sends anything.
+	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}})
+	require.NoError(t, err)
+
+	for i := range 3 {
+		counter.reset()
+		started, err := engine.Start(ctx, e, op, "c", fmt.Sprint("k", i), 0, nil)
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusSucceeded, waitDone(t, e, started).Status)
+		counter.mu.Lock()
+		require.Equal(t, 2, counter.commits)
+		// BEGIN, the reservation, the step's write, its checkpoint and COMMIT in
+		// one; the last step's write, the checkpoints and COMMIT in the other.
+		require.Equal(t, 2, counter.roundTrips)
+		counter.mu.Unlock()
+	}
+}
