@@ -55,10 +55,17 @@ SET refunded = o.refunded - f.amount
 FROM failed AS f
 WHERE o.client = f.client AND o.order_id = f.order_id;
 
--- name: RefundMarkSucceeded :execrows
-UPDATE demo_refund
-SET status = 'succeeded', provider_refund_id = sqlc.arg(provider_refund_id)::text, updated_at = clock_timestamp()
-WHERE id = @id AND status = 'pending';
+-- name: RefundMarkSucceeded :exec
+-- Marks a pending refund succeeded, and fails when it is not pending: the
+-- finalize step sends it with engine.AtCommit, with its checkpoint and COMMIT,
+-- so it must fail on its own rather than report no row.
+WITH marked AS (
+    UPDATE demo_refund
+    SET status = 'succeeded', provider_refund_id = sqlc.arg(provider_refund_id)::text, updated_at = clock_timestamp()
+    WHERE id = sqlc.arg(id)::text AND status = 'pending'
+    RETURNING id
+)
+SELECT demo_check(EXISTS (SELECT 1 FROM marked), 'refund ' || sqlc.arg(id)::text || ' is not pending');
 
 -- name: RefundGet :one
 SELECT * FROM demo_refund WHERE client = @client AND id = @id;

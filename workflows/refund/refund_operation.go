@@ -142,17 +142,16 @@ func (w *Workflows) lookupProvider(ctx context.Context, call engine.Call, _ Refu
 	return true, nil
 }
 
-// finalize is the step StepFinalize.
+// finalize is the step StepFinalize. Its one write goes with the step's
+// checkpoint and COMMIT (engine.AtCommit): the statement itself fails when the
+// refund is not pending.
 func (w *Workflows) finalize(ctx context.Context, tx engine.Tx, _ RefundInput, s *RefundState) error {
-	n, err := w.q.RefundMarkSucceeded(ctx, tx, refunddb.RefundMarkSucceededParams{
+	err := w.q.RefundMarkSucceeded(ctx, engine.AtCommit(tx), refunddb.RefundMarkSucceededParams{
 		ID:               s.RefundID,
 		ProviderRefundID: s.ProviderRefundID,
 	})
 	if err != nil {
 		return fmt.Errorf("mark refund %s succeeded: %w", s.RefundID, err)
-	}
-	if n != 1 {
-		return fmt.Errorf("refund %s is not pending", s.RefundID)
 	}
 	return nil
 }

@@ -120,23 +120,27 @@ func (q *Queries) RefundListByOrder(ctx context.Context, db DBTX, arg RefundList
 	return items, nil
 }
 
-const refundMarkSucceeded = `-- name: RefundMarkSucceeded :execrows
-UPDATE demo_refund
-SET status = 'succeeded', provider_refund_id = $1::text, updated_at = clock_timestamp()
-WHERE id = $2 AND status = 'pending'
+const refundMarkSucceeded = `-- name: RefundMarkSucceeded :exec
+WITH marked AS (
+    UPDATE demo_refund
+    SET status = 'succeeded', provider_refund_id = $2::text, updated_at = clock_timestamp()
+    WHERE id = $1::text AND status = 'pending'
+    RETURNING id
+)
+SELECT demo_check(EXISTS (SELECT 1 FROM marked), 'refund ' || $1::text || ' is not pending')
 `
 
 type RefundMarkSucceededParams struct {
-	ProviderRefundID string
 	ID               string
+	ProviderRefundID string
 }
 
-func (q *Queries) RefundMarkSucceeded(ctx context.Context, db DBTX, arg RefundMarkSucceededParams) (int64, error) {
-	result, err := db.Exec(ctx, refundMarkSucceeded, arg.ProviderRefundID, arg.ID)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+// Marks a pending refund succeeded, and fails when it is not pending: the
+// finalize step sends it with engine.AtCommit, with its checkpoint and COMMIT,
+// so it must fail on its own rather than report no row.
+func (q *Queries) RefundMarkSucceeded(ctx context.Context, db DBTX, arg RefundMarkSucceededParams) error {
+	_, err := db.Exec(ctx, refundMarkSucceeded, arg.ID, arg.ProviderRefundID)
+	return err
 }
 
 const refundRecord = `-- name: RefundRecord :one
