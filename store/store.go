@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemflow/idemflow/internal/pguuid"
 	"github.com/idemflow/idemflow/store/internal/dbsqlc"
 )
 
@@ -185,14 +186,14 @@ type OperationInsertParams struct {
 // writes nothing, when the key is already taken.
 func (s *Store) OperationInsert(ctx context.Context, db DBTX, p OperationInsertParams) (bool, error) {
 	_, err := s.q.OperationInsert(ctx, db, dbsqlc.OperationInsertParams{
-		ID:          p.ID,
+		ID:          pguuid.UUID(p.ID),
 		Name:        p.Name,
 		Scope:       p.Scope,
 		Key:         p.Key,
 		Steps:       p.Steps,
 		Input:       p.Input,
 		Fingerprint: nullJSON(p.Fingerprint),
-		LockedBy:    p.LockedBy,
+		LockedBy:    pguuid.Ptr(p.LockedBy),
 		Lease:       p.Lease,
 		Now:         p.Now,
 	})
@@ -211,14 +212,14 @@ func (s *Store) OperationInsert(ctx context.Context, db DBTX, p OperationInsertP
 // batch does not run. With a Queue for db it only queues the statement.
 func (s *Store) OperationReserve(ctx context.Context, db DBTX, p OperationInsertParams) error {
 	err := s.q.OperationReserve(ctx, db, dbsqlc.OperationReserveParams{
-		ID:          p.ID,
+		ID:          pguuid.UUID(p.ID),
 		Name:        p.Name,
 		Scope:       p.Scope,
 		Key:         p.Key,
 		Steps:       p.Steps,
 		Input:       p.Input,
 		Fingerprint: nullJSON(p.Fingerprint),
-		LockedBy:    p.LockedBy,
+		LockedBy:    pguuid.Ptr(p.LockedBy),
 		Lease:       p.Lease,
 	})
 	if err != nil {
@@ -238,7 +239,7 @@ func (s *Store) OperationGetByKey(ctx context.Context, db DBTX, scope, key strin
 
 // OperationGet reads an operation by its id.
 func (s *Store) OperationGet(ctx context.Context, db DBTX, id uuid.UUID) (*Operation, error) {
-	row, err := s.q.OperationGet(ctx, db, id)
+	row, err := s.q.OperationGet(ctx, db, pguuid.UUID(id))
 	if err != nil {
 		return nil, mapErr("get operation", err)
 	}
@@ -249,7 +250,7 @@ func (s *Store) OperationGet(ctx context.Context, db DBTX, id uuid.UUID) (*Opera
 // waits for a job, or its holder's lease expired), and counts the run. It returns
 // ErrNotFound when the operation is finished or held by a live run.
 func (s *Store) OperationClaim(ctx context.Context, db DBTX, id, run uuid.UUID, lease time.Duration) (*Operation, error) {
-	row, err := s.q.OperationClaim(ctx, db, dbsqlc.OperationClaimParams{ID: id, RunID: &run, Lease: lease})
+	row, err := s.q.OperationClaim(ctx, db, dbsqlc.OperationClaimParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Lease: lease})
 	if err != nil {
 		return nil, mapErr("claim operation", err)
 	}
@@ -259,7 +260,7 @@ func (s *Store) OperationClaim(ctx context.Context, db DBTX, id, run uuid.UUID, 
 // OperationRenewLease extends run's hold on an operation. It returns false when run
 // no longer holds it.
 func (s *Store) OperationRenewLease(ctx context.Context, db DBTX, id, run uuid.UUID, lease time.Duration) (bool, error) {
-	n, err := s.q.OperationRenewLease(ctx, db, dbsqlc.OperationRenewLeaseParams{ID: id, RunID: &run, Lease: lease})
+	n, err := s.q.OperationRenewLease(ctx, db, dbsqlc.OperationRenewLeaseParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Lease: lease})
 	if err != nil {
 		return false, fmt.Errorf("store: renew lease: %w", err)
 	}
@@ -270,7 +271,7 @@ func (s *Store) OperationRenewLease(ctx context.Context, db DBTX, id, run uuid.U
 // sweeper considers the operation again only a lease after runAt. It returns false
 // when run no longer held the operation.
 func (s *Store) OperationRelease(ctx context.Context, db DBTX, id, run uuid.UUID, runAt time.Time, lease time.Duration) (bool, error) {
-	n, err := s.q.OperationRelease(ctx, db, dbsqlc.OperationReleaseParams{ID: id, RunID: &run, RunAt: runAt, Lease: lease})
+	n, err := s.q.OperationRelease(ctx, db, dbsqlc.OperationReleaseParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), RunAt: runAt, Lease: lease})
 	if err != nil {
 		return false, fmt.Errorf("store: release operation: %w", err)
 	}
@@ -292,7 +293,7 @@ func (s *Store) OperationListExpired(ctx context.Context, db DBTX, max int, now 
 	}
 	out := make([]ExpiredOperation, len(rows))
 	for i, r := range rows {
-		out[i] = ExpiredOperation{ID: r.ID, Name: r.Name}
+		out[i] = ExpiredOperation{ID: uuid.UUID(r.ID), Name: r.Name}
 	}
 	return out, nil
 }
@@ -301,7 +302,7 @@ func (s *Store) OperationListExpired(ctx context.Context, db DBTX, max int, now 
 // hands the operation to one job. It returns false when the lease was no longer
 // expired (a run claimed the operation meanwhile).
 func (s *Store) OperationExtendExpired(ctx context.Context, db DBTX, id uuid.UUID, lease time.Duration, now *time.Time) (bool, error) {
-	n, err := s.q.OperationExtendExpired(ctx, db, dbsqlc.OperationExtendExpiredParams{ID: id, Lease: lease, Now: now})
+	n, err := s.q.OperationExtendExpired(ctx, db, dbsqlc.OperationExtendExpiredParams{ID: pguuid.UUID(id), Lease: lease, Now: now})
 	if err != nil {
 		return false, fmt.Errorf("store: extend expired lease: %w", err)
 	}
@@ -310,14 +311,14 @@ func (s *Store) OperationExtendExpired(ctx context.Context, db DBTX, id uuid.UUI
 
 // StepListByOperation reads the recorded steps of an operation, in step order.
 func (s *Store) StepListByOperation(ctx context.Context, db DBTX, operationID uuid.UUID) ([]Step, error) {
-	rows, err := s.q.StepListByOperation(ctx, db, operationID)
+	rows, err := s.q.StepListByOperation(ctx, db, pguuid.UUID(operationID))
 	if err != nil {
 		return nil, fmt.Errorf("store: list steps: %w", err)
 	}
 	out := make([]Step, len(rows))
 	for i, r := range rows {
 		out[i] = Step{
-			OperationID: r.OperationID,
+			OperationID: uuid.UUID(r.OperationID),
 			Name:        r.Name,
 			Position:    int(r.Position),
 			State:       StepState(r.State),
@@ -359,7 +360,7 @@ type StepRecordFailureParams struct {
 // its record.
 func (s *Store) StepRecordFailure(ctx context.Context, db DBTX, p StepRecordFailureParams) error {
 	err := s.q.StepRecordFailure(ctx, db, dbsqlc.StepRecordFailureParams{
-		OperationID: p.OperationID,
+		OperationID: pguuid.UUID(p.OperationID),
 		Name:        p.Name,
 		Position:    int32(p.Position),
 		State:       string(p.State),
@@ -376,7 +377,7 @@ func (s *Store) StepRecordFailure(ctx context.Context, db DBTX, p StepRecordFail
 // StepCompensated marks a succeeded step as compensated. It returns false when the
 // step was not (or no longer) succeeded.
 func (s *Store) StepCompensated(ctx context.Context, db DBTX, operationID uuid.UUID, name string) (bool, error) {
-	n, err := s.q.StepCompensated(ctx, db, dbsqlc.StepCompensatedParams{OperationID: operationID, Name: name})
+	n, err := s.q.StepCompensated(ctx, db, dbsqlc.StepCompensatedParams{OperationID: pguuid.UUID(operationID), Name: name})
 	if err != nil {
 		return false, fmt.Errorf("store: mark step %q compensated: %w", name, err)
 	}
@@ -385,7 +386,7 @@ func (s *Store) StepCompensated(ctx context.Context, db DBTX, operationID uuid.U
 
 func operationFromRow(r *dbsqlc.IdemflowOperation) *Operation {
 	return &Operation{
-		ID:          r.ID,
+		ID:          uuid.UUID(r.ID),
 		Name:        r.Name,
 		Scope:       r.Scope,
 		Key:         r.Key,
@@ -396,7 +397,7 @@ func operationFromRow(r *dbsqlc.IdemflowOperation) *Operation {
 		Result:      r.Result,
 		Error:       r.Error,
 		Runs:        int(r.Runs),
-		LockedBy:    r.LockedBy,
+		LockedBy:    pguuid.FromPtr(r.LockedBy),
 		LockedUntil: r.LockedUntil,
 		CreatedAt:   r.CreatedAt,
 		FinishedAt:  r.FinishedAt,
@@ -421,7 +422,7 @@ func mapErr(what string, err error) error {
 // OperationSetError records the permanent error of an operation still in
 // progress (it is compensating). It returns false when run no longer holds it.
 func (s *Store) OperationSetError(ctx context.Context, db DBTX, id, run uuid.UUID, errJSON json.RawMessage) (bool, error) {
-	n, err := s.q.OperationSetError(ctx, db, dbsqlc.OperationSetErrorParams{ID: id, RunID: &run, Error: errJSON})
+	n, err := s.q.OperationSetError(ctx, db, dbsqlc.OperationSetErrorParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Error: errJSON})
 	if err != nil {
 		return false, fmt.Errorf("store: set operation error: %w", err)
 	}
@@ -482,14 +483,14 @@ type Beginner interface {
 // its answer cleared, its failed and compensated steps forgotten so that they run
 // again, waiting for a job. It returns false when the operation is not failed.
 func (s *Store) OperationReopen(ctx context.Context, db DBTX, id uuid.UUID, lease time.Duration) (bool, error) {
-	n, err := s.q.OperationReopen(ctx, db, dbsqlc.OperationReopenParams{ID: id, Lease: lease})
+	n, err := s.q.OperationReopen(ctx, db, dbsqlc.OperationReopenParams{ID: pguuid.UUID(id), Lease: lease})
 	if err != nil {
 		return false, fmt.Errorf("store: reopen operation: %w", err)
 	}
 	if n == 0 {
 		return false, nil
 	}
-	if err := s.q.StepDeleteUnsucceeded(ctx, db, id); err != nil {
+	if err := s.q.StepDeleteUnsucceeded(ctx, db, pguuid.UUID(id)); err != nil {
 		return false, fmt.Errorf("store: reopen operation: %w", err)
 	}
 	return true, nil
@@ -528,14 +529,14 @@ type StepCheckpointManyParams struct {
 // statement; its error then comes back with the batch's results (see Err).
 func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpointManyParams) error {
 	args := dbsqlc.StepCheckpointManyParams{
-		OperationID: p.OperationID,
+		OperationID: pguuid.UUID(p.OperationID),
 		Names:       make([]string, len(p.Steps)),
 		Positions:   make([]int32, len(p.Steps)),
 		Attempts:    make([]int32, len(p.Steps)),
 		Outputs:     make([]string, len(p.Steps)),
 		StartedAts:  make([]time.Time, len(p.Steps)),
 		Finish:      p.Finish,
-		RunID:       p.Run,
+		RunID:       pguuid.UUID(p.Run),
 		State:       string(p.State),
 		Result:      nullJSON(p.Result),
 		Error:       nullJSON(p.Error),

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemflow/idemflow/cmd/bench/internal/benchdb"
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/pguuid"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 
@@ -48,8 +49,8 @@ func (b *baseline) refund(ctx context.Context, scope, key, orderID string, amoun
 	if err != nil {
 		return fmt.Errorf("encode input: %w", err)
 	}
-	opID := uuid.Must(uuid.NewV7())
-	runID := uuid.New()
+	opID := pguuid.UUID(uuid.Must(uuid.NewV7()))
+	runID := pguuid.UUID(uuid.New())
 	refundID := refund.RefundIDPrefix + rand.Text()
 
 	batch := &pgx.Batch{}
@@ -59,7 +60,7 @@ func (b *baseline) refund(ctx context.Context, scope, key, orderID string, amoun
 	})
 	_, _ = b.q.RefundRecordReserved(ctx, bq, benchdb.RefundRecordReservedParams{
 		ID: refundID, Client: scope, OrderID: orderID, Amount: amount, OperationID: opID,
-		MoveID: uuid.Must(uuid.NewV7()), MerchantAccount: refund.MerchantAccount, CustomerAccountPrefix: refund.CustomerAccount(""),
+		MoveID: pguuid.UUID(uuid.Must(uuid.NewV7())), MerchantAccount: refund.MerchantAccount, CustomerAccountPrefix: refund.CustomerAccount(""),
 	})
 	tags, err := sendBatch(ctx, b.pool, batch)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/idemflow/idemflow/internal/pguuid"
 	"github.com/idemflow/idemflow/workflows/refund/internal/refunddb"
 )
 
@@ -35,7 +36,7 @@ type move struct {
 func (m move) write(ctx context.Context, q *refunddb.Queries, tx refunddb.DBTX) error {
 	if err := q.LedgerMove(ctx, tx, refunddb.LedgerMoveParams{
 		Client:      m.client,
-		MoveID:      uuid.Must(uuid.NewV7()),
+		MoveID:      pguuid.UUID(uuid.Must(uuid.NewV7())),
 		FromAccount: m.from,
 		ToAccount:   m.to,
 		Amount:      m.amount,

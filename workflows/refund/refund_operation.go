@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/pguuid"
 	"github.com/idemflow/idemflow/workflows/refund/internal/refunddb"
 )
 
@@ -52,7 +53,7 @@ func (w *Workflows) ledger(ctx context.Context, tx engine.Tx, in RefundInput, s 
 		Client:                in.Client,
 		OrderID:               in.OrderID,
 		Amount:                in.Amount,
-		MoveID:                uuid.Must(uuid.NewV7()),
+		MoveID:                pguuid.UUID(uuid.Must(uuid.NewV7())),
 		MerchantAccount:       MerchantAccount,
 		CustomerAccountPrefix: CustomerAccount(""),
 	})
@@ -95,7 +96,7 @@ func (w *Workflows) notRecorded(ctx context.Context, tx engine.Tx, in RefundInpu
 func (w *Workflows) reverseLedger(ctx context.Context, tx engine.Tx, _ RefundInput, s *RefundState) error {
 	n, err := w.q.RefundFail(ctx, tx, refunddb.RefundFailParams{
 		ID:          s.RefundID,
-		MoveID:      uuid.Must(uuid.NewV7()),
+		MoveID:      pguuid.UUID(uuid.Must(uuid.NewV7())),
 		FromAccount: CustomerAccount(s.CustomerID),
 		ToAccount:   MerchantAccount,
 	})

@@ -8,11 +8,11 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/idemflow/idemflow/internal/pguuid"
 )
 
 type IdemflowOperation struct {
-	ID          uuid.UUID
+	ID          pguuid.UUID
 	Name        string
 	Scope       string
 	Key         string
@@ -23,14 +23,14 @@ type IdemflowOperation struct {
 	Result      []byte
 	Error       json.RawMessage
 	Runs        int32
-	LockedBy    *uuid.UUID
+	LockedBy    *pguuid.UUID
 	LockedUntil time.Time
 	CreatedAt   time.Time
 	FinishedAt  *time.Time
 }
 
 type IdemflowStep struct {
-	OperationID uuid.UUID
+	OperationID pguuid.UUID
 	Name        string
 	Position    int32
 	State       string

@@ -10,7 +10,7 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/idemflow/idemflow/internal/pguuid"
 )
 
 const operationClaim = `-- name: OperationClaim :one
@@ -25,10 +25,10 @@ RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error,
 `
 
 type OperationClaimParams struct {
-	RunID *uuid.UUID
+	RunID *pguuid.UUID
 	Now   *time.Time
 	Lease time.Duration
-	ID    uuid.UUID
+	ID    pguuid.UUID
 }
 
 // Takes the operation for a run when nobody holds it: it waits for a job
@@ -110,7 +110,7 @@ WHERE id = $3
 type OperationExtendExpiredParams struct {
 	Now   *time.Time
 	Lease time.Duration
-	ID    uuid.UUID
+	ID    pguuid.UUID
 }
 
 // Pushes an expired lease forward while a resume job is queued, so that the next
@@ -127,7 +127,7 @@ const operationGet = `-- name: OperationGet :one
 SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at FROM idemflow_operation WHERE id = $1
 `
 
-func (q *Queries) OperationGet(ctx context.Context, db DBTX, id uuid.UUID) (*IdemflowOperation, error) {
+func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*IdemflowOperation, error) {
 	row := db.QueryRow(ctx, operationGet, id)
 	var i IdemflowOperation
 	err := row.Scan(
@@ -190,14 +190,14 @@ RETURNING created_at
 `
 
 type OperationInsertParams struct {
-	ID          uuid.UUID
+	ID          pguuid.UUID
 	Name        string
 	Scope       string
 	Key         string
 	Steps       []string
 	Input       []byte
 	Fingerprint json.RawMessage
-	LockedBy    *uuid.UUID
+	LockedBy    *pguuid.UUID
 	Now         *time.Time
 	Lease       time.Duration
 }
@@ -283,7 +283,7 @@ type OperationListExpiredParams struct {
 }
 
 type OperationListExpiredRow struct {
-	ID   uuid.UUID
+	ID   pguuid.UUID
 	Name string
 }
 
@@ -318,8 +318,8 @@ WHERE id = $3 AND locked_by = $4 AND state = 'in_progress'
 type OperationReleaseParams struct {
 	RunAt time.Time
 	Lease time.Duration
-	ID    uuid.UUID
-	RunID *uuid.UUID
+	ID    pguuid.UUID
+	RunID *pguuid.UUID
 }
 
 // Hands the operation to a River job scheduled at run_at; the sweeper looks again
@@ -346,8 +346,8 @@ WHERE id = $3 AND locked_by = $4 AND state = 'in_progress'
 type OperationRenewLeaseParams struct {
 	Now   *time.Time
 	Lease time.Duration
-	ID    uuid.UUID
-	RunID *uuid.UUID
+	ID    pguuid.UUID
+	RunID *pguuid.UUID
 }
 
 func (q *Queries) OperationRenewLease(ctx context.Context, db DBTX, arg OperationRenewLeaseParams) (int64, error) {
@@ -372,7 +372,7 @@ WHERE id = $2 AND state = 'failed'
 
 type OperationReopenParams struct {
 	Lease time.Duration
-	ID    uuid.UUID
+	ID    pguuid.UUID
 }
 
 // Gives a failed operation back to the runs, for an operator's retry.
@@ -390,14 +390,14 @@ VALUES ($1, $2, $3, $4, $5::text[], $6, $7, $8, now() + $9::interval)
 `
 
 type OperationReserveParams struct {
-	ID          uuid.UUID
+	ID          pguuid.UUID
 	Name        string
 	Scope       string
 	Key         string
 	Steps       []string
 	Input       []byte
 	Fingerprint json.RawMessage
-	LockedBy    *uuid.UUID
+	LockedBy    *pguuid.UUID
 	Lease       time.Duration
 }
 
@@ -428,8 +428,8 @@ WHERE id = $2 AND locked_by = $3 AND state = 'in_progress'
 
 type OperationSetErrorParams struct {
 	Error json.RawMessage
-	ID    uuid.UUID
-	RunID *uuid.UUID
+	ID    pguuid.UUID
+	RunID *pguuid.UUID
 }
 
 // Records the permanent error of an operation that is still compensating, so that

@@ -10,7 +10,7 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/idemflow/idemflow/internal/pguuid"
 )
 
 const stepCheckpointMany = `-- name: StepCheckpointMany :exec
@@ -53,7 +53,7 @@ SELECT idemflow_fence((SELECT count(*) FROM cp) = cardinality($1::text[])
 type StepCheckpointManyParams struct {
 	Names       []string
 	Finish      bool
-	OperationID uuid.UUID
+	OperationID pguuid.UUID
 	Now         *time.Time
 	Positions   []int32
 	Attempts    []int32
@@ -62,7 +62,7 @@ type StepCheckpointManyParams struct {
 	State       string
 	Result      []byte
 	Error       json.RawMessage
-	RunID       uuid.UUID
+	RunID       pguuid.UUID
 }
 
 // Records several steps as succeeded and, when finish is set, ends the operation
@@ -96,7 +96,7 @@ WHERE operation_id = $2 AND name = $3 AND state = 'succeeded'
 
 type StepCompensatedParams struct {
 	Now         *time.Time
-	OperationID uuid.UUID
+	OperationID pguuid.UUID
 	Name        string
 }
 
@@ -114,7 +114,7 @@ DELETE FROM idemflow_step WHERE operation_id = $1 AND state <> 'succeeded'
 
 // Forgets the failed and compensated steps of a reopened operation, so that they
 // run again; succeeded steps stay done.
-func (q *Queries) StepDeleteUnsucceeded(ctx context.Context, db DBTX, operationID uuid.UUID) error {
+func (q *Queries) StepDeleteUnsucceeded(ctx context.Context, db DBTX, operationID pguuid.UUID) error {
 	_, err := db.Exec(ctx, stepDeleteUnsucceeded, operationID)
 	return err
 }
@@ -123,7 +123,7 @@ const stepListByOperation = `-- name: StepListByOperation :many
 SELECT operation_id, name, position, state, attempts, output, last_error, started_at, finished_at FROM idemflow_step WHERE operation_id = $1 ORDER BY position
 `
 
-func (q *Queries) StepListByOperation(ctx context.Context, db DBTX, operationID uuid.UUID) ([]*IdemflowStep, error) {
+func (q *Queries) StepListByOperation(ctx context.Context, db DBTX, operationID pguuid.UUID) ([]*IdemflowStep, error) {
 	rows, err := db.Query(ctx, stepListByOperation, operationID)
 	if err != nil {
 		return nil, err
@@ -166,7 +166,7 @@ WHERE idemflow_step.state IN ('retrying', 'failed')
 `
 
 type StepRecordFailureParams struct {
-	OperationID uuid.UUID
+	OperationID pguuid.UUID
 	Name        string
 	Position    int32
 	State       string

@@ -7,17 +7,17 @@ package benchdb
 import (
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/idemflow/idemflow/internal/pguuid"
 )
 
 type BenchOperation struct {
-	ID          uuid.UUID
+	ID          pguuid.UUID
 	Scope       string
 	Key         string
 	State       string
 	Input       []byte
 	Result      []byte
-	LockedBy    *uuid.UUID
+	LockedBy    *pguuid.UUID
 	LockedUntil time.Time
 	CreatedAt   time.Time
 	FinishedAt  *time.Time
@@ -26,7 +26,7 @@ type BenchOperation struct {
 type DemoLedgerEntry struct {
 	ID        int64
 	Client    string
-	MoveID    uuid.UUID
+	MoveID    pguuid.UUID
 	Account   string
 	Amount    int64
 	Kind      string
@@ -56,7 +56,7 @@ type DemoRefund struct {
 }
 
 type IdemflowOperation struct {
-	ID          uuid.UUID
+	ID          pguuid.UUID
 	Name        string
 	Scope       string
 	Key         string
@@ -67,14 +67,14 @@ type IdemflowOperation struct {
 	Result      []byte
 	Error       []byte
 	Runs        int32
-	LockedBy    *uuid.UUID
+	LockedBy    *pguuid.UUID
 	LockedUntil time.Time
 	CreatedAt   time.Time
 	FinishedAt  *time.Time
 }
 
 type IdemflowStep struct {
-	OperationID uuid.UUID
+	OperationID pguuid.UUID
 	Name        string
 	Position    int32
 	State       string

@@ -8,7 +8,7 @@ package benchdb
 import (
 	"context"
 
-	"github.com/google/uuid"
+	"github.com/idemflow/idemflow/internal/pguuid"
 	"time"
 )
 
@@ -26,8 +26,8 @@ WHERE bench_operation.id = $2
 
 type OperationFinishParams struct {
 	Result   []byte
-	ID       uuid.UUID
-	RunID    *uuid.UUID
+	ID       pguuid.UUID
+	RunID    *pguuid.UUID
 	RefundID string
 }
 
@@ -53,11 +53,11 @@ ON CONFLICT (scope, key) DO NOTHING
 `
 
 type OperationReserveParams struct {
-	ID    uuid.UUID
+	ID    pguuid.UUID
 	Scope string
 	Key   string
 	Input []byte
-	RunID *uuid.UUID
+	RunID *pguuid.UUID
 	Lease time.Duration
 }
 

@@ -8,7 +8,7 @@ package benchdb
 import (
 	"context"
 
-	"github.com/google/uuid"
+	"github.com/idemflow/idemflow/internal/pguuid"
 )
 
 const refundMarkSucceeded = `-- name: RefundMarkSucceeded :execrows
@@ -58,9 +58,9 @@ type RefundRecordReservedParams struct {
 	Amount                int64
 	Client                string
 	OrderID               string
-	OperationID           uuid.UUID
+	OperationID           pguuid.UUID
 	ID                    string
-	MoveID                uuid.UUID
+	MoveID                pguuid.UUID
 	MerchantAccount       string
 	CustomerAccountPrefix string
 }

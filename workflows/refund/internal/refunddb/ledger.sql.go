@@ -8,7 +8,7 @@ package refunddb
 import (
 	"context"
 
-	"github.com/google/uuid"
+	"github.com/idemflow/idemflow/internal/pguuid"
 )
 
 const ledgerBalances = `-- name: LedgerBalances :many
@@ -53,7 +53,7 @@ VALUES ($1, $2, $3::text, 0 - $4::bigint, $5, $6),
 
 type LedgerMoveParams struct {
 	Client      string
-	MoveID      uuid.UUID
+	MoveID      pguuid.UUID
 	FromAccount string
 	Amount      int64
 	Kind        string

@@ -7,13 +7,13 @@ package refunddb
 import (
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/idemflow/idemflow/internal/pguuid"
 )
 
 type DemoLedgerEntry struct {
 	ID        int64
 	Client    string
-	MoveID    uuid.UUID
+	MoveID    pguuid.UUID
 	Account   string
 	Amount    int64
 	Kind      string

@@ -8,7 +8,7 @@ package refunddb
 import (
 	"context"
 
-	"github.com/google/uuid"
+	"github.com/idemflow/idemflow/internal/pguuid"
 )
 
 const refundFail = `-- name: RefundFail :execrows
@@ -32,7 +32,7 @@ WHERE o.client = f.client AND o.order_id = f.order_id
 
 type RefundFailParams struct {
 	ID          string
-	MoveID      uuid.UUID
+	MoveID      pguuid.UUID
 	FromAccount string
 	ToAccount   string
 }
@@ -171,7 +171,7 @@ type RefundRecordParams struct {
 	Client                string
 	OrderID               string
 	ID                    string
-	MoveID                uuid.UUID
+	MoveID                pguuid.UUID
 	MerchantAccount       string
 	CustomerAccountPrefix string
 }
