@@ -276,12 +276,13 @@ func (r *run) succeeded(i int, st *stepDef, attempt int, started time.Time) erro
 	r.status[st.name] = store.StepSucceeded
 	r.tries[st.name] = attempt
 	r.pending = append(r.pending, store.StepCheckpointParams{
-		OperationID: r.id,
-		Name:        st.name,
-		Position:    i,
-		Attempts:    attempt,
-		Output:      raw,
-		StartedAt:   started,
+		Name:      st.name,
+		Position:  i,
+		Attempts:  attempt,
+		Output:    raw,
+		StartedAt: started,
+		// Every attempt before this one failed and was recorded in the step's row.
+		Retried: attempt > 1,
 	})
 	return nil
 }

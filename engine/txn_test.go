@@ -191,7 +191,7 @@ func TestTxnFenced(t *testing.T) {
 	checkpoint := func(p store.OperationInsertParams, finish bool, run uuid.UUID) store.StepCheckpointManyParams {
 		return store.StepCheckpointManyParams{
 			OperationID: p.ID,
-			Steps:       []store.StepCheckpointParams{{OperationID: p.ID, Name: "a", Attempts: 1, Output: json.RawMessage(`{}`), StartedAt: time.Now()}},
+			Steps:       []store.StepCheckpointParams{{Name: "a", Attempts: 1, Output: json.RawMessage(`{}`), StartedAt: time.Now()}},
 			Finish:      finish, Run: run, State: store.OperationSucceeded, Result: json.RawMessage(`{}`),
 		}
 	}
@@ -203,6 +203,15 @@ func TestTxnFenced(t *testing.T) {
 		{"step recorded by another run", func(t *testing.T, pool *pgxpool.Pool, p store.OperationInsertParams) store.StepCheckpointManyParams {
 			require.NoError(t, st.StepCheckpointMany(context.Background(), pool, checkpoint(p, false, *p.LockedBy)))
 			return checkpoint(p, false, *p.LockedBy)
+		}},
+		{"retried step recorded by another run", func(t *testing.T, pool *pgxpool.Pool, p store.OperationInsertParams) store.StepCheckpointManyParams {
+			require.NoError(t, st.StepRecordFailure(context.Background(), pool, store.StepRecordFailureParams{
+				OperationID: p.ID, Name: "a", State: store.StepRetrying, Attempts: 1, LastError: "x", StartedAt: time.Now(),
+			}))
+			other := checkpoint(p, false, *p.LockedBy)
+			other.Steps[0].Retried = true
+			require.NoError(t, st.StepCheckpointMany(context.Background(), pool, other))
+			return other
 		}},
 		{"operation held by another run", func(t *testing.T, pool *pgxpool.Pool, p store.OperationInsertParams) store.StepCheckpointManyParams {
 			return checkpoint(p, true, uuid.New())

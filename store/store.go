@@ -50,6 +50,9 @@ func Err(err error) error {
 		return fmt.Errorf("%w: %w", ErrFenced, err)
 	case pgErr.Code == uniqueViolation && pgErr.ConstraintName == "idemflow_operation_scope_key":
 		return fmt.Errorf("%w: %w", ErrKeyTaken, err)
+	case pgErr.Code == uniqueViolation && pgErr.ConstraintName == "idemflow_step_pkey":
+		// A checkpoint's INSERT met the row of a step that another run recorded.
+		return fmt.Errorf("%w: %w", ErrFenced, err)
 	}
 	return err
 }
@@ -336,12 +339,15 @@ func (s *Store) StepListByOperation(ctx context.Context, db DBTX, operationID uu
 
 // StepCheckpointParams describe a succeeded step, for StepCheckpointMany.
 type StepCheckpointParams struct {
-	OperationID uuid.UUID
-	Name        string
-	Position    int
-	Attempts    int
-	Output      json.RawMessage
-	StartedAt   time.Time
+	Name     string
+	Position int
+	Attempts int
+	Output   json.RawMessage
+	// StartedAt is when the attempt that succeeded started.
+	StartedAt time.Time
+	// Retried is true when an earlier attempt failed and left the step's row,
+	// which the checkpoint then updates; a step without a row gets one.
+	Retried bool
 }
 
 // StepRecordFailureParams record a failed attempt of a step.
@@ -535,6 +541,7 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 		Attempts:    make([]int32, len(p.Steps)),
 		Outputs:     make([]string, len(p.Steps)),
 		StartedAts:  make([]time.Time, len(p.Steps)),
+		Retried:     make([]bool, len(p.Steps)),
 		Finish:      p.Finish,
 		RunID:       pguuid.UUID(p.Run),
 		State:       string(p.State),
@@ -547,6 +554,7 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 		args.Attempts[i] = int32(st.Attempts)
 		args.Outputs[i] = string(st.Output)
 		args.StartedAts[i] = st.StartedAt
+		args.Retried[i] = st.Retried
 	}
 	if err := s.q.StepCheckpointMany(ctx, db, args); err != nil {
 		return fmt.Errorf("store: checkpoint steps: %w", Err(err))

@@ -14,51 +14,60 @@ import (
 )
 
 const stepCheckpointMany = `-- name: StepCheckpointMany :exec
-WITH cp AS (
+WITH u AS (
+    SELECT unnest($2::text[]) AS name,
+           unnest($3::integer[]) AS position,
+           unnest($4::integer[]) AS attempts,
+           unnest($5::text[])::json AS output,
+           unnest($6::timestamptz[]) AS started_at,
+           unnest($7::boolean[]) AS retried
+), ins AS (
     INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
-    SELECT $3::uuid, u.name, u.position, 'succeeded', u.attempts, u.output::json, u.started_at,
-           coalesce($4::timestamptz, now())
-    FROM (
-        SELECT unnest($1::text[]) AS name,
-               unnest($5::integer[]) AS position,
-               unnest($6::integer[]) AS attempts,
-               unnest($7::text[]) AS output,
-               unnest($8::timestamptz[]) AS started_at
-    ) AS u
-    ON CONFLICT (operation_id, name) DO UPDATE
+    SELECT $8::uuid, u.name, u.position, 'succeeded', u.attempts, u.output, u.started_at,
+           coalesce($9::timestamptz, now())
+    FROM u
+    WHERE NOT u.retried
+    RETURNING 1
+), upd AS (
+    UPDATE idemflow_step AS s
     SET state = 'succeeded',
-        attempts = excluded.attempts,
-        output = excluded.output,
+        attempts = u.attempts,
+        output = u.output,
         last_error = NULL,
-        finished_at = excluded.finished_at
-    WHERE idemflow_step.state IN ('retrying', 'failed')
+        finished_at = coalesce($9::timestamptz, now())
+    FROM u
+    WHERE u.retried
+      AND s.operation_id = $8::uuid
+      AND s.name = u.name
+      AND s.state IN ('retrying', 'failed')
     RETURNING 1
 ), fin AS (
     UPDATE idemflow_operation
-    SET state = $9::text,
-        result = $10::json,
-        error = $11::jsonb,
+    SET state = $10::text,
+        result = $11::json,
+        error = $12::jsonb,
         locked_by = NULL,
-        finished_at = coalesce($4::timestamptz, now())
-    WHERE $2::boolean
-      AND id = $3::uuid
-      AND locked_by = $12::uuid
+        finished_at = coalesce($9::timestamptz, now())
+    WHERE $1::boolean
+      AND id = $8::uuid
+      AND locked_by = $13::uuid
       AND state = 'in_progress'
     RETURNING 1
 )
-SELECT idemflow_fence((SELECT count(*) FROM cp) = cardinality($1::text[])
-                      AND (NOT $2::boolean OR (SELECT count(*) FROM fin) = 1))
+SELECT idemflow_fence((SELECT count(*) FROM ins) + (SELECT count(*) FROM upd) = (SELECT count(*) FROM u)
+                      AND (NOT $1::boolean OR (SELECT count(*) FROM fin) = 1))
 `
 
 type StepCheckpointManyParams struct {
-	Names       []string
 	Finish      bool
-	OperationID pguuid.UUID
-	Now         *time.Time
+	Names       []string
 	Positions   []int32
 	Attempts    []int32
 	Outputs     []string
 	StartedAts  []time.Time
+	Retried     []bool
+	OperationID pguuid.UUID
+	Now         *time.Time
 	State       string
 	Result      []byte
 	Error       json.RawMessage
@@ -67,19 +76,24 @@ type StepCheckpointManyParams struct {
 
 // Records several steps as succeeded and, when finish is set, ends the operation
 // in the same statement: one round trip for what a transaction commits after an
-// external call. It raises SQLSTATE IF001, aborting the transaction, when another
-// run recorded one of the steps first or no longer lets this run end the
-// operation: the engine sends COMMIT right behind it.
+// external call. The arrays describe one step each: a step whose earlier
+// attempt failed (retried) has a row to update, any other gets a plain INSERT,
+// cheaper than ON CONFLICT. It raises,
+// aborting the transaction, when another run recorded one of the steps first
+// (unique_violation on idemflow_step_pkey, or SQLSTATE IF001 when the row to
+// update is not 'retrying' or 'failed') or no longer lets this run end the
+// operation (IF001): the engine sends COMMIT right behind it.
 func (q *Queries) StepCheckpointMany(ctx context.Context, db DBTX, arg StepCheckpointManyParams) error {
 	_, err := db.Exec(ctx, stepCheckpointMany,
-		arg.Names,
 		arg.Finish,
-		arg.OperationID,
-		arg.Now,
+		arg.Names,
 		arg.Positions,
 		arg.Attempts,
 		arg.Outputs,
 		arg.StartedAts,
+		arg.Retried,
+		arg.OperationID,
+		arg.Now,
 		arg.State,
 		arg.Result,
 		arg.Error,
