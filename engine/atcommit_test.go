@@ -134,3 +134,43 @@ func TestAtCommitCost(t *testing.T) {
 		counter.mu.Unlock()
 	}
 }
+
+// TestFailFromSQL: a statement that calls idemflow_fail fails its step for good
+// with that code and message, whether the step returned its error or sent it
+// with AtCommit.
+func TestFailFromSQL(t *testing.T) {
+	t.Parallel()
+	for _, atCommit := range []bool{false, true} {
+		t.Run(fmt.Sprint("atCommit=", atCommit), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := testdb.Pool(t)
+			var calls atomic.Int32
+			op, err := engine.NewOperation("sql_fail", []engine.Step[int, int]{
+				engine.TxStep("check", func(ctx context.Context, tx engine.Tx, in int, s *int) error {
+					calls.Add(1)
+					if atCommit {
+						tx = engine.AtCommit(tx)
+					}
+					_, err := tx.Exec(ctx, `SELECT CASE WHEN $1::int > 10 THEN idemflow_fail('too_big', format('%s is more than 10', $1::int)) END`, in)
+					return err
+				}, nil),
+			}, func(in int, s *int) (int, error) { return in, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: 1}})
+			require.NoError(t, err)
+			e := newEngine(t, pool, op)
+
+			started, err := engine.Start(ctx, e, op, "c", "small", 3, nil)
+			require.NoError(t, err)
+			require.Equal(t, engine.StatusSucceeded, waitDone(t, e, started).Status)
+
+			started, err = engine.Start(ctx, e, op, "c", "big", 11, nil)
+			require.NoError(t, err)
+			info := waitDone(t, e, started)
+			require.Equal(t, engine.StatusFailed, info.Status)
+			require.Equal(t, "too_big", info.Error.Code)
+			require.Equal(t, "11 is more than 10", info.Error.Message)
+			require.Equal(t, "check", info.Error.Step)
+			require.Equal(t, int32(2), calls.Load(), "a permanent failure is not retried")
+		})
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 var (
@@ -68,8 +70,26 @@ type PermanentError struct {
 }
 
 // Fail returns a PermanentError with the given code and message.
+//
+// A step's SQL can fail the step the same way: SELECT idemflow_fail(code,
+// message) (a function of idemflow's migrations) raises SQLSTATE IF002, which
+// the engine turns into Fail(code, message) when the step returns the error, or
+// when the statement was sent with AtCommit.
 func Fail(code, message string) *PermanentError {
 	return &PermanentError{Code: code, Message: message}
+}
+
+// failCode is the SQLSTATE that idemflow_fail raises.
+const failCode = "IF002"
+
+// fromSQL returns err as a PermanentError when it is, or wraps, the error of
+// idemflow_fail, and err itself otherwise.
+func fromSQL(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == failCode {
+		return &PermanentError{Code: pgErr.Detail, Message: pgErr.Message, err: err}
+	}
+	return err
 }
 
 // Permanent marks err as permanent, with the code "permanent". A nil err gives nil.

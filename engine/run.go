@@ -297,6 +297,7 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 	if err := r.restoreState(); err != nil {
 		return nil, err
 	}
+	stepErr = fromSQL(stepErr)
 	log := r.logger().With(slog.String("step", st.name), slog.Int("attempt", attempt))
 	var pe *PermanentError
 	if !errors.As(stepErr, &pe) && attempt >= st.retry.MaxAttempts {
@@ -460,6 +461,7 @@ func (r *run) compensationFailed(ctx context.Context, st *stepDef, failure *stor
 	if cause := context.Cause(ctx); cause != nil {
 		return nil, cause
 	}
+	compErr = fromSQL(compErr)
 	r.tries[st.name]++
 	log := r.logger().With(slog.String("step", st.name))
 	tx := r.begin(ctx)

@@ -1,22 +1,31 @@
--- name: RefundRecord :one
+-- name: RefundRecord :exec
 -- Records a pending refund of amount of an order and its ledger move, in one
--- statement. The UPDATE takes amount from what is left to refund of the order,
--- and only if it is left: under READ COMMITTED, an UPDATE that waited for the
--- row lock of a concurrent refund checks its WHERE again on the row that refund
--- left, so refunds of one order never take more than its amount together (a
--- read of the refunds in the same statement would not do: it would see them as
--- of the statement's start, before the wait). From the order it took, the
--- statement inserts the refund, and moves amount from the merchant's account to
--- the order's customer's (customer_account_prefix and the customer id): two
--- entries that sum to zero. Returns the customer id; no row back means the
--- client has no such order, or less than amount left to refund of it, and
--- nothing was written.
-WITH taken AS (
-    UPDATE demo_order AS o
-    SET refunded = o.refunded + sqlc.arg(amount)::bigint
-    WHERE o.client = @client AND o.order_id = @order_id
+-- statement that fails the step for good (idemflow_fail) when the client has no
+-- such order, or less than amount left to refund of it: the ledger step sends it
+-- with engine.AtCommit, with its checkpoint and COMMIT, and never reads its
+-- result. The failures' codes are parameters, so that Go keeps their names.
+--
+-- o locks the order; under READ COMMITTED a row lock returns the newest version
+-- of the row, the one a concurrent refund committed while this one waited, so
+-- what is left to refund is read after the wait, not as of the statement's start
+-- (as a plain read of the order or of its refunds would be). taken takes amount
+-- from what is left, and only if it is left, so refunds of one order never take
+-- more than its amount together. From the order it took, the statement inserts
+-- the refund, and moves amount from the merchant's account to the order's
+-- customer's (customer_account_prefix and the customer id): two entries that
+-- sum to zero.
+WITH o AS (
+    SELECT ord.client, ord.order_id, ord.customer_id, ord.amount, ord.refunded
+    FROM demo_order AS ord
+    WHERE ord.client = @client AND ord.order_id = @order_id
+    FOR UPDATE
+), taken AS (
+    UPDATE demo_order AS d
+    SET refunded = d.refunded + sqlc.arg(amount)::bigint
+    FROM o
+    WHERE d.client = o.client AND d.order_id = o.order_id
       AND sqlc.arg(amount)::bigint <= o.amount - o.refunded
-    RETURNING o.client, o.order_id, o.customer_id
+    RETURNING d.client, d.order_id, d.customer_id
 ), refund AS (
     INSERT INTO demo_refund (id, client, order_id, amount)
     SELECT sqlc.arg(id)::text, t.client, t.order_id, sqlc.arg(amount)::bigint
@@ -30,14 +39,22 @@ WITH taken AS (
     CROSS JOIN LATERAL (VALUES (sqlc.arg(merchant_account)::text, 0 - r.amount),
                                (sqlc.arg(customer_account_prefix)::text || t.customer_id, r.amount)) AS e (account, amount)
 )
-SELECT customer_id FROM taken;
+SELECT CASE
+    WHEN NOT EXISTS (SELECT 1 FROM o) THEN
+        idemflow_fail(sqlc.arg(order_not_found_code)::text, format('order %s does not exist', @order_id::text))
+    WHEN NOT EXISTS (SELECT 1 FROM taken) THEN
+        idemflow_fail(sqlc.arg(amount_exceeded_code)::text, format('amount %s exceeds the %s left to refund of order %s',
+                      sqlc.arg(amount)::bigint, (SELECT amount - refunded FROM o), @order_id::text))
+    ELSE true
+END;
 
 -- name: RefundFail :execrows
 -- Compensates RefundRecord, in one statement: marks a pending refund failed,
--- moves its amount back from from_account (the customer's) to to_account (the
--- merchant's), two entries that sum to zero, and gives the amount back to what
--- is left to refund of its order. One row: the order's. Zero rows: the refund
--- is not pending, and nothing was written.
+-- moves its amount back from the order's customer's account
+-- (customer_account_prefix and the customer id) to merchant_account, two
+-- entries that sum to zero, and gives the amount back to what is left to refund
+-- of its order. One row: the order's. Zero rows: the refund is not pending, and
+-- nothing was written.
 WITH failed AS (
     UPDATE demo_refund AS r
     SET status = 'failed', updated_at = clock_timestamp()
@@ -47,8 +64,9 @@ WITH failed AS (
     INSERT INTO demo_ledger_entry (client, move_id, account, amount, kind, order_id, refund_id)
     SELECT f.client, @move_id, e.account, e.amount, 'refund_reversal', f.order_id, f.id
     FROM failed AS f
-    CROSS JOIN LATERAL (VALUES (sqlc.arg(from_account)::text, 0 - f.amount),
-                               (sqlc.arg(to_account)::text, f.amount)) AS e (account, amount)
+    JOIN demo_order AS o ON o.client = f.client AND o.order_id = f.order_id
+    CROSS JOIN LATERAL (VALUES (sqlc.arg(customer_account_prefix)::text || o.customer_id, 0 - f.amount),
+                               (sqlc.arg(merchant_account)::text, f.amount)) AS e (account, amount)
 )
 UPDATE demo_order AS o
 SET refunded = o.refunded - f.amount

@@ -22,9 +22,12 @@
 //     left to refund of the order (the order's refunded column, which an UPDATE
 //     raises only while it stays at most the order's amount, so that two refunds
 //     of one order check one after the other), records the refund as pending, and
-//     moves the amount from the merchant to the customer. When that statement
-//     finds no order with enough left, a read tells which failure it is:
-//     CodeOrderNotFound or CodeAmountExceedsRefundable. If a later step fails for
+//     moves the amount from the merchant to the customer. When the order does
+//     not exist, or has less than the amount left, the statement itself fails
+//     the operation (idemflow_fail) with CodeOrderNotFound or
+//     CodeAmountExceedsRefundable. The step never reads the statement's result,
+//     so it goes with the step's checkpoint and COMMIT (engine.AtCommit): one
+//     round trip, the key's reservation included. If a later step fails for
 //     good, its compensation, also one statement, marks the refund failed, moves
 //     the amount back and gives it back to what is left to refund.
 //  2. "provider" (external): asks the Provider for the refund under the step's
@@ -33,7 +36,7 @@
 //     retry first asks the provider, by that key, whether the lost attempt went
 //     through.
 //  3. "finalize" (transactional): marks the refund succeeded with the provider's
-//     refund id.
+//     refund id, in one statement sent with the checkpoint and COMMIT too.
 //
 // # Ledger
 //

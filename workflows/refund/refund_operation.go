@@ -7,7 +7,6 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/internal/pguuid"
@@ -32,23 +31,22 @@ type RefundInput struct {
 type RefundState struct {
 	// RefundID is the refund's id, chosen by the ledger step.
 	RefundID string `json:"refundId"`
-	// CustomerID is the order's customer, whose account the refund credits.
-	CustomerID string `json:"customerId"`
 	// ProviderRefundID is the provider's id of the refund, set by the provider step.
 	ProviderRefundID string `json:"providerRefundId"`
 }
 
-// ledger is the step StepLedger. It sends one statement, RefundRecord, which
-// takes the amount from what is left to refund of the order, records the refund
-// as pending and moves the amount from the merchant to the customer, or does
-// nothing when the order does not exist or has less than the amount left. Only
-// then does it read the order, to tell the two apart.
+// ledger is the step StepLedger. Its one statement, RefundRecord, takes the
+// amount from what is left to refund of the order, records the refund as
+// pending and moves the amount from the merchant to the customer, or fails the
+// step for good when the order does not exist or has less than the amount
+// left. It goes with the step's checkpoint and COMMIT (engine.AtCommit), and on
+// a first attempt with BEGIN and the key's reservation too: one round trip.
 func (w *Workflows) ledger(ctx context.Context, tx engine.Tx, in RefundInput, s *RefundState) error {
 	if in.Amount <= 0 {
 		return engine.Fail(CodeInvalidRequest, "amount must be a positive integer")
 	}
 	id := newID(RefundIDPrefix)
-	customerID, err := w.q.RefundRecord(ctx, tx, refunddb.RefundRecordParams{
+	err := w.q.RefundRecord(ctx, engine.AtCommit(tx), refunddb.RefundRecordParams{
 		ID:                    id,
 		Client:                in.Client,
 		OrderID:               in.OrderID,
@@ -56,38 +54,14 @@ func (w *Workflows) ledger(ctx context.Context, tx engine.Tx, in RefundInput, s 
 		MoveID:                pguuid.UUID(uuid.Must(uuid.NewV7())),
 		MerchantAccount:       MerchantAccount,
 		CustomerAccountPrefix: CustomerAccount(""),
+		OrderNotFoundCode:     CodeOrderNotFound,
+		AmountExceededCode:    CodeAmountExceedsRefundable,
 	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return w.notRecorded(ctx, tx, in)
-	}
 	if err != nil {
 		return fmt.Errorf("record refund: %w", err)
 	}
 	s.RefundID = id
-	s.CustomerID = customerID
 	return nil
-}
-
-// notRecorded tells why RefundRecord recorded nothing: the order does not exist,
-// or has less than in.Amount left to refund. It runs in the step's transaction,
-// which the failure rolls back.
-func (w *Workflows) notRecorded(ctx context.Context, tx engine.Tx, in RefundInput) error {
-	order, err := w.q.OrderGet(ctx, tx, refunddb.OrderGetParams{Client: in.Client, OrderID: in.OrderID})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return engine.Fail(CodeOrderNotFound, fmt.Sprintf("order %s does not exist", in.OrderID))
-	}
-	if err != nil {
-		return fmt.Errorf("read order: %w", err)
-	}
-	left := order.Amount - order.Refunded
-	if in.Amount <= left {
-		// A refund of the order failed, and gave its amount back, between the
-		// two statements: the amount fits now. Not a permanent failure; the
-		// engine runs the step again.
-		return fmt.Errorf("order %s had less than %d left to refund, and has %d now", in.OrderID, in.Amount, left)
-	}
-	return engine.Fail(CodeAmountExceedsRefundable,
-		fmt.Sprintf("amount %d exceeds the %d left to refund of order %s", in.Amount, left, in.OrderID))
 }
 
 // reverseLedger compensates StepLedger in one statement, RefundFail: it marks
@@ -95,10 +69,10 @@ func (w *Workflows) notRecorded(ctx context.Context, tx engine.Tx, in RefundInpu
 // and gives it back to what is left to refund of the order.
 func (w *Workflows) reverseLedger(ctx context.Context, tx engine.Tx, _ RefundInput, s *RefundState) error {
 	n, err := w.q.RefundFail(ctx, tx, refunddb.RefundFailParams{
-		ID:          s.RefundID,
-		MoveID:      pguuid.UUID(uuid.Must(uuid.NewV7())),
-		FromAccount: CustomerAccount(s.CustomerID),
-		ToAccount:   MerchantAccount,
+		ID:                    s.RefundID,
+		MoveID:                pguuid.UUID(uuid.Must(uuid.NewV7())),
+		CustomerAccountPrefix: CustomerAccount(""),
+		MerchantAccount:       MerchantAccount,
 	})
 	if err != nil {
 		return fmt.Errorf("mark refund %s failed: %w", s.RefundID, err)

@@ -6,21 +6,7 @@ package refunddb
 
 import (
 	"time"
-
-	"github.com/idemflow/idemflow/internal/pguuid"
 )
-
-type DemoLedgerEntry struct {
-	ID        int64
-	Client    string
-	MoveID    pguuid.UUID
-	Account   string
-	Amount    int64
-	Kind      string
-	OrderID   string
-	RefundID  *string
-	CreatedAt time.Time
-}
 
 type DemoOrder struct {
 	Client     string

@@ -21,7 +21,8 @@ WITH failed AS (
     INSERT INTO demo_ledger_entry (client, move_id, account, amount, kind, order_id, refund_id)
     SELECT f.client, $2, e.account, e.amount, 'refund_reversal', f.order_id, f.id
     FROM failed AS f
-    CROSS JOIN LATERAL (VALUES ($3::text, 0 - f.amount),
+    JOIN demo_order AS o ON o.client = f.client AND o.order_id = f.order_id
+    CROSS JOIN LATERAL (VALUES ($3::text || o.customer_id, 0 - f.amount),
                                ($4::text, f.amount)) AS e (account, amount)
 )
 UPDATE demo_order AS o
@@ -31,23 +32,24 @@ WHERE o.client = f.client AND o.order_id = f.order_id
 `
 
 type RefundFailParams struct {
-	ID          string
-	MoveID      pguuid.UUID
-	FromAccount string
-	ToAccount   string
+	ID                    string
+	MoveID                pguuid.UUID
+	CustomerAccountPrefix string
+	MerchantAccount       string
 }
 
 // Compensates RefundRecord, in one statement: marks a pending refund failed,
-// moves its amount back from from_account (the customer's) to to_account (the
-// merchant's), two entries that sum to zero, and gives the amount back to what
-// is left to refund of its order. One row: the order's. Zero rows: the refund
-// is not pending, and nothing was written.
+// moves its amount back from the order's customer's account
+// (customer_account_prefix and the customer id) to merchant_account, two
+// entries that sum to zero, and gives the amount back to what is left to refund
+// of its order. One row: the order's. Zero rows: the refund is not pending, and
+// nothing was written.
 func (q *Queries) RefundFail(ctx context.Context, db DBTX, arg RefundFailParams) (int64, error) {
 	result, err := db.Exec(ctx, refundFail,
 		arg.ID,
 		arg.MoveID,
-		arg.FromAccount,
-		arg.ToAccount,
+		arg.CustomerAccountPrefix,
+		arg.MerchantAccount,
 	)
 	if err != nil {
 		return 0, err
@@ -143,33 +145,48 @@ func (q *Queries) RefundMarkSucceeded(ctx context.Context, db DBTX, arg RefundMa
 	return err
 }
 
-const refundRecord = `-- name: RefundRecord :one
-WITH taken AS (
-    UPDATE demo_order AS o
-    SET refunded = o.refunded + $1::bigint
-    WHERE o.client = $2 AND o.order_id = $3
-      AND $1::bigint <= o.amount - o.refunded
-    RETURNING o.client, o.order_id, o.customer_id
+const refundRecord = `-- name: RefundRecord :exec
+WITH o AS (
+    SELECT ord.client, ord.order_id, ord.customer_id, ord.amount, ord.refunded
+    FROM demo_order AS ord
+    WHERE ord.client = $5 AND ord.order_id = $2
+    FOR UPDATE
+), taken AS (
+    UPDATE demo_order AS d
+    SET refunded = d.refunded + $4::bigint
+    FROM o
+    WHERE d.client = o.client AND d.order_id = o.order_id
+      AND $4::bigint <= o.amount - o.refunded
+    RETURNING d.client, d.order_id, d.customer_id
 ), refund AS (
     INSERT INTO demo_refund (id, client, order_id, amount)
-    SELECT $4::text, t.client, t.order_id, $1::bigint
+    SELECT $6::text, t.client, t.order_id, $4::bigint
     FROM taken AS t
     RETURNING id, client, order_id, amount
 ), entries AS (
     INSERT INTO demo_ledger_entry (client, move_id, account, amount, kind, order_id, refund_id)
-    SELECT r.client, $5, e.account, e.amount, 'refund', r.order_id, r.id
+    SELECT r.client, $7, e.account, e.amount, 'refund', r.order_id, r.id
     FROM refund AS r
     CROSS JOIN taken AS t
-    CROSS JOIN LATERAL (VALUES ($6::text, 0 - r.amount),
-                               ($7::text || t.customer_id, r.amount)) AS e (account, amount)
+    CROSS JOIN LATERAL (VALUES ($8::text, 0 - r.amount),
+                               ($9::text || t.customer_id, r.amount)) AS e (account, amount)
 )
-SELECT customer_id FROM taken
+SELECT CASE
+    WHEN NOT EXISTS (SELECT 1 FROM o) THEN
+        idemflow_fail($1::text, format('order %s does not exist', $2::text))
+    WHEN NOT EXISTS (SELECT 1 FROM taken) THEN
+        idemflow_fail($3::text, format('amount %s exceeds the %s left to refund of order %s',
+                      $4::bigint, (SELECT amount - refunded FROM o), $2::text))
+    ELSE true
+END
 `
 
 type RefundRecordParams struct {
+	OrderNotFoundCode     string
+	OrderID               string
+	AmountExceededCode    string
 	Amount                int64
 	Client                string
-	OrderID               string
 	ID                    string
 	MoveID                pguuid.UUID
 	MerchantAccount       string
@@ -177,28 +194,31 @@ type RefundRecordParams struct {
 }
 
 // Records a pending refund of amount of an order and its ledger move, in one
-// statement. The UPDATE takes amount from what is left to refund of the order,
-// and only if it is left: under READ COMMITTED, an UPDATE that waited for the
-// row lock of a concurrent refund checks its WHERE again on the row that refund
-// left, so refunds of one order never take more than its amount together (a
-// read of the refunds in the same statement would not do: it would see them as
-// of the statement's start, before the wait). From the order it took, the
-// statement inserts the refund, and moves amount from the merchant's account to
-// the order's customer's (customer_account_prefix and the customer id): two
-// entries that sum to zero. Returns the customer id; no row back means the
-// client has no such order, or less than amount left to refund of it, and
-// nothing was written.
-func (q *Queries) RefundRecord(ctx context.Context, db DBTX, arg RefundRecordParams) (string, error) {
-	row := db.QueryRow(ctx, refundRecord,
+// statement that fails the step for good (idemflow_fail) when the client has no
+// such order, or less than amount left to refund of it: the ledger step sends it
+// with engine.AtCommit, with its checkpoint and COMMIT, and never reads its
+// result. The failures' codes are parameters, so that Go keeps their names.
+//
+// o locks the order; under READ COMMITTED a row lock returns the newest version
+// of the row, the one a concurrent refund committed while this one waited, so
+// what is left to refund is read after the wait, not as of the statement's start
+// (as a plain read of the order or of its refunds would be). taken takes amount
+// from what is left, and only if it is left, so refunds of one order never take
+// more than its amount together. From the order it took, the statement inserts
+// the refund, and moves amount from the merchant's account to the order's
+// customer's (customer_account_prefix and the customer id): two entries that
+// sum to zero.
+func (q *Queries) RefundRecord(ctx context.Context, db DBTX, arg RefundRecordParams) error {
+	_, err := db.Exec(ctx, refundRecord,
+		arg.OrderNotFoundCode,
+		arg.OrderID,
+		arg.AmountExceededCode,
 		arg.Amount,
 		arg.Client,
-		arg.OrderID,
 		arg.ID,
 		arg.MoveID,
 		arg.MerchantAccount,
 		arg.CustomerAccountPrefix,
 	)
-	var customer_id string
-	err := row.Scan(&customer_id)
-	return customer_id, err
+	return err
 }
