@@ -27,18 +27,20 @@
 // rides with the next transaction, the one of the next transactional step or the
 // one that stores the result. So an operation of a transactional step, an external
 // step and another transactional step commits twice, the floor for one call to
-// the outside world, and sends three statements of its own beside the steps': the
-// reservation, and one StepCheckpointMany per transaction, which writes every
-// pending checkpoint and, in the last, the result.
+// the outside world, and sends four statements of its own beside the steps': the
+// reservation, one insert of the pending checkpoints per transaction, and the
+// update that stores the result.
 //
 // None of them costs a round trip of its own. A step's transaction (a Tx) sends
 // nothing until the step does: then BEGIN, and on a first attempt the
 // reservation, go in one pgx batch with the step's first statement, and the
-// checkpoint goes in one batch with COMMIT. Both of the engine's statements fail
-// rather than answer "no row" when the run must not go on (the key is taken,
-// another run got the step first), so that what follows them in the batch does
-// not run. A step that sends one statement, or one batch, costs one round trip,
-// and its transaction two.
+// checkpoints go in one batch with COMMIT. Every statement of the engine's
+// fails rather than answer "no row" when the run must not go on (the key is
+// taken, another run got the step first), so that what follows it in the batch
+// does not run. A step that sends one statement, or one batch, costs one round
+// trip, and its transaction two; a step whose writes all go with AtCommit, and
+// fail on their own when they must (idemflow_fail), costs none: its
+// transaction is one round trip.
 //
 // # Failures
 //

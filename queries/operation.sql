@@ -97,3 +97,21 @@ SELECT * FROM idemflow_operation
 WHERE state = sqlc.arg(state)
 ORDER BY created_at DESC
 LIMIT sqlc.arg(max);
+
+-- name: OperationFinish :exec
+-- Ends an operation with its result or error, fenced by the run that holds it:
+-- it raises SQLSTATE IF001, aborting the transaction, when run_id no longer
+-- holds the operation in progress.
+WITH fin AS (
+    UPDATE idemflow_operation
+    SET state = sqlc.arg(state)::text,
+        result = sqlc.narg(result)::json,
+        error = sqlc.narg(error)::jsonb,
+        locked_by = NULL,
+        finished_at = coalesce(sqlc.narg(now)::timestamptz, now())
+    WHERE id = sqlc.arg(operation_id)::uuid
+      AND locked_by = sqlc.arg(run_id)::uuid
+      AND state = 'in_progress'
+    RETURNING 1
+)
+SELECT idemflow_fence(EXISTS (SELECT 1 FROM fin));

@@ -24,30 +24,31 @@ WHERE operation_id = @operation_id AND name = @name AND state = 'succeeded';
 -- run again; succeeded steps stay done.
 DELETE FROM idemflow_step WHERE operation_id = @operation_id AND state <> 'succeeded';
 
--- name: StepCheckpointMany :exec
--- Records several steps as succeeded and, when finish is set, ends the operation
--- in the same statement: one round trip for what a transaction commits after an
--- external call. The arrays describe one step each: a step whose earlier
--- attempt failed (retried) has a row to update, any other gets a plain INSERT,
--- cheaper than ON CONFLICT. It raises,
--- aborting the transaction, when another run recorded one of the steps first
--- (unique_violation on idemflow_step_pkey, or SQLSTATE IF001 when the row to
--- update is not 'retrying' or 'failed') or no longer lets this run end the
--- operation (IF001): the engine sends COMMIT right behind it.
+-- name: StepInsertSucceeded :exec
+-- Records steps that succeeded at their first recorded attempt (they have no
+-- row): one row each, from the arrays, which describe one step per index. A
+-- plain INSERT, cheaper than ON CONFLICT: a row that another run recorded first
+-- is a unique_violation on idemflow_step_pkey, which aborts the transaction
+-- (the engine sends COMMIT right behind it).
+INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
+SELECT sqlc.arg(operation_id)::uuid,
+       unnest(sqlc.arg(names)::text[]),
+       unnest(sqlc.arg(positions)::integer[]),
+       'succeeded',
+       unnest(sqlc.arg(attempts)::integer[]),
+       unnest(sqlc.arg(outputs)::text[])::json,
+       unnest(sqlc.arg(started_ats)::timestamptz[]),
+       coalesce(sqlc.narg(now)::timestamptz, now());
+
+-- name: StepUpdateSucceeded :exec
+-- Records steps that succeeded after failed attempts, whose rows say
+-- 'retrying' (or 'failed', for an operation an operator retried). It raises
+-- SQLSTATE IF001 when a row is not in one of those states (another run recorded
+-- the step first), aborting the transaction.
 WITH u AS (
     SELECT unnest(sqlc.arg(names)::text[]) AS name,
-           unnest(sqlc.arg(positions)::integer[]) AS position,
            unnest(sqlc.arg(attempts)::integer[]) AS attempts,
-           unnest(sqlc.arg(outputs)::text[])::json AS output,
-           unnest(sqlc.arg(started_ats)::timestamptz[]) AS started_at,
-           unnest(sqlc.arg(retried)::boolean[]) AS retried
-), ins AS (
-    INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
-    SELECT sqlc.arg(operation_id)::uuid, u.name, u.position, 'succeeded', u.attempts, u.output, u.started_at,
-           coalesce(sqlc.narg(now)::timestamptz, now())
-    FROM u
-    WHERE NOT u.retried
-    RETURNING 1
+           unnest(sqlc.arg(outputs)::text[])::json AS output
 ), upd AS (
     UPDATE idemflow_step AS s
     SET state = 'succeeded',
@@ -56,23 +57,9 @@ WITH u AS (
         last_error = NULL,
         finished_at = coalesce(sqlc.narg(now)::timestamptz, now())
     FROM u
-    WHERE u.retried
-      AND s.operation_id = sqlc.arg(operation_id)::uuid
+    WHERE s.operation_id = sqlc.arg(operation_id)::uuid
       AND s.name = u.name
       AND s.state IN ('retrying', 'failed')
     RETURNING 1
-), fin AS (
-    UPDATE idemflow_operation
-    SET state = sqlc.arg(state)::text,
-        result = sqlc.narg(result)::json,
-        error = sqlc.narg(error)::jsonb,
-        locked_by = NULL,
-        finished_at = coalesce(sqlc.narg(now)::timestamptz, now())
-    WHERE sqlc.arg(finish)::boolean
-      AND id = sqlc.arg(operation_id)::uuid
-      AND locked_by = sqlc.arg(run_id)::uuid
-      AND state = 'in_progress'
-    RETURNING 1
 )
-SELECT idemflow_fence((SELECT count(*) FROM ins) + (SELECT count(*) FROM upd) = (SELECT count(*) FROM u)
-                      AND (NOT sqlc.arg(finish)::boolean OR (SELECT count(*) FROM fin) = 1));
+SELECT idemflow_fence((SELECT count(*) FROM upd) = cardinality(sqlc.arg(names)::text[]));

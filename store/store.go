@@ -516,7 +516,7 @@ func (s *Store) OperationList(ctx context.Context, db DBTX, state OperationState
 }
 
 // StepCheckpointManyParams record succeeded steps and, optionally, end their
-// operation, in one statement.
+// operation.
 type StepCheckpointManyParams struct {
 	OperationID uuid.UUID
 	Steps       []StepCheckpointParams
@@ -529,35 +529,69 @@ type StepCheckpointManyParams struct {
 }
 
 // StepCheckpointMany records p.Steps as succeeded and, with p.Finish, ends the
-// operation, in one statement. It fails with ErrFenced, and leaves the
-// transaction aborted, when another run recorded one of the steps first or no
-// longer lets p.Run end the operation. With a Queue for db it only queues the
-// statement; its error then comes back with the batch's results (see Err).
+// operation, in one to three statements: the steps with no row, those whose row
+// an earlier failed attempt left (Retried), and the end of the operation. Each
+// fails, with ErrFenced and the transaction aborted, when another run recorded
+// one of the steps first or no longer lets p.Run end the operation, so that a
+// COMMIT queued after them never commits what they did not. With a Queue for
+// db they are only queued, and their errors come back with the batch's results
+// (see Err).
 func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpointManyParams) error {
-	args := dbsqlc.StepCheckpointManyParams{
-		OperationID: pguuid.UUID(p.OperationID),
-		Names:       make([]string, len(p.Steps)),
-		Positions:   make([]int32, len(p.Steps)),
-		Attempts:    make([]int32, len(p.Steps)),
-		Outputs:     make([]string, len(p.Steps)),
-		StartedAts:  make([]time.Time, len(p.Steps)),
-		Retried:     make([]bool, len(p.Steps)),
-		Finish:      p.Finish,
-		RunID:       pguuid.UUID(p.Run),
-		State:       string(p.State),
-		Result:      nullJSON(p.Result),
-		Error:       nullJSON(p.Error),
+	var fresh, retried []StepCheckpointParams
+	for _, st := range p.Steps {
+		if st.Retried {
+			retried = append(retried, st)
+		} else {
+			fresh = append(fresh, st)
+		}
 	}
-	for i, st := range p.Steps {
-		args.Names[i] = st.Name
-		args.Positions[i] = int32(st.Position)
-		args.Attempts[i] = int32(st.Attempts)
-		args.Outputs[i] = string(st.Output)
-		args.StartedAts[i] = st.StartedAt
-		args.Retried[i] = st.Retried
+	if len(fresh) > 0 {
+		args := dbsqlc.StepInsertSucceededParams{
+			OperationID: pguuid.UUID(p.OperationID),
+			Names:       make([]string, len(fresh)),
+			Positions:   make([]int32, len(fresh)),
+			Attempts:    make([]int32, len(fresh)),
+			Outputs:     make([]string, len(fresh)),
+			StartedAts:  make([]time.Time, len(fresh)),
+		}
+		for i, st := range fresh {
+			args.Names[i] = st.Name
+			args.Positions[i] = int32(st.Position)
+			args.Attempts[i] = int32(st.Attempts)
+			args.Outputs[i] = string(st.Output)
+			args.StartedAts[i] = st.StartedAt
+		}
+		if err := s.q.StepInsertSucceeded(ctx, db, args); err != nil {
+			return fmt.Errorf("store: checkpoint steps: %w", Err(err))
+		}
 	}
-	if err := s.q.StepCheckpointMany(ctx, db, args); err != nil {
-		return fmt.Errorf("store: checkpoint steps: %w", Err(err))
+	if len(retried) > 0 {
+		args := dbsqlc.StepUpdateSucceededParams{
+			OperationID: pguuid.UUID(p.OperationID),
+			Names:       make([]string, len(retried)),
+			Attempts:    make([]int32, len(retried)),
+			Outputs:     make([]string, len(retried)),
+		}
+		for i, st := range retried {
+			args.Names[i] = st.Name
+			args.Attempts[i] = int32(st.Attempts)
+			args.Outputs[i] = string(st.Output)
+		}
+		if err := s.q.StepUpdateSucceeded(ctx, db, args); err != nil {
+			return fmt.Errorf("store: checkpoint retried steps: %w", Err(err))
+		}
+	}
+	if p.Finish {
+		err := s.q.OperationFinish(ctx, db, dbsqlc.OperationFinishParams{
+			OperationID: pguuid.UUID(p.OperationID),
+			RunID:       pguuid.UUID(p.Run),
+			State:       string(p.State),
+			Result:      nullJSON(p.Result),
+			Error:       nullJSON(p.Error),
+		})
+		if err != nil {
+			return fmt.Errorf("store: finish operation: %w", Err(err))
+		}
 	}
 	return nil
 }

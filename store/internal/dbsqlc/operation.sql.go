@@ -123,6 +123,46 @@ func (q *Queries) OperationExtendExpired(ctx context.Context, db DBTX, arg Opera
 	return result.RowsAffected(), nil
 }
 
+const operationFinish = `-- name: OperationFinish :exec
+WITH fin AS (
+    UPDATE idemflow_operation
+    SET state = $1::text,
+        result = $2::json,
+        error = $3::jsonb,
+        locked_by = NULL,
+        finished_at = coalesce($4::timestamptz, now())
+    WHERE id = $5::uuid
+      AND locked_by = $6::uuid
+      AND state = 'in_progress'
+    RETURNING 1
+)
+SELECT idemflow_fence(EXISTS (SELECT 1 FROM fin))
+`
+
+type OperationFinishParams struct {
+	State       string
+	Result      []byte
+	Error       json.RawMessage
+	Now         *time.Time
+	OperationID pguuid.UUID
+	RunID       pguuid.UUID
+}
+
+// Ends an operation with its result or error, fenced by the run that holds it:
+// it raises SQLSTATE IF001, aborting the transaction, when run_id no longer
+// holds the operation in progress.
+func (q *Queries) OperationFinish(ctx context.Context, db DBTX, arg OperationFinishParams) error {
+	_, err := db.Exec(ctx, operationFinish,
+		arg.State,
+		arg.Result,
+		arg.Error,
+		arg.Now,
+		arg.OperationID,
+		arg.RunID,
+	)
+	return err
+}
+
 const operationGet = `-- name: OperationGet :one
 SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at FROM idemflow_operation WHERE id = $1
 `

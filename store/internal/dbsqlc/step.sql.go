@@ -7,100 +7,10 @@ package dbsqlc
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	"github.com/idemflow/idemflow/internal/pguuid"
 )
-
-const stepCheckpointMany = `-- name: StepCheckpointMany :exec
-WITH u AS (
-    SELECT unnest($2::text[]) AS name,
-           unnest($3::integer[]) AS position,
-           unnest($4::integer[]) AS attempts,
-           unnest($5::text[])::json AS output,
-           unnest($6::timestamptz[]) AS started_at,
-           unnest($7::boolean[]) AS retried
-), ins AS (
-    INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
-    SELECT $8::uuid, u.name, u.position, 'succeeded', u.attempts, u.output, u.started_at,
-           coalesce($9::timestamptz, now())
-    FROM u
-    WHERE NOT u.retried
-    RETURNING 1
-), upd AS (
-    UPDATE idemflow_step AS s
-    SET state = 'succeeded',
-        attempts = u.attempts,
-        output = u.output,
-        last_error = NULL,
-        finished_at = coalesce($9::timestamptz, now())
-    FROM u
-    WHERE u.retried
-      AND s.operation_id = $8::uuid
-      AND s.name = u.name
-      AND s.state IN ('retrying', 'failed')
-    RETURNING 1
-), fin AS (
-    UPDATE idemflow_operation
-    SET state = $10::text,
-        result = $11::json,
-        error = $12::jsonb,
-        locked_by = NULL,
-        finished_at = coalesce($9::timestamptz, now())
-    WHERE $1::boolean
-      AND id = $8::uuid
-      AND locked_by = $13::uuid
-      AND state = 'in_progress'
-    RETURNING 1
-)
-SELECT idemflow_fence((SELECT count(*) FROM ins) + (SELECT count(*) FROM upd) = (SELECT count(*) FROM u)
-                      AND (NOT $1::boolean OR (SELECT count(*) FROM fin) = 1))
-`
-
-type StepCheckpointManyParams struct {
-	Finish      bool
-	Names       []string
-	Positions   []int32
-	Attempts    []int32
-	Outputs     []string
-	StartedAts  []time.Time
-	Retried     []bool
-	OperationID pguuid.UUID
-	Now         *time.Time
-	State       string
-	Result      []byte
-	Error       json.RawMessage
-	RunID       pguuid.UUID
-}
-
-// Records several steps as succeeded and, when finish is set, ends the operation
-// in the same statement: one round trip for what a transaction commits after an
-// external call. The arrays describe one step each: a step whose earlier
-// attempt failed (retried) has a row to update, any other gets a plain INSERT,
-// cheaper than ON CONFLICT. It raises,
-// aborting the transaction, when another run recorded one of the steps first
-// (unique_violation on idemflow_step_pkey, or SQLSTATE IF001 when the row to
-// update is not 'retrying' or 'failed') or no longer lets this run end the
-// operation (IF001): the engine sends COMMIT right behind it.
-func (q *Queries) StepCheckpointMany(ctx context.Context, db DBTX, arg StepCheckpointManyParams) error {
-	_, err := db.Exec(ctx, stepCheckpointMany,
-		arg.Finish,
-		arg.Names,
-		arg.Positions,
-		arg.Attempts,
-		arg.Outputs,
-		arg.StartedAts,
-		arg.Retried,
-		arg.OperationID,
-		arg.Now,
-		arg.State,
-		arg.Result,
-		arg.Error,
-		arg.RunID,
-	)
-	return err
-}
 
 const stepCompensated = `-- name: StepCompensated :execrows
 UPDATE idemflow_step
@@ -130,6 +40,46 @@ DELETE FROM idemflow_step WHERE operation_id = $1 AND state <> 'succeeded'
 // run again; succeeded steps stay done.
 func (q *Queries) StepDeleteUnsucceeded(ctx context.Context, db DBTX, operationID pguuid.UUID) error {
 	_, err := db.Exec(ctx, stepDeleteUnsucceeded, operationID)
+	return err
+}
+
+const stepInsertSucceeded = `-- name: StepInsertSucceeded :exec
+INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
+SELECT $1::uuid,
+       unnest($2::text[]),
+       unnest($3::integer[]),
+       'succeeded',
+       unnest($4::integer[]),
+       unnest($5::text[])::json,
+       unnest($6::timestamptz[]),
+       coalesce($7::timestamptz, now())
+`
+
+type StepInsertSucceededParams struct {
+	OperationID pguuid.UUID
+	Names       []string
+	Positions   []int32
+	Attempts    []int32
+	Outputs     []string
+	StartedAts  []time.Time
+	Now         *time.Time
+}
+
+// Records steps that succeeded at their first recorded attempt (they have no
+// row): one row each, from the arrays, which describe one step per index. A
+// plain INSERT, cheaper than ON CONFLICT: a row that another run recorded first
+// is a unique_violation on idemflow_step_pkey, which aborts the transaction
+// (the engine sends COMMIT right behind it).
+func (q *Queries) StepInsertSucceeded(ctx context.Context, db DBTX, arg StepInsertSucceededParams) error {
+	_, err := db.Exec(ctx, stepInsertSucceeded,
+		arg.OperationID,
+		arg.Names,
+		arg.Positions,
+		arg.Attempts,
+		arg.Outputs,
+		arg.StartedAts,
+		arg.Now,
+	)
 	return err
 }
 
@@ -202,6 +152,50 @@ func (q *Queries) StepRecordFailure(ctx context.Context, db DBTX, arg StepRecord
 		arg.LastError,
 		arg.StartedAt,
 		arg.Now,
+	)
+	return err
+}
+
+const stepUpdateSucceeded = `-- name: StepUpdateSucceeded :exec
+WITH u AS (
+    SELECT unnest($1::text[]) AS name,
+           unnest($2::integer[]) AS attempts,
+           unnest($3::text[])::json AS output
+), upd AS (
+    UPDATE idemflow_step AS s
+    SET state = 'succeeded',
+        attempts = u.attempts,
+        output = u.output,
+        last_error = NULL,
+        finished_at = coalesce($4::timestamptz, now())
+    FROM u
+    WHERE s.operation_id = $5::uuid
+      AND s.name = u.name
+      AND s.state IN ('retrying', 'failed')
+    RETURNING 1
+)
+SELECT idemflow_fence((SELECT count(*) FROM upd) = cardinality($1::text[]))
+`
+
+type StepUpdateSucceededParams struct {
+	Names       []string
+	Attempts    []int32
+	Outputs     []string
+	Now         *time.Time
+	OperationID pguuid.UUID
+}
+
+// Records steps that succeeded after failed attempts, whose rows say
+// 'retrying' (or 'failed', for an operation an operator retried). It raises
+// SQLSTATE IF001 when a row is not in one of those states (another run recorded
+// the step first), aborting the transaction.
+func (q *Queries) StepUpdateSucceeded(ctx context.Context, db DBTX, arg StepUpdateSucceededParams) error {
+	_, err := db.Exec(ctx, stepUpdateSucceeded,
+		arg.Names,
+		arg.Attempts,
+		arg.Outputs,
+		arg.Now,
+		arg.OperationID,
 	)
 	return err
 }
