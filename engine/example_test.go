@@ -82,3 +82,63 @@ func Example() {
 	// created=true status=succeeded balance=70 payment=pay_yFGDXnHk
 	// created=false status=succeeded balance=70 payment=pay_yFGDXnHk
 }
+
+// A write whose result the step does not read can go with the step's
+// checkpoint and COMMIT: the step's transaction, the key's reservation
+// included, is then one round trip. The statement must fail on its own when the
+// step must not succeed; idemflow_fail fails it for good, with a code.
+func ExampleAtCommit() {
+	ctx := context.Background()
+	pool, cleanup := testdb.ExamplePool("example_at_commit")
+	defer cleanup()
+	if _, err := pool.Exec(ctx, `CREATE TABLE account (owner text PRIMARY KEY, balance bigint NOT NULL);
+		INSERT INTO account VALUES ('ann', 50)`); err != nil {
+		panic(err)
+	}
+
+	type withdrawIn struct {
+		Owner  string `json:"owner"`
+		Amount int64  `json:"amount"`
+	}
+	withdraw := func(ctx context.Context, tx engine.Tx, in withdrawIn, _ *struct{}) error {
+		_, err := engine.AtCommit(tx).Exec(ctx, `
+			WITH w AS (UPDATE account SET balance = balance - $2 WHERE owner = $1 AND balance >= $2 RETURNING 1)
+			SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM w)
+			            THEN idemflow_fail('insufficient_funds', format('%s has less than %s', $1::text, $2::bigint)) END`,
+			in.Owner, in.Amount)
+		return err
+	}
+	op, err := engine.NewOperation("withdraw", []engine.Step[withdrawIn, struct{}]{
+		engine.TxStep("withdraw", withdraw, nil),
+	}, func(in withdrawIn, _ *struct{}) (int64, error) { return in.Amount, nil }, nil)
+	if err != nil {
+		panic(err)
+	}
+	e, err := engine.New(pool, &engine.Config{
+		Operations: []engine.Definition{op},
+		Logger:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer func() { _ = e.Stop(ctx) }()
+
+	for _, key := range []string{"w-1", "w-2"} {
+		started, err := engine.Start(ctx, e, op, "client-1", key, withdrawIn{Owner: "ann", Amount: 30}, nil)
+		if err != nil {
+			panic(err)
+		}
+		info, err := started.Wait(ctx)
+		if err != nil {
+			panic(err)
+		}
+		if info.Error != nil {
+			fmt.Printf("%s: %s %s: %s\n", key, info.Status, info.Error.Code, info.Error.Message)
+			continue
+		}
+		fmt.Printf("%s: %s\n", key, info.Status)
+	}
+	// Output:
+	// w-1: succeeded
+	// w-2: failed insufficient_funds: ann has less than 30
+}

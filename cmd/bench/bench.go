@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,12 +65,20 @@ func benchmark(ctx context.Context, opts *options, stdout, stderr io.Writer) err
 	}
 
 	rep := newReport(stdout, opts, srv)
-	for _, mode := range opts.modes {
-		r, err := b.runMode(ctx, mode)
-		if err != nil {
-			return fmt.Errorf("%s: %w", mode, err)
+	for round := 1; round <= opts.rounds; round++ {
+		modes := slices.Clone(opts.modes)
+		if round%2 == 0 {
+			// Every other round in reverse, so that a drift of the machine's
+			// speed does not favour the modes that run first.
+			slices.Reverse(modes)
 		}
-		rep.add(r)
+		for _, mode := range modes {
+			r, err := b.runMode(ctx, mode, round)
+			if err != nil {
+				return fmt.Errorf("%s: %w", mode, err)
+			}
+			rep.add(r)
+		}
 	}
 	rep.finish()
 	return nil
@@ -80,9 +89,12 @@ func (b *bench) logf(format string, args ...any) {
 }
 
 // runMode prepares a mode's orders and env, and measures it.
-func (b *bench) runMode(ctx context.Context, mode string) (*result, error) {
+func (b *bench) runMode(ctx context.Context, mode string, round int) (*result, error) {
 	n, w := b.opts.n, b.opts.warmup
 	prefix := mode + "-"
+	if round > 1 {
+		prefix = fmt.Sprintf("%s-r%d-", mode, round)
+	}
 	b.logf("%s: creating %d orders", mode, n+w)
 	if err := b.srv.createOrders(ctx, benchClient, prefix, n+w, orderAmount); err != nil {
 		return nil, err
@@ -143,7 +155,11 @@ func (b *bench) runMode(ctx context.Context, mode string) (*result, error) {
 	default:
 		return nil, fmt.Errorf("unknown mode %q", mode)
 	}
-	return b.measure(ctx, mode, e, op)
+	r, err := b.measure(ctx, mode, e, op)
+	if r != nil {
+		r.Round = round
+	}
+	return r, err
 }
 
 // key returns the idempotency key, and the order id, of operation i of a mode.

@@ -3,7 +3,7 @@
 //
 // Usage:
 //
-//	go run ./cmd/bench [-n 2000] [-c 32] [-mode all] [-json] [-history 0]
+//	go run ./cmd/bench [-n 2000] [-c 32] [-mode all] [-json] [-history 0] [-rounds 1]
 //
 // It runs refunds of the demo's refund workflow (workflows/refund) with the demo's
 // fake payment provider (cmd/demo/provider) in this process, in four modes:
@@ -82,6 +82,8 @@ type options struct {
 	// waitQuiet, when positive, bounds how long each mode waits, before its timed
 	// operations, for the machine to be idle.
 	waitQuiet time.Duration
+	// rounds is how many times the modes run, in turn.
+	rounds int
 }
 
 func main() {
@@ -114,6 +116,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.IntVar(&o.c, "c", 32, "concurrency: operations in flight at once")
 	mode := fs.String("mode", "all", "engine, http, replay, baseline or all (a comma-separated list works too)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per mode per line")
+	fs.IntVar(&o.rounds, "rounds", 1, "run the modes this many times, in turn (the order reversed every other round), and print the median of each mode with the per-round ratios to baseline: on a machine whose speed drifts, modes next to each other in time compare best")
 	fs.IntVar(&o.history, "history", 0, "before the modes, fill the database with this many finished refund operations (with their steps, orders and refunds), then VACUUM ANALYZE")
 	fs.IntVar(&o.warmup, "warmup", -1, "untimed operations per mode before the timed ones (default: 4 per unit of concurrency, at least 50)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of each mode's timed operations to `prefix`.<mode>.pprof")
@@ -131,6 +134,8 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		return nil, errors.New("-n must be at least 1")
 	case o.c < 1:
 		return nil, errors.New("-c must be at least 1")
+	case o.rounds < 1:
+		return nil, errors.New("-rounds must be at least 1")
 	case o.c > 256:
 		return nil, errors.New("-c must be at most 256 (each operation in flight holds a connection)")
 	case o.history < 0 || o.history > math.MaxInt32:

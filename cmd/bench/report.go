@@ -17,9 +17,11 @@ import (
 // result is one mode's figures. Per-operation figures divide what the timed
 // operations cost by n.
 type result struct {
-	Mode        string `json:"mode"`
-	N           int    `json:"n"`
-	Concurrency int    `json:"concurrency"`
+	Mode string `json:"mode"`
+	// Round counts the runs of the modes (-rounds), from 1.
+	Round       int `json:"round"`
+	N           int `json:"n"`
+	Concurrency int `json:"concurrency"`
 	// History is how many finished refund operations were in the tables
 	// before the modes ran (-history).
 	History int     `json:"history"`
@@ -189,10 +191,10 @@ func (r *report) finish() {
 		return
 	}
 	tw := tabwriter.NewWriter(r.w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tops/s\tp50 ms\tp90 ms\tp99 ms\tcommits/op\trollbacks/op\tWAL syncs/op\tapp commits/op\tprovider commits/op\tapp stmts/op\tengine\tsteps\triver\tBEGIN+COMMIT/op\tround trips/op\tprovider stmts/op\tbench CPU us/op\tPG CPU us/op\tothers' CPU %\tpeak RSS MB\terrors\t")
+	fmt.Fprintln(tw, "round\tmode\tops/s\tp50 ms\tp90 ms\tp99 ms\tcommits/op\trollbacks/op\tWAL syncs/op\tapp commits/op\tprovider commits/op\tapp stmts/op\tengine\tsteps\triver\tBEGIN+COMMIT/op\tround trips/op\tprovider stmts/op\tbench CPU us/op\tPG CPU us/op\tothers' CPU %\tpeak RSS MB\terrors\t")
 	for _, res := range r.results {
-		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.1f\t%.0f\t%d\t\n",
-			res.Mode, res.OpsPerS, res.P50ms, res.P90ms, res.P99ms,
+		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.1f\t%.0f\t%d\t\n",
+			res.Round, res.Mode, res.OpsPerS, res.P50ms, res.P90ms, res.P99ms,
 			res.CommitsPerOp, res.RollbacksPerOp, res.WALSyncsPerOp,
 			res.EngineCommitsPerOp, res.ProviderCommitsPerOp,
 			res.StatementsPerOp, res.EngineStatementsPerOp, res.StepStatementsPerOp, res.RiverStatementsPerOp,
@@ -202,9 +204,68 @@ func (r *report) finish() {
 	_ = tw.Flush()
 	fmt.Fprintln(r.w)
 	for _, res := range r.results {
+		if res.Round > 1 {
+			continue // the same statements as in round 1
+		}
 		fmt.Fprintf(r.w, "%s, statements per operation:\n  app pool:      %s\n  provider pool: %s\n",
 			res.Mode, byName(res.Statements), byName(res.ProviderStatements))
 	}
+	if r.opts.rounds > 1 {
+		fmt.Fprintln(r.w)
+		r.summary()
+	}
+}
+
+// summary prints, per mode, the medians over the rounds and, for every mode but
+// the baseline, its ratio to the baseline of the same round: baseline's
+// throughput over the mode's, and the mode's p50 over baseline's.
+func (r *report) summary() {
+	byMode := map[string][]*result{}
+	for _, res := range r.results {
+		byMode[res.Mode] = append(byMode[res.Mode], res)
+	}
+	fmt.Fprintf(r.w, "medians over %d rounds:\n", r.opts.rounds)
+	for _, mode := range r.opts.modes {
+		rs := byMode[mode]
+		line := fmt.Sprintf("  %-8s %7.0f ops/s  p50 %6.2f ms  p99 %6.2f ms",
+			mode, median(rs, func(x *result) float64 { return x.OpsPerS }),
+			median(rs, func(x *result) float64 { return x.P50ms }),
+			median(rs, func(x *result) float64 { return x.P99ms }))
+		base := byMode[modeBaseline]
+		if mode != modeBaseline && len(base) == len(rs) {
+			var slower, later []string
+			var slowerV, laterV []float64
+			for i := range rs {
+				s, l := base[i].OpsPerS/rs[i].OpsPerS, rs[i].P50ms/base[i].P50ms
+				slowerV, laterV = append(slowerV, s), append(laterV, l)
+				slower, later = append(slower, fmt.Sprintf("%.2f", s)), append(later, fmt.Sprintf("%.2f", l))
+			}
+			line += fmt.Sprintf("  baseline/this throughput %s (median %.2f), p50 this/baseline %s (median %.2f)",
+				strings.Join(slower, " "), medianOf(slowerV), strings.Join(later, " "), medianOf(laterV))
+		}
+		fmt.Fprintln(r.w, line)
+	}
+}
+
+func median(rs []*result, f func(*result) float64) float64 {
+	v := make([]float64, len(rs))
+	for i, x := range rs {
+		v[i] = f(x)
+	}
+	return medianOf(v)
+}
+
+// medianOf returns the median of v, the mean of the middle two for an even
+// count; v is sorted in place.
+func medianOf(v []float64) float64 {
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
 }
 
 // byName lists per-operation counts by name, largest first, leaving out what
