@@ -102,7 +102,7 @@ func TestAtCommit(t *testing.T) {
 }
 
 // TestAtCommitCost: tx steps that write only through AtCommit cost one round
-// trip per transaction, reservation, checkpoint and COMMIT included.
+// trip per transaction, reservation, checkpoint and commit included.
 func TestAtCommitCost(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -128,9 +128,12 @@ func TestAtCommitCost(t *testing.T) {
 		require.Equal(t, engine.StatusSucceeded, waitDone(t, e, started).Status)
 		counter.mu.Lock()
 		require.Equal(t, 2, counter.commits)
-		// BEGIN, the reservation, the step's write, its checkpoint and COMMIT in
-		// one; the last step's write, the checkpoints and COMMIT in the other.
+		// The reservation, the step's write and its checkpoint in one; the last
+		// step's write, the checkpoints and the result in the other. Each is a
+		// batch that PostgreSQL runs as one implicit transaction: no BEGIN, no
+		// COMMIT.
 		require.Equal(t, 2, counter.roundTrips)
+		require.Zero(t, counter.begins)
 		counter.mu.Unlock()
 	}
 }

@@ -17,12 +17,14 @@ import (
 
 // statementCounter is a pgx tracer (queries and batches) that tells the
 // engine's statements (sqlc queries start with "-- name:") from the steps' own,
-// and counts commits and round trips (a batch is one).
+// and counts commits (a COMMIT, or a batch that ran as an implicit transaction)
+// and round trips (a batch is one).
 type statementCounter struct {
 	mu         sync.Mutex
 	engine     []string
 	steps      int
 	commits    int
+	begins     int
 	roundTrips int
 }
 
@@ -36,11 +38,17 @@ func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, dat
 
 func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-func (c *statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+type implicitKey struct{}
+
+func (c *statementCounter) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.roundTrips++
-	return ctx
+	// Outside a transaction block, a batch that does not begin one is a
+	// transaction of its own, which commits when the whole batch succeeds.
+	qs := data.Batch.QueuedQueries
+	implicit := conn.PgConn().TxStatus() == 'I' && len(qs) > 0 && !strings.HasPrefix(strings.ToLower(strings.TrimSpace(qs[0].SQL)), "begin")
+	return context.WithValue(ctx, implicitKey{}, implicit)
 }
 
 func (c *statementCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
@@ -49,13 +57,20 @@ func (c *statementCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data 
 	c.statement(data.SQL)
 }
 
-func (c *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+func (c *statementCounter) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchEndData) {
+	if implicit, _ := ctx.Value(implicitKey{}).(bool); implicit && data.Err == nil {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.commits++
+	}
+}
 
 // statement counts one statement; c.mu is held.
 func (c *statementCounter) statement(sql string) {
 	sql = strings.TrimSpace(sql)
 	switch {
 	case strings.EqualFold(sql, "begin"):
+		c.begins++
 	case strings.EqualFold(sql, "commit"):
 		c.commits++
 	case strings.HasPrefix(sql, "-- name: "):
@@ -68,7 +83,7 @@ func (c *statementCounter) statement(sql string) {
 func (c *statementCounter) reset() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.engine, c.steps, c.commits, c.roundTrips = nil, 0, 0, 0
+	c.engine, c.steps, c.commits, c.begins, c.roundTrips = nil, 0, 0, 0, 0
 }
 
 // TestFirstAttemptCost pins what a first attempt of a tx, external, tx operation

@@ -40,7 +40,8 @@
 // does not run. A step that sends one statement, or one batch, costs one round
 // trip, and its transaction two; a step whose writes all go with AtCommit, and
 // fail on their own when they must (idemflow_fail), costs none: its
-// transaction is one round trip.
+// transaction is one batch, which PostgreSQL runs as an implicit transaction,
+// without BEGIN or COMMIT.
 //
 // # Failures
 //

@@ -15,10 +15,12 @@ import (
 // txn is one transaction of a run. It saves round trips by sending the engine's
 // statements with the step's: nothing is sent when it is made; BEGIN and the
 // statements queued in prelude (a first attempt's reservation) go out with the
-// first thing the step sends, and the checkpoint goes out with COMMIT. Every
-// statement the engine queues fails rather than answer "no row" when it must
-// not go on (store.ErrKeyTaken, store.ErrFenced), so that a COMMIT or a step's
-// statement queued behind it never runs.
+// first thing the step sends, and the checkpoint goes out with COMMIT. When the
+// step sent nothing itself (its writes, if any, went with AtCommit), all of it
+// goes in one batch without BEGIN and COMMIT, which PostgreSQL runs as one
+// implicit transaction. Every statement the engine queues fails rather than
+// answer "no row" when it must not go on (store.ErrKeyTaken, store.ErrFenced),
+// so that a COMMIT or a step's statement queued behind it never runs.
 //
 // A txn is a Tx for the step. It is not safe for concurrent use.
 type txn struct {
@@ -99,10 +101,10 @@ func (t *txn) pgx(ctx context.Context) (pgx.Tx, error) {
 }
 
 // commit sends the statements queued with AtCommit, what is queued in last (the
-// checkpoint), then COMMIT, in one round trip with BEGIN and the prelude when
-// they have not been sent. It rolls back when any of it fails, and ends the
-// transaction in every case. A failed AtCommit statement is a *stepError.
-func (t *txn) commit(ctx context.Context, last *pgx.Batch) (err error) {
+// checkpoint), then COMMIT, in one round trip. It rolls back when any of it
+// fails, and ends the transaction in every case. A failed AtCommit statement is
+// a *stepError.
+func (t *txn) commit(ctx context.Context, last *pgx.Batch) error {
 	defer t.end(ctx)
 	t.closeOpen()
 	if t.failed != nil {
@@ -111,28 +113,16 @@ func (t *txn) commit(ctx context.Context, last *pgx.Batch) (err error) {
 	if last == nil {
 		last = &pgx.Batch{}
 	}
+	if t.tx == nil {
+		return t.commitImplicit(ctx, last)
+	}
 	b := &pgx.Batch{}
 	b.QueuedQueries = append(b.QueuedQueries, t.atCommit.QueuedQueries...)
 	b.QueuedQueries = append(b.QueuedQueries, last.QueuedQueries...)
-	if t.tx == nil && t.prelude.Len() == 0 && b.Len() == 0 {
-		return nil // nothing was sent and nothing is to be written
-	}
 	b.Queue("commit")
-	br := t.send(ctx, b)
-	for range t.atCommit.Len() {
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			if t.failed != nil {
-				return t.failed
-			}
-			return &stepError{err: err}
-		}
-	}
-	for range last.Len() {
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return store.Err(err)
-		}
+	br := t.tx.SendBatch(ctx, b)
+	if err := t.readCommitted(br, 0, last.Len()); err != nil {
+		return err
 	}
 	tag, err := br.Exec()
 	if cerr := br.Close(); err == nil {
@@ -143,6 +133,64 @@ func (t *txn) commit(ctx context.Context, last *pgx.Batch) (err error) {
 	}
 	if tag.String() != "COMMIT" {
 		return fmt.Errorf("engine: commit: %w", pgx.ErrTxCommitRollback)
+	}
+	return nil
+}
+
+// commitImplicit commits a transaction that has sent nothing yet: the prelude,
+// the AtCommit statements and last go in one batch with neither BEGIN nor
+// COMMIT. PostgreSQL runs the statements of a pipeline up to its Sync as one
+// implicit transaction, all or nothing (as pgx runs a batch outside a
+// transaction block), which spares two statements.
+func (t *txn) commitImplicit(ctx context.Context, last *pgx.Batch) error {
+	b := &pgx.Batch{}
+	b.QueuedQueries = append(b.QueuedQueries, t.prelude.QueuedQueries...)
+	b.QueuedQueries = append(b.QueuedQueries, t.atCommit.QueuedQueries...)
+	b.QueuedQueries = append(b.QueuedQueries, last.QueuedQueries...)
+	if b.Len() == 0 {
+		return nil // nothing to write
+	}
+	if t.conn == nil {
+		conn, err := t.pool.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("engine: acquire a connection: %w", err)
+		}
+		t.conn = conn
+	}
+	br := t.conn.SendBatch(ctx, b)
+	if err := t.readCommitted(br, t.prelude.Len(), last.Len()); err != nil {
+		return err
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("engine: commit: %w", err)
+	}
+	return nil
+}
+
+// readCommitted reads the results of prelude statements of the prelude, then
+// of the AtCommit statements, then of last statements of last, and closes br
+// at the first error: a failed prelude fails the transaction (t.failed), a
+// failed AtCommit statement the step (*stepError).
+func (t *txn) readCommitted(br pgx.BatchResults, prelude, last int) error {
+	fail := func(err error) error {
+		_ = br.Close()
+		return err
+	}
+	for range prelude {
+		if _, err := br.Exec(); err != nil {
+			t.failed = store.Err(err)
+			return fail(t.failed)
+		}
+	}
+	for range t.atCommit.Len() {
+		if _, err := br.Exec(); err != nil {
+			return fail(&stepError{err: err})
+		}
+	}
+	for range last {
+		if _, err := br.Exec(); err != nil {
+			return fail(store.Err(err))
+		}
 	}
 	return nil
 }
