@@ -146,21 +146,15 @@ func (q *Queries) RefundMarkSucceeded(ctx context.Context, db DBTX, arg RefundMa
 }
 
 const refundRecord = `-- name: RefundRecord :exec
-WITH o AS (
-    SELECT ord.client, ord.order_id, ord.customer_id, ord.amount, ord.refunded
-    FROM demo_order AS ord
-    WHERE ord.client = $5 AND ord.order_id = $2
-    FOR UPDATE
-), taken AS (
-    UPDATE demo_order AS d
-    SET refunded = d.refunded + $4::bigint
-    FROM o
-    WHERE d.client = o.client AND d.order_id = o.order_id
-      AND $4::bigint <= o.amount - o.refunded
-    RETURNING d.client, d.order_id, d.customer_id
+WITH taken AS (
+    UPDATE demo_order AS o
+    SET refunded = o.refunded + $3::bigint
+    WHERE o.client = $5 AND o.order_id = $2
+      AND $3::bigint <= o.amount - o.refunded
+    RETURNING o.client, o.order_id, o.customer_id
 ), refund AS (
     INSERT INTO demo_refund (id, client, order_id, amount)
-    SELECT $6::text, t.client, t.order_id, $4::bigint
+    SELECT $6::text, t.client, t.order_id, $3::bigint
     FROM taken AS t
     RETURNING id, client, order_id, amount
 ), entries AS (
@@ -172,20 +166,31 @@ WITH o AS (
                                ($9::text || t.customer_id, r.amount)) AS e (account, amount)
 )
 SELECT CASE
-    WHEN NOT EXISTS (SELECT 1 FROM o) THEN
-        idemflow_fail($1::text, format('order %s does not exist', $2::text))
-    WHEN NOT EXISTS (SELECT 1 FROM taken) THEN
-        idemflow_fail($3::text, format('amount %s exceeds the %s left to refund of order %s',
-                      $4::bigint, (SELECT amount - refunded FROM o), $2::text))
-    ELSE true
+    WHEN EXISTS (SELECT 1 FROM taken) THEN true
+    ELSE (
+        SELECT CASE
+            WHEN l.amount_left IS NULL THEN
+                idemflow_fail($1::text, format('order %s does not exist', $2::text))
+            WHEN $3::bigint > l.amount_left THEN
+                idemflow_fail($4::text, format('amount %s exceeds the %s left to refund of order %s',
+                              $3::bigint, l.amount_left, $2::text))
+            ELSE
+                demo_check(false, format('order %s had less than %s left to refund, and has %s now',
+                           $2::text, $3::bigint, l.amount_left))
+        END
+        FROM (SELECT (SELECT ord.amount - ord.refunded
+                      FROM demo_order AS ord
+                      WHERE ord.client = $5 AND ord.order_id = $2
+                      FOR UPDATE) AS amount_left) AS l
+    )
 END
 `
 
 type RefundRecordParams struct {
 	OrderNotFoundCode     string
 	OrderID               string
-	AmountExceededCode    string
 	Amount                int64
+	AmountExceededCode    string
 	Client                string
 	ID                    string
 	MoveID                pguuid.UUID
@@ -199,21 +204,26 @@ type RefundRecordParams struct {
 // with engine.AtCommit, with its checkpoint and COMMIT, and never reads its
 // result. The failures' codes are parameters, so that Go keeps their names.
 //
-// o locks the order; under READ COMMITTED a row lock returns the newest version
-// of the row, the one a concurrent refund committed while this one waited, so
-// what is left to refund is read after the wait, not as of the statement's start
-// (as a plain read of the order or of its refunds would be). taken takes amount
-// from what is left, and only if it is left, so refunds of one order never take
-// more than its amount together. From the order it took, the statement inserts
-// the refund, and moves amount from the merchant's account to the order's
-// customer's (customer_account_prefix and the customer id): two entries that
-// sum to zero.
+// taken takes amount from what is left to refund of the order, and only if it
+// is left: under READ COMMITTED, an UPDATE that waited for the row lock of a
+// concurrent refund checks its WHERE again on the row that refund left, so
+// refunds of one order never take more than its amount together (a read of the
+// order or its refunds in the same statement would not do: it would see them as
+// of the statement's start, before the wait). From the order it took, the
+// statement inserts the refund, and moves amount from the merchant's account to
+// the order's customer's (customer_account_prefix and the customer id): two
+// entries that sum to zero.
+//
+// Only when taken took nothing does the statement read the order, locking it,
+// which returns its newest version, to tell the failures apart and say how much
+// is left. If that much fits after all (a failed refund gave its amount back in
+// between), it fails with an ordinary error: the engine tries the step again.
 func (q *Queries) RefundRecord(ctx context.Context, db DBTX, arg RefundRecordParams) error {
 	_, err := db.Exec(ctx, refundRecord,
 		arg.OrderNotFoundCode,
 		arg.OrderID,
-		arg.AmountExceededCode,
 		arg.Amount,
+		arg.AmountExceededCode,
 		arg.Client,
 		arg.ID,
 		arg.MoveID,
