@@ -83,13 +83,16 @@ func (r *run) execute(ctx context.Context) {
 
 // end reports how the run ended to the starter and to the waiters.
 func (r *run) end(ctx context.Context, info *Info, err error) {
-	log := r.logger()
 	switch {
 	case err == nil:
-		log.DebugContext(ctx, "operation finished", slog.String("status", string(info.Status)), slog.Int("runs", info.Runs))
+		// A logger with the run's attributes costs a few microseconds to make:
+		// not on every operation for a line that is usually off.
+		if r.e.logger.Enabled(ctx, slog.LevelDebug) {
+			r.logger().DebugContext(ctx, "operation finished", slog.String("status", string(info.Status)), slog.Int("runs", info.Runs))
+		}
 	case errors.Is(err, errKeyTaken), errors.Is(err, errHandedOff):
 	case errors.Is(err, errLost):
-		log.WarnContext(ctx, "run stopped: another run took the operation over")
+		r.logger().WarnContext(ctx, "run stopped: another run took the operation over")
 	case errors.Is(err, context.Canceled) && r.isReserved():
 		// The engine is stopping: hand the operation back at once, so that the next
 		// sweep, here after a restart or in another process, resumes it without
@@ -97,12 +100,12 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
 		if _, rerr := r.e.store.OperationRelease(releaseCtx, r.e.pool, r.id, r.runID, time.Now(), 0); rerr != nil {
-			log.WarnContext(ctx, "could not release the operation; it resumes once its lease expires", slog.Any("error", rerr))
+			r.logger().WarnContext(ctx, "could not release the operation; it resumes once its lease expires", slog.Any("error", rerr))
 		} else {
-			log.InfoContext(ctx, "run stopped with the engine; the operation resumes at the next sweep")
+			r.logger().InfoContext(ctx, "run stopped with the engine; the operation resumes at the next sweep")
 		}
 	default:
-		log.ErrorContext(ctx, "run stopped; the operation resumes once its lease expires", slog.Any("error", err))
+		r.logger().ErrorContext(ctx, "run stopped; the operation resumes once its lease expires", slog.Any("error", err))
 	}
 	if r.local != nil {
 		if !r.isReserved() {
