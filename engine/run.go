@@ -605,23 +605,20 @@ func (r *run) hook(ctx context.Context, st *stepDef, p Point, attempt int) {
 }
 
 // keepLease renews the run's lease every third of it while the run works, and
-// stops the run when another run has taken the operation over.
+// stops the run when another run has taken the operation over. It arms a timer
+// rather than start a goroutine: most runs end long before the first renewal.
 func (r *run) keepLease(ctx context.Context) (stop func()) {
-	done := make(chan struct{})
-	go func() {
-		t := time.NewTicker(r.e.cfg.Lease / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if !r.isReserved() {
-				continue
-			}
+	every := r.e.cfg.Lease / 3
+	var (
+		mu      sync.Mutex
+		stopped bool
+		timer   *time.Timer
+	)
+	renew := func() {
+		if ctx.Err() != nil {
+			return
+		}
+		if r.isReserved() {
 			ok, err := r.e.store.OperationRenewLease(ctx, r.e.pool, r.id, r.runID, r.e.cfg.Lease)
 			switch {
 			case err != nil && ctx.Err() != nil:
@@ -633,8 +630,21 @@ func (r *run) keepLease(ctx context.Context) (stop func()) {
 				return
 			}
 		}
-	}()
-	return func() { close(done) }
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			timer.Reset(every)
+		}
+	}
+	mu.Lock()
+	timer = time.AfterFunc(every, renew)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		timer.Stop()
+	}
 }
 
 // rollback ends a transaction that may already have ended; its error says nothing

@@ -222,6 +222,9 @@ func (t *txn) closeOpen() {
 
 // Exec runs sql in the transaction.
 func (t *txn) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.failed != nil {
+		return pgconn.CommandTag{}, t.failed
+	}
 	if t.tx != nil {
 		t.closeOpen()
 		return t.tx.Exec(ctx, sql, args...)
@@ -238,6 +241,9 @@ func (t *txn) Exec(ctx context.Context, sql string, args ...any) (pgconn.Command
 
 // Query runs sql in the transaction.
 func (t *txn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.failed != nil {
+		return nil, t.failed
+	}
 	if t.tx != nil {
 		t.closeOpen()
 		return t.tx.Query(ctx, sql, args...)
@@ -256,6 +262,9 @@ func (t *txn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, err
 
 // QueryRow runs sql in the transaction.
 func (t *txn) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if t.failed != nil {
+		return errRow{t.failed}
+	}
 	if t.tx != nil {
 		t.closeOpen()
 		return t.tx.QueryRow(ctx, sql, args...)
@@ -361,7 +370,7 @@ func (a atCommitTx) Query(context.Context, string, ...any) (pgx.Rows, error) {
 }
 
 func (a atCommitTx) QueryRow(context.Context, string, ...any) pgx.Row {
-	return errRow{}
+	return errRow{errAtCommitRead}
 }
 
 func (a atCommitTx) SendBatch(_ context.Context, b *pgx.Batch) pgx.BatchResults {
@@ -372,6 +381,9 @@ func (a atCommitTx) CopyFrom(context.Context, pgx.Identifier, []string, pgx.Copy
 	return 0, errAtCommitRead
 }
 
-type errRow struct{}
+// errRow is a row that fails with err.
+type errRow struct {
+	err error
+}
 
-func (errRow) Scan(...any) error { return errAtCommitRead }
+func (r errRow) Scan(...any) error { return r.err }

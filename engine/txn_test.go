@@ -178,6 +178,13 @@ func TestTxnKeyTaken(t *testing.T) {
 	_, err := tx.Exec(ctx, `INSERT INTO txn_test (n) VALUES (1)`)
 	require.ErrorIs(t, err, store.ErrKeyTaken)
 	require.ErrorIs(t, tx.failed, store.ErrKeyTaken)
+	// Whatever the step sends next fails the same way, without a round trip.
+	_, err = tx.Exec(ctx, `INSERT INTO txn_test (n) VALUES (2)`)
+	require.ErrorIs(t, err, store.ErrKeyTaken)
+	var n int
+	require.ErrorIs(t, tx.QueryRow(ctx, `SELECT 1`).Scan(&n), store.ErrKeyTaken)
+	_, err = tx.Query(ctx, `SELECT 1`)
+	require.ErrorIs(t, err, store.ErrKeyTaken)
 	require.ErrorIs(t, tx.commit(ctx, nil), store.ErrKeyTaken)
 	require.Empty(t, txnRows(t, pool))
 	require.Zero(t, pool.Stat().AcquiredConns())
