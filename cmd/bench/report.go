@@ -43,6 +43,11 @@ type result struct {
 	WALWritesPerOp  float64 `json:"wal_writes_per_op"`
 	WALRecordsPerOp float64 `json:"wal_records_per_op"`
 	WALBytesPerOp   float64 `json:"wal_bytes_per_op"`
+	// Buffer lookups of the database's statements: a count of the pages they
+	// touched, which a slower machine does not change, unlike time. Read means
+	// not in shared buffers (maybe in the OS's cache).
+	BlocksHitPerOp  float64 `json:"blocks_hit_per_op"`
+	BlocksReadPerOp float64 `json:"blocks_read_per_op"`
 
 	// From the tracer on the application's pool: the engine with its steps and
 	// River (or the baseline). A transaction is a COMMIT, or a statement or batch
@@ -108,6 +113,8 @@ func newResult(mode string, opts *options, lat []float32, failed int64, elapsed 
 		WALWritesPerOp:  per(db.walWrites),
 		WALRecordsPerOp: per(db.walRecords),
 		WALBytesPerOp:   round(float64(db.walBytes)/n, 0),
+		BlocksHitPerOp:  per(db.blocksHit),
+		BlocksReadPerOp: per(db.blocksRead),
 
 		EngineCommitsPerOp:    per(app.commits),
 		EngineRollbacksPerOp:  per(app.rollbacks),
@@ -191,11 +198,11 @@ func (r *report) finish() {
 		return
 	}
 	tw := tabwriter.NewWriter(r.w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "round\tmode\tops/s\tp50 ms\tp90 ms\tp99 ms\tcommits/op\trollbacks/op\tWAL syncs/op\tapp commits/op\tprovider commits/op\tapp stmts/op\tengine\tsteps\triver\tBEGIN+COMMIT/op\tround trips/op\tprovider stmts/op\tbench CPU us/op\tPG CPU us/op\tothers' CPU %\tpeak RSS MB\terrors\t")
+	fmt.Fprintln(tw, "round\tmode\tops/s\tp50 ms\tp90 ms\tp99 ms\tcommits/op\trollbacks/op\tWAL syncs/op\tbuffers/op\tapp commits/op\tprovider commits/op\tapp stmts/op\tengine\tsteps\triver\tBEGIN+COMMIT/op\tround trips/op\tprovider stmts/op\tbench CPU us/op\tPG CPU us/op\tothers' CPU %\tpeak RSS MB\terrors\t")
 	for _, res := range r.results {
-		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.1f\t%.0f\t%d\t\n",
+		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.1f\t%.0f\t%d\t\n",
 			res.Round, res.Mode, res.OpsPerS, res.P50ms, res.P90ms, res.P99ms,
-			res.CommitsPerOp, res.RollbacksPerOp, res.WALSyncsPerOp,
+			res.CommitsPerOp, res.RollbacksPerOp, res.WALSyncsPerOp, res.BlocksHitPerOp+res.BlocksReadPerOp,
 			res.EngineCommitsPerOp, res.ProviderCommitsPerOp,
 			res.StatementsPerOp, res.EngineStatementsPerOp, res.StepStatementsPerOp, res.RiverStatementsPerOp,
 			res.TxControlPerOp, res.RoundTripsPerOp, res.ProviderStatementsPerOp,

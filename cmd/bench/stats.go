@@ -13,6 +13,7 @@ import (
 // serverStats are the server's counters that a mode's figures are deltas of.
 type serverStats struct {
 	commits, rollbacks                        int64
+	blocksHit, blocksRead                     int64
 	walRecords, walBytes, walWrites, walSyncs int64
 }
 
@@ -20,6 +21,8 @@ func (s serverStats) since(before serverStats) serverStats {
 	return serverStats{
 		commits:    s.commits - before.commits,
 		rollbacks:  s.rollbacks - before.rollbacks,
+		blocksHit:  s.blocksHit - before.blocksHit,
+		blocksRead: s.blocksRead - before.blocksRead,
 		walRecords: s.walRecords - before.walRecords,
 		walBytes:   s.walBytes - before.walBytes,
 		walWrites:  s.walWrites - before.walWrites,
@@ -81,7 +84,7 @@ func (s *server) readStats(ctx context.Context, noSessions bool) (serverStats, e
 			return serverStats{}, 0, fmt.Errorf("read pg_stat_wal: %w", err)
 		}
 		return serverStats{
-			commits: db.Commits, rollbacks: db.Rollbacks,
+			commits: db.Commits, rollbacks: db.Rollbacks, blocksHit: db.BlocksHit, blocksRead: db.BlocksRead,
 			walRecords: wal.Records, walBytes: wal.Bytes, walWrites: wal.Writes, walSyncs: wal.Syncs,
 		}, db.Backends, nil
 	}

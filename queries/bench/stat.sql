@@ -1,8 +1,11 @@
 -- name: StatDatabase :one
--- The transactions that committed and rolled back in a database, and its
+-- The transactions that committed and rolled back in a database, the shared
+-- buffers its statements looked up (found in memory, or read in), and its
 -- sessions, as far as the server's statistics have been published.
 SELECT pg_stat_get_db_xact_commit(d.oid)::bigint AS commits,
        pg_stat_get_db_xact_rollback(d.oid)::bigint AS rollbacks,
+       pg_stat_get_db_blocks_hit(d.oid)::bigint AS blocks_hit,
+       (pg_stat_get_db_blocks_fetched(d.oid) - pg_stat_get_db_blocks_hit(d.oid))::bigint AS blocks_read,
        pg_stat_get_db_numbackends(d.oid)::bigint AS backends
 FROM pg_catalog.pg_database AS d
 WHERE d.datname = @datname;

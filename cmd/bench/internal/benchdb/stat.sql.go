@@ -62,23 +62,34 @@ func (q *Queries) StatClearSnapshot(ctx context.Context, db DBTX) error {
 const statDatabase = `-- name: StatDatabase :one
 SELECT pg_stat_get_db_xact_commit(d.oid)::bigint AS commits,
        pg_stat_get_db_xact_rollback(d.oid)::bigint AS rollbacks,
+       pg_stat_get_db_blocks_hit(d.oid)::bigint AS blocks_hit,
+       (pg_stat_get_db_blocks_fetched(d.oid) - pg_stat_get_db_blocks_hit(d.oid))::bigint AS blocks_read,
        pg_stat_get_db_numbackends(d.oid)::bigint AS backends
 FROM pg_catalog.pg_database AS d
 WHERE d.datname = $1
 `
 
 type StatDatabaseRow struct {
-	Commits   int64
-	Rollbacks int64
-	Backends  int64
+	Commits    int64
+	Rollbacks  int64
+	BlocksHit  int64
+	BlocksRead int64
+	Backends   int64
 }
 
-// The transactions that committed and rolled back in a database, and its
+// The transactions that committed and rolled back in a database, the shared
+// buffers its statements looked up (found in memory, or read in), and its
 // sessions, as far as the server's statistics have been published.
 func (q *Queries) StatDatabase(ctx context.Context, db DBTX, datname string) (*StatDatabaseRow, error) {
 	row := db.QueryRow(ctx, statDatabase, datname)
 	var i StatDatabaseRow
-	err := row.Scan(&i.Commits, &i.Rollbacks, &i.Backends)
+	err := row.Scan(
+		&i.Commits,
+		&i.Rollbacks,
+		&i.BlocksHit,
+		&i.BlocksRead,
+		&i.Backends,
+	)
 	return &i, err
 }
 
