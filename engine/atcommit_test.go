@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
@@ -106,15 +105,7 @@ func TestAtCommit(t *testing.T) {
 func TestAtCommitCost(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
-	require.NoError(t, err)
-	counter := &statementCounter{}
-	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = pool.Exec(ctx, atCommitSchema)
-	require.NoError(t, err)
+	pool, counter := countedPool(t, atCommitSchema)
 	var calls atomic.Int32
 	op := atCommitOp(t, false, nil, &calls)
 	// No workers: nothing but the first attempt sends anything.

@@ -86,13 +86,10 @@ func (c *statementCounter) reset() {
 	c.engine, c.steps, c.commits, c.begins, c.roundTrips = nil, 0, 0, 0, 0
 }
 
-// TestFirstAttemptCost pins what a first attempt of a tx, external, tx operation
-// costs the database: two commits (one before the call, one after), four
-// statements of the engine's own, and no round trip of its own: BEGIN and the
-// reservation go with a step's first statement, each checkpoint with COMMIT.
-// The figures are counts, not timings.
-func TestFirstAttemptCost(t *testing.T) {
-	t.Parallel()
+// countedPool returns a pool on a database of its own, with schema applied and
+// a statementCounter tracing it.
+func countedPool(t *testing.T, schema string) (*pgxpool.Pool, *statementCounter) {
+	t.Helper()
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
 	require.NoError(t, err)
@@ -101,8 +98,20 @@ func TestFirstAttemptCost(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	_, err = pool.Exec(ctx, scratchSchema)
+	_, err = pool.Exec(ctx, schema)
 	require.NoError(t, err)
+	return pool, counter
+}
+
+// TestFirstAttemptCost pins what a first attempt of a tx, external, tx operation
+// costs the database: two commits (one before the call, one after), four
+// statements of the engine's own, and no round trip of its own: BEGIN and the
+// reservation go with a step's first statement, each checkpoint with COMMIT.
+// The figures are counts, not timings.
+func TestFirstAttemptCost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, counter := countedPool(t, scratchSchema)
 
 	// The payout records nothing in this database, so that only the engine's and
 	// the tx steps' statements are counted.
