@@ -104,7 +104,7 @@ func countedPool(t *testing.T, schema string) (*pgxpool.Pool, *statementCounter)
 }
 
 // TestFirstAttemptCost pins what a first attempt of a tx, external, tx operation
-// costs the database: two commits (one before the call, one after), four
+// costs the database: two commits (one before the call, one after), three
 // statements of the engine's own, and no round trip of its own: BEGIN and the
 // reservation go with a step's first statement, each checkpoint with COMMIT.
 // The figures are counts, not timings.
@@ -138,7 +138,7 @@ func TestFirstAttemptCost(t *testing.T) {
 		require.Equal(t, 2, counter.commits)
 		// The reservation; the ledger checkpoint; the payout and finalize checkpoints
 		// with the stored result.
-		require.Equal(t, []string{"OperationReserve", "StepInsertSucceeded", "StepInsertSucceeded", "OperationFinish"}, counter.engine)
+		require.Equal(t, []string{"OperationReserve", "StepInsertSucceeded", "OperationFinish"}, counter.engine)
 		require.Equal(t, 3, counter.steps, "the steps' own statements")
 		// One per step statement (the ledger sends 2, finalize 1) and one per
 		// commit; the first attempt's connections are warm after the first run.

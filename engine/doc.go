@@ -27,9 +27,9 @@
 // rides with the next transaction, the one of the next transactional step or the
 // one that stores the result. So an operation of a transactional step, an external
 // step and another transactional step commits twice, the floor for one call to
-// the outside world, and sends four statements of its own beside the steps': the
-// reservation, one insert of the pending checkpoints per transaction, and the
-// update that stores the result.
+// the outside world, and sends three statements of its own beside the steps':
+// the reservation, the insert of the first transaction's checkpoints, and the
+// statement that stores the result with the last transaction's checkpoints.
 //
 // None of them costs a round trip of its own. A step's transaction (a Tx) sends
 // nothing until the step does: then BEGIN, and on a first attempt the

@@ -220,6 +220,10 @@ func TestTxnFenced(t *testing.T) {
 			require.NoError(t, st.StepCheckpointMany(context.Background(), pool, other))
 			return other
 		}},
+		{"step recorded by another run, at the end", func(t *testing.T, pool *pgxpool.Pool, p store.OperationInsertParams) store.StepCheckpointManyParams {
+			require.NoError(t, st.StepCheckpointMany(context.Background(), pool, checkpoint(p, false, *p.LockedBy)))
+			return checkpoint(p, true, *p.LockedBy)
+		}},
 		{"operation held by another run", func(t *testing.T, pool *pgxpool.Pool, p store.OperationInsertParams) store.StepCheckpointManyParams {
 			return checkpoint(p, true, uuid.New())
 		}},

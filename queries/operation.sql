@@ -99,9 +99,12 @@ ORDER BY created_at DESC
 LIMIT sqlc.arg(max);
 
 -- name: OperationFinish :exec
--- Ends an operation with its result or error, fenced by the run that holds it:
--- it raises SQLSTATE IF001, aborting the transaction, when run_id no longer
--- holds the operation in progress.
+-- Ends an operation with its result or error, fenced by the run that holds it,
+-- and records the steps that succeeded at their first recorded attempt in the
+-- same statement (the arrays, one step per index; they may be empty). It
+-- raises SQLSTATE IF001, aborting the transaction, when run_id no longer holds
+-- the operation in progress, and a unique violation when another run recorded
+-- one of the steps first.
 WITH fin AS (
     UPDATE idemflow_operation
     SET state = sqlc.arg(state)::text,
@@ -112,6 +115,17 @@ WITH fin AS (
     WHERE id = sqlc.arg(operation_id)::uuid
       AND locked_by = sqlc.arg(run_id)::uuid
       AND state = 'in_progress'
-    RETURNING 1
+    RETURNING id, finished_at
+), ins AS (
+    INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
+    SELECT fin.id,
+           unnest(sqlc.arg(names)::text[]),
+           unnest(sqlc.arg(positions)::integer[]),
+           'succeeded',
+           unnest(sqlc.arg(attempts)::integer[]),
+           unnest(sqlc.arg(outputs)::text[])::json,
+           unnest(sqlc.arg(started_ats)::timestamptz[]),
+           fin.finished_at
+    FROM fin
 )
 SELECT idemflow_fence(EXISTS (SELECT 1 FROM fin));

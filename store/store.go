@@ -529,8 +529,9 @@ type StepCheckpointManyParams struct {
 }
 
 // StepCheckpointMany records p.Steps as succeeded and, with p.Finish, ends the
-// operation, in one to three statements: the steps with no row, those whose row
-// an earlier failed attempt left (Retried), and the end of the operation. Each
+// operation, in one or two statements: the steps whose row an earlier failed
+// attempt left (Retried) are updated by one; the others are inserted by
+// another, which with p.Finish is the one that ends the operation. Each
 // fails, with ErrFenced and the transaction aborted, when another run recorded
 // one of the steps first or no longer lets p.Run end the operation, so that a
 // COMMIT queued after them never commits what they did not. With a Queue for
@@ -545,7 +546,7 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 			fresh = append(fresh, st)
 		}
 	}
-	if len(fresh) > 0 {
+	if len(fresh) > 0 && !p.Finish {
 		args := dbsqlc.StepInsertSucceededParams{
 			OperationID: pguuid.UUID(p.OperationID),
 			Names:       make([]string, len(fresh)),
@@ -582,13 +583,26 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 		}
 	}
 	if p.Finish {
-		err := s.q.OperationFinish(ctx, db, dbsqlc.OperationFinishParams{
+		args := dbsqlc.OperationFinishParams{
 			OperationID: pguuid.UUID(p.OperationID),
 			RunID:       pguuid.UUID(p.Run),
 			State:       string(p.State),
 			Result:      nullJSON(p.Result),
 			Error:       nullJSON(p.Error),
-		})
+			Names:       make([]string, len(fresh)),
+			Positions:   make([]int32, len(fresh)),
+			Attempts:    make([]int32, len(fresh)),
+			Outputs:     make([]string, len(fresh)),
+			StartedAts:  make([]time.Time, len(fresh)),
+		}
+		for i, st := range fresh {
+			args.Names[i] = st.Name
+			args.Positions[i] = int32(st.Position)
+			args.Attempts[i] = int32(st.Attempts)
+			args.Outputs[i] = string(st.Output)
+			args.StartedAts[i] = st.StartedAt
+		}
+		err := s.q.OperationFinish(ctx, db, args)
 		if err != nil {
 			return fmt.Errorf("store: finish operation: %w", Err(err))
 		}

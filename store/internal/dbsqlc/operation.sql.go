@@ -134,7 +134,18 @@ WITH fin AS (
     WHERE id = $5::uuid
       AND locked_by = $6::uuid
       AND state = 'in_progress'
-    RETURNING 1
+    RETURNING id, finished_at
+), ins AS (
+    INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
+    SELECT fin.id,
+           unnest($7::text[]),
+           unnest($8::integer[]),
+           'succeeded',
+           unnest($9::integer[]),
+           unnest($10::text[])::json,
+           unnest($11::timestamptz[]),
+           fin.finished_at
+    FROM fin
 )
 SELECT idemflow_fence(EXISTS (SELECT 1 FROM fin))
 `
@@ -146,11 +157,19 @@ type OperationFinishParams struct {
 	Now         *time.Time
 	OperationID pguuid.UUID
 	RunID       pguuid.UUID
+	Names       []string
+	Positions   []int32
+	Attempts    []int32
+	Outputs     []string
+	StartedAts  []time.Time
 }
 
-// Ends an operation with its result or error, fenced by the run that holds it:
-// it raises SQLSTATE IF001, aborting the transaction, when run_id no longer
-// holds the operation in progress.
+// Ends an operation with its result or error, fenced by the run that holds it,
+// and records the steps that succeeded at their first recorded attempt in the
+// same statement (the arrays, one step per index; they may be empty). It
+// raises SQLSTATE IF001, aborting the transaction, when run_id no longer holds
+// the operation in progress, and a unique violation when another run recorded
+// one of the steps first.
 func (q *Queries) OperationFinish(ctx context.Context, db DBTX, arg OperationFinishParams) error {
 	_, err := db.Exec(ctx, operationFinish,
 		arg.State,
@@ -159,6 +178,11 @@ func (q *Queries) OperationFinish(ctx context.Context, db DBTX, arg OperationFin
 		arg.Now,
 		arg.OperationID,
 		arg.RunID,
+		arg.Names,
+		arg.Positions,
+		arg.Attempts,
+		arg.Outputs,
+		arg.StartedAts,
 	)
 	return err
 }
