@@ -177,7 +177,8 @@ func (r *run) runSteps(ctx context.Context) (*Info, error) {
 	// Every step had succeeded already: only the result is left to store.
 	tx := r.begin(ctx)
 	defer tx.end(ctx)
-	return r.commitSuccess(ctx, tx)
+	info, err := r.commitSuccess(ctx, tx)
+	return r.resultOrFailure(ctx, info, err)
 }
 
 func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*Info, error) {
@@ -208,12 +209,25 @@ func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*In
 	} else {
 		err = r.commit(ctx, tx)
 	}
-	if se := (*stepError)(nil); errors.As(err, &se) {
+	var se *stepError
+	var re *resultError
+	switch {
+	case errors.As(err, &se):
 		// A statement the step queued with AtCommit failed: the step did not
 		// succeed after all, and nothing of its transaction committed.
 		r.pending = r.pending[:len(r.pending)-1]
 		r.stateRaw, r.status[st.name] = prevState, prevStatus
 		return r.stepFailed(ctx, i, st, attempt, started, se.err)
+	case errors.As(err, &re):
+		// The result function failed, and the step's transaction rolled back
+		// with the result: the step's writes never happened, so there is
+		// nothing of its own to compensate.
+		r.pending = r.pending[:len(r.pending)-1]
+		r.stateRaw, r.status[st.name] = prevState, prevStatus
+		if err := r.restoreState(); err != nil {
+			return nil, err
+		}
+		return r.resultFailed(ctx, re.err)
 	}
 	return info, err
 }
@@ -266,7 +280,8 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 	}
 	tx := r.begin(ctx)
 	defer tx.end(ctx)
-	return r.commitSuccess(ctx, tx)
+	info, err := r.commitSuccess(ctx, tx)
+	return r.resultOrFailure(ctx, info, err)
 }
 
 // succeeded queues the checkpoint of a step whose effect has happened.
@@ -390,6 +405,20 @@ func (r *run) compensateWith(ctx context.Context, failure *store.StepRecordFailu
 		if st != nil && st.compensate != nil && r.status[st.name] == store.StepSucceeded {
 			todo = append(todo, st)
 		}
+	}
+	if len(todo) > 0 && len(r.pending) > 0 {
+		// A compensation marks its step's row, which a pending checkpoint (an
+		// external step's, waiting for the next transaction) has not written
+		// yet: commit them first, with the failure.
+		tx := r.begin(ctx)
+		defer tx.end(ctx)
+		if err := r.recordFailure(ctx, tx, failure); err != nil {
+			return nil, err
+		}
+		if err := r.commit(ctx, tx); err != nil {
+			return nil, err
+		}
+		failure = nil
 	}
 	for k, st := range todo {
 		tx := r.begin(ctx)
@@ -545,16 +574,42 @@ func (r *run) commitEnd(ctx context.Context, tx *txn, end *store.StepCheckpointM
 }
 
 // commitSuccess stores the result with the pending checkpoints and commits.
+// When the result function fails it rolls back and returns a *resultError: the
+// caller undoes what the transaction carried of its own, then calls
+// resultFailed.
 func (r *run) commitSuccess(ctx context.Context, tx *txn) (*Info, error) {
 	result, err := r.def.result(r.in, r.state)
 	if err != nil {
 		tx.end(ctx)
-		last := r.steps[len(r.steps)-1]
-		r.failure = &PermanentError{Code: CodeResultFailed, Message: err.Error(), Step: last.name}
-		// The pending checkpoints stand: the steps did happen.
-		return r.compensate(ctx)
+		return nil, &resultError{err: err}
 	}
 	return r.finish(ctx, tx, store.OperationSucceeded, result, nil)
+}
+
+// resultError is the error of the operation's result function.
+type resultError struct {
+	err error
+}
+
+func (e *resultError) Error() string { return "result: " + e.err.Error() }
+func (e *resultError) Unwrap() error { return e.err }
+
+// resultOrFailure passes commitSuccess's answer on, or ends the operation
+// failed when the result function failed.
+func (r *run) resultOrFailure(ctx context.Context, info *Info, err error) (*Info, error) {
+	if re := (*resultError)(nil); errors.As(err, &re) {
+		return r.resultFailed(ctx, re.err)
+	}
+	return info, err
+}
+
+// resultFailed ends the operation failed with the result function's error,
+// after the compensations of the steps that succeeded. The pending checkpoints
+// stand: those steps did happen.
+func (r *run) resultFailed(ctx context.Context, err error) (*Info, error) {
+	last := r.steps[len(r.steps)-1]
+	r.failure = &PermanentError{Code: CodeResultFailed, Message: err.Error(), Step: last.name}
+	return r.compensate(ctx)
 }
 
 func (r *run) commitFailure(ctx context.Context, tx *txn) (*Info, error) {

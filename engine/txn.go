@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -52,9 +53,8 @@ func (t *txn) queue() store.Queue {
 // send sends b, preceded by BEGIN and the prelude when the transaction has not
 // begun, and returns b's results.
 func (t *txn) send(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	t.closeOpen()
-	if t.failed != nil {
-		return pgx.FailedBatchResults(b, t.failed)
+	if err := t.usable(); err != nil {
+		return pgx.FailedBatchResults(b, err)
 	}
 	if t.tx != nil {
 		return t.tx.SendBatch(ctx, b)
@@ -75,15 +75,87 @@ func (t *txn) send(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	for range 1 + t.prelude.Len() {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
+			if sqlIn(preprocessed(err), b) {
+				// pgx refused the step's statement before sending anything (an
+				// argument it cannot encode, SQL the server cannot parse): the
+				// step's error, and the transaction has not begun.
+				t.tx = nil
+				return pgx.FailedBatchResults(b, err)
+			}
 			t.failed = store.Err(err)
 			return pgx.FailedBatchResults(b, t.failed)
 		}
 	}
-	return stepResults{br}
+	if b.Len() == 0 {
+		return br
+	}
+	t.open = br
+	return &stepResults{BatchResults: br, t: t}
+}
+
+// errOpen is what a step gets for a statement sent while the rows or batch
+// results of its previous one are still open, as from pgx ("conn busy").
+var errOpen = errors.New("engine: the rows or batch results of the step's previous statement are still open; close them first (conn busy)")
+
+// usable returns why the step cannot send a statement now, if it cannot.
+func (t *txn) usable() error {
+	switch {
+	case t.failed != nil:
+		return t.failed
+	case t.open != nil:
+		return errOpen
+	}
+	return nil
+}
+
+// release forgets br as the step's open results, once the step closed them.
+func (t *txn) release(br pgx.BatchResults) {
+	if t.open == br {
+		t.open = nil
+	}
+}
+
+// preprocessed returns the SQL of the statement that pgx refused before sending
+// a batch (nothing of the batch ran), and "" for any other error.
+func preprocessed(err error) string {
+	var pe pgx.ErrPreprocessingBatch
+	if errors.As(err, &pe) {
+		return pe.SQL()
+	}
+	return ""
+}
+
+// sqlIn reports whether sql is that of one of b's statements.
+func sqlIn(sql string, b *pgx.Batch) bool {
+	if sql == "" {
+		return false
+	}
+	for _, q := range b.QueuedQueries {
+		if q.SQL == sql {
+			return true
+		}
+	}
+	return false
+}
+
+// rejected reports whether the server answered err for a statement, which then
+// did not run and aborted its transaction; any other error (a connection
+// lost, a context ended) leaves unknown what the server did with the batch.
+func rejected(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	severity := pgErr.SeverityUnlocalized
+	if severity == "" {
+		severity = pgErr.Severity
+	}
+	return severity != "FATAL" && severity != "PANIC" && !strings.HasPrefix(pgErr.Code, "08")
 }
 
 // begin sends BEGIN and the prelude, if they have not been sent.
 func (t *txn) begin(ctx context.Context) error {
+	t.closeOpen()
 	if t.tx != nil || t.failed != nil {
 		return t.failed
 	}
@@ -169,28 +241,33 @@ func (t *txn) commitImplicit(ctx context.Context, last *pgx.Batch) error {
 
 // readCommitted reads the results of prelude statements of the prelude, then
 // of the AtCommit statements, then of last statements of last, and closes br
-// at the first error: a failed prelude fails the transaction (t.failed), a
-// failed AtCommit statement the step (*stepError).
+// at the first error: a failed prelude fails the transaction (t.failed), an
+// AtCommit statement that the server refused (or pgx refused before sending)
+// fails the step (*stepError). Any other error is the run's: the COMMIT may
+// have run.
 func (t *txn) readCommitted(br pgx.BatchResults, prelude, last int) error {
-	fail := func(err error) error {
+	n := t.atCommit.Len()
+	for i := range prelude + n + last {
+		_, err := br.Exec()
+		if err == nil {
+			continue
+		}
 		_ = br.Close()
-		return err
-	}
-	for range prelude {
-		if _, err := br.Exec(); err != nil {
+		if sql := preprocessed(err); sql != "" {
+			// Nothing of the batch ran; the error is the refused statement's.
+			if sqlIn(sql, &t.atCommit) {
+				return &stepError{err: err}
+			}
+			return err
+		}
+		switch {
+		case i < prelude:
 			t.failed = store.Err(err)
-			return fail(t.failed)
+			return t.failed
+		case i < prelude+n && rejected(err):
+			return &stepError{err: err}
 		}
-	}
-	for range t.atCommit.Len() {
-		if _, err := br.Exec(); err != nil {
-			return fail(&stepError{err: err})
-		}
-	}
-	for range last {
-		if _, err := br.Exec(); err != nil {
-			return fail(store.Err(err))
-		}
+		return store.Err(err)
 	}
 	return nil
 }
@@ -222,11 +299,10 @@ func (t *txn) closeOpen() {
 
 // Exec runs sql in the transaction.
 func (t *txn) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.failed != nil {
-		return pgconn.CommandTag{}, t.failed
+	if err := t.usable(); err != nil {
+		return pgconn.CommandTag{}, err
 	}
 	if t.tx != nil {
-		t.closeOpen()
 		return t.tx.Exec(ctx, sql, args...)
 	}
 	b := &pgx.Batch{}
@@ -241,11 +317,10 @@ func (t *txn) Exec(ctx context.Context, sql string, args ...any) (pgconn.Command
 
 // Query runs sql in the transaction.
 func (t *txn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if t.failed != nil {
-		return nil, t.failed
+	if err := t.usable(); err != nil {
+		return nil, err
 	}
 	if t.tx != nil {
-		t.closeOpen()
 		return t.tx.Query(ctx, sql, args...)
 	}
 	b := &pgx.Batch{}
@@ -256,35 +331,33 @@ func (t *txn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, err
 		_ = br.Close()
 		return rows, err
 	}
-	t.open = br
 	return &batchRows{Rows: rows, br: br}, nil
 }
 
 // QueryRow runs sql in the transaction.
 func (t *txn) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if t.failed != nil {
-		return errRow{t.failed}
+	if err := t.usable(); err != nil {
+		return errRow{err}
 	}
 	if t.tx != nil {
-		t.closeOpen()
 		return t.tx.QueryRow(ctx, sql, args...)
 	}
 	b := &pgx.Batch{}
 	b.Queue(sql, args...)
 	br := t.send(ctx, b)
-	t.open = br
 	return batchRow{row: br.QueryRow(), br: br}
 }
 
 // SendBatch sends b in the transaction.
 func (t *txn) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	br := t.send(ctx, b)
-	t.open = br
-	return br
+	return t.send(ctx, b)
 }
 
 // CopyFrom copies rows into the table in the transaction.
 func (t *txn) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.usable(); err != nil {
+		return 0, err
+	}
 	tx, err := t.pgx(ctx)
 	if err != nil {
 		return 0, err
@@ -293,12 +366,20 @@ func (t *txn) CopyFrom(ctx context.Context, table pgx.Identifier, columns []stri
 }
 
 // stepResults are the results of the step's part of a batch that began the
-// transaction. The transaction is the engine's: Tx is nil.
+// transaction. The transaction is the engine's: Tx is nil. Until they are
+// closed, the step can send nothing else.
 type stepResults struct {
 	pgx.BatchResults
+	t *txn
 }
 
-func (stepResults) Tx() pgx.Tx { return nil }
+func (r *stepResults) Tx() pgx.Tx { return nil }
+
+func (r *stepResults) Close() error {
+	err := r.BatchResults.Close()
+	r.t.release(r.BatchResults)
+	return err
+}
 
 // batchRows are the rows of the one query of a batch; closing them closes the
 // batch, which reads the rest of the server's answer.

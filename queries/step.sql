@@ -42,9 +42,9 @@ SELECT sqlc.arg(operation_id)::uuid,
 
 -- name: StepUpdateSucceeded :exec
 -- Records steps that succeeded after failed attempts, whose rows say
--- 'retrying' (or 'failed', for an operation an operator retried). It raises
--- SQLSTATE IF001 when a row is not in one of those states (another run recorded
--- the step first), aborting the transaction.
+-- 'retrying'. It raises SQLSTATE IF001 when a row says anything else, aborting
+-- the transaction: another run recorded the step first, as succeeded, or as
+-- failed for good (an operator's retry deletes failed rows first).
 WITH u AS (
     SELECT unnest(sqlc.arg(names)::text[]) AS name,
            unnest(sqlc.arg(attempts)::integer[]) AS attempts,
@@ -59,7 +59,7 @@ WITH u AS (
     FROM u
     WHERE s.operation_id = sqlc.arg(operation_id)::uuid
       AND s.name = u.name
-      AND s.state IN ('retrying', 'failed')
+      AND s.state = 'retrying'
     RETURNING 1
 )
 SELECT idemflow_fence((SELECT count(*) FROM upd) = cardinality(sqlc.arg(names)::text[]));

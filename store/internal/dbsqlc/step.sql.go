@@ -171,7 +171,7 @@ WITH u AS (
     FROM u
     WHERE s.operation_id = $5::uuid
       AND s.name = u.name
-      AND s.state IN ('retrying', 'failed')
+      AND s.state = 'retrying'
     RETURNING 1
 )
 SELECT idemflow_fence((SELECT count(*) FROM upd) = cardinality($1::text[]))
@@ -186,9 +186,9 @@ type StepUpdateSucceededParams struct {
 }
 
 // Records steps that succeeded after failed attempts, whose rows say
-// 'retrying' (or 'failed', for an operation an operator retried). It raises
-// SQLSTATE IF001 when a row is not in one of those states (another run recorded
-// the step first), aborting the transaction.
+// 'retrying'. It raises SQLSTATE IF001 when a row says anything else, aborting
+// the transaction: another run recorded the step first, as succeeded, or as
+// failed for good (an operator's retry deletes failed rows first).
 func (q *Queries) StepUpdateSucceeded(ctx context.Context, db DBTX, arg StepUpdateSucceededParams) error {
 	_, err := db.Exec(ctx, stepUpdateSucceeded,
 		arg.Names,

@@ -1,0 +1,315 @@
+package engine_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/testdb"
+)
+
+// TestFirstStatementRefusedByPgx: a tx step whose first statement pgx refuses
+// before sending the batch that begins the transaction (an argument it cannot
+// encode, SQL the server cannot parse) fails the step, like a statement that
+// fails when it runs; it is not taken for a failure of the engine's own
+// statements, which would stop the run and resume it every lease, forever.
+func TestFirstStatementRefusedByPgx(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		sql  string
+		arg  any
+	}{
+		{"encode", `INSERT INTO refused_t (n) VALUES ($1)`, int64(1) << 40},          // int4 overflow: pgx "build" error
+		{"parse", `INSERT INTO refused_t (no_such_column) VALUES ($1)`, 1},           // 42703 at Parse
+		{"control: execute-time error", `INSERT INTO refused_t (n) VALUES ($1)`, -1}, // CHECK violation at Execute
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := testdb.Pool(t)
+			_, err := pool.Exec(ctx, `CREATE TABLE refused_t (n int CHECK (n > 0))`)
+			require.NoError(t, err)
+			op, err := engine.NewOperation("refused", []engine.Step[int, int]{
+				engine.ExternalStep("call", func(context.Context, engine.Call, int, *int) error { return nil }, nil),
+				engine.TxStep("bad", func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
+					_, err := tx.Exec(ctx, tc.sql, tc.arg)
+					return err
+				}, nil),
+			}, func(in int, s *int) (int, error) { return *s, nil },
+				&engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond, MaxAttempts: 2}})
+			require.NoError(t, err)
+			e := newEngine(t, pool, op) // Lease 1s, sweep 50ms, workers started
+			started, err := engine.Start(ctx, e, op, "c", "k", 0, nil)
+			require.NoError(t, err)
+			wctx, cancel := context.WithTimeout(ctx, 6*time.Second)
+			defer cancel()
+			info, werr := started.Wait(wctx)
+			var runs int
+			var state string
+			require.NoError(t, pool.QueryRow(ctx, `SELECT runs, state FROM idemflow_operation`).Scan(&runs, &state))
+			var badRows int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_step WHERE name = 'bad'`).Scan(&badRows))
+			t.Logf("wait err=%v state=%s runs=%d rows for step bad=%d", werr, state, runs, badRows)
+			require.NoError(t, werr, "operation never finished: state=%s runs=%d, rows recorded for step bad=%d", state, runs, badRows)
+			require.Equal(t, engine.StatusFailed, info.Status)
+		})
+	}
+}
+
+// lossyProxy forwards TCP to PostgreSQL. The first client write that contains
+// marker is forwarded, but no answer goes back: the connection is cut after the
+// server had time to run (and commit) the batch.
+type lossyProxy struct {
+	ln      net.Listener
+	target  string
+	network string
+	marker  []byte
+	fired   atomic.Bool
+}
+
+func (p *lossyProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial(p.network, p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		var drop atomic.Bool
+		go func() { // server -> client
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := s.Read(buf)
+				if n > 0 && !drop.Load() {
+					if _, werr := c.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					c.Close()
+					return
+				}
+			}
+		}()
+		go func() { // client -> server
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					if bytes.Contains(buf[:n], p.marker) && p.fired.CompareAndSwap(false, true) {
+						drop.Store(true)
+						s.Write(buf[:n])
+						time.Sleep(500 * time.Millisecond) // the server runs the batch and commits
+						c.Close()
+						s.Close()
+						return
+					}
+					if _, werr := s.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					s.Close()
+					return
+				}
+			}
+		}()
+	}
+}
+
+// TestLostCommitAnswerIsNotAStepFailure: when the answer to a batch that
+// carried COMMIT (here an implicit one) is lost, the step's AtCommit statement
+// may have committed; that is not a failure of the step. Taken for one, on the
+// step's last attempt, the operation would fail and compensate its earlier
+// steps around a write that did commit: money moved once too often.
+func TestLostCommitAnswerIsNotAStepFailure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := testdb.URL(t)
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	require.NoError(t, err)
+	p := &lossyProxy{marker: []byte("bob-LOSE-MARKER")}
+	if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
+		p.network, p.target = "unix", fmt.Sprintf("%s/.s.PGSQL.%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	} else {
+		p.network, p.target = "tcp", fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	}
+	p.ln, err = net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer p.ln.Close()
+	go p.serve()
+	cfg.ConnConfig.Host = "127.0.0.1"
+	cfg.ConnConfig.Port = uint16(p.ln.Addr().(*net.TCPAddr).Port)
+	cfg.ConnConfig.TLSConfig = nil
+	cfg.ConnConfig.Fallbacks = nil
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = pool.Exec(ctx, `CREATE TABLE lost_ledger (account text NOT NULL, amount bigint NOT NULL)`)
+	require.NoError(t, err)
+
+	op, err := engine.NewOperation("lost_answer", []engine.Step[int, int]{
+		engine.TxStep("debit", func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
+			_, err := tx.Exec(ctx, `INSERT INTO lost_ledger VALUES ('alice', -100)`)
+			return err
+		}, &engine.StepOpts[int, int]{Compensate: func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
+			_, err := tx.Exec(ctx, `INSERT INTO lost_ledger VALUES ('alice', 100)`)
+			return err
+		}}),
+		engine.TxStep("credit", func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
+			_, err := engine.AtCommit(tx).Exec(ctx, `INSERT INTO lost_ledger VALUES ($1, 100)`, "bob-LOSE-MARKER")
+			return err
+		}, &engine.StepOpts[int, int]{Retry: engine.RetryPolicy{MaxAttempts: 1}}),
+		engine.TxStep("done", func(context.Context, engine.Tx, int, *int) error { return nil }, nil),
+	}, func(in int, s *int) (int, error) { return *s, nil }, nil)
+	require.NoError(t, err)
+	e := newEngine(t, pool, op)
+	started, err := engine.Start(ctx, e, op, "c", "k", 0, nil)
+	require.NoError(t, err)
+	info := waitDone(t, e, started)
+	require.True(t, p.fired.Load(), "the proxy never saw the marker")
+
+	rows, err := pool.Query(ctx, `SELECT account, sum(amount)::bigint FROM lost_ledger GROUP BY 1 ORDER BY 1`)
+	require.NoError(t, err)
+	balances := map[string]int64{}
+	var total int64
+	for rows.Next() {
+		var a string
+		var n int64
+		require.NoError(t, rows.Scan(&a, &n))
+		balances[a] = n
+		total += n
+	}
+	require.NoError(t, rows.Err())
+	var creditState string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT state FROM idemflow_step WHERE name = 'credit'`).Scan(&creditState))
+	t.Logf("status=%s error=%+v balances=%v credit step row=%s", info.Status, info.Error, balances, creditState)
+	require.Zero(t, total, "the ledger must balance: status=%s balances=%v credit row=%s", info.Status, balances, creditState)
+}
+
+// TestFirstQueryRowsStillOpen: a statement sent while the rows of the step's
+// first query (sent with BEGIN in the engine's batch) are still open fails, as
+// with a pgx.Tx ("conn busy"), instead of cutting the rows short silently.
+func TestFirstQueryRowsStillOpen(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	_, err := pool.Exec(ctx, `CREATE TABLE open_settle (n int)`)
+	require.NoError(t, err)
+	settle := func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
+		rows, err := tx.Query(ctx, `SELECT g FROM generate_series(1, 3) AS g`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var n int
+			if err := rows.Scan(&n); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO open_settle VALUES ($1)`, n); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	}
+	op, err := engine.NewOperation("open_rows", []engine.Step[int, int]{
+		engine.TxStep("settle", settle, nil),
+	}, func(in int, s *int) (int, error) { return *s, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond, MaxAttempts: 1}})
+	require.NoError(t, err)
+	e := newEngine(t, pool, op)
+	started, err := engine.Start(ctx, e, op, "c", "k", 0, nil)
+	require.NoError(t, err)
+	info := waitDone(t, e, started)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM open_settle`).Scan(&n))
+	t.Logf("status=%s rows settled=%d of 3", info.Status, n)
+	require.False(t, info.Status == engine.StatusSucceeded && n != 3, "step succeeded having settled %d of 3 rows", n)
+}
+
+// TestResultErrorAfterCompensableLastStep: when the result function fails
+// after a last tx step that has a compensation, the step's transaction rolls
+// back with the result, so the step did not happen and is not compensated; the
+// operation ends failed (it had stayed in progress, every run failing to mark
+// the step compensated).
+func TestResultErrorAfterCompensableLastStep(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	op, err := engine.NewOperation("result_error", []engine.Step[int, int]{
+		engine.ExternalStep("call", func(context.Context, engine.Call, int, *int) error { return nil }, nil),
+		engine.TxStep("debit", func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
+			_, err := tx.Exec(ctx, `SELECT 1`)
+			return err
+		}, &engine.StepOpts[int, int]{Compensate: func(ctx context.Context, tx engine.Tx, _ int, _ *int) error { return nil }}),
+	}, func(in int, s *int) (int, error) { return 0, fmt.Errorf("no result") }, nil)
+	require.NoError(t, err)
+	e := newEngine(t, pool, op)
+	started, err := engine.Start(ctx, e, op, "c", "k", 0, nil)
+	require.NoError(t, err)
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, werr := started.Wait(wctx)
+	var runs int
+	var state string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT runs, state FROM idemflow_operation`).Scan(&runs, &state))
+	t.Logf("wait err=%v state=%s runs=%d", werr, state, runs)
+	require.NoError(t, werr)
+	require.Equal(t, "failed", state)
+	require.Equal(t, 1, runs)
+}
+
+// TestCompensateExternalStep: when a tx step fails for good after an external
+// step whose checkpoint is still pending (it rides with the next transaction),
+// the external step is compensated too, once, last first.
+func TestCompensateExternalStep(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	var mu sync.Mutex
+	var order []string
+	compensate := func(name string) engine.CompensateFunc[int, int] {
+		return func(context.Context, engine.Tx, int, *int) error {
+			mu.Lock()
+			defer mu.Unlock()
+			order = append(order, name)
+			return nil
+		}
+	}
+	op, err := engine.NewOperation("compensate_external", []engine.Step[int, int]{
+		engine.TxStep("a", func(context.Context, engine.Tx, int, *int) error { return nil },
+			&engine.StepOpts[int, int]{Compensate: compensate("a")}),
+		engine.ExternalStep("b", func(context.Context, engine.Call, int, *int) error { return nil },
+			&engine.StepOpts[int, int]{Compensate: compensate("b")}),
+		engine.TxStep("c", func(context.Context, engine.Tx, int, *int) error { return engine.Fail("nope", "c refuses") }, nil),
+	}, func(in int, s *int) (int, error) { return 0, nil }, nil)
+	require.NoError(t, err)
+	e := newEngine(t, pool, op)
+	started, err := engine.Start(ctx, e, op, "c", "k", 0, nil)
+	require.NoError(t, err)
+	info := waitDone(t, e, started)
+	require.Equal(t, engine.StatusFailed, info.Status)
+	require.Equal(t, "nope", info.Error.Code)
+	require.Equal(t, []string{"b", "a"}, order)
+	got, err := e.Get(ctx, started.ID)
+	require.NoError(t, err)
+	var statuses []engine.StepStatus
+	for _, s := range got.Steps {
+		statuses = append(statuses, s.Status)
+	}
+	require.Equal(t, []engine.StepStatus{engine.StepCompensated, engine.StepCompensated, engine.StepFailed}, statuses)
+}
