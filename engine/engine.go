@@ -24,8 +24,10 @@ type Point string
 const (
 	// PointBefore is just before the step's function runs.
 	PointBefore Point = "before"
-	// PointAfterEffect is after the step's function returned successfully (its side
-	// effect happened) and before its checkpoint commits.
+	// PointAfterEffect is after the step's function returned successfully and
+	// before its checkpoint commits: an external step's call has happened; a
+	// transactional step's writes are sent but not committed (those it queued
+	// with AtCommit are not even sent: they go with the commit).
 	PointAfterEffect Point = "after-effect"
 )
 
