@@ -313,3 +313,45 @@ func TestCompensateExternalStep(t *testing.T) {
 	}
 	require.Equal(t, []engine.StepStatus{engine.StepCompensated, engine.StepCompensated, engine.StepFailed}, statuses)
 }
+
+// TestDeferredConstraintAtCommit: a deferred constraint that a step's writes
+// break fails at COMMIT; that is the step's failure (retried, then failed for
+// good), not the run's, which would leave the operation to be resumed forever.
+func TestDeferredConstraintAtCommit(t *testing.T) {
+	t.Parallel()
+	for _, plain := range []bool{false, true} {
+		t.Run(fmt.Sprint("begun=", plain), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := testdb.Pool(t)
+			_, err := pool.Exec(ctx, `CREATE TABLE deferred_t (n int, CONSTRAINT deferred_t_n UNIQUE (n) DEFERRABLE INITIALLY DEFERRED)`)
+			require.NoError(t, err)
+			op, err := engine.NewOperation("deferred", []engine.Step[int, int]{
+				engine.TxStep("dup", func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
+					if plain {
+						// Sent at once: the transaction has begun, and COMMIT is explicit.
+						if _, err := tx.Exec(ctx, `INSERT INTO deferred_t VALUES (1)`); err != nil {
+							return err
+						}
+					} else if _, err := engine.AtCommit(tx).Exec(ctx, `INSERT INTO deferred_t VALUES (1)`); err != nil {
+						return err
+					}
+					_, err := engine.AtCommit(tx).Exec(ctx, `INSERT INTO deferred_t VALUES (1)`)
+					return err
+				}, nil),
+			}, func(in int, s *int) (int, error) { return 0, nil },
+				&engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond, MaxAttempts: 2}})
+			require.NoError(t, err)
+			e := newEngine(t, pool, op)
+			started, err := engine.Start(ctx, e, op, "c", "k", 0, nil)
+			require.NoError(t, err)
+			info := waitDone(t, e, started)
+			require.Equal(t, engine.StatusFailed, info.Status)
+			require.Equal(t, engine.CodeAttemptsExhausted, info.Error.Code)
+			require.Contains(t, info.Error.Message, "deferred_t_n")
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM deferred_t`).Scan(&n))
+			require.Zero(t, n)
+		})
+	}
+}

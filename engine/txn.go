@@ -201,7 +201,7 @@ func (t *txn) commit(ctx context.Context, last *pgx.Batch) error {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("engine: commit: %w", err)
+		return commitError(err)
 	}
 	if tag.String() != "COMMIT" {
 		return fmt.Errorf("engine: commit: %w", pgx.ErrTxCommitRollback)
@@ -234,9 +234,19 @@ func (t *txn) commitImplicit(ctx context.Context, last *pgx.Batch) error {
 		return err
 	}
 	if err := br.Close(); err != nil {
-		return fmt.Errorf("engine: commit: %w", err)
+		return commitError(err)
 	}
 	return nil
+}
+
+// commitError is the error of a commit itself. The server refuses one only for
+// a deferred constraint, which only a step's writes have: the step's failure,
+// and nothing committed. Any other error leaves the outcome unknown: the run's.
+func commitError(err error) error {
+	if rejected(err) {
+		return &stepError{err: err}
+	}
+	return fmt.Errorf("engine: commit: %w", err)
 }
 
 // readCommitted reads the results of prelude statements of the prelude, then
