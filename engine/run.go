@@ -199,6 +199,12 @@ func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*In
 	}
 	r.hook(ctx, st, PointAfterEffect, attempt)
 	prevState, prevStatus := r.stateRaw, r.status[st.name]
+	// undo takes back what succeeded queued, for a transaction that committed
+	// nothing after all.
+	undo := func() {
+		r.pending = r.pending[:len(r.pending)-1]
+		r.stateRaw, r.status[st.name] = prevState, prevStatus
+	}
 	if err := r.succeeded(i, st, attempt, started); err != nil {
 		tx.end(ctx)
 		return r.stepFailed(ctx, i, st, attempt, started, Permanent(err))
@@ -215,15 +221,13 @@ func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*In
 	case errors.As(err, &se):
 		// A statement the step queued with AtCommit failed: the step did not
 		// succeed after all, and nothing of its transaction committed.
-		r.pending = r.pending[:len(r.pending)-1]
-		r.stateRaw, r.status[st.name] = prevState, prevStatus
+		undo()
 		return r.stepFailed(ctx, i, st, attempt, started, se.err)
 	case errors.As(err, &re):
 		// The result function failed, and the step's transaction rolled back
 		// with the result: the step's writes never happened, so there is
 		// nothing of its own to compensate.
-		r.pending = r.pending[:len(r.pending)-1]
-		r.stateRaw, r.status[st.name] = prevState, prevStatus
+		undo()
 		if err := r.restoreState(); err != nil {
 			return nil, err
 		}

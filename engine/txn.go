@@ -168,7 +168,6 @@ func (t *txn) pgx(ctx context.Context) (pgx.Tx, error) {
 	if err := t.begin(ctx); err != nil {
 		return nil, err
 	}
-	t.closeOpen()
 	return t.tx, nil
 }
 

@@ -546,37 +546,27 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 			fresh = append(fresh, st)
 		}
 	}
+	cols := stepColumnsOf(fresh)
 	if len(fresh) > 0 && !p.Finish {
 		args := dbsqlc.StepInsertSucceededParams{
 			OperationID: pguuid.UUID(p.OperationID),
-			Names:       make([]string, len(fresh)),
-			Positions:   make([]int32, len(fresh)),
-			Attempts:    make([]int32, len(fresh)),
-			Outputs:     make([]string, len(fresh)),
-			StartedAts:  make([]time.Time, len(fresh)),
-		}
-		for i, st := range fresh {
-			args.Names[i] = st.Name
-			args.Positions[i] = int32(st.Position)
-			args.Attempts[i] = int32(st.Attempts)
-			args.Outputs[i] = string(st.Output)
-			args.StartedAts[i] = st.StartedAt
+			Names:       cols.names,
+			Positions:   cols.positions,
+			Attempts:    cols.attempts,
+			Outputs:     cols.outputs,
+			StartedAts:  cols.startedAts,
 		}
 		if err := s.q.StepInsertSucceeded(ctx, db, args); err != nil {
 			return fmt.Errorf("store: checkpoint steps: %w", Err(err))
 		}
 	}
 	if len(retried) > 0 {
+		rc := stepColumnsOf(retried)
 		args := dbsqlc.StepUpdateSucceededParams{
 			OperationID: pguuid.UUID(p.OperationID),
-			Names:       make([]string, len(retried)),
-			Attempts:    make([]int32, len(retried)),
-			Outputs:     make([]string, len(retried)),
-		}
-		for i, st := range retried {
-			args.Names[i] = st.Name
-			args.Attempts[i] = int32(st.Attempts)
-			args.Outputs[i] = string(st.Output)
+			Names:       rc.names,
+			Attempts:    rc.attempts,
+			Outputs:     rc.outputs,
 		}
 		if err := s.q.StepUpdateSucceeded(ctx, db, args); err != nil {
 			return fmt.Errorf("store: checkpoint retried steps: %w", Err(err))
@@ -589,18 +579,11 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 			State:       string(p.State),
 			Result:      nullJSON(p.Result),
 			Error:       nullJSON(p.Error),
-			Names:       make([]string, len(fresh)),
-			Positions:   make([]int32, len(fresh)),
-			Attempts:    make([]int32, len(fresh)),
-			Outputs:     make([]string, len(fresh)),
-			StartedAts:  make([]time.Time, len(fresh)),
-		}
-		for i, st := range fresh {
-			args.Names[i] = st.Name
-			args.Positions[i] = int32(st.Position)
-			args.Attempts[i] = int32(st.Attempts)
-			args.Outputs[i] = string(st.Output)
-			args.StartedAts[i] = st.StartedAt
+			Names:       cols.names,
+			Positions:   cols.positions,
+			Attempts:    cols.attempts,
+			Outputs:     cols.outputs,
+			StartedAts:  cols.startedAts,
 		}
 		err := s.q.OperationFinish(ctx, db, args)
 		if err != nil {
@@ -608,4 +591,32 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 		}
 	}
 	return nil
+}
+
+// stepColumns are checkpoints as the queries take them: one array per column,
+// one step per index.
+type stepColumns struct {
+	names      []string
+	positions  []int32
+	attempts   []int32
+	outputs    []string
+	startedAts []time.Time
+}
+
+func stepColumnsOf(steps []StepCheckpointParams) stepColumns {
+	c := stepColumns{
+		names:      make([]string, len(steps)),
+		positions:  make([]int32, len(steps)),
+		attempts:   make([]int32, len(steps)),
+		outputs:    make([]string, len(steps)),
+		startedAts: make([]time.Time, len(steps)),
+	}
+	for i, st := range steps {
+		c.names[i] = st.Name
+		c.positions[i] = int32(st.Position)
+		c.attempts[i] = int32(st.Attempts)
+		c.outputs[i] = string(st.Output)
+		c.startedAts[i] = st.StartedAt
+	}
+	return c
 }
