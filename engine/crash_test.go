@@ -124,11 +124,12 @@ func TestCrashChild(t *testing.T) {
 	e, err := engine.New(pool, &engine.Config{
 		Operations: []engine.Definition{op},
 		Lease:      time.Second,
-		Hook: func(ctx context.Context, ev engine.HookEvent) {
+		Hook: func(ctx context.Context, ev engine.HookEvent) error {
 			if ev.Step+":"+string(ev.Point) == at {
 				fmt.Println(crashReached)
 				time.Sleep(time.Hour) // until SIGKILL
 			}
+			return nil
 		},
 	})
 	require.NoError(t, err)

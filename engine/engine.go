@@ -45,8 +45,10 @@ type HookEvent struct {
 }
 
 // HookFunc is called at each Point of every step attempt. It exists for fault
-// injection: the demo uses it to crash the process at a chosen point.
-type HookFunc func(ctx context.Context, ev HookEvent)
+// injection: the demo uses it to crash the process at a chosen point, and to
+// make steps fail or panic. An error it returns fails the attempt as the step's
+// own error would, and a panic in it is contained as a step's is.
+type HookFunc func(ctx context.Context, ev HookEvent) error
 
 // Config configures an Engine. The zero value of every field but Operations takes
 // its default.
@@ -167,6 +169,9 @@ type Engine struct {
 	mu       sync.Mutex
 	stopping bool
 	waiters  map[uuid.UUID][]chan *Info
+
+	// waitLogged holds the operations this process said once it cannot run.
+	waitLogged sync.Map
 }
 
 // New returns an Engine that keeps its operations in pool's database, which must

@@ -4,7 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime/debug"
+	"strings"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -26,50 +29,92 @@ var (
 	ErrStopped = errors.New("engine stopped")
 	// ErrRunning is returned by Cancel for an operation that a live run holds.
 	ErrRunning = errors.New("operation is running")
-	// ErrNotFailed is returned by Retry for an operation that has not failed.
-	ErrNotFailed = errors.New("operation has not failed")
+	// ErrNotFailed is returned by Retry for an operation that has neither failed
+	// nor been parked.
+	ErrNotFailed = errors.New("operation has not failed and is not parked")
 	// ErrFinished is returned by Cancel for an operation that has finished.
 	ErrFinished = errors.New("operation has finished")
+	// ErrPastPivot is returned by Cancel for an operation past its point of no
+	// return (see the package documentation, "Failure"), or one whose pivot's
+	// outcome nobody can tell: it only goes forward.
+	ErrPastPivot = errors.New("operation is past its point of no return")
+	// ErrKeyReused is matched by the *KeyReusedError of a Start whose key an
+	// operation with another input holds.
+	ErrKeyReused = errors.New("idempotency key reused with a different input")
 )
 
-// The codes of the failures that the engine itself ends operations with.
+// The codes that the engine itself gives the failures of operations and the
+// reasons an operation needs attention. Codes that steps give (engine.Fail)
+// are theirs.
 const (
 	// CodeAttemptsExhausted: a step failed transiently more often than its retry
-	// policy allows.
+	// policy allows. A server fault.
 	CodeAttemptsExhausted = "attempts_exhausted"
-	// CodeCompensationFailed: a compensation failed for good.
+	// CodeCompensationFailed: a compensation failed for good. A server fault.
 	CodeCompensationFailed = "compensation_failed"
-	// CodeResultFailed: the operation's result function returned an error.
+	// CodeResultFailed: the operation's result function returned an error. A
+	// server fault.
 	CodeResultFailed = "result_failed"
-	// CodeDefinitionChanged: this process's definition lacks a step that the
-	// operation still needs (see VersionError).
-	CodeDefinitionChanged = "definition_changed"
+	// CodePermanent: a step returned an error marked with Permanent. A server
+	// fault.
+	CodePermanent = "permanent"
 	// CodeCancelled: an operator cancelled the operation (Engine.Cancel).
 	CodeCancelled = "cancelled"
-	// CodeUnreadableError: the stored error could not be decoded.
+	// CodeUnreadableError: the stored error could not be decoded. A server fault.
 	CodeUnreadableError = "unreadable_error"
+
+	// CodeRetryingPastPivot (attention): a step after the point of no return
+	// keeps failing; it is retried at its policy's cap until it succeeds.
+	CodeRetryingPastPivot = "retrying_past_pivot"
+	// CodeFailedPastPivot (attention, parked): a step after the point of no
+	// return failed for good, or the result function failed there: the
+	// operation can go neither forward nor back without an operator.
+	CodeFailedPastPivot = "failed_past_pivot"
+	// CodeOutcomeUnknown (attention, parked): an external step without a lookup
+	// ran out of attempts; whether its call went through cannot be told, so
+	// nothing is compensated.
+	CodeOutcomeUnknown = "outcome_unknown"
+	// CodeUndecodableState (attention, parked): the operation's stored input or
+	// state does not decode into this process's types.
+	CodeUndecodableState = "undecodable_state"
+	// CodeDefinitionChanged (attention): this process's definition lacks a step
+	// that the operation still needs; it waits for a process that has it.
+	CodeDefinitionChanged = "definition_changed"
 )
 
+// serverFaultMessage is what a client is told of a server fault.
+const serverFaultMessage = "the operation failed because of a server fault"
+
 // PermanentError is a failure that no retry can mend: the engine does not try the
-// step again, runs the compensations of the steps that succeeded, and ends the
-// operation failed with this error recorded. Make one with Fail or Permanent.
+// step again, runs the compensations of the steps that succeeded (only before
+// the operation's point of no return), and ends the operation failed with this
+// error recorded. Make one with Fail or Permanent.
 //
-// Code and Message are stored with the operation and read back by Info.Error, so
-// they are what a replay of the operation reports.
+// It is stored with the operation and read back by Info.Error, so it is what a
+// replay of the operation reports: Message is for the client, Cause for
+// operators.
 type PermanentError struct {
 	// Code is a short machine-readable reason, such as "amount_exceeds_refundable".
 	Code string `json:"code"`
-	// Message is for a person.
+	// Message is for the client: it names nothing internal.
 	Message string `json:"message"`
-	// Details are optional JSON details stored with the error.
+	// Cause is for operators: what broke, with whatever internal detail (an SQL
+	// error, a URL). Empty when Message says it all.
+	Cause string `json:"cause,omitempty"`
+	// Details are optional JSON details stored with the error, for the client.
 	Details json.RawMessage `json:"details,omitempty"`
 	// Step names the step that failed. The engine fills it in.
 	Step string `json:"step,omitempty"`
+	// Fault is true for a server fault (a step out of attempts, a failed
+	// compensation or result function, an error marked with Permanent) rather
+	// than a business answer (Fail): see ServerFault.
+	Fault bool `json:"fault,omitempty"`
 
 	err error
 }
 
-// Fail returns a PermanentError with the given code and message.
+// Fail returns a PermanentError with the given code and message: a business
+// answer, such as a declined payment, which the client is told as it is.
 //
 // A step's SQL can fail the step the same way: SELECT idemflow_fail(code,
 // message) (a function of idemflow's migrations) raises SQLSTATE IF002, which
@@ -92,7 +137,9 @@ func fromSQL(err error) error {
 	return err
 }
 
-// Permanent marks err as permanent, with the code "permanent". A nil err gives nil.
+// Permanent marks err as permanent, with the code CodePermanent: a server fault
+// whose text (err's) goes to operators only. A nil err gives nil; a
+// *PermanentError is returned as it is.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
@@ -101,15 +148,40 @@ func Permanent(err error) error {
 	if errors.As(err, &pe) {
 		return err
 	}
-	return &PermanentError{Code: "permanent", Message: err.Error(), err: err}
+	return &PermanentError{Code: CodePermanent, Message: serverFaultMessage, Cause: err.Error(), Fault: true, err: err}
 }
 
-// Error implements error.
+// fault returns a server fault with the engine's code and the operator's cause.
+func fault(code, step, cause string) *PermanentError {
+	return &PermanentError{Code: code, Message: serverFaultMessage, Cause: cause, Step: step, Fault: true}
+}
+
+// Error implements error. It is the operator's text: the cause when there is one.
 func (e *PermanentError) Error() string {
-	if e.Step != "" {
-		return fmt.Sprintf("step %s: %s: %s", e.Step, e.Code, e.Message)
+	text := e.Message
+	if e.Cause != "" {
+		text = e.Cause
 	}
-	return e.Code + ": " + e.Message
+	if e.Step != "" {
+		return fmt.Sprintf("step %s: %s: %s", e.Step, e.Code, text)
+	}
+	return e.Code + ": " + text
+}
+
+// ServerFault reports whether the error is a server fault rather than a
+// business answer: what an HTTP layer answers 500 for, with a fixed message.
+// Errors stored by older versions, which had no Fault field, are judged by the
+// engine's codes.
+func (e *PermanentError) ServerFault() bool {
+	if e.Fault {
+		return true
+	}
+	switch e.Code {
+	case CodeAttemptsExhausted, CodeCompensationFailed, CodeResultFailed, CodePermanent,
+		CodeUnreadableError, CodeDefinitionChanged, "step_failed", "":
+		return true
+	}
+	return false
 }
 
 // Unwrap returns the error that Permanent wrapped, if any.
@@ -122,8 +194,107 @@ func (e *PermanentError) Is(target error) bool {
 	return ok && t.Code == e.Code
 }
 
-// VersionError fails an operation that needs a step that this process's definition
-// of its type no longer has.
+// HaltError stops an operation where it is: it stays in progress, needing
+// attention with this code and message, and no run takes it up again, nothing
+// is retried and nothing compensated, until an operator retries it
+// (Engine.Retry) or cancels it (Engine.Cancel, which refuses past the point of
+// no return). Make one with Halt.
+type HaltError struct {
+	// Code is a short machine-readable reason, such as "provider_mismatch".
+	Code string
+	// Message is for operators.
+	Message string
+}
+
+// Halt returns a HaltError: what a step returns when it finds something that
+// neither a retry nor a compensation may act on, such as a provider's answer
+// that does not match the request (a success for another amount is no success,
+// and nothing may be undone on a guess).
+func Halt(code, message string) *HaltError {
+	return &HaltError{Code: code, Message: message}
+}
+
+// Error implements error.
+func (e *HaltError) Error() string { return "halt: " + e.Code + ": " + e.Message }
+
+// KeyReusedError is the error of a Start whose idempotency key an operation
+// holds that was started with another input. errors.Is(err, ErrKeyReused)
+// matches it.
+type KeyReusedError struct {
+	// ID is the operation that holds the key.
+	ID uuid.UUID
+	// Fields are the names that differ, sorted: top-level fields of the input
+	// (or those of the caller's Fingerprint), and context names (such as an HTTP
+	// request's "method" and "path").
+	Fields []string
+}
+
+// Error implements error.
+func (e *KeyReusedError) Error() string {
+	return fmt.Sprintf("engine: %s: operation %s holds the key; fields that differ: %s",
+		ErrKeyReused, e.ID, strings.Join(e.Fields, ", "))
+}
+
+// Is reports whether target is ErrKeyReused.
+func (e *KeyReusedError) Is(target error) bool { return target == ErrKeyReused }
+
+// panicError is a panic of user code, recovered into a failed attempt.
+type panicError struct {
+	value any
+	stack string
+}
+
+func (e *panicError) Error() string { return fmt.Sprintf("panic: %v\n%s", e.value, e.stack) }
+
+// protect calls fn and turns a panic in it into a *panicError, so that a step,
+// a lookup, a compensation or a result function that panics fails its attempt
+// instead of the process.
+func protect(fn func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &panicError{value: v, stack: shortStack(debug.Stack())}
+		}
+	}()
+	return fn()
+}
+
+// shortStack keeps the frames of a stack from debug.Stack that matter: those
+// below the panic, at most 16 lines of them.
+func shortStack(stack []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(stack)), "\n")
+	for i, l := range lines {
+		if strings.HasPrefix(l, "panic(") {
+			lines = lines[i+2:] // the frame of panic itself, and its file line
+			break
+		}
+	}
+	if len(lines) > 16 {
+		lines = lines[:16]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// publicText returns what a client may be told of a failed attempt: a
+// PermanentError's message, "panic: ..." for a panic, and a fixed text for any
+// other error, whose own text (SQL, URLs, Go errors) is for operators only.
+func publicText(step string, err error) string {
+	var pe *PermanentError
+	var pan *panicError
+	var halt *HaltError
+	switch {
+	case errors.As(err, &pe):
+		return pe.Message
+	case errors.As(err, &halt):
+		return fmt.Sprintf("step %s stopped; the operation waits for an operator", step)
+	case errors.As(err, &pan):
+		return fmt.Sprintf("panic: step %s crashed; it is retried", step)
+	}
+	return fmt.Sprintf("step %s failed temporarily; it is retried", step)
+}
+
+// VersionError says why a process cannot run an operation: its definition of the
+// operation's type lacks a step that the operation still needs. The operation
+// waits, needing attention (CodeDefinitionChanged), for a process that has it.
 type VersionError struct {
 	Operation string
 	// Started is the step list the operation was started with.

@@ -40,8 +40,9 @@ func Example() {
 			in.Owner, in.Amount).Scan(&s.Balance)
 	}
 	pay := func(ctx context.Context, call engine.Call, in payIn, s *payState) error {
-		// A real step sends call.Key as the provider's Idempotency-Key.
-		s.PaymentID = "pay_" + call.Key[len(engine.DerivedKeyPrefix):][:8]
+		// A real step sends call.Key, the same on every attempt of this step of
+		// this operation, as the provider's Idempotency-Key.
+		s.PaymentID = "pay_" + in.Owner
 		return nil
 	}
 	op, err := engine.NewOperation("payout", []engine.Step[payIn, payState]{
@@ -79,8 +80,8 @@ func Example() {
 		fmt.Printf("created=%v status=%s balance=%d payment=%s\n", started.Created, info.Status, out.Balance, out.PaymentID)
 	}
 	// Output:
-	// created=true status=succeeded balance=70 payment=pay_yFGDXnHk
-	// created=false status=succeeded balance=70 payment=pay_yFGDXnHk
+	// created=true status=succeeded balance=70 payment=pay_ann
+	// created=false status=succeeded balance=70 payment=pay_ann
 }
 
 // A write whose result the step does not read can go with the step's

@@ -41,7 +41,8 @@ func TestFirstStatementRefusedByPgx(t *testing.T) {
 			_, err := pool.Exec(ctx, `CREATE TABLE refused_t (n int CHECK (n > 0))`)
 			require.NoError(t, err)
 			op, err := engine.NewOperation("refused", []engine.Step[int, int]{
-				engine.ExternalStep("call", func(context.Context, engine.Call, int, *int) error { return nil }, nil),
+				// Undoable, so that the operation can fail after it.
+				engine.ExternalStep("call", func(context.Context, engine.Call, int, *int) error { return nil }, &engine.StepOpts[int, int]{Compensate: noCompensation}),
 				engine.TxStep("bad", func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
 					_, err := tx.Exec(ctx, tc.sql, tc.arg)
 					return err
@@ -251,7 +252,7 @@ func TestResultErrorAfterCompensableLastStep(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t)
 	op, err := engine.NewOperation("result_error", []engine.Step[int, int]{
-		engine.ExternalStep("call", func(context.Context, engine.Call, int, *int) error { return nil }, nil),
+		engine.ExternalStep("call", func(context.Context, engine.Call, int, *int) error { return nil }, &engine.StepOpts[int, int]{Compensate: noCompensation}),
 		engine.TxStep("debit", func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
 			_, err := tx.Exec(ctx, `SELECT 1`)
 			return err
@@ -348,10 +349,14 @@ func TestDeferredConstraintAtCommit(t *testing.T) {
 			info := waitDone(t, e, started)
 			require.Equal(t, engine.StatusFailed, info.Status)
 			require.Equal(t, engine.CodeAttemptsExhausted, info.Error.Code)
-			require.Contains(t, info.Error.Message, "deferred_t_n")
+			require.Contains(t, info.Error.Cause, "deferred_t_n")
+			require.NotContains(t, info.Error.Message, "deferred_t_n")
 			var n int
 			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM deferred_t`).Scan(&n))
 			require.Zero(t, n)
 		})
 	}
 }
+
+// noCompensation makes an external step undoable, so that it is no pivot.
+func noCompensation(context.Context, engine.Tx, int, *int) error { return nil }

@@ -51,12 +51,21 @@ type Info struct {
 	Scope  string
 	Key    string
 	Status Status
-	// Fingerprint is what the starter passed in StartOpts.Fingerprint.
-	Fingerprint json.RawMessage
+	// Fingerprint is what tells a retry of the start from another start under
+	// the same key (see Start).
+	Fingerprint *Fingerprint
 	// Result is the exact bytes of the JSON result once the operation succeeded.
 	Result json.RawMessage
-	// Error is the error that ended a failed operation.
+	// Error is the error that ended a failed operation: its Message for the
+	// client, its Cause for operators.
 	Error *PermanentError
+	// Attention, while not nil, says why the unfinished operation waits for an
+	// operator: a step that keeps failing after the point of no return, a halt,
+	// an outcome nobody can tell, a state that does not decode.
+	Attention *Attention
+	// Parked is true when no run takes the operation up again until an operator
+	// retries (Engine.Retry) or cancels (Engine.Cancel) it.
+	Parked bool
 	// Runs counts the runs that claimed the operation: 1 for an operation that
 	// finished in its first attempt.
 	Runs       int
@@ -67,6 +76,29 @@ type Info struct {
 	Steps []StepInfo
 }
 
+// Attention is why an operation waits for an operator.
+type Attention struct {
+	// Code is one of the engine's attention codes (CodeRetryingPastPivot,
+	// CodeFailedPastPivot, CodeOutcomeUnknown, CodeUndecodableState,
+	// CodeDefinitionChanged) or a step's HaltError code.
+	Code string
+	// Reason is for operators.
+	Reason string
+}
+
+// NeedsAttention reports whether the operation is unfinished and waits for an
+// operator.
+func (i *Info) NeedsAttention() bool { return i.Attention != nil && i.Status == StatusInProgress }
+
+// The values of StepInfo.ResolvedBy.
+const (
+	// ResolvedByCall: the step's own call gave its outcome.
+	ResolvedByCall = "call"
+	// ResolvedByLookup: the step's lookup, by derived key, found that an
+	// earlier attempt whose answer was lost had gone through.
+	ResolvedByLookup = "lookup"
+)
+
 // StepInfo is one step of an operation.
 type StepInfo struct {
 	Name   string
@@ -76,9 +108,16 @@ type StepInfo struct {
 	Attempts int
 	// DerivedKey is the idempotency key of an external step, empty for others.
 	DerivedKey string
+	// ResolvedBy is ResolvedByCall or ResolvedByLookup for an external step that
+	// succeeded, empty otherwise (and for steps checkpointed before it was kept).
+	ResolvedBy string
 	StartedAt  *time.Time
 	FinishedAt *time.Time
-	LastError  string
+	// LastError is the last failure's message for the client: it names nothing
+	// internal (no SQL, URL or Go error text). LastCause is the same failure for
+	// operators.
+	LastError string
+	LastCause string
 }
 
 // Get reads an operation and its steps. It returns ErrNotFound when there is none.
@@ -129,13 +168,15 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 			if i, ok := def.index[name]; ok {
 				si.Kind = def.steps[i].kind
 				if si.Kind == KindExternal {
-					si.DerivedKey = DerivedKey(rec.Name, rec.Scope, rec.Key, name)
+					si.DerivedKey = derivedKey(rec.ID, rec.KeySecret, rec.Name, rec.Scope, rec.Key, name)
 				}
 			}
 		}
 		if s, ok := byName[name]; ok {
 			si.Attempts = s.Attempts
 			si.LastError = s.LastError
+			si.LastCause = s.LastCause
+			si.ResolvedBy = s.ResolvedBy
 			started := s.StartedAt
 			si.StartedAt = &started
 			si.FinishedAt = s.FinishedAt
@@ -173,16 +214,20 @@ func infoFromRecord(rec *store.Operation) *Info {
 		Scope:       rec.Scope,
 		Key:         rec.Key,
 		Status:      Status(rec.State),
-		Fingerprint: rec.Fingerprint,
+		Fingerprint: decodeFingerprint(rec.Fingerprint),
+		Parked:      rec.Parked,
 		Result:      rec.Result,
 		Runs:        rec.Runs,
 		CreatedAt:   rec.CreatedAt,
 		FinishedAt:  rec.FinishedAt,
 	}
-	if len(rec.Error) > 0 {
+	if rec.AttentionCode != "" {
+		info.Attention = &Attention{Code: rec.AttentionCode, Reason: rec.Attention}
+	}
+	if len(rec.Error) > 0 && rec.State == store.OperationFailed {
 		pe := &PermanentError{}
 		if err := json.Unmarshal(rec.Error, pe); err != nil {
-			pe = &PermanentError{Code: CodeUnreadableError, Message: string(rec.Error)}
+			pe = fault(CodeUnreadableError, "", string(rec.Error))
 		}
 		info.Error = pe
 	}

@@ -1,11 +1,14 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -190,6 +193,11 @@ type OperationOpts struct {
 	// Retention is how long a finished operation of this type, and so its key and
 	// stored answer, is kept. Zero takes Config.Retention.
 	Retention time.Duration
+	// Unfingerprinted are top-level fields of the input (by their JSON names)
+	// that do not take part in its fingerprint: a Start under a held key whose
+	// input differs from the first only in these fields is the same start, not
+	// a reused key (see Start).
+	Unfingerprinted []string
 }
 
 // Operation is an operation type: a name, an ordered list of uniquely named steps
@@ -201,6 +209,7 @@ type Operation[In, S, Out any] struct {
 	result    func(in In, state *S) (Out, error)
 	retry     RetryPolicy
 	retention time.Duration
+	ignore    []string
 	erased    *opDef
 }
 
@@ -209,7 +218,11 @@ type Operation[In, S, Out any] struct {
 // the result, and an error from it fails the operation for good. opts may be nil.
 //
 // It returns an error when the name is empty, there are no steps, a step name is
-// empty or repeated, or a lookup is declared on a transactional step.
+// empty or repeated, a lookup is declared on a transactional step, or In, S or
+// Out would not survive encoding/json (the engine keeps them as JSON and decodes
+// them on every resume): a field that is unexported, a func, a channel or a
+// complex number, or a map whose keys encoding/json cannot write. The error
+// names the field.
 func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(in In, state *S) (Out, error), opts *OperationOpts) (*Operation[In, S, Out], error) {
 	if opts == nil {
 		opts = &OperationOpts{}
@@ -228,6 +241,18 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 	}
 	if opts.Retention < 0 {
 		return nil, fmt.Errorf("engine: operation %q: retention must not be negative", name)
+	}
+	for _, t := range []struct {
+		role string
+		typ  reflect.Type
+	}{
+		{"input", reflect.TypeFor[In]()},
+		{"state", reflect.TypeFor[S]()},
+		{"result", reflect.TypeFor[Out]()},
+	} {
+		if err := checkJSONType(t.typ); err != nil {
+			return nil, fmt.Errorf("engine: operation %q: %s type %s: %w", name, t.role, t.typ, err)
+		}
 	}
 	seen := make(map[string]bool, len(steps))
 	for i, s := range steps {
@@ -252,6 +277,7 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 		result:    result,
 		retry:     opts.Retry.withDefaults(),
 		retention: opts.Retention,
+		ignore:    slices.Clone(opts.Unfingerprinted),
 	}
 	op.erased = op.erase()
 	return op, nil
@@ -295,9 +321,15 @@ type Definition interface {
 type opDef struct {
 	name      string
 	retention time.Duration
-	steps     []*stepDef
-	index     map[string]int
-	// newState returns a fresh *S, filled from a checkpoint when raw is not empty.
+	// ignore are the input's unfingerprinted fields.
+	ignore []string
+	steps  []*stepDef
+	// names are the steps' names, in order.
+	names []string
+	index map[string]int
+	// decodeState returns a fresh *S, filled from a checkpoint when raw is not
+	// empty. Like decodeInput it refuses fields that the type lacks (a field
+	// renamed by a deploy), which would otherwise decode silently to nothing.
 	decodeState func(raw []byte) (any, error)
 	decodeInput func(raw []byte) (any, error)
 	result      func(in, state any) ([]byte, error)
@@ -313,24 +345,42 @@ type stepDef struct {
 	retry      RetryPolicy
 }
 
+// pivot reports whether the step is a point of no return: it calls out and
+// cannot be undone. Once one has succeeded, its operation only goes forward.
+func (s *stepDef) pivot() bool { return s.kind == KindExternal && s.compensate == nil }
+
+// decodeStrict decodes raw into v, refusing fields that v's type lacks.
+func decodeStrict(raw []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("data after the JSON value")
+	}
+	return nil
+}
+
 func (op *Operation[In, S, Out]) erase() *opDef {
 	d := &opDef{
 		name:      op.name,
 		retention: op.retention,
+		ignore:    op.ignore,
 		index:     make(map[string]int, len(op.steps)),
 		decodeState: func(raw []byte) (any, error) {
 			s := new(S)
 			if len(raw) == 0 {
 				return s, nil
 			}
-			if err := json.Unmarshal(raw, s); err != nil {
+			if err := decodeStrict(raw, s); err != nil {
 				return nil, fmt.Errorf("decode state: %w", err)
 			}
 			return s, nil
 		},
 		decodeInput: func(raw []byte) (any, error) {
 			var in In
-			if err := json.Unmarshal(raw, &in); err != nil {
+			if err := decodeStrict(raw, &in); err != nil {
 				return nil, fmt.Errorf("decode input: %w", err)
 			}
 			return in, nil
@@ -364,17 +414,10 @@ func (op *Operation[In, S, Out]) erase() *opDef {
 			sd.compensate = func(ctx context.Context, tx Tx, in, state any) error { return fn(ctx, tx, in.(In), state.(*S)) }
 		}
 		d.steps = append(d.steps, sd)
+		d.names = append(d.names, s.name)
 		d.index[s.name] = i
 	}
 	return d
-}
-
-func (d *opDef) stepNames() []string {
-	names := make([]string, len(d.steps))
-	for i, s := range d.steps {
-		names[i] = s.name
-	}
-	return names
 }
 
 type operationIDKey struct{}

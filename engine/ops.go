@@ -13,11 +13,13 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// Retry gives a failed operation another run, for an operator who has mended the
-// cause: the operation is in progress again, its failed and compensated steps run
-// again (external ones with the same derived keys), its succeeded steps stay done,
-// and a River job runs it. The key's stored answer is replaced by the new run's.
-// It returns ErrNotFailed when the operation has not failed.
+// Retry gives a failed or parked operation another run, for an operator who has
+// mended the cause: the operation is in progress again, no longer needing
+// attention, its failed, compensated and retrying steps run again (external ones
+// with the same derived keys, asking their lookups first), its succeeded steps
+// stay done, and a River job runs it. A failed operation's stored answer is
+// replaced by the new run's. It returns ErrNotFailed when the operation has
+// neither failed nor been parked.
 func (e *Engine) Retry(ctx context.Context, id uuid.UUID) error {
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
@@ -47,10 +49,15 @@ func (e *Engine) Retry(ctx context.Context, id uuid.UUID) error {
 }
 
 // Cancel ends an operation in progress that no live run holds (it waits for a
-// retry, or its process died): the compensations of its succeeded steps run, last
-// first, and it ends failed with code CodeCancelled and the given reason. It
-// returns ErrRunning when a live run holds the operation (try again once its
-// lease expires), and ErrFinished when it has finished.
+// retry, it is parked, or its process died): the compensations of its succeeded
+// steps run, last first, and it ends failed with code CodeCancelled, the reason
+// as the operators' cause. It returns ErrRunning when a live run holds the
+// operation (try again once its lease expires), ErrFinished when it has
+// finished, and ErrPastPivot, changing nothing, when a step that cannot be
+// undone has succeeded or may have: the first unfinished step's lookup is
+// asked, by derived key, before anything is undone. An operation whose input or
+// state does not decode is cancelled only when nothing is to be compensated or
+// looked up; else Cancel says so and changes nothing.
 func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info, error) {
 	rec, err := e.store.OperationGet(ctx, e.pool, id)
 	if err != nil {
@@ -62,9 +69,13 @@ func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 	if reason == "" {
 		reason = "cancelled by an operator"
 	}
-	info, err := e.claimAndRun(ctx, id, rec.Name, &PermanentError{Code: CodeCancelled, Message: reason})
+	cancelled := &PermanentError{Code: CodeCancelled, Message: "the operation was cancelled by an operator", Cause: reason}
+	info, err := e.claimAndRun(ctx, id, rec.Name, cancelled)
 	if errors.Is(err, errNotClaimed) {
 		return nil, fmt.Errorf("engine: cancel %s: %w", id, ErrRunning)
+	}
+	if errors.Is(err, ErrPastPivot) || errors.Is(err, errCannotCancel) {
+		return nil, err
 	}
 	if err != nil {
 		return nil, fmt.Errorf("engine: cancel %s: %w", id, err)
@@ -94,12 +105,13 @@ const (
 )
 
 // DeleteFinished deletes the operations that finished longer ago than their
-// retention (OperationOpts.Retention, else Config.Retention) before now, in
-// batches, and returns how many it deleted. Operations in progress are never
+// retention (OperationOpts.Retention, else Config.Retention) before now (nil:
+// the database's clock, as the retention job uses), in batches, and returns how
+// many it deleted. Operations in progress are never
 // deleted; rows of the application that name an operation are not touched. A key
 // whose operation was deleted is free: a request that uses it again starts a new
 // operation. The retention job calls it; tests and operators may too.
-func (e *Engine) DeleteFinished(ctx context.Context, now time.Time) (int, error) {
+func (e *Engine) DeleteFinished(ctx context.Context, now *time.Time) (int, error) {
 	total := 0
 	var own []string
 	for name, def := range e.defs {
@@ -107,13 +119,13 @@ func (e *Engine) DeleteFinished(ctx context.Context, now time.Time) (int, error)
 			continue
 		}
 		own = append(own, name)
-		n, err := e.deleteFinished(ctx, store.OperationDeleteFinishedParams{Horizon: now.Add(-def.retention), Name: name})
+		n, err := e.deleteFinished(ctx, store.OperationDeleteFinishedParams{Now: now, Retention: def.retention, Name: name})
 		total += n
 		if err != nil {
 			return total, err
 		}
 	}
-	n, err := e.deleteFinished(ctx, store.OperationDeleteFinishedParams{Horizon: now.Add(-e.cfg.Retention), Exclude: own})
+	n, err := e.deleteFinished(ctx, store.OperationDeleteFinishedParams{Now: now, Retention: e.cfg.Retention, Exclude: own})
 	return total + n, err
 }
 
@@ -145,7 +157,7 @@ type retentionWorker struct {
 
 // Work deletes the operations whose retention has passed.
 func (w *retentionWorker) Work(ctx context.Context, job *river.Job[retentionArgs]) error {
-	n, err := w.e.DeleteFinished(ctx, time.Now())
+	n, err := w.e.DeleteFinished(ctx, nil)
 	if n > 0 {
 		w.e.logger.InfoContext(ctx, "deleted finished operations past their retention", slog.Int("deleted", n))
 	}

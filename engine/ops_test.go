@@ -36,14 +36,14 @@ func TestDeleteFinished(t *testing.T) {
 		return finished, inProgress
 	}
 
-	n, err := e.DeleteFinished(ctx, time.Now())
+	n, err := e.DeleteFinished(ctx, nil)
 	require.NoError(t, err)
 	require.Equal(t, 2500, n, "only the rows past the 24-hour default horizon")
 	finished, inProgress := count()
 	require.Equal(t, 2, finished)
 	require.Equal(t, 1, inProgress)
 
-	n, err = e.DeleteFinished(ctx, time.Now().Add(25*time.Hour))
+	n, err = e.DeleteFinished(ctx, ptr(time.Now().Add(25*time.Hour)))
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	finished, inProgress = count()
@@ -81,7 +81,7 @@ func TestDeleteFinishedPerTypeRetention(t *testing.T) {
 	require.NoError(t, err)
 	waitDone(t, e, s2)
 
-	n, err := e.DeleteFinished(ctx, time.Now().Add(2*time.Hour))
+	n, err := e.DeleteFinished(ctx, ptr(time.Now().Add(2*time.Hour)))
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	_, err = e.Get(ctx, s2.ID)
@@ -136,7 +136,8 @@ func TestCancel(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, engine.StatusFailed, info.Status)
 		require.Equal(t, engine.CodeCancelled, info.Error.Code)
-		require.Equal(t, "customer gave up", info.Error.Message)
+		require.Equal(t, "customer gave up", info.Error.Cause)
+		require.False(t, info.Error.ServerFault())
 		require.Equal(t, books{ledgerRows: 2, reversals: 2}, readBooks(t, b.pool))
 
 		_, err = e.Cancel(ctx, s.ID, "")
@@ -166,3 +167,5 @@ func TestCancel(t *testing.T) {
 		waitDone(t, e, s)
 	})
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -74,13 +74,32 @@ func TestVersioning(t *testing.T) {
 		engine.TxStep("finalize", finalize, nil),
 	}, func(in transferIn, s *transferState) (transferOut, error) { return transferOut(*s), nil }, nil)
 	require.NoError(t, err)
-	e := newEngine(t, pool, v2)
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	info, err := e.Wait(ctx, started.ID)
+	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{v2}, SweepInterval: 50 * time.Millisecond, Lease: time.Second})
 	require.NoError(t, err)
-	require.Equal(t, engine.StatusFailed, info.Status)
-	require.Equal(t, "definition_changed", info.Error.Code)
-	require.Contains(t, info.Error.Message, `missing ["payout"]`)
+	require.NoError(t, e.StartWorkers(ctx))
+	// It never fails or compensates the operation, nor runs any of its steps:
+	// it leaves it in progress, needing attention, for a process that can.
+	var info *engine.Info
+	require.Eventually(t, func() bool {
+		info, err = e.Get(ctx, started.ID)
+		require.NoError(t, err)
+		return info.Attention != nil
+	}, 30*time.Second, 20*time.Millisecond)
+	require.Equal(t, engine.StatusInProgress, info.Status)
+	require.True(t, info.NeedsAttention())
+	require.Equal(t, engine.CodeDefinitionChanged, info.Attention.Code)
+	require.Contains(t, info.Attention.Reason, `missing ["payout"]`)
 	require.Equal(t, books{}, readBooks(t, pool), "nothing ran")
+
+	// A process with the old definition finishes it, once its turn comes.
+	require.NoError(t, e.Stop(ctx))
+	_, err = pool.Exec(ctx, `UPDATE idemflow_operation SET locked_until = now() WHERE id = $1`, started.ID)
+	require.NoError(t, err)
+	back := newEngine(t, pool, b.transferOp(t, engine.RetryPolicy{}))
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	info, err = back.Wait(wctx, started.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, info.Status)
+	require.Nil(t, info.Attention)
 }

@@ -17,7 +17,7 @@ import (
 )
 
 // Reasons a run ends without finishing its operation. None of them is a failure of
-// the operation: another run carries it on.
+// the operation: another run carries it on, or an operator does.
 var (
 	// errKeyTaken: the reservation found the key already taken.
 	errKeyTaken = errors.New("idempotency key already taken")
@@ -27,6 +27,14 @@ var (
 	errRetryNow = errors.New("retry the step now")
 	// errLost: another run recorded the work first; this run's lease had expired.
 	errLost = errors.New("lease lost to another run")
+	// errLeaseExpiring: the run could not renew its lease and stopped before it
+	// ran out, so that no other run takes the operation over while it works.
+	errLeaseExpiring = errors.New("lease could not be renewed; stopped before it ran out")
+	// errParked: the run parked the operation for an operator.
+	errParked = errors.New("parked for an operator")
+	// errWaiting: this process cannot run the operation (its definition lacks a
+	// step the operation needs); the run handed it back for another process.
+	errWaiting = errors.New("waiting for a process that can run it")
 )
 
 // run is one attempt at an operation by one process: the first attempt, or a
@@ -39,10 +47,16 @@ type run struct {
 	runID uuid.UUID
 	scope string
 	key   string
+	// secret is the operation's secret for its derived keys (nil: scheme 1).
+	secret []byte
+	// fp is the start's fingerprint, for a first attempt whose key is taken.
+	fp *Fingerprint
 	// steps are the steps to run, in the order the operation was started with. A
 	// nil entry is a step this process's definition lacks (it had succeeded).
 	steps []*stepDef
-	in    any
+	// startedSteps are the names of the steps the operation was started with.
+	startedSteps []string
+	in           any
 	// state is the operation's *S; stateRaw is its encoding after the last step
 	// that succeeded, from which state is restored when an attempt fails.
 	state    any
@@ -50,9 +64,14 @@ type run struct {
 	status   map[string]store.StepState
 	// tries counts the recorded attempts of each step.
 	tries map[string]int
-	// failure is the permanent error of a failed step, once there is one.
-	failure *PermanentError
-	resumed bool
+	// failure is the permanent error of a failed step, once there is one;
+	// failureStored is true once the operation's row holds it.
+	failure       *PermanentError
+	failureStored bool
+	// undecodable is why the input or state did not decode, for a cancel that
+	// goes on without them.
+	undecodable error
+	resumed     bool
 	// runs counts the runs of the operation, this one included.
 	runs int
 
@@ -67,6 +86,9 @@ type run struct {
 	mu        sync.Mutex
 	reserved  bool
 	cancelRun context.CancelCauseFunc
+	// leaseFrom is when the run's claim (or reservation) was sent: the lease it
+	// holds runs out a Lease after it at the latest.
+	leaseFrom time.Time
 }
 
 // execute runs the first attempt of a new operation.
@@ -77,8 +99,20 @@ func (r *run) execute(ctx context.Context) {
 	stopLease := r.keepLease(ctx)
 	defer stopLease()
 
-	info, err := r.runSteps(context.WithValue(ctx, operationIDKey{}, r.id))
+	info, err := r.safeRunSteps(context.WithValue(ctx, operationIDKey{}, r.id))
 	r.end(ctx, info, err)
+}
+
+// safeRunSteps is runSteps, with a panic of the engine's own (user code is
+// protected where it is called) turned into the run's error: the process lives,
+// and the operation resumes once its lease expires.
+func (r *run) safeRunSteps(ctx context.Context) (info *Info, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			info, err = nil, fmt.Errorf("engine: run panicked: %v", v)
+		}
+	}()
+	return r.runSteps(ctx)
 }
 
 // end reports how the run ended to the starter and to the waiters.
@@ -90,7 +124,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		if r.e.logger.Enabled(ctx, slog.LevelDebug) {
 			r.logger().DebugContext(ctx, "operation finished", slog.String("status", string(info.Status)), slog.Int("runs", info.Runs))
 		}
-	case errors.Is(err, errKeyTaken), errors.Is(err, errHandedOff):
+	case errors.Is(err, errKeyTaken), errors.Is(err, errHandedOff), errors.Is(err, errParked), errors.Is(err, errWaiting):
 	case errors.Is(err, errLost):
 		r.logger().WarnContext(ctx, "run stopped: another run took the operation over")
 	case errors.Is(err, context.Canceled) && r.isReserved():
@@ -99,7 +133,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		// waiting for the lease to expire.
 		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
-		if _, rerr := r.e.store.OperationRelease(releaseCtx, r.e.pool, r.id, r.runID, time.Now(), 0); rerr != nil {
+		if _, _, rerr := r.e.store.OperationRelease(releaseCtx, r.e.pool, r.id, r.runID, 0, 0); rerr != nil {
 			r.logger().WarnContext(ctx, "could not release the operation; it resumes once its lease expires", slog.Any("error", rerr))
 		} else {
 			r.logger().InfoContext(ctx, "run stopped with the engine; the operation resumes at the next sweep")
@@ -129,10 +163,15 @@ func (r *run) isReserved() bool {
 	return r.reserved
 }
 
+// existing reads the operation that holds the key a first attempt could not
+// reserve, and refuses it when its input differs from this start's.
 func (r *run) existing(ctx context.Context) reservation {
 	rec, err := r.e.store.OperationGetByKey(ctx, r.e.pool, r.scope, r.key)
 	if err != nil {
 		return reservation{err: fmt.Errorf("engine: read existing operation: %w", err)}
+	}
+	if err := r.e.sameStart(rec, r.def, r.fp); err != nil {
+		return reservation{err: err}
 	}
 	return reservation{existing: infoFromRecord(rec)}
 }
@@ -175,39 +214,48 @@ func (r *run) runSteps(ctx context.Context) (*Info, error) {
 		}
 	}
 	// Every step had succeeded already: only the result is left to store.
-	tx := r.begin(ctx)
-	defer tx.end(ctx)
-	info, err := r.commitSuccess(ctx, tx)
-	return r.resultOrFailure(ctx, info, err)
+	return r.storeResult(ctx)
 }
 
 func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*Info, error) {
 	attempt := r.tries[st.name] + 1
 	started := time.Now()
-	tx := r.begin(ctx)
+	var tx *txn
+	if last {
+		tx = r.beginLast(ctx)
+	} else {
+		tx = r.begin(ctx)
+	}
 	defer tx.end(ctx)
-	r.hook(ctx, st, PointBefore, attempt)
-	err := st.tx(ctx, tx, r.in, r.state)
+	err := protect(func() error {
+		if err := r.hook(ctx, st, PointBefore, attempt); err != nil {
+			return err
+		}
+		return st.tx(ctx, tx, r.in, r.state)
+	})
 	if tx.failed != nil {
 		// The engine's own statements sent with the step's failed: the step's
 		// error says nothing about the step.
 		return nil, runError(tx.failed)
 	}
+	if err == nil {
+		err = protect(func() error { return r.hook(ctx, st, PointAfterEffect, attempt) })
+	}
 	if err != nil {
 		tx.end(ctx)
 		return r.stepFailed(ctx, i, st, attempt, started, err)
 	}
-	r.hook(ctx, st, PointAfterEffect, attempt)
-	prevState, prevStatus := r.stateRaw, r.status[st.name]
+	prevState, prevRaw, prevStatus := r.state, r.stateRaw, r.status[st.name]
 	// undo takes back what succeeded queued, for a transaction that committed
 	// nothing after all.
 	undo := func() {
 		r.pending = r.pending[:len(r.pending)-1]
-		r.stateRaw, r.status[st.name] = prevState, prevStatus
+		r.state, r.stateRaw, r.status[st.name] = prevState, prevRaw, prevStatus
 	}
-	if err := r.succeeded(i, st, attempt, started); err != nil {
+	if err := r.succeeded(i, st, attempt, started, ""); err != nil {
+		// Its writes roll back with the transaction: nothing happened.
 		tx.end(ctx)
-		return r.stepFailed(ctx, i, st, attempt, started, Permanent(err))
+		return r.parkUndecodable(ctx, err)
 	}
 	var info *Info
 	if last {
@@ -228,12 +276,41 @@ func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*In
 		// with the result: the step's writes never happened, so there is
 		// nothing of its own to compensate.
 		undo()
-		if err := r.restoreState(); err != nil {
-			return nil, err
-		}
 		return r.resultFailed(ctx, re.err)
 	}
 	return info, err
+}
+
+// call describes an attempt of the external step st.
+func (r *run) call(st *stepDef, attempt int) Call {
+	return Call{
+		Key:          derivedKey(r.id, r.secret, r.def.name, r.scope, r.key, st.name),
+		OperationID:  r.id,
+		Attempt:      attempt,
+		Operation:    r.def.name,
+		Step:         st.name,
+		Scope:        r.scope,
+		OperationKey: r.key,
+	}
+}
+
+// lookup asks st's lookup whether a call made under its derived key went
+// through, filling the state when it did. A panic in it is its error.
+func (r *run) lookup(ctx context.Context, st *stepDef, call Call) (bool, error) {
+	found := false
+	err := protect(func() error {
+		var err error
+		found, err = st.lookup(ctx, call, r.in, r.state)
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("lookup: %w", err)
+	}
+	if found {
+		r.logger().InfoContext(ctx, "lookup found the earlier attempt; not calling again",
+			slog.String("step", st.name), slog.Int("attempt", call.Attempt))
+	}
+	return found, nil
 }
 
 func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool) (*Info, error) {
@@ -245,71 +322,112 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 	}
 	attempt := r.tries[st.name] + 1
 	started := time.Now()
-	call := Call{
-		Key:          DerivedKey(r.def.name, r.scope, r.key, st.name),
-		OperationID:  r.id,
-		Attempt:      attempt,
-		Operation:    r.def.name,
-		Step:         st.name,
-		Scope:        r.scope,
-		OperationKey: r.key,
-	}
-	r.hook(ctx, st, PointBefore, attempt)
-	found := false
-	// A resumed run cannot know whether the run before it called out: ask first.
-	if st.lookup != nil && (r.resumed || attempt > 1) {
-		var err error
-		found, err = st.lookup(ctx, call, r.in, r.state)
-		if err != nil {
-			return r.stepFailed(ctx, i, st, attempt, started, fmt.Errorf("lookup: %w", err))
+	call := r.call(st, attempt)
+	resolvedBy := "call"
+	err := protect(func() error {
+		if err := r.hook(ctx, st, PointBefore, attempt); err != nil {
+			return err
 		}
-		if found {
-			r.logger().InfoContext(ctx, "lookup found the earlier attempt; not calling again",
-				slog.String("step", st.name), slog.Int("attempt", attempt))
+		// A resumed run cannot know whether the run before it called out: ask first.
+		if st.lookup != nil && (r.resumed || attempt > 1) {
+			found, err := r.lookup(ctx, st, call)
+			if err != nil {
+				return err
+			}
+			if found {
+				resolvedBy = "lookup"
+				return nil
+			}
 		}
+		return st.external(ctx, call, r.in, r.state)
+	})
+	if err == nil {
+		err = protect(func() error { return r.hook(ctx, st, PointAfterEffect, attempt) })
 	}
-	if !found {
-		if err := st.external(ctx, call, r.in, r.state); err != nil {
-			return r.stepFailed(ctx, i, st, attempt, started, err)
-		}
+	if err != nil {
+		return r.stepFailed(ctx, i, st, attempt, started, err)
 	}
-	r.hook(ctx, st, PointAfterEffect, attempt)
-	if err := r.succeeded(i, st, attempt, started); err != nil {
-		return r.stepFailed(ctx, i, st, attempt, started, Permanent(err))
+	return r.externalSucceeded(ctx, i, st, attempt, started, resolvedBy, last)
+}
+
+// externalSucceeded queues the checkpoint of an external step whose call went
+// through, and stores the result when it was the last step.
+func (r *run) externalSucceeded(ctx context.Context, i int, st *stepDef, attempt int, started time.Time, resolvedBy string, last bool) (*Info, error) {
+	if err := r.succeeded(i, st, attempt, started, resolvedBy); err != nil {
+		return r.parkUndecodable(ctx, err)
 	}
 	if !last {
 		// Checkpointed with the next transaction, so that a first attempt commits
 		// once before its call and once after.
 		return nil, nil
 	}
-	tx := r.begin(ctx)
-	defer tx.end(ctx)
-	info, err := r.commitSuccess(ctx, tx)
-	return r.resultOrFailure(ctx, info, err)
+	return r.storeResult(ctx)
 }
 
-// succeeded queues the checkpoint of a step whose effect has happened.
-func (r *run) succeeded(i int, st *stepDef, attempt int, started time.Time) error {
+// storeResult stores the result, with the pending checkpoints.
+func (r *run) storeResult(ctx context.Context) (*Info, error) {
+	tx := r.beginLast(ctx)
+	defer tx.end(ctx)
+	info, err := r.commitSuccess(ctx, tx)
+	if re := (*resultError)(nil); errors.As(err, &re) {
+		return r.resultFailed(ctx, re.err)
+	}
+	return info, err
+}
+
+// succeeded queues the checkpoint of a step whose effect has happened. The run
+// goes on from the state as it decodes from the checkpoint, so that a first
+// attempt sees what a resumed run would; a state that does not decode is an
+// error.
+func (r *run) succeeded(i int, st *stepDef, attempt int, started time.Time, resolvedBy string) error {
 	raw, err := json.Marshal(r.state)
 	if err != nil {
 		return fmt.Errorf("encode state after step %s: %w", st.name, err)
 	}
-	r.stateRaw = raw
+	state, err := r.def.decodeState(raw)
+	if err != nil {
+		return fmt.Errorf("state after step %s: %w", st.name, err)
+	}
+	r.state, r.stateRaw = state, raw
 	r.status[st.name] = store.StepSucceeded
 	r.tries[st.name] = attempt
 	r.pending = append(r.pending, store.StepCheckpointParams{
-		Name:      st.name,
-		Position:  i,
-		Attempts:  attempt,
-		Output:    raw,
-		StartedAt: started,
+		Name:       st.name,
+		Position:   i,
+		Attempts:   attempt,
+		Output:     raw,
+		StartedAt:  started,
+		ResolvedBy: resolvedBy,
 		// Every attempt before this one failed and was recorded in the step's row.
 		Retried: attempt > 1,
 	})
 	return nil
 }
 
-// stepFailed handles a failed attempt: a retry later, or the end of the operation.
+// pastPivot reports whether a pivot (a step that calls out and cannot be undone)
+// has succeeded: from then on the operation only goes forward. A succeeded step
+// that this process's definition lacks counts as one, since nobody here can
+// tell.
+func (r *run) pastPivot() bool {
+	for i, st := range r.steps {
+		if (st == nil || st.pivot()) && r.status[r.stepName(i)] == store.StepSucceeded {
+			return true
+		}
+	}
+	return false
+}
+
+// stepName is the name of the i-th step the operation was started with.
+func (r *run) stepName(i int) string {
+	if r.steps[i] != nil {
+		return r.steps[i].name
+	}
+	return r.startedSteps[i]
+}
+
+// stepFailed handles a failed attempt: a retry later, a halt, or the end of the
+// operation. Before the operation's point of no return a permanent failure
+// compensates what succeeded; after it the operation only goes forward.
 func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, started time.Time, stepErr error) (*Info, error) {
 	if cause := context.Cause(ctx); cause != nil {
 		// The run was stopped (the engine stops, or the lease was lost): the error
@@ -321,36 +439,103 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 	}
 	stepErr = fromSQL(stepErr)
 	log := r.logger().With(slog.String("step", st.name), slog.Int("attempt", attempt))
-	var pe *PermanentError
-	if !errors.As(stepErr, &pe) && attempt >= st.retry.MaxAttempts {
-		pe = &PermanentError{
-			Code:    CodeAttemptsExhausted,
-			Message: fmt.Sprintf("step %s failed %d times; last error: %s", st.name, attempt, stepErr),
-		}
+	failure := &store.StepRecordFailureParams{
+		OperationID: r.id, Name: st.name, Position: i, State: store.StepRetrying,
+		Attempts: attempt, LastError: publicText(st.name, stepErr), LastCause: stepErr.Error(), StartedAt: started,
 	}
-	if pe != nil {
-		pe = &PermanentError{Code: pe.Code, Message: pe.Message, Details: pe.Details, Step: st.name}
-		log.InfoContext(ctx, "step failed permanently", slog.String("code", pe.Code), slog.String("error", pe.Message))
-		r.failure = pe
-		r.tries[st.name] = attempt
-		r.status[st.name] = store.StepFailed
-		return r.compensateWith(ctx, &store.StepRecordFailureParams{
-			OperationID: r.id, Name: st.name, Position: i, State: store.StepFailed,
-			Attempts: attempt, LastError: pe.Error(), StartedAt: started,
-		})
+	if pan := (*panicError)(nil); errors.As(stepErr, &pan) {
+		log.ErrorContext(ctx, "step panicked", slog.Any("panic", pan.value), slog.String("stack", pan.stack))
 	}
 
-	delay := st.retry.Backoff(attempt)
-	log.InfoContext(ctx, "step failed; retrying later", slog.Any("error", stepErr), slog.Duration("backoff", delay))
+	var halt *HaltError
+	if errors.As(stepErr, &halt) {
+		log.WarnContext(ctx, "step halted the operation; it needs an operator", slog.String("code", halt.Code), slog.String("reason", halt.Message))
+		return r.park(ctx, failure, halt.Code, fmt.Sprintf("step %s: %s", st.name, halt.Message))
+	}
+	var pe *PermanentError
+	permanent := errors.As(stepErr, &pe)
+	policy := st.retry
+	if r.pastPivot() {
+		if permanent {
+			log.ErrorContext(ctx, "step failed for good after the point of no return; parking the operation", slog.String("error", stepErr.Error()))
+			return r.park(ctx, failure, CodeFailedPastPivot,
+				fmt.Sprintf("step %s failed for good after the point of no return: %s", st.name, pe.Error()))
+		}
+		if attempt < policy.MaxAttempts {
+			log.InfoContext(ctx, "step failed; retrying later", slog.Any("error", stepErr))
+			return r.retryLater(ctx, failure, policy.Backoff(attempt), nil)
+		}
+		log.WarnContext(ctx, "step keeps failing after the point of no return; retrying at the cap", slog.Any("error", stepErr))
+		return r.retryLater(ctx, failure, policy.Cap, &attention{CodeRetryingPastPivot,
+			fmt.Sprintf("step %s has failed %d times after the point of no return; retried every %s until it succeeds", st.name, attempt, policy.Cap)})
+	}
+	exhausted := !permanent && attempt >= policy.MaxAttempts
+	if st.kind == KindExternal && (exhausted || permanent && pe.ServerFault()) {
+		// Its call may have gone through: a business answer (Fail) says it did
+		// not, a server fault or a run of failures does not. Only the lookup,
+		// by the derived key, can tell before anything is undone.
+		if st.lookup == nil {
+			log.ErrorContext(ctx, "external step out of attempts, and no lookup can tell whether its call went through; parking the operation")
+			return r.park(ctx, failure, CodeOutcomeUnknown,
+				fmt.Sprintf("step %s failed %d times and has no lookup: whether its call went through is unknown", st.name, attempt))
+		}
+		found, err := r.lookup(ctx, st, r.call(st, attempt))
+		if errors.As(err, &halt) {
+			failure.LastError, failure.LastCause = publicText(st.name, err), err.Error()
+			return r.park(ctx, failure, halt.Code, fmt.Sprintf("step %s: %s", st.name, halt.Message))
+		}
+		if err != nil {
+			log.WarnContext(ctx, "external step out of attempts, and its lookup failed; retrying at the cap", slog.Any("error", err))
+			failure.LastCause = stepErr.Error() + "; " + err.Error()
+			return r.retryLater(ctx, failure, policy.Cap, &attention{CodeOutcomeUnknown,
+				fmt.Sprintf("step %s failed %d times and its lookup fails: %s", st.name, attempt, err)})
+		}
+		if found {
+			return r.externalSucceeded(ctx, i, st, attempt, started, "lookup", i == len(r.steps)-1)
+		}
+	}
+	if exhausted {
+		pe = fault(CodeAttemptsExhausted, st.name, fmt.Sprintf("step %s failed %d times; last error: %s", st.name, attempt, stepErr))
+		permanent = true
+	}
+	if !permanent {
+		log.InfoContext(ctx, "step failed; retrying later", slog.Any("error", stepErr), slog.Duration("backoff", policy.Backoff(attempt)))
+		return r.retryLater(ctx, failure, policy.Backoff(attempt), nil)
+	}
+	pe = &PermanentError{Code: pe.Code, Message: pe.Message, Cause: pe.Cause, Details: pe.Details, Step: st.name, Fault: pe.ServerFault()}
+	log.InfoContext(ctx, "step failed permanently", slog.String("code", pe.Code), slog.String("error", pe.Error()))
+	r.failure = pe
+	r.tries[st.name] = attempt
+	r.status[st.name] = store.StepFailed
+	failure.State = store.StepFailed
+	failure.LastError, failure.LastCause = pe.Message, pe.Error()
+	return r.compensateWith(ctx, failure)
+}
+
+// attention is why an operation needs an operator.
+type attention struct {
+	code, reason string
+}
+
+// retryLater records a failed attempt and tries the step again after delay:
+// here, waiting out a short delay while holding the lease, or through a River
+// job. With need, the operation is marked as needing attention meanwhile.
+func (r *run) retryLater(ctx context.Context, failure *store.StepRecordFailureParams, delay time.Duration, need *attention) (*Info, error) {
 	tx := r.begin(ctx)
 	defer tx.end(ctx)
-	if err := r.e.store.StepRecordFailure(ctx, tx, store.StepRecordFailureParams{
-		OperationID: r.id, Name: st.name, Position: i, State: store.StepRetrying,
-		Attempts: attempt, LastError: stepErr.Error(), StartedAt: started,
-	}); err != nil {
+	if err := r.e.store.StepRecordFailure(ctx, tx, *failure); err != nil {
 		return nil, runError(err)
 	}
-	r.tries[st.name] = attempt
+	if need != nil {
+		ok, err := r.e.store.OperationSetAttention(ctx, tx, r.id, r.runID, need.code, need.reason)
+		if err != nil {
+			return nil, runError(err)
+		}
+		if !ok {
+			return nil, errLost
+		}
+	}
+	r.tries[failure.Name] = failure.Attempts
 	if delay > r.e.cfg.InlineRetryMax {
 		return nil, r.handOff(ctx, tx, delay)
 	}
@@ -369,11 +554,42 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 	}
 }
 
+// park records the failed attempt (failure, when not nil), parks the operation
+// needing attention for code and reason, and commits with the pending
+// checkpoints: nothing runs again until an operator retries or cancels it.
+func (r *run) park(ctx context.Context, failure *store.StepRecordFailureParams, code, reason string) (*Info, error) {
+	tx := r.begin(ctx)
+	defer tx.end(ctx)
+	if failure != nil {
+		if err := r.e.store.StepRecordFailure(ctx, tx, *failure); err != nil {
+			return nil, runError(err)
+		}
+		r.tries[failure.Name] = failure.Attempts
+	}
+	ok, err := r.e.store.OperationPark(ctx, tx, r.id, r.runID, code, reason)
+	if err != nil {
+		return nil, runError(err)
+	}
+	if !ok {
+		return nil, errLost
+	}
+	if err := r.commit(ctx, tx); err != nil {
+		return nil, err
+	}
+	r.logger().WarnContext(ctx, "operation parked; it needs an operator (retry or cancel)", slog.String("code", code), slog.String("reason", reason))
+	return nil, errParked
+}
+
+// parkUndecodable parks the operation because its state did not survive a
+// round trip through its type.
+func (r *run) parkUndecodable(ctx context.Context, err error) (*Info, error) {
+	return r.park(ctx, nil, CodeUndecodableState, err.Error())
+}
+
 // handOff writes the pending checkpoints, gives the operation to a River job
-// scheduled after delay, and commits.
+// scheduled after delay (by the database's clock), and commits.
 func (r *run) handOff(ctx context.Context, tx *txn, delay time.Duration) error {
-	runAt := time.Now().Add(delay)
-	ok, err := r.e.store.OperationRelease(ctx, tx, r.id, r.runID, runAt, r.e.cfg.Lease)
+	runAt, ok, err := r.e.store.OperationRelease(ctx, tx, r.id, r.runID, delay, r.e.cfg.Lease)
 	if err != nil {
 		return runError(err)
 	}
@@ -401,8 +617,18 @@ func (r *run) compensate(ctx context.Context) (*Info, error) {
 }
 
 // compensateWith is compensate with a failure record that the first of its
-// transactions commits.
+// transactions commits. Past the point of no return nothing is undone: the
+// operation is parked for an operator instead.
 func (r *run) compensateWith(ctx context.Context, failure *store.StepRecordFailureParams) (*Info, error) {
+	if r.pastPivot() {
+		r.logger().ErrorContext(ctx, "operation failed after the point of no return; parking it, nothing compensated",
+			slog.String("error", r.failure.Error()))
+		if failure != nil {
+			failure.State = store.StepRetrying
+		}
+		return r.park(ctx, failure, CodeFailedPastPivot,
+			"failed after the point of no return, so nothing was compensated: "+r.failure.Error())
+	}
 	var todo []*stepDef
 	for i := len(r.steps) - 1; i >= 0; i-- {
 		st := r.steps[i]
@@ -410,10 +636,11 @@ func (r *run) compensateWith(ctx context.Context, failure *store.StepRecordFailu
 			todo = append(todo, st)
 		}
 	}
-	if len(todo) > 0 && len(r.pending) > 0 {
+	if len(todo) > 0 && (len(r.pending) > 0 || !r.failureStored) {
 		// A compensation marks its step's row, which a pending checkpoint (an
 		// external step's, waiting for the next transaction) has not written
-		// yet: commit them first, with the failure.
+		// yet: commit them first, with the failure, which a resumed run then
+		// carries on from.
 		tx := r.begin(ctx)
 		defer tx.end(ctx)
 		if err := r.recordFailure(ctx, tx, failure); err != nil {
@@ -430,7 +657,7 @@ func (r *run) compensateWith(ctx context.Context, failure *store.StepRecordFailu
 		if err := r.recordFailure(ctx, tx, failure); err != nil {
 			return nil, err
 		}
-		if err := st.compensate(ctx, tx, r.in, r.state); err != nil {
+		if err := protect(func() error { return st.compensate(ctx, tx, r.in, r.state) }); err != nil {
 			if tx.failed != nil {
 				return nil, runError(tx.failed)
 			}
@@ -467,14 +694,17 @@ func (r *run) compensateWith(ctx context.Context, failure *store.StepRecordFailu
 	return r.commitFailure(ctx, tx)
 }
 
-// recordFailure records a step's permanent failure, and the operation's error so
-// that a resumed run finishes the operation with it.
+// recordFailure records a step's permanent failure (when failure is not nil),
+// and the operation's error once, so that a resumed run finishes the operation
+// with it.
 func (r *run) recordFailure(ctx context.Context, tx *txn, failure *store.StepRecordFailureParams) error {
-	if failure == nil {
-		return nil
+	if failure != nil {
+		if err := r.e.store.StepRecordFailure(ctx, tx, *failure); err != nil {
+			return runError(err)
+		}
 	}
-	if err := r.e.store.StepRecordFailure(ctx, tx, *failure); err != nil {
-		return runError(err)
+	if r.failureStored {
+		return nil
 	}
 	raw, err := json.Marshal(r.failure)
 	if err != nil {
@@ -487,6 +717,7 @@ func (r *run) recordFailure(ctx context.Context, tx *txn, failure *store.StepRec
 	if !ok {
 		return errLost
 	}
+	r.failureStored = true
 	return nil
 }
 
@@ -502,27 +733,44 @@ func (r *run) compensationFailed(ctx context.Context, st *stepDef, failure *stor
 	log := r.logger().With(slog.String("step", st.name))
 	tx := r.begin(ctx)
 	defer tx.end(ctx)
+	// This transaction commits the failure record whichever way it goes.
+	stored := r.failureStored
 	if err := r.recordFailure(ctx, tx, failure); err != nil {
 		return nil, err
 	}
 	var pe *PermanentError
 	if errors.As(compErr, &pe) || r.tries[st.name] >= st.retry.MaxAttempts {
 		log.ErrorContext(ctx, "compensation failed for good", slog.Any("error", compErr))
-		r.failure = &PermanentError{
-			Code:    CodeCompensationFailed,
-			Message: fmt.Sprintf("compensation of step %s failed: %s (after: %s)", st.name, compErr, r.failure.Message),
-			Step:    r.failure.Step,
-		}
+		r.failure = fault(CodeCompensationFailed, r.failure.Step,
+			fmt.Sprintf("compensation of step %s failed: %s (after: %s)", st.name, compErr, r.failure.Error()))
 		return r.commitFailure(ctx, tx)
 	}
 	delay := st.retry.Backoff(r.tries[st.name])
 	log.WarnContext(ctx, "compensation failed; retrying later", slog.Any("error", compErr), slog.Duration("backoff", delay))
-	return nil, r.handOff(ctx, tx, delay)
+	if err := r.handOff(ctx, tx, delay); !errors.Is(err, errHandedOff) {
+		r.failureStored = stored
+		return nil, err
+	}
+	return nil, errHandedOff
 }
 
-// begin makes the run's next transaction, which sends nothing yet; on a first
-// attempt whose reservation has not committed, the reservation goes first.
+// begin makes the run's next transaction, which sends nothing yet. It is
+// fenced by the run, so that nothing it writes commits once another run holds
+// the operation: on a first attempt whose reservation has not committed, the
+// reservation goes first and is the fence; else OperationFence does, which
+// also keeps another run's claim waiting until the transaction ends.
 func (r *run) begin(ctx context.Context) *txn {
+	tx := r.beginLast(ctx)
+	if r.insert == nil {
+		// Only queued: it cannot fail here.
+		_ = r.e.store.OperationFence(ctx, tx.queue(), r.id, r.runID)
+	}
+	return tx
+}
+
+// beginLast is begin for a transaction that ends the operation with its
+// result: the statement that does (OperationFinish) is the fence.
+func (r *run) beginLast(ctx context.Context) *txn {
 	tx := newTxn(r.e.pool)
 	if r.insert != nil {
 		// Only queued: it cannot fail here.
@@ -582,7 +830,12 @@ func (r *run) commitEnd(ctx context.Context, tx *txn, end *store.StepCheckpointM
 // caller undoes what the transaction carried of its own, then calls
 // resultFailed.
 func (r *run) commitSuccess(ctx context.Context, tx *txn) (*Info, error) {
-	result, err := r.def.result(r.in, r.state)
+	var result []byte
+	err := protect(func() error {
+		var err error
+		result, err = r.def.result(r.in, r.state)
+		return err
+	})
 	if err != nil {
 		tx.end(ctx)
 		return nil, &resultError{err: err}
@@ -598,21 +851,16 @@ type resultError struct {
 func (e *resultError) Error() string { return "result: " + e.err.Error() }
 func (e *resultError) Unwrap() error { return e.err }
 
-// resultOrFailure passes commitSuccess's answer on, or ends the operation
-// failed when the result function failed.
-func (r *run) resultOrFailure(ctx context.Context, info *Info, err error) (*Info, error) {
-	if re := (*resultError)(nil); errors.As(err, &re) {
-		return r.resultFailed(ctx, re.err)
-	}
-	return info, err
-}
-
 // resultFailed ends the operation failed with the result function's error,
-// after the compensations of the steps that succeeded. The pending checkpoints
-// stand: those steps did happen.
+// after the compensations of the steps that succeeded, or parks it when it is
+// past its point of no return. The pending checkpoints stand: those steps did
+// happen.
 func (r *run) resultFailed(ctx context.Context, err error) (*Info, error) {
-	last := r.steps[len(r.steps)-1]
-	r.failure = &PermanentError{Code: CodeResultFailed, Message: err.Error(), Step: last.name}
+	if rerr := r.restoreState(); rerr != nil {
+		return nil, rerr
+	}
+	last := r.stepName(len(r.steps) - 1)
+	r.failure = fault(CodeResultFailed, last, err.Error())
 	return r.compensate(ctx)
 }
 
@@ -655,19 +903,26 @@ func (r *run) restoreState() error {
 	return nil
 }
 
-func (r *run) hook(ctx context.Context, st *stepDef, p Point, attempt int) {
-	if r.e.cfg.Hook != nil {
-		r.e.cfg.Hook(ctx, HookEvent{
-			Operation: r.def.name, OperationID: r.id, Step: st.name, Point: p, Attempt: attempt, Resumed: r.resumed,
-		})
+// hook calls Config.Hook, whose error (a fault it injects) fails the attempt.
+func (r *run) hook(ctx context.Context, st *stepDef, p Point, attempt int) error {
+	if r.e.cfg.Hook == nil {
+		return nil
 	}
+	return r.e.cfg.Hook(ctx, HookEvent{
+		Operation: r.def.name, OperationID: r.id, Step: st.name, Point: p, Attempt: attempt, Resumed: r.resumed,
+	})
 }
 
 // keepLease renews the run's lease every third of it while the run works, and
-// stops the run when another run has taken the operation over. It arms a timer
-// rather than start a goroutine: most runs end long before the first renewal.
+// stops the run when another run has taken the operation over, or when it
+// could not renew the lease and the one it holds is about to run out (a run
+// that went on past it could meet the run that takes the operation over). It
+// arms a timer rather than start a goroutine: most runs end long before the
+// first renewal.
 func (r *run) keepLease(ctx context.Context) (stop func()) {
-	every := r.e.cfg.Lease / 3
+	lease := r.e.cfg.Lease
+	every, margin := lease/3, lease/10
+	held := r.leaseFrom.Add(lease) // the lease runs out by then at the latest
 	var (
 		mu      sync.Mutex
 		stopped bool
@@ -677,22 +932,35 @@ func (r *run) keepLease(ctx context.Context) (stop func()) {
 		if ctx.Err() != nil {
 			return
 		}
+		next := every
 		if r.isReserved() {
-			ok, err := r.e.store.OperationRenewLease(ctx, r.e.pool, r.id, r.runID, r.e.cfg.Lease)
+			sent := time.Now()
+			rctx, cancel := context.WithTimeout(ctx, min(every, time.Until(held)-margin))
+			ok, err := r.e.store.OperationRenewLease(rctx, r.e.pool, r.id, r.runID, lease)
+			cancel()
 			switch {
 			case err != nil && ctx.Err() != nil:
 				return // the run ended while renewing
 			case err != nil:
-				r.logger().WarnContext(ctx, "could not renew lease", slog.Any("error", err))
+				left := time.Until(held)
+				if left <= margin {
+					r.logger().ErrorContext(ctx, "could not renew the lease; stopping the run before it runs out", slog.Any("error", err))
+					r.cancelRun(errLeaseExpiring)
+					return
+				}
+				r.logger().WarnContext(ctx, "could not renew the lease; trying again", slog.Any("error", err), slog.Duration("left", left))
+				next = min(every/4, left-margin)
 			case !ok:
 				r.cancelRun(errLost)
 				return
+			default:
+				held = sent.Add(lease)
 			}
 		}
 		mu.Lock()
 		defer mu.Unlock()
 		if !stopped {
-			timer.Reset(every)
+			timer.Reset(next)
 		}
 	}
 	mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -14,10 +15,11 @@ import (
 
 // StartOpts are the optional parts of a Start.
 type StartOpts struct {
-	// Fingerprint is stored with the operation and handed back, in Started.Existing,
-	// to a later Start with the same key: what the caller needs to tell a retry of
-	// the same request from a different request. The engine does not read it.
-	Fingerprint json.RawMessage
+	// Fingerprint replaces the fingerprint that the engine makes of the input
+	// (see Start): for a caller that knows better what tells a retry from a new
+	// request, such as an HTTP layer that fingerprints the request body as sent
+	// and adds the method and the path as context. Nil: the engine's.
+	Fingerprint *Fingerprint
 }
 
 // Started is what Start returns.
@@ -71,47 +73,51 @@ type reservation struct {
 // Start starts an operation of type op under the client's idempotency key, within
 // scope (the client: keys of different scopes never meet). It reserves the key
 // atomically and returns once the reservation has committed, or found the key
-// taken (Created false, with the operation that holds it in Existing). The first
-// attempt runs at once in this process, and goes on after ctx ends; retries and
-// resumes are River jobs. Use Started.Wait for the result.
+// taken: by an operation started with the same input, which it returns (Created
+// false, with the operation in Existing), or with another input, which it
+// refuses with a *KeyReusedError naming the fields that differ (errors.Is
+// ErrKeyReused). The input's fingerprint is a hash of each top-level field of
+// its JSON, but those in OperationOpts.Unfingerprinted; StartOpts.Fingerprint
+// replaces it. The first attempt runs at once in this process, and goes on
+// after ctx ends; retries and resumes are River jobs. Use Started.Wait for the
+// result.
+//
+// The first attempt runs on the input as it decodes from its JSON, as a resumed
+// run does, so that both see the same values.
 func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, Out], scope, key string, in In, opts *StartOpts) (*Started, error) {
-	def, raw, err := e.prepare(op, key, in)
+	def, p, err := e.prepare(op, scope, key, in, opts)
 	if err != nil {
 		return nil, err
 	}
-	if opts == nil {
-		opts = &StartOpts{}
+	decoded, err := def.decodeInput(p.raw)
+	if err != nil {
+		return nil, fmt.Errorf("engine: input of %q does not survive encoding/json: %w", def.name, err)
 	}
 	if !e.addRun() {
 		return nil, ErrStopped
 	}
 	r := &run{
-		e:      e,
-		def:    def,
-		id:     uuid.Must(uuid.NewV7()),
-		runID:  uuid.New(),
-		scope:  scope,
-		key:    key,
-		steps:  def.steps,
-		in:     in,
-		runs:   1,
-		status: make(map[string]store.StepState, len(def.steps)),
-		tries:  make(map[string]int, len(def.steps)),
+		e:            e,
+		def:          def,
+		id:           uuid.Must(uuid.NewV7()),
+		runID:        uuid.New(),
+		scope:        scope,
+		key:          key,
+		secret:       newKeySecret(),
+		fp:           p.fp,
+		steps:        def.steps,
+		startedSteps: def.names,
+		in:           decoded,
+		runs:         1,
+		status:       make(map[string]store.StepState, len(def.steps)),
+		tries:        make(map[string]int, len(def.steps)),
 		local: &localRun{
 			reserved: make(chan reservation, 1),
 			done:     make(chan struct{}),
 		},
-		insert: &store.OperationInsertParams{
-			Name:        def.name,
-			Scope:       scope,
-			Key:         key,
-			Steps:       def.stepNames(),
-			Input:       raw,
-			Fingerprint: opts.Fingerprint,
-			Lease:       e.cfg.Lease,
-		},
+		leaseFrom: time.Now(),
 	}
-	r.insert.ID = r.id
+	r.insert = p.insert(r.id, r.secret, e.cfg.Lease)
 	r.insert.LockedBy = &r.runID
 	state, err := def.decodeState(nil)
 	if err != nil {
@@ -141,25 +147,15 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 // StartTx is Start inside the caller's transaction: the key's reservation, the
 // caller's own writes in tx and the River job that runs the operation commit
 // together or not at all. The operation runs on a River worker once tx commits.
+//
+// A key taken by a start with another input is refused as Start refuses it.
 func StartTx[In, S, Out any](ctx context.Context, tx pgx.Tx, e *Engine, op *Operation[In, S, Out], scope, key string, in In, opts *StartOpts) (*Started, error) {
-	def, raw, err := e.prepare(op, key, in)
+	def, p, err := e.prepare(op, scope, key, in, opts)
 	if err != nil {
 		return nil, err
 	}
-	if opts == nil {
-		opts = &StartOpts{}
-	}
 	id := uuid.Must(uuid.NewV7())
-	created, err := e.store.OperationInsert(ctx, tx, store.OperationInsertParams{
-		ID:          id,
-		Name:        def.name,
-		Scope:       scope,
-		Key:         key,
-		Steps:       def.stepNames(),
-		Input:       raw,
-		Fingerprint: opts.Fingerprint,
-		Lease:       e.cfg.Lease,
-	})
+	created, err := e.store.OperationInsert(ctx, tx, *p.insert(id, newKeySecret(), e.cfg.Lease))
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
@@ -167,6 +163,9 @@ func StartTx[In, S, Out any](ctx context.Context, tx pgx.Tx, e *Engine, op *Oper
 		rec, err := e.store.OperationGetByKey(ctx, tx, scope, key)
 		if err != nil {
 			return nil, mapNotFound(err)
+		}
+		if err := e.sameStart(rec, def, p.fp); err != nil {
+			return nil, err
 		}
 		return &Started{ID: rec.ID, Existing: infoFromRecord(rec), e: e}, nil
 	}
@@ -176,7 +175,30 @@ func StartTx[In, S, Out any](ctx context.Context, tx pgx.Tx, e *Engine, op *Oper
 	return &Started{ID: id, Created: true, e: e}, nil
 }
 
-func (e *Engine) prepare(op Definition, key string, in any) (*opDef, []byte, error) {
+// prepared is a start, checked and encoded.
+type prepared struct {
+	def   *opDef
+	scope string
+	key   string
+	raw   []byte
+	fp    *Fingerprint
+}
+
+func (p *prepared) insert(id uuid.UUID, secret []byte, lease time.Duration) *store.OperationInsertParams {
+	return &store.OperationInsertParams{
+		ID:          id,
+		Name:        p.def.name,
+		Scope:       p.scope,
+		Key:         p.key,
+		Steps:       p.def.names,
+		Input:       p.raw,
+		Fingerprint: p.fp.encode(),
+		KeySecret:   secret,
+		Lease:       lease,
+	}
+}
+
+func (e *Engine) prepare(op Definition, scope, key string, in any, opts *StartOpts) (*opDef, *prepared, error) {
 	def, err := e.registered(op)
 	if err != nil {
 		return nil, nil, err
@@ -188,5 +210,24 @@ func (e *Engine) prepare(op Definition, key string, in any) (*opDef, []byte, err
 	if err != nil {
 		return nil, nil, fmt.Errorf("engine: encode input of %q: %w", def.name, err)
 	}
-	return def, raw, nil
+	p := &prepared{def: def, scope: scope, key: key, raw: raw}
+	if opts != nil && opts.Fingerprint != nil {
+		p.fp = opts.Fingerprint
+	} else if p.fp, err = fingerprintOf(raw, def.ignore); err != nil {
+		return nil, nil, fmt.Errorf("engine: fingerprint input of %q: %w", def.name, err)
+	}
+	return def, p, nil
+}
+
+// sameStart returns a *KeyReusedError when the operation rec, which holds a
+// key, was started with another input than the start fingerprinted fp.
+func (e *Engine) sameStart(rec *store.Operation, def *opDef, fp *Fingerprint) error {
+	diff := fp.mismatches(decodeFingerprint(rec.Fingerprint), def.ignore)
+	if len(diff) == 0 && rec.Name != def.name {
+		diff = []string{"operation"}
+	}
+	if len(diff) > 0 {
+		return &KeyReusedError{ID: rec.ID, Fields: diff}
+	}
+	return nil
 }

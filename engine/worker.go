@@ -95,18 +95,24 @@ func (e *Engine) Sweep(ctx context.Context) error {
 func (e *Engine) resume(ctx context.Context, id uuid.UUID, name string) error {
 	_, err := e.claimAndRun(ctx, id, name, nil)
 	switch {
-	case err == nil, errors.Is(err, errHandedOff), errors.Is(err, errLost), errors.Is(err, errNotClaimed):
+	case err == nil, errors.Is(err, errHandedOff), errors.Is(err, errLost), errors.Is(err, errNotClaimed),
+		errors.Is(err, errParked), errors.Is(err, errWaiting):
 		return nil
 	default:
 		return err
 	}
 }
 
-// errNotClaimed: the operation is finished, or a live run holds it.
+// errNotClaimed: the operation is finished, parked, or a live run holds it.
 var errNotClaimed = errors.New("operation not claimed")
 
+// errCannotCancel: Cancel would need the input or state of an operation whose
+// input or state does not decode.
+var errCannotCancel = errors.New("operation cannot be cancelled")
+
 // claimAndRun claims an operation and runs what is left of it; with cancel, it
-// ends the operation failed with that error instead, after compensating.
+// ends the operation failed with that error instead, after compensating, unless
+// it is past its point of no return (ErrPastPivot).
 func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, cancelWith *PermanentError) (*Info, error) {
 	def := e.defs[name]
 	if def == nil {
@@ -118,7 +124,8 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 	}
 	defer e.runs.Done()
 	runID := uuid.New()
-	rec, err := e.store.OperationClaim(ctx, e.pool, id, runID, e.cfg.Lease)
+	leaseFrom := time.Now()
+	rec, err := e.store.OperationClaim(ctx, e.pool, id, runID, e.cfg.Lease, cancelWith != nil)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, errNotClaimed
 	}
@@ -130,46 +137,127 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	r := &run{
-		e:        e,
-		def:      def,
-		id:       id,
-		runID:    runID,
-		scope:    rec.Scope,
-		key:      rec.Key,
-		status:   make(map[string]store.StepState, len(rec.Steps)),
-		tries:    make(map[string]int, len(rec.Steps)),
-		resumed:  true,
-		reserved: true,
-		runs:     rec.Runs,
+		e:            e,
+		def:          def,
+		id:           id,
+		runID:        runID,
+		scope:        rec.Scope,
+		key:          rec.Key,
+		secret:       rec.KeySecret,
+		startedSteps: rec.Steps,
+		status:       make(map[string]store.StepState, len(rec.Steps)),
+		tries:        make(map[string]int, len(rec.Steps)),
+		resumed:      true,
+		reserved:     true,
+		runs:         rec.Runs,
+		leaseFrom:    leaseFrom,
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	r.cancelRun = cancel
 	stopLease := r.keepLease(ctx)
 	defer stopLease()
+	ctx = context.WithValue(ctx, operationIDKey{}, id)
 
-	info, err := r.load(ctx, rec, recorded)
+	info, err := r.load(ctx, rec, recorded, cancelWith != nil)
 	if err == nil && info == nil {
-		if cancelWith != nil && r.failure == nil {
+		switch {
+		case cancelWith != nil && r.failure == nil:
 			r.logger().InfoContext(ctx, "cancelling operation", slog.Int("run", rec.Runs))
-			r.failure = cancelWith
-		} else {
+			if err = r.mayCancel(ctx); err != nil {
+				r.giveBack(ctx, rec)
+			} else {
+				r.failure = cancelWith
+			}
+		default:
 			r.logger().InfoContext(ctx, "resuming operation", slog.Int("run", rec.Runs))
 		}
-		info, err = r.runSteps(context.WithValue(ctx, operationIDKey{}, id))
+		if err == nil {
+			info, err = r.safeRunSteps(ctx)
+		}
 	}
 	r.end(ctx, info, err)
 	return info, err
 }
 
-// load restores a run from the operation's records. It ends the operation failed
-// at once when this process's definition lacks a step the operation still needs.
-func (r *run) load(ctx context.Context, rec *store.Operation, recorded []store.Step) (*Info, error) {
-	in, err := r.def.decodeInput(rec.Input)
-	if err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
+// mayCancel returns ErrPastPivot when the operation may not be compensated: a
+// pivot has succeeded, or the first unfinished step calls out and its call may
+// have gone through (its checkpoint rides with the next transaction, so after a
+// crash the rows say "not called"): its lookup, by derived key, is asked, and
+// found means past the pivot, or, for a step with a compensation, one more step
+// to compensate.
+func (r *run) mayCancel(ctx context.Context) error {
+	if r.pastPivot() {
+		return fmt.Errorf("engine: cancel %s: %w: a step that cannot be undone has succeeded", r.id, ErrPastPivot)
 	}
-	r.in = in
+	if r.undecodable != nil {
+		// Nothing that needs the input or the state may run: no lookup, no
+		// compensation.
+		for i, st := range r.steps {
+			name := r.stepName(i)
+			switch {
+			case r.status[name] == store.StepSucceeded && st != nil && st.compensate != nil:
+				return fmt.Errorf("engine: cancel %s: %w: step %s has a compensation to run, and the operation's input or state does not decode: %w", r.id, errCannotCancel, name, r.undecodable)
+			case r.status[name] != store.StepSucceeded && st != nil && st.kind == KindExternal && r.status[name] != store.StepFailed:
+				return fmt.Errorf("engine: cancel %s: %w: step %s may have called out, and its lookup needs the operation's input, which does not decode: %w", r.id, errCannotCancel, name, r.undecodable)
+			}
+			if r.status[name] != store.StepSucceeded {
+				break
+			}
+		}
+		return nil
+	}
+	for i, st := range r.steps {
+		name := r.stepName(i)
+		if r.status[name] == store.StepSucceeded {
+			continue
+		}
+		if st == nil || st.kind != KindExternal || r.status[name] == store.StepFailed {
+			return nil // a transactional step, or an answer that said "not done"
+		}
+		if st.lookup == nil {
+			if st.pivot() {
+				return fmt.Errorf("engine: cancel %s: %w: step %s may have called out, and has no lookup to tell", r.id, ErrPastPivot, name)
+			}
+			return nil
+		}
+		attempt := r.tries[name] + 1
+		found, err := r.lookup(ctx, st, r.call(st, attempt))
+		if err != nil {
+			return fmt.Errorf("engine: cancel %s: step %s: %w", r.id, name, err)
+		}
+		if !found {
+			return nil
+		}
+		if st.pivot() {
+			return fmt.Errorf("engine: cancel %s: %w: step %s went through (found by its derived key)", r.id, ErrPastPivot, name)
+		}
+		// The call went through: it is compensated with the others.
+		return r.succeeded(i, st, attempt, time.Now(), "lookup")
+	}
+	return nil
+}
+
+// giveBack hands an operation that Cancel claimed but may not cancel back as
+// it was: parked again, or released for the sweeper.
+func (r *run) giveBack(ctx context.Context, rec *store.Operation) {
+	ctx = context.WithoutCancel(ctx)
+	var err error
+	if rec.Parked {
+		_, err = r.e.store.OperationPark(ctx, r.e.pool, r.id, r.runID, rec.AttentionCode, rec.Attention)
+	} else {
+		_, _, err = r.e.store.OperationRelease(ctx, r.e.pool, r.id, r.runID, 0, 0)
+	}
+	if err != nil {
+		r.logger().WarnContext(ctx, "could not hand the operation back; it resumes once its lease expires", slog.Any("error", err))
+	}
+}
+
+// load restores a run from the operation's records. An input or a state that
+// does not decode parks the operation at once (a retry would not decode it
+// either); a definition that lacks a step the operation still needs leaves it,
+// needing attention, for a process that has the step.
+func (r *run) load(ctx context.Context, rec *store.Operation, recorded []store.Step, cancelling bool) (*Info, error) {
 	lastPos := -1
 	for _, s := range recorded {
 		r.status[s.Name] = s.State
@@ -179,17 +267,15 @@ func (r *run) load(ctx context.Context, rec *store.Operation, recorded []store.S
 			r.stateRaw = s.Output
 		}
 		if s.State == store.StepFailed {
-			r.failure = &PermanentError{Code: "step_failed", Message: s.LastError, Step: s.Name}
+			r.failure = fault("step_failed", s.Name, s.LastCause)
 		}
 	}
-	if r.failure != nil && len(rec.Error) > 0 {
+	if len(rec.Error) > 0 {
 		pe := &PermanentError{}
 		if json.Unmarshal(rec.Error, pe) == nil {
 			r.failure = pe
 		}
-	}
-	if err := r.restoreState(); err != nil {
-		return nil, err
+		r.failureStored = true
 	}
 
 	var missing []string
@@ -205,13 +291,46 @@ func (r *run) load(ctx context.Context, rec *store.Operation, recorded []store.S
 		}
 		r.steps = append(r.steps, r.def.steps[i])
 	}
-	if len(missing) == 0 {
+	if len(missing) > 0 {
+		return nil, r.waitForDefinition(ctx, rec, missing)
+	}
+
+	in, err := r.def.decodeInput(rec.Input)
+	if err == nil {
+		r.in = in
+		err = r.restoreState()
+	}
+	if err != nil && cancelling {
+		// A cancel may end it without decoding, when nothing needs to run.
+		r.undecodable = err
 		return nil, nil
 	}
-	verr := &VersionError{Operation: r.def.name, Started: rec.Steps, Registered: r.def.stepNames(), Missing: missing}
-	r.logger().ErrorContext(ctx, "cannot resume operation", slog.Any("error", verr))
-	r.failure = &PermanentError{Code: CodeDefinitionChanged, Message: verr.Error()}
+	if err != nil {
+		r.logger().ErrorContext(ctx, "the operation's stored input or state does not decode; parking it", slog.Any("error", err))
+		return r.park(ctx, nil, CodeUndecodableState, err.Error())
+	}
+	return nil, nil
+}
+
+// waitForDefinition hands back an operation that this process cannot run, as
+// needing attention, to be tried again a while later (by this process or one
+// that has the steps). It never fails or compensates it.
+func (r *run) waitForDefinition(ctx context.Context, rec *store.Operation, missing []string) error {
+	verr := &VersionError{Operation: r.def.name, Started: rec.Steps, Registered: r.def.names, Missing: missing}
+	if _, logged := r.e.waitLogged.LoadOrStore(r.id, true); !logged {
+		r.logger().ErrorContext(ctx, "cannot run operation here; leaving it for a process that can", slog.Any("error", verr))
+	}
 	tx := r.begin(ctx)
 	defer tx.end(ctx)
-	return r.commitFailure(ctx, tx)
+	ok, err := r.e.store.OperationSetAttention(ctx, tx, r.id, r.runID, CodeDefinitionChanged, verr.Error())
+	if err != nil {
+		return runError(err)
+	}
+	if !ok {
+		return errLost
+	}
+	if err := r.handOff(ctx, tx, max(r.e.cfg.Lease, time.Minute)); !errors.Is(err, errHandedOff) {
+		return err
+	}
+	return errWaiting
 }

@@ -19,6 +19,9 @@ const (
 	CodeRequestInProgress  = "request_in_progress"
 	CodeInternalError      = "internal_error"
 	CodeServiceUnavailable = "service_unavailable"
+	// CodeOperationFailed answers an operation that ended with a server fault
+	// (engine.PermanentError.ServerFault), with a fixed message: 500.
+	CodeOperationFailed = "operation_failed"
 )
 
 // FieldError is a problem with one field of a request body. A DecodeFunc returns

@@ -107,15 +107,18 @@ type EndpointOpts[In any] struct {
 	DecodeFunc func(r *http.Request, fields Fields) (In, error)
 	// Unfingerprinted are top-level fields that are stored with the input but do
 	// not take part in the fingerprint: a retry that changes, adds or removes only
-	// these fields is the same request (the demo's "metadata").
+	// these fields is the same request (the demo's "metadata"). Name them in the
+	// operation's OperationOpts.Unfingerprinted too, so that the engine leaves
+	// them out of fingerprints stored before they were listed.
 	Unfingerprinted []string
 	// SuccessStatus is the status of a succeeded operation's answer. Defaults to
 	// 201.
 	SuccessStatus int
 	// ErrorStatusFunc returns the status of the answer of an operation that failed
-	// with the business error code (see engine.Fail), or 0 for the default: 500
-	// for the engine's own failures (a step out of attempts, a failed
-	// compensation, a failed result function), 422 for any other code.
+	// with the business error code (see engine.Fail), or 0 for the default, 422.
+	// It is not asked about server faults (engine.PermanentError.ServerFault: a
+	// step out of attempts, a failed compensation or result function), which
+	// answer 500 operation_failed with a fixed message.
 	ErrorStatusFunc func(code string) int
 }
 
@@ -177,21 +180,19 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 	}
 	log := ep.cfg.Logger.With(slog.String("operation", ep.op.Name()), slog.String("scope", scope), slog.String("key", key))
 
-	// A retry costs this one read.
-	existing, err := ep.cfg.Engine.Lookup(ctx, scope, key)
-	switch {
-	case err == nil:
-		ep.answerExisting(w, fp, existing)
-		return
-	case !errors.Is(err, engine.ErrNotFound):
-		ep.internalError(ctx, w, log, "look the key up", err)
-		return
-	}
-
-	started, err := engine.Start(ctx, ep.cfg.Engine, ep.op, scope, key, in, &engine.StartOpts{Fingerprint: fp.encode()})
+	// No read first: the reservation finds a taken key, and only then does the
+	// engine read the operation that holds it.
+	started, err := engine.Start(ctx, ep.cfg.Engine, ep.op, scope, key, in, &engine.StartOpts{Fingerprint: fp})
+	var reused *engine.KeyReusedError
 	switch {
 	case ctx.Err() != nil:
 		return // the client has gone
+	case errors.As(err, &reused):
+		w.Header().Set(HeaderOperationID, reused.ID.String())
+		WriteError(w, http.StatusUnprocessableEntity, CodeKeyReused,
+			"this idempotency key was used for a different request; use a new key for a new request",
+			map[string]any{"mismatchedFields": reused.Fields})
+		return
 	case errors.Is(err, engine.ErrStopped):
 		WriteError(w, http.StatusServiceUnavailable, CodeServiceUnavailable, "the server is shutting down; retry with the same key", nil)
 		return
@@ -199,8 +200,7 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 		ep.internalError(ctx, w, log, "start the operation", err)
 		return
 	case !started.Created:
-		// Another request reserved the key since the lookup.
-		ep.answerExisting(w, fp, started.Existing)
+		ep.answerExisting(w, started.Existing)
 		return
 	}
 
@@ -231,7 +231,7 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 
 // readRequest reads and decodes the body and fingerprints the request. When the
 // request is not valid it answers it and returns false.
-func (ep *endpoint[In, S, Out]) readRequest(w http.ResponseWriter, r *http.Request) (In, *fingerprint, bool) {
+func (ep *endpoint[In, S, Out]) readRequest(w http.ResponseWriter, r *http.Request) (In, *engine.Fingerprint, bool) {
 	var in In
 	data, err := readBody(r, ep.cfg.MaxBodyBytes)
 	if errors.Is(err, errTooLarge) {
@@ -256,7 +256,7 @@ func (ep *endpoint[In, S, Out]) readRequest(w http.ResponseWriter, r *http.Reque
 		}
 		return in, nil, false
 	}
-	return in, newFingerprint(r.Method, r.URL.Path, body.hashes, ep.opts.Unfingerprinted), true
+	return in, fingerprint(r.Method, r.URL.Path, body.hashes, ep.opts.Unfingerprinted), true
 }
 
 var errTooLarge = errors.New("request body too large")
@@ -275,17 +275,11 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	return data, nil
 }
 
-// answerExisting answers a request whose key an operation already holds: 422
-// when the request differs from the one that reserved the key, 409 while the
+// answerExisting answers a request whose key an operation started by the same
+// request already holds (the engine refused a different one): 409 while the
 // operation runs, its stored answer once it finished.
-func (ep *endpoint[In, S, Out]) answerExisting(w http.ResponseWriter, fp *fingerprint, info *engine.Info) {
+func (ep *endpoint[In, S, Out]) answerExisting(w http.ResponseWriter, info *engine.Info) {
 	w.Header().Set(HeaderOperationID, info.ID.String())
-	if diff := fp.mismatches(decodeFingerprint(info.Fingerprint), ep.opts.Unfingerprinted); len(diff) > 0 {
-		WriteError(w, http.StatusUnprocessableEntity, CodeKeyReused,
-			"this idempotency key was used for a different request; use a new key for a new request",
-			map[string]any{"mismatchedFields": diff})
-		return
-	}
 	if info.Status == engine.StatusInProgress {
 		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(ep.cfg.RetryAfter), 10))
 		WriteError(w, http.StatusConflict, CodeRequestInProgress,
@@ -309,34 +303,21 @@ func (ep *endpoint[In, S, Out]) answerFinished(w http.ResponseWriter, info *engi
 		return
 	}
 	pe := info.Error
-	if pe == nil { // a failed operation always has one; be safe
-		pe = &engine.PermanentError{Code: "unknown_error"}
+	if pe == nil || pe.ServerFault() {
+		// What broke is for operators (engine.Info.Error.Cause), not clients;
+		// the answer is the same on every replay.
+		writeJSON(w, http.StatusInternalServerError, errorBody(CodeOperationFailed,
+			"the operation failed because of a server fault; it was not completed", nil))
+		return
 	}
-	status, message := 0, pe.Message
+	status := 0
 	if ep.opts.ErrorStatusFunc != nil {
 		status = ep.opts.ErrorStatusFunc(pe.Code)
-	}
-	if engineFault(pe.Code) {
-		// The stored message tells an operator what broke; it is not for clients.
-		message = "the operation failed because of a server fault"
-		if status == 0 {
-			status = http.StatusInternalServerError
-		}
 	}
 	if status == 0 {
 		status = DefaultErrorStatus
 	}
-	writeJSON(w, status, errorBody(pe.Code, message, detailMembers(pe.Details)))
-}
-
-// engineFault reports whether code is one the engine gives a failure of its own
-// rather than a step's business outcome.
-func engineFault(code string) bool {
-	switch code {
-	case "attempts_exhausted", "compensation_failed", "result_failed", "unreadable_error", "unknown_error":
-		return true
-	}
-	return false
+	writeJSON(w, status, errorBody(pe.Code, pe.Message, detailMembers(pe.Details)))
 }
 
 // detailMembers returns the members that a business error's details add to the

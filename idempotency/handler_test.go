@@ -228,8 +228,8 @@ func TestHandler(t *testing.T) {
 			name: "AttemptsExhaustedStoredAsServerFault",
 			opts: harnessOpts{maxAttempts: 1},
 			exchanges: []exchange{
-				{req: request{body: `{"account":"broken","amount":100}`}, status: http.StatusInternalServerError, code: "attempts_exhausted"},
-				{req: request{body: `{"account":"broken","amount":100}`}, status: http.StatusInternalServerError, code: "attempts_exhausted", replayed: true, sameBodyAs: 1, sameOperationAs: 1},
+				{req: request{body: `{"account":"broken","amount":100}`}, status: http.StatusInternalServerError, code: "operation_failed"},
+				{req: request{body: `{"account":"broken","amount":100}`}, status: http.StatusInternalServerError, code: "operation_failed", replayed: true, sameBodyAs: 1, sameOperationAs: 1},
 			},
 			charges: 1, operations: 1,
 		},
@@ -343,10 +343,12 @@ func TestAnswers(t *testing.T) {
 		h := setup(t, harnessOpts{maxAttempts: 1})
 		res := h.do(t, request{body: `{"account":"broken","amount":100}`})
 		require.Equal(t, http.StatusInternalServerError, res.status)
-		require.Equal(t, `{"error":{"code":"attempts_exhausted","message":"the operation failed because of a server fault"}}`, string(res.body))
+		require.Equal(t, `{"error":{"code":"operation_failed","message":"the operation failed because of a server fault; it was not completed"}}`, string(res.body))
 	})
 
-	t.Run("KeyOfOperationStartedWithoutFingerprint", func(t *testing.T) {
+	// An operation started without HTTP has the engine's fingerprint of its
+	// input: the same fields, and no method or path.
+	t.Run("KeyOfOperationStartedWithoutHTTP", func(t *testing.T) {
 		t.Parallel()
 		h := setup(t, harnessOpts{})
 		started, err := engine.Start(context.Background(), h.e, h.op, "client-a", "key-1", chargeIn{Account: "acct-1", Amount: 100}, nil)
@@ -355,7 +357,7 @@ func TestAnswers(t *testing.T) {
 		res := h.do(t, request{body: okBody})
 		require.Equal(t, http.StatusUnprocessableEntity, res.status)
 		require.Equal(t, started.ID.String(), res.header.Get(idempotency.HeaderOperationID))
-		require.Equal(t, []string{"account", "amount", "method", "path"}, decodeError(t, res.body).Error.MismatchedFields)
+		require.Equal(t, []string{"method", "path"}, decodeError(t, res.body).Error.MismatchedFields)
 	})
 
 	t.Run("InvalidRequest", func(t *testing.T) {

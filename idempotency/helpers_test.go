@@ -113,7 +113,10 @@ func setup(t *testing.T, opts harnessOpts) *harness {
 
 	h.op, err = engine.NewOperation("charge", []engine.Step[chargeIn, chargeState]{
 		engine.TxStep("record", h.record, nil),
-		engine.ExternalStep("settle", h.settle, nil),
+		// The lookup finds nothing: no settle call ever goes through when it fails.
+		engine.ExternalStep("settle", h.settle, &engine.StepOpts[chargeIn, chargeState]{
+			Lookup: func(context.Context, engine.Call, chargeIn, *chargeState) (bool, error) { return false, nil },
+		}),
 	}, func(in chargeIn, s *chargeState) (chargeOut, error) {
 		return chargeOut{ChargeID: s.ChargeID, Account: in.Account, Amount: in.Amount}, nil
 	}, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: 10 * time.Millisecond, MaxAttempts: cmp.Or(opts.maxAttempts, 3)}})

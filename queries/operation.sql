@@ -1,6 +1,8 @@
 -- name: OperationInsert :one
-INSERT INTO idemflow_operation (id, name, scope, key, steps, input, fingerprint, locked_by, locked_until, created_at)
-VALUES (@id, @name, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), sqlc.narg('locked_by'), coalesce(sqlc.narg('now')::timestamptz, now()) + @lease::interval, coalesce(sqlc.narg('now')::timestamptz, now()))
+-- The lease counts from the statement, not from the start of the caller's
+-- transaction, which may have begun long before.
+INSERT INTO idemflow_operation (id, name, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at)
+VALUES (@id, @name, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @key_secret, sqlc.narg('locked_by'), coalesce(sqlc.narg('now')::timestamptz, clock_timestamp()) + @lease::interval, coalesce(sqlc.narg('now')::timestamptz, now()))
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING created_at;
 
@@ -9,8 +11,10 @@ RETURNING created_at;
 -- key is an error (unique_violation on idemflow_operation_scope_key) rather than
 -- no row, so that what the engine sends in the same round trip after it does not
 -- run. OperationInsert is the variant for a caller's own transaction.
-INSERT INTO idemflow_operation (id, name, scope, key, steps, input, fingerprint, locked_by, locked_until)
-VALUES (@id, @name, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @locked_by, now() + @lease::interval);
+-- The lease counts from the statement (clock_timestamp), not from the start of
+-- its transaction.
+INSERT INTO idemflow_operation (id, name, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until)
+VALUES (@id, @name, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @key_secret, @locked_by, clock_timestamp() + @lease::interval);
 
 -- name: OperationGetByKey :one
 SELECT * FROM idemflow_operation WHERE scope = @scope AND key = @key;
@@ -20,7 +24,8 @@ SELECT * FROM idemflow_operation WHERE id = @id;
 
 -- name: OperationClaim :one
 -- Takes the operation for a run when nobody holds it: it waits for a job
--- (locked_by is null) or its holder's lease has expired.
+-- (locked_by is null) or its holder's lease has expired. A parked operation is
+-- taken only with parked: an operator's cancel.
 UPDATE idemflow_operation
 SET locked_by = @run_id,
     locked_until = coalesce(sqlc.narg('now')::timestamptz, now()) + @lease::interval,
@@ -28,6 +33,7 @@ SET locked_by = @run_id,
 WHERE id = @id
   AND state = 'in_progress'
   AND (locked_by IS NULL OR locked_until < coalesce(sqlc.narg('now')::timestamptz, now()))
+  AND (NOT parked OR sqlc.arg(parked)::boolean)
 RETURNING *;
 
 -- name: OperationRenewLease :execrows
@@ -35,18 +41,53 @@ UPDATE idemflow_operation
 SET locked_until = coalesce(sqlc.narg('now')::timestamptz, now()) + @lease::interval
 WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
 
--- name: OperationRelease :execrows
--- Hands the operation to a River job scheduled at run_at; the sweeper looks again
--- only if nothing has claimed it a lease after that.
+-- name: OperationRelease :one
+-- Hands the operation to a River job scheduled delay from now, by the
+-- database's clock, and returns that time; the sweeper looks again only if
+-- nothing has claimed it a lease after that. No row: run_id no longer holds it.
+-- A parked operation that an operator cancels is unparked, so that the job
+-- goes on with its compensations.
 UPDATE idemflow_operation
 SET locked_by = NULL,
-    locked_until = sqlc.arg(run_at)::timestamptz + @lease::interval
+    parked = false,
+    locked_until = now() + sqlc.arg(delay)::interval + sqlc.arg(lease)::interval
+WHERE id = @id AND locked_by = @run_id AND state = 'in_progress'
+RETURNING (now() + sqlc.arg(delay)::interval)::timestamptz AS run_at;
+
+-- name: OperationFence :exec
+-- Raises SQLSTATE IF001, aborting the transaction, unless run_id holds the
+-- operation in progress, and keeps it so until the transaction ends: the row
+-- lock (FOR SHARE) makes a claim by another run wait for this commit, after
+-- which that run reads what this one recorded.
+SELECT idemflow_fence(EXISTS (
+    SELECT 1 FROM idemflow_operation
+    WHERE id = @id AND locked_by = @run_id AND state = 'in_progress'
+    FOR SHARE
+));
+
+-- name: OperationPark :execrows
+-- Parks the operation that run_id holds: no run takes it up again (the sweeper
+-- skips it, a resume job does not claim it) until an operator reopens or
+-- cancels it. attention says why.
+UPDATE idemflow_operation
+SET locked_by = NULL,
+    parked = true,
+    attention_code = @attention_code,
+    attention = @attention
+WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
+
+-- name: OperationSetAttention :execrows
+-- Marks the operation that run_id holds as needing an operator, for a reason
+-- (code and text), while its runs go on.
+UPDATE idemflow_operation
+SET attention_code = @attention_code,
+    attention = @attention
 WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
 
 -- name: OperationListExpired :many
 -- Operations in progress whose holder stopped renewing its lease, oldest first.
 SELECT id, name FROM idemflow_operation
-WHERE state = 'in_progress'
+WHERE state = 'in_progress' AND NOT parked
   AND locked_until < coalesce(sqlc.narg('now')::timestamptz, now())
 ORDER BY locked_until
 LIMIT @max;
@@ -58,7 +99,7 @@ UPDATE idemflow_operation
 SET locked_by = NULL,
     locked_until = coalesce(sqlc.narg('now')::timestamptz, now()) + @lease::interval
 WHERE id = @id
-  AND state = 'in_progress'
+  AND state = 'in_progress' AND NOT parked
   AND locked_until < coalesce(sqlc.narg('now')::timestamptz, now());
 
 -- name: OperationSetError :execrows
@@ -70,13 +111,13 @@ WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
 
 -- name: OperationDeleteFinished :execrows
 -- Deletes up to max finished operations (their steps go with them) that finished
--- before the horizon: of one type when name is given, else of every type but
+-- longer than retention ago, by the database's clock: of one type when name is given, else of every type but
 -- those excluded. Rows that another sweep holds are skipped, not waited for.
 DELETE FROM idemflow_operation
 WHERE id IN (
     SELECT o.id FROM idemflow_operation o
     WHERE o.state <> 'in_progress'
-      AND o.finished_at < sqlc.arg(horizon)::timestamptz
+      AND o.finished_at < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg(retention)::interval
       AND (sqlc.narg(name)::text IS NULL OR o.name = sqlc.narg(name)::text)
       AND NOT (o.name = ANY (sqlc.arg(exclude)::text[]))
     ORDER BY o.finished_at
@@ -85,11 +126,13 @@ WHERE id IN (
 );
 
 -- name: OperationReopen :execrows
--- Gives a failed operation back to the runs, for an operator's retry.
+-- Gives a failed or parked operation back to the runs, for an operator's retry.
 UPDATE idemflow_operation
 SET state = 'in_progress', result = NULL, error = NULL, finished_at = NULL,
+    attention_code = NULL, attention = NULL, parked = false,
     locked_by = NULL, locked_until = now() + sqlc.arg(lease)::interval
-WHERE id = sqlc.arg(id) AND state = 'failed';
+WHERE id = sqlc.arg(id)
+  AND (state = 'failed' OR state = 'in_progress' AND parked);
 
 -- name: OperationList :many
 -- Operations in one state, newest first, for operators.
@@ -110,6 +153,9 @@ WITH fin AS (
     SET state = sqlc.arg(state)::text,
         result = sqlc.narg(result)::json,
         error = sqlc.narg(error)::jsonb,
+        attention_code = NULL,
+        attention = NULL,
+        parked = false,
         locked_by = NULL,
         finished_at = coalesce(sqlc.narg(now)::timestamptz, now())
     WHERE id = sqlc.arg(operation_id)::uuid
@@ -117,13 +163,14 @@ WITH fin AS (
       AND state = 'in_progress'
     RETURNING id, finished_at
 ), ins AS (
-    INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
+    INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, resolved_by, started_at, finished_at)
     SELECT fin.id,
            unnest(sqlc.arg(names)::text[]),
            unnest(sqlc.arg(positions)::integer[]),
            'succeeded',
            unnest(sqlc.arg(attempts)::integer[]),
            unnest(sqlc.arg(outputs)::text[])::json,
+           nullif(unnest(sqlc.arg(resolved_bys)::text[]), ''),
            unnest(sqlc.arg(started_ats)::timestamptz[]),
            fin.finished_at
     FROM fin

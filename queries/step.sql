@@ -3,16 +3,20 @@ SELECT * FROM idemflow_step WHERE operation_id = @operation_id ORDER BY position
 
 -- name: StepRecordFailure :exec
 -- Records a failed attempt: 'retrying' when another attempt will follow, 'failed'
--- when the step failed for good.
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, last_error, started_at, finished_at)
-VALUES (@operation_id, @name, @position, @state, @attempts, @last_error, @started_at,
+-- when the step failed for good. 'retrying' never overwrites 'failed', and
+-- nothing overwrites a succeeded or compensated step. The run that writes it is
+-- fenced by OperationFence in the same transaction.
+INSERT INTO idemflow_step (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at)
+VALUES (@operation_id, @name, @position, @state, @attempts, @last_error, @last_cause, @started_at,
         CASE WHEN @state::text = 'failed' THEN coalesce(sqlc.narg('now')::timestamptz, now()) END)
 ON CONFLICT (operation_id, name) DO UPDATE
 SET state = excluded.state,
     attempts = excluded.attempts,
     last_error = excluded.last_error,
+    last_cause = excluded.last_cause,
     finished_at = excluded.finished_at
-WHERE idemflow_step.state IN ('retrying', 'failed');
+WHERE idemflow_step.state = 'retrying'
+   OR idemflow_step.state = 'failed' AND excluded.state = 'failed';
 
 -- name: StepCompensated :execrows
 UPDATE idemflow_step
@@ -30,13 +34,14 @@ DELETE FROM idemflow_step WHERE operation_id = @operation_id AND state <> 'succe
 -- plain INSERT, cheaper than ON CONFLICT: a row that another run recorded first
 -- is a unique_violation on idemflow_step_pkey, which aborts the transaction
 -- (the engine sends COMMIT right behind it).
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
+INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, resolved_by, started_at, finished_at)
 SELECT sqlc.arg(operation_id)::uuid,
        unnest(sqlc.arg(names)::text[]),
        unnest(sqlc.arg(positions)::integer[]),
        'succeeded',
        unnest(sqlc.arg(attempts)::integer[]),
        unnest(sqlc.arg(outputs)::text[])::json,
+       nullif(unnest(sqlc.arg(resolved_bys)::text[]), ''),
        unnest(sqlc.arg(started_ats)::timestamptz[]),
        coalesce(sqlc.narg(now)::timestamptz, now());
 
@@ -48,13 +53,16 @@ SELECT sqlc.arg(operation_id)::uuid,
 WITH u AS (
     SELECT unnest(sqlc.arg(names)::text[]) AS name,
            unnest(sqlc.arg(attempts)::integer[]) AS attempts,
-           unnest(sqlc.arg(outputs)::text[])::json AS output
+           unnest(sqlc.arg(outputs)::text[])::json AS output,
+           nullif(unnest(sqlc.arg(resolved_bys)::text[]), '') AS resolved_by
 ), upd AS (
     UPDATE idemflow_step AS s
     SET state = 'succeeded',
         attempts = u.attempts,
         output = u.output,
+        resolved_by = u.resolved_by,
         last_error = NULL,
+        last_cause = NULL,
         finished_at = coalesce(sqlc.narg(now)::timestamptz, now())
     FROM u
     WHERE s.operation_id = sqlc.arg(operation_id)::uuid

@@ -140,6 +140,17 @@ type Operation struct {
 	LockedUntil time.Time
 	CreatedAt   time.Time
 	FinishedAt  *time.Time
+	// KeySecret, chosen at random at reservation, is what the derived keys of the
+	// operation's external steps come from; nil for operations reserved before
+	// it existed.
+	KeySecret []byte
+	// AttentionCode and Attention say why the operation waits for an operator;
+	// empty when it does not.
+	AttentionCode string
+	Attention     string
+	// Parked is true while no run may take the operation up again but an
+	// operator's retry or cancel.
+	Parked bool
 }
 
 // Step is a row of idemflow_step.
@@ -150,8 +161,13 @@ type Step struct {
 	State       StepState
 	Attempts    int
 	// Output is the operation's state after the step succeeded.
-	Output     json.RawMessage
-	LastError  string
+	Output json.RawMessage
+	// LastError is the last failure's message for clients, LastCause the same
+	// failure for operators.
+	LastError string
+	LastCause string
+	// ResolvedBy is "call" or "lookup" for an external step that succeeded.
+	ResolvedBy string
 	StartedAt  time.Time
 	FinishedAt *time.Time
 }
@@ -175,6 +191,8 @@ type OperationInsertParams struct {
 	Steps       []string
 	Input       json.RawMessage
 	Fingerprint json.RawMessage
+	// KeySecret is the operation's secret for its derived keys.
+	KeySecret []byte
 	// LockedBy is the run that will execute the operation at once, or nil when a
 	// job will.
 	LockedBy *uuid.UUID
@@ -196,6 +214,7 @@ func (s *Store) OperationInsert(ctx context.Context, db DBTX, p OperationInsertP
 		Steps:       p.Steps,
 		Input:       p.Input,
 		Fingerprint: nullJSON(p.Fingerprint),
+		KeySecret:   p.KeySecret,
 		LockedBy:    pguuid.Ptr(p.LockedBy),
 		Lease:       p.Lease,
 		Now:         p.Now,
@@ -222,6 +241,7 @@ func (s *Store) OperationReserve(ctx context.Context, db DBTX, p OperationInsert
 		Steps:       p.Steps,
 		Input:       p.Input,
 		Fingerprint: nullJSON(p.Fingerprint),
+		KeySecret:   p.KeySecret,
 		LockedBy:    pguuid.Ptr(p.LockedBy),
 		Lease:       p.Lease,
 	})
@@ -250,10 +270,11 @@ func (s *Store) OperationGet(ctx context.Context, db DBTX, id uuid.UUID) (*Opera
 }
 
 // OperationClaim takes an operation in progress for run when nobody holds it (it
-// waits for a job, or its holder's lease expired), and counts the run. It returns
-// ErrNotFound when the operation is finished or held by a live run.
-func (s *Store) OperationClaim(ctx context.Context, db DBTX, id, run uuid.UUID, lease time.Duration) (*Operation, error) {
-	row, err := s.q.OperationClaim(ctx, db, dbsqlc.OperationClaimParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Lease: lease})
+// waits for a job, or its holder's lease expired), and counts the run. A parked
+// operation is taken only when parked is true. It returns ErrNotFound when the
+// operation is finished, held by a live run, or parked (and parked is false).
+func (s *Store) OperationClaim(ctx context.Context, db DBTX, id, run uuid.UUID, lease time.Duration, parked bool) (*Operation, error) {
+	row, err := s.q.OperationClaim(ctx, db, dbsqlc.OperationClaimParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Lease: lease, Parked: parked})
 	if err != nil {
 		return nil, mapErr("claim operation", err)
 	}
@@ -270,13 +291,49 @@ func (s *Store) OperationRenewLease(ctx context.Context, db DBTX, id, run uuid.U
 	return n == 1, nil
 }
 
-// OperationRelease hands an operation from run to a job scheduled at runAt. The
-// sweeper considers the operation again only a lease after runAt. It returns false
-// when run no longer held the operation.
-func (s *Store) OperationRelease(ctx context.Context, db DBTX, id, run uuid.UUID, runAt time.Time, lease time.Duration) (bool, error) {
-	n, err := s.q.OperationRelease(ctx, db, dbsqlc.OperationReleaseParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), RunAt: runAt, Lease: lease})
+// OperationRelease hands an operation from run to a job scheduled delay from
+// now, by the database's clock, and returns when that is. The sweeper considers
+// the operation again only a lease after it. It returns false when run no longer
+// held the operation.
+func (s *Store) OperationRelease(ctx context.Context, db DBTX, id, run uuid.UUID, delay, lease time.Duration) (time.Time, bool, error) {
+	runAt, err := s.q.OperationRelease(ctx, db, dbsqlc.OperationReleaseParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Delay: delay, Lease: lease})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, false, nil
+	}
 	if err != nil {
-		return false, fmt.Errorf("store: release operation: %w", err)
+		return time.Time{}, false, fmt.Errorf("store: release operation: %w", err)
+	}
+	return runAt, true, nil
+}
+
+// OperationFence fails, with ErrFenced and the transaction aborted, unless run
+// holds the operation, and keeps it so until the transaction ends (a claim by
+// another run waits for it). With a Queue for db it only queues the statement.
+func (s *Store) OperationFence(ctx context.Context, db DBTX, id, run uuid.UUID) error {
+	if err := s.q.OperationFence(ctx, db, dbsqlc.OperationFenceParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run)}); err != nil {
+		return fmt.Errorf("store: fence: %w", Err(err))
+	}
+	return nil
+}
+
+// OperationPark parks the operation that run holds, needing attention for the
+// reason given: no run takes it up again until an operator retries or cancels it.
+// It returns false when run no longer holds it.
+func (s *Store) OperationPark(ctx context.Context, db DBTX, id, run uuid.UUID, code, reason string) (bool, error) {
+	n, err := s.q.OperationPark(ctx, db, dbsqlc.OperationParkParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), AttentionCode: &code, Attention: &reason})
+	if err != nil {
+		return false, fmt.Errorf("store: park operation: %w", err)
+	}
+	return n == 1, nil
+}
+
+// OperationSetAttention marks the operation that run holds as needing an
+// operator, for the reason given, while it goes on. It returns false when run no
+// longer holds it.
+func (s *Store) OperationSetAttention(ctx context.Context, db DBTX, id, run uuid.UUID, code, reason string) (bool, error) {
+	n, err := s.q.OperationSetAttention(ctx, db, dbsqlc.OperationSetAttentionParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), AttentionCode: &code, Attention: &reason})
+	if err != nil {
+		return false, fmt.Errorf("store: set attention: %w", err)
 	}
 	return n == 1, nil
 }
@@ -329,9 +386,9 @@ func (s *Store) StepListByOperation(ctx context.Context, db DBTX, operationID uu
 			Output:      r.Output,
 			StartedAt:   r.StartedAt,
 			FinishedAt:  r.FinishedAt,
-		}
-		if r.LastError != nil {
-			out[i].LastError = *r.LastError
+			LastError:   deref(r.LastError),
+			LastCause:   deref(r.LastCause),
+			ResolvedBy:  deref(r.ResolvedBy),
 		}
 	}
 	return out, nil
@@ -348,6 +405,8 @@ type StepCheckpointParams struct {
 	// Retried is true when an earlier attempt failed and left the step's row,
 	// which the checkpoint then updates; a step without a row gets one.
 	Retried bool
+	// ResolvedBy is "call" or "lookup" for an external step, empty for others.
+	ResolvedBy string
 }
 
 // StepRecordFailureParams record a failed attempt of a step.
@@ -356,9 +415,11 @@ type StepRecordFailureParams struct {
 	Name        string
 	Position    int
 	// State is StepRetrying when another attempt follows, else StepFailed.
-	State     StepState
-	Attempts  int
+	State    StepState
+	Attempts int
+	// LastError is the failure's message for clients, LastCause for operators.
 	LastError string
+	LastCause string
 	StartedAt time.Time
 }
 
@@ -372,6 +433,7 @@ func (s *Store) StepRecordFailure(ctx context.Context, db DBTX, p StepRecordFail
 		State:       string(p.State),
 		Attempts:    int32(p.Attempts),
 		LastError:   &p.LastError,
+		LastCause:   &p.LastCause,
 		StartedAt:   p.StartedAt,
 	})
 	if err != nil {
@@ -392,22 +454,33 @@ func (s *Store) StepCompensated(ctx context.Context, db DBTX, operationID uuid.U
 
 func operationFromRow(r *dbsqlc.IdemflowOperation) *Operation {
 	return &Operation{
-		ID:          uuid.UUID(r.ID),
-		Name:        r.Name,
-		Scope:       r.Scope,
-		Key:         r.Key,
-		State:       OperationState(r.State),
-		Steps:       r.Steps,
-		Input:       r.Input,
-		Fingerprint: r.Fingerprint,
-		Result:      r.Result,
-		Error:       r.Error,
-		Runs:        int(r.Runs),
-		LockedBy:    pguuid.FromPtr(r.LockedBy),
-		LockedUntil: r.LockedUntil,
-		CreatedAt:   r.CreatedAt,
-		FinishedAt:  r.FinishedAt,
+		ID:            uuid.UUID(r.ID),
+		Name:          r.Name,
+		Scope:         r.Scope,
+		Key:           r.Key,
+		State:         OperationState(r.State),
+		Steps:         r.Steps,
+		Input:         r.Input,
+		Fingerprint:   r.Fingerprint,
+		Result:        r.Result,
+		Error:         r.Error,
+		Runs:          int(r.Runs),
+		LockedBy:      pguuid.FromPtr(r.LockedBy),
+		LockedUntil:   r.LockedUntil,
+		CreatedAt:     r.CreatedAt,
+		FinishedAt:    r.FinishedAt,
+		KeySecret:     r.KeySecret,
+		AttentionCode: deref(r.AttentionCode),
+		Attention:     deref(r.Attention),
+		Parked:        r.Parked,
 	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // nullJSON turns an empty value into SQL NULL rather than an invalid empty document.
@@ -437,8 +510,10 @@ func (s *Store) OperationSetError(ctx context.Context, db DBTX, id, run uuid.UUI
 
 // OperationDeleteFinishedParams select finished operations to delete.
 type OperationDeleteFinishedParams struct {
-	// Horizon: operations that finished before it are deleted.
-	Horizon time.Time
+	// Retention: operations that finished longer ago than it are deleted.
+	Retention time.Duration
+	// Now overrides the database's clock, for tests. Nil means now().
+	Now *time.Time
 	// Name, when not empty, limits the deletion to one operation type.
 	Name string
 	// Exclude are operation types left alone (those with a retention of their own).
@@ -470,7 +545,7 @@ func (s *Store) OperationDeleteFinished(ctx context.Context, db Beginner, p Oper
 		}
 		var err error
 		n, err = s.q.OperationDeleteFinished(ctx, tx, dbsqlc.OperationDeleteFinishedParams{
-			Horizon: p.Horizon, Name: name, Exclude: exclude, Max: int32(p.Max),
+			Now: p.Now, Retention: p.Retention, Name: name, Exclude: exclude, Max: int32(p.Max),
 		})
 		return err
 	})
@@ -485,9 +560,10 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// OperationReopen gives a failed operation back to the runs: in progress again,
-// its answer cleared, its failed and compensated steps forgotten so that they run
-// again, waiting for a job. It returns false when the operation is not failed.
+// OperationReopen gives a failed or parked operation back to the runs: in
+// progress again, its answer and attention cleared, its unsucceeded steps
+// forgotten so that they run again, waiting for a job. It returns false when the
+// operation is neither failed nor parked.
 func (s *Store) OperationReopen(ctx context.Context, db DBTX, id uuid.UUID, lease time.Duration) (bool, error) {
 	n, err := s.q.OperationReopen(ctx, db, dbsqlc.OperationReopenParams{ID: pguuid.UUID(id), Lease: lease})
 	if err != nil {
@@ -554,6 +630,7 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 			Positions:   cols.positions,
 			Attempts:    cols.attempts,
 			Outputs:     cols.outputs,
+			ResolvedBys: cols.resolvedBys,
 			StartedAts:  cols.startedAts,
 		}
 		if err := s.q.StepInsertSucceeded(ctx, db, args); err != nil {
@@ -567,6 +644,7 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 			Names:       rc.names,
 			Attempts:    rc.attempts,
 			Outputs:     rc.outputs,
+			ResolvedBys: rc.resolvedBys,
 		}
 		if err := s.q.StepUpdateSucceeded(ctx, db, args); err != nil {
 			return fmt.Errorf("store: checkpoint retried steps: %w", Err(err))
@@ -583,6 +661,7 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 			Positions:   cols.positions,
 			Attempts:    cols.attempts,
 			Outputs:     cols.outputs,
+			ResolvedBys: cols.resolvedBys,
 			StartedAts:  cols.startedAts,
 		}
 		err := s.q.OperationFinish(ctx, db, args)
@@ -596,26 +675,29 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 // stepColumns are checkpoints as the queries take them: one array per column,
 // one step per index.
 type stepColumns struct {
-	names      []string
-	positions  []int32
-	attempts   []int32
-	outputs    []string
-	startedAts []time.Time
+	names       []string
+	positions   []int32
+	attempts    []int32
+	outputs     []string
+	resolvedBys []string
+	startedAts  []time.Time
 }
 
 func stepColumnsOf(steps []StepCheckpointParams) stepColumns {
 	c := stepColumns{
-		names:      make([]string, len(steps)),
-		positions:  make([]int32, len(steps)),
-		attempts:   make([]int32, len(steps)),
-		outputs:    make([]string, len(steps)),
-		startedAts: make([]time.Time, len(steps)),
+		names:       make([]string, len(steps)),
+		positions:   make([]int32, len(steps)),
+		attempts:    make([]int32, len(steps)),
+		outputs:     make([]string, len(steps)),
+		resolvedBys: make([]string, len(steps)),
+		startedAts:  make([]time.Time, len(steps)),
 	}
 	for i, st := range steps {
 		c.names[i] = st.Name
 		c.positions[i] = int32(st.Position)
 		c.attempts[i] = int32(st.Attempts)
 		c.outputs[i] = string(st.Output)
+		c.resolvedBys[i] = st.ResolvedBy
 		c.startedAts[i] = st.StartedAt
 	}
 	return c

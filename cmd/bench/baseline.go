@@ -74,7 +74,8 @@ func (b *baseline) refund(ctx context.Context, scope, key, orderID string, amoun
 		return fmt.Errorf("order %s has no %d left to refund", orderID, amount)
 	}
 
-	ref, err := b.provider.Refund(ctx, engine.DerivedKey(refund.RefundOperation, scope, key, refund.StepProvider), refund.ProviderRequest{
+	// The provider's key: as unique per refund as the engine's derived key.
+	ref, err := b.provider.Refund(ctx, "base_"+refundID, refund.ProviderRequest{
 		OrderID: orderID, Amount: amount, Reference: refundID,
 	})
 	if err != nil {

@@ -139,7 +139,7 @@ func (b *bench) runMode(ctx context.Context, mode string, round int) (*result, e
 		op = func(ctx context.Context, i int) error { return httpRefund(ctx, client, url, prefix, i) }
 
 	case modeReplay:
-		// Lookups need no River worker; the refunds they replay run first, untimed.
+		// Replays need no River worker; the refunds they replay run first, untimed.
 		if e, err = b.newEnv(ctx, true, false); err != nil {
 			return nil, err
 		}
@@ -212,14 +212,20 @@ func httpRefund(ctx context.Context, client *http.Client, url, prefix string, i 
 	return nil
 }
 
-// replay is what a retry of a finished refund costs the engine: the lookup of
-// its key, and the decoding of its stored result.
+// replay is what a retry of a finished refund costs the engine: a Start with
+// the same input, whose reservation finds the key taken, the read of the
+// operation that holds it, and the decoding of its stored result.
 func replay(ctx context.Context, e *env, prefix string, i int) error {
 	k := key(prefix, i)
-	info, err := e.eng.Lookup(ctx, benchClient, k)
+	started, err := engine.Start(ctx, e.eng, e.wf.Refund, benchClient, k,
+		refund.RefundInput{Client: benchClient, OrderID: k, Amount: refundAmount}, nil)
 	if err != nil {
 		return err
 	}
+	if started.Created {
+		return fmt.Errorf("key %s was free", k)
+	}
+	info := started.Existing
 	if info.Status != engine.StatusSucceeded {
 		return fmt.Errorf("refund %s is %s", k, info.Status)
 	}

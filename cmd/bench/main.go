@@ -12,7 +12,8 @@
 //   - http: POST /refunds through the idempotency package's handler, served on
 //     loopback TCP by an http.Server in this process and called by an http.Client
 //     in this process;
-//   - replay: Engine.Lookup of keys whose refund has finished, as a retry does;
+//   - replay: engine.Start of keys whose refund has finished, as a retry does
+//     (the reservation finds the key taken, then one read);
 //   - baseline: a hand-written refund with no engine: one batched transaction
 //     (the key's reservation, the order's lock, the pending refund, the ledger
 //     move), the provider call, one batched transaction (the refund marked

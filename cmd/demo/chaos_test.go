@@ -23,7 +23,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/cmd/demo/provider"
@@ -785,10 +787,11 @@ func (r *chaosRun) check() {
 		}
 		byKey[pr.IdempotencyKey] = pr
 	}
+	derivedKeys := r.derivedKeys()
 	succeeded := 0
 	named := map[string]bool{} // the derived keys of the succeeded refunds
 	for _, k := range refunds {
-		derived := engine.DerivedKey(refund.RefundOperation, chaosClients[k.client].name, k.key, refund.StepProvider)
+		derived := derivedKeys[[2]string{chaosClients[k.client].name, k.key}]
 		pr, atProvider := byKey[derived]
 		b := books[[2]string{chaosClients[k.client].name, k.orderID}]
 		if b == nil { // an order that does not exist
@@ -897,6 +900,33 @@ func (r *chaosRun) check() {
 	}
 
 	r.checkDatabase()
+}
+
+// derivedKeys returns the derived key of the provider step of every refund, by
+// (client, key), as the engine shows it: the keys are the operations' own.
+func (r *chaosRun) derivedKeys() map[[2]string]string {
+	t, ctx := r.t, r.ctx
+	pool, err := pgxpool.New(ctx, r.dbURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	wf, err := refund.New(&refund.ProviderClient{BaseURL: "http://127.0.0.1:1"}, nil)
+	require.NoError(t, err)
+	e, err := engine.New(pool, &engine.Config{Operations: wf.Operations()})
+	require.NoError(t, err)
+	keys := map[[2]string]string{}
+	for _, k := range r.keys {
+		if k.path != "/refunds" || len(k.opIDs) == 0 {
+			continue
+		}
+		info, err := e.Get(ctx, uuid.MustParse(k.opIDs[0]))
+		require.NoError(t, err)
+		for _, st := range info.Steps {
+			if st.Name == refund.StepProvider {
+				keys[[2]string{info.Scope, info.Key}] = st.DerivedKey
+			}
+		}
+	}
+	return keys
 }
 
 // checkDatabase reads the database: one operation per key, none in progress, the

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -24,6 +25,17 @@ type config struct {
 	dataDir      string        // -data-dir, DEMO_DATA_DIR
 	databaseURL  string        // DATABASE_URL
 	crash        *crashPoint   // DEMO_CRASH
+	maxAttempts  int           // -max-attempts, DEMO_MAX_ATTEMPTS
+	retention    time.Duration // -retention, DEMO_RETENTION
+	panics       *stepFault    // DEMO_PANIC
+	fails        *stepFault    // DEMO_FAIL
+}
+
+// stepFault is a fault that DEMO_PANIC or DEMO_FAIL injects: the step's first n
+// attempts panic, or fail transiently, before they do anything.
+type stepFault struct {
+	step string
+	n    int
 }
 
 // client is an API client of the demo and its bearer token.
@@ -60,6 +72,8 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	lease := fs.String("lease", env("DEMO_LEASE", "15s"), "how long a crashed process's operations wait before another process takes them over (DEMO_LEASE)")
 	providerURL := fs.String("provider-url", env("DEMO_PROVIDER_URL", ""), "the payment provider's base URL (DEMO_PROVIDER_URL); default: the fake provider under /provider of this server")
 	dataDir := fs.String("data-dir", env("DEMO_DATA_DIR", ""), "data directory of the private PostgreSQL cluster used when DATABASE_URL is unset (DEMO_DATA_DIR); default: $XDG_DATA_HOME/idemflow/demo-pg")
+	maxAttempts := fs.String("max-attempts", env("DEMO_MAX_ATTEMPTS", "10"), "attempts of a step that keeps failing transiently before the operation ends with a server fault (before the provider refunded) or needs attention (after) (DEMO_MAX_ATTEMPTS)")
+	retention := fs.String("retention", env("DEMO_RETENTION", "24h"), "how long a finished operation, its key and its stored answer are kept (DEMO_RETENTION)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -92,7 +106,32 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	if c.crash, err = parseCrash(getenv("DEMO_CRASH")); err != nil {
 		return nil, fmt.Errorf("DEMO_CRASH: %w", err)
 	}
+	if c.maxAttempts, err = strconv.Atoi(strings.TrimSpace(*maxAttempts)); err != nil || c.maxAttempts < 1 {
+		return nil, fmt.Errorf("-max-attempts: %q is not a positive integer", *maxAttempts)
+	}
+	if c.retention, err = parsePositiveDuration(*retention); err != nil {
+		return nil, fmt.Errorf("-retention: %w", err)
+	}
+	if c.panics, err = parseStepFault(getenv("DEMO_PANIC")); err != nil {
+		return nil, fmt.Errorf("DEMO_PANIC: %w", err)
+	}
+	if c.fails, err = parseStepFault(getenv("DEMO_FAIL")); err != nil {
+		return nil, fmt.Errorf("DEMO_FAIL: %w", err)
+	}
 	return c, nil
+}
+
+// parseStepFault reads <step>:<n>, n a positive integer. Empty means none.
+func parseStepFault(s string) (*stepFault, error) {
+	if s == "" {
+		return nil, nil
+	}
+	step, count, ok := strings.Cut(s, ":")
+	n, err := strconv.Atoi(count)
+	if !ok || !slices.Contains(crashSteps, step) || err != nil || n < 1 {
+		return nil, fmt.Errorf("%q is not <step>:<n> with step one of %s and n a positive integer", s, strings.Join(crashSteps, ", "))
+	}
+	return &stepFault{step: step, n: n}, nil
 }
 
 func parsePositiveDuration(s string) (time.Duration, error) {

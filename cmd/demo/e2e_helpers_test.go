@@ -505,19 +505,21 @@ type (
 		Balance int64  `json:"balance"`
 	}
 	operation struct {
-		OperationID string     `json:"operationId"`
-		Name        string     `json:"name"`
-		Key         string     `json:"key"`
-		Status      string     `json:"status"`
-		CreatedAt   time.Time  `json:"createdAt"`
-		FinishedAt  *time.Time `json:"finishedAt"`
-		Steps       []step     `json:"steps"`
+		OperationID    string     `json:"operationId"`
+		Name           string     `json:"name"`
+		Key            string     `json:"key"`
+		Status         string     `json:"status"`
+		NeedsAttention bool       `json:"needsAttention"`
+		CreatedAt      time.Time  `json:"createdAt"`
+		FinishedAt     *time.Time `json:"finishedAt"`
+		Steps          []step     `json:"steps"`
 	}
 	step struct {
 		Name       string     `json:"name"`
 		Status     string     `json:"status"`
 		Attempts   int        `json:"attempts"`
 		DerivedKey string     `json:"derivedKey"`
+		ResolvedBy string     `json:"resolvedBy"`
 		StartedAt  *time.Time `json:"startedAt"`
 		FinishedAt *time.Time `json:"finishedAt"`
 		LastError  *string    `json:"lastError"`

@@ -99,9 +99,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		}
 		providerHandler = p.Handler()
 	}
-	wf, err := refund.New(&refund.ProviderClient{BaseURL: providerURL}, &refund.Config{
-		Retry: engine.RetryPolicy{Base: cfg.retryBackoff},
-	})
+	wf, err := refund.New(&refund.ProviderClient{BaseURL: providerURL}, &refund.Config{Retry: retryPolicy(cfg)})
 	if err != nil {
 		return err
 	}
@@ -110,8 +108,10 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		Logger:     logger,
 		Lease:      cfg.lease,
 		// A crashed process's operations wait a lease, then at most a sweep.
-		SweepInterval: min(engine.DefaultSweepInterval, cfg.lease/3),
-		Hook:          crashHook(cfg.crash),
+		SweepInterval:     min(engine.DefaultSweepInterval, cfg.lease/3),
+		Retention:         cfg.retention,
+		RetentionInterval: min(cfg.retention, time.Minute),
+		Hook:              faultHook(cfg),
 	})
 	if err != nil {
 		return err
@@ -196,17 +196,44 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 	return provider.Migrate(ctx, pool)
 }
 
-// crashHook returns the engine hook that makes the process exit at once with
-// status 86, with no cleanup, at the chosen point of the first run of a step.
-func crashHook(at *crashPoint) engine.HookFunc {
-	if at == nil {
+// retryPolicy is the demo's retry policy: the backoff from -retry-backoff, its
+// cap ten times that (at most 5 minutes), -max-attempts attempts. A step that
+// keeps failing after the provider refunded is retried at the cap for as long
+// as it takes.
+func retryPolicy(cfg *config) engine.RetryPolicy {
+	return engine.RetryPolicy{
+		Base:        cfg.retryBackoff,
+		Cap:         min(10*cfg.retryBackoff, engine.DefaultRetryCap),
+		MaxAttempts: cfg.maxAttempts,
+	}
+}
+
+// errInjected is the transient error of DEMO_FAIL.
+var errInjected = errors.New("DEMO_FAIL: injected transient failure")
+
+// faultHook returns the engine hook of the demo's fault injection: DEMO_CRASH
+// makes the process exit at once with status 86, with no cleanup, at the chosen
+// point of the first run of a step; DEMO_PANIC and DEMO_FAIL make the first n
+// attempts of a step, in every operation and process, panic or fail before they
+// do anything.
+func faultHook(cfg *config) engine.HookFunc {
+	at, panics, fails := cfg.crash, cfg.panics, cfg.fails
+	if at == nil && panics == nil && fails == nil {
 		return nil
 	}
-	return func(ctx context.Context, ev engine.HookEvent) {
-		if ev.Resumed || ev.Attempt != 1 || ev.Step != at.step || string(ev.Point) != at.point {
-			return
+	return func(ctx context.Context, ev engine.HookEvent) error {
+		if ev.Point == engine.PointBefore {
+			if panics != nil && ev.Step == panics.step && ev.Attempt <= panics.n {
+				panic(fmt.Sprintf("DEMO_PANIC: injected panic in attempt %d of step %s", ev.Attempt, ev.Step))
+			}
+			if fails != nil && ev.Step == fails.step && ev.Attempt <= fails.n {
+				return errInjected
+			}
 		}
-		fmt.Fprintf(os.Stderr, "DEMO_CRASH: exiting with status %d at %s:%s of operation %s\n", crashExitCode, at.step, at.point, ev.OperationID)
-		os.Exit(crashExitCode)
+		if at != nil && !ev.Resumed && ev.Attempt == 1 && ev.Step == at.step && string(ev.Point) == at.point {
+			fmt.Fprintf(os.Stderr, "DEMO_CRASH: exiting with status %d at %s:%s of operation %s\n", crashExitCode, at.step, at.point, ev.OperationID)
+			os.Exit(crashExitCode)
+		}
+		return nil
 	}
 }

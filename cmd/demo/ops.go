@@ -58,7 +58,7 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 	if providerURL == "" {
 		providerURL = "http://" + cfg.addr + "/provider"
 	}
-	wf, err := refund.New(&refund.ProviderClient{BaseURL: providerURL}, nil)
+	wf, err := refund.New(&refund.ProviderClient{BaseURL: providerURL}, &refund.Config{Retry: retryPolicy(cfg)})
 	if err != nil {
 		return err
 	}

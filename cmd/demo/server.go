@@ -182,13 +182,16 @@ func (s *server) listAccounts(w http.ResponseWriter, r *http.Request) {
 
 // operationBody is the JSON of GET /operations/{operationId}.
 type operationBody struct {
-	OperationID uuid.UUID  `json:"operationId"`
-	Name        string     `json:"name"`
-	Key         string     `json:"key"`
-	Status      string     `json:"status"`
-	CreatedAt   time.Time  `json:"createdAt"`
-	FinishedAt  *time.Time `json:"finishedAt"`
-	Steps       []stepBody `json:"steps"`
+	OperationID uuid.UUID `json:"operationId"`
+	Name        string    `json:"name"`
+	Key         string    `json:"key"`
+	Status      string    `json:"status"`
+	// NeedsAttention is true while the unfinished operation waits for an
+	// operator; why is for operators only (demo ops).
+	NeedsAttention bool       `json:"needsAttention"`
+	CreatedAt      time.Time  `json:"createdAt"`
+	FinishedAt     *time.Time `json:"finishedAt"`
+	Steps          []stepBody `json:"steps"`
 }
 
 type stepBody struct {
@@ -196,9 +199,12 @@ type stepBody struct {
 	Status     string     `json:"status"`
 	Attempts   int        `json:"attempts"`
 	DerivedKey string     `json:"derivedKey,omitempty"`
+	ResolvedBy string     `json:"resolvedBy,omitempty"`
 	StartedAt  *time.Time `json:"startedAt"`
 	FinishedAt *time.Time `json:"finishedAt"`
-	LastError  *string    `json:"lastError"`
+	// LastError is the client's text of the last failure (engine.StepInfo's
+	// LastError): no SQL, URL or Go error text, which go to the logs.
+	LastError *string `json:"lastError"`
 }
 
 func (s *server) getOperation(w http.ResponseWriter, r *http.Request) {
@@ -221,12 +227,13 @@ func (s *server) getOperation(w http.ResponseWriter, r *http.Request) {
 	}
 	body := operationBody{
 		OperationID: info.ID, Name: info.Name, Key: info.Key, Status: string(info.Status),
-		CreatedAt: info.CreatedAt, FinishedAt: info.FinishedAt, Steps: []stepBody{},
+		NeedsAttention: info.NeedsAttention(),
+		CreatedAt:      info.CreatedAt, FinishedAt: info.FinishedAt, Steps: []stepBody{},
 	}
 	for _, st := range info.Steps {
 		sb := stepBody{
 			Name: st.Name, Status: string(st.Status), Attempts: st.Attempts, DerivedKey: st.DerivedKey,
-			StartedAt: st.StartedAt, FinishedAt: st.FinishedAt,
+			ResolvedBy: st.ResolvedBy, StartedAt: st.StartedAt, FinishedAt: st.FinishedAt,
 		}
 		if st.LastError != "" {
 			sb.LastError = &st.LastError

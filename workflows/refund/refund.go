@@ -37,6 +37,9 @@ const (
 	// CodeInvalidRequest is an input that the caller should have rejected: an
 	// empty order or customer id, or an amount that is not positive.
 	CodeInvalidRequest = "invalid_request"
+	// CodeProviderMismatch halts a refund (engine.Halt) whose provider answered,
+	// under the derived key, a refund of another order or amount.
+	CodeProviderMismatch = "provider_mismatch"
 )
 
 // RefundIDPrefix starts every refund id.
@@ -87,7 +90,9 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 		cfg = &Config{}
 	}
 	w := &Workflows{provider: provider, q: refunddb.New()}
-	opts := &engine.OperationOpts{Retry: cfg.Retry}
+	// metadata is the client's, stored and never compared: a retry that changes
+	// only it is the same request.
+	opts := &engine.OperationOpts{Retry: cfg.Retry, Unfingerprinted: []string{"metadata"}}
 
 	var err error
 	w.Order, err = engine.NewOperation(OrderOperation, []engine.Step[OrderInput, OrderState]{

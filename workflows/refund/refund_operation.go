@@ -99,19 +99,38 @@ func (w *Workflows) callProvider(ctx context.Context, call engine.Call, in Refun
 	if ref == nil || ref.ID == "" {
 		return errors.New("the provider answered a refund without an id")
 	}
+	if err := matches(ref, in); err != nil {
+		return err
+	}
 	s.ProviderRefundID = ref.ID
+	return nil
+}
+
+// matches halts the operation when the provider's refund under the derived key
+// is not the one asked for (another order or amount): that is no success, and
+// nothing may be undone on a guess either. An answer that does not tell the
+// order or the amount is taken as it is.
+func matches(ref *ProviderRefund, in RefundInput) error {
+	if ref.OrderID != "" && ref.OrderID != in.OrderID || ref.Amount != 0 && ref.Amount != in.Amount {
+		return engine.Halt(CodeProviderMismatch, fmt.Sprintf(
+			"the provider's refund %s under the derived key is for order %q, amount %d; asked: order %q, amount %d",
+			ref.ID, ref.OrderID, ref.Amount, in.OrderID, in.Amount))
+	}
 	return nil
 }
 
 // lookupProvider asks the provider whether an earlier attempt of StepProvider,
 // whose answer was lost, made the refund.
-func (w *Workflows) lookupProvider(ctx context.Context, call engine.Call, _ RefundInput, s *RefundState) (bool, error) {
+func (w *Workflows) lookupProvider(ctx context.Context, call engine.Call, in RefundInput, s *RefundState) (bool, error) {
 	ref, found, err := w.provider.ByKey(ctx, call.Key)
 	if err != nil || !found {
 		return false, err
 	}
 	if ref == nil || ref.ID == "" {
 		return false, errors.New("the provider's lookup found a refund without an id")
+	}
+	if err := matches(ref, in); err != nil {
+		return false, err
 	}
 	s.ProviderRefundID = ref.ID
 	return true, nil

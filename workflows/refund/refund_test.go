@@ -313,7 +313,7 @@ func TestRefund(t *testing.T) {
 
 		require.Equal(t, []providerRefund{{
 			ID:             *out.ProviderRefundID,
-			IdempotencyKey: engine.DerivedKey(refund.RefundOperation, "merchant-a", "key-1", refund.StepProvider),
+			IdempotencyKey: b.stepsOf(t, info)[refund.StepProvider].DerivedKey,
 			OrderID:        "A-1042",
 			Amount:         1499,
 			Requests:       1,

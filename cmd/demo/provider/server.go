@@ -98,6 +98,10 @@ type refundRequest struct {
 type refundAnswer struct {
 	ID     string `json:"id"`
 	Status string `json:"status"`
+	// OrderID and Amount are those of the refund made under the key, so that a
+	// caller can check that it is the refund it asked for.
+	OrderID string `json:"orderId"`
+	Amount  int64  `json:"amount"`
 }
 
 // refundRecord is a refund as GET /refunds and GET /refunds/by-key/{key} show it.
@@ -213,7 +217,7 @@ func (s *Server) createRefund(w http.ResponseWriter, r *http.Request) {
 	} else {
 		log.InfoContext(ctx, "refund made")
 	}
-	writeJSON(w, http.StatusOK, refundAnswer{ID: ref.ID, Status: "succeeded"})
+	writeJSON(w, http.StatusOK, refundAnswer{ID: ref.ID, Status: "succeeded", OrderID: ref.OrderID, Amount: ref.Amount})
 }
 
 // takeFault takes one injection of the pending fault, or returns nil when there is

@@ -148,7 +148,7 @@ func TestRefund(t *testing.T) {
 		again := b.refund(t, "key-1", "A-1", 1500)
 		require.Equal(t, http.StatusOK, again.status)
 		require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
-		require.JSONEq(t, fmt.Sprintf(`{"id": %q, "status": "succeeded"}`, first), string(again.body))
+		require.JSONEq(t, fmt.Sprintf(`{"id": %q, "status": "succeeded", "orderId": "A-1", "amount": 1500}`, first), string(again.body))
 
 		got := b.list(t)
 		require.Len(t, got, 1)

@@ -12,21 +12,25 @@ import (
 )
 
 type IdemflowOperation struct {
-	ID          pguuid.UUID
-	Name        string
-	Scope       string
-	Key         string
-	State       string
-	Steps       []string
-	Input       []byte
-	Fingerprint json.RawMessage
-	Result      []byte
-	Error       json.RawMessage
-	Runs        int32
-	LockedBy    *pguuid.UUID
-	LockedUntil time.Time
-	CreatedAt   time.Time
-	FinishedAt  *time.Time
+	ID            pguuid.UUID
+	Name          string
+	Scope         string
+	Key           string
+	State         string
+	Steps         []string
+	Input         []byte
+	Fingerprint   json.RawMessage
+	Result        []byte
+	Error         json.RawMessage
+	Runs          int32
+	LockedBy      *pguuid.UUID
+	LockedUntil   time.Time
+	CreatedAt     time.Time
+	FinishedAt    *time.Time
+	KeySecret     []byte
+	AttentionCode *string
+	Attention     *string
+	Parked        bool
 }
 
 type IdemflowStep struct {
@@ -39,4 +43,6 @@ type IdemflowStep struct {
 	LastError   *string
 	StartedAt   time.Time
 	FinishedAt  *time.Time
+	LastCause   *string
+	ResolvedBy  *string
 }

@@ -21,24 +21,28 @@ SET locked_by = $1,
 WHERE id = $4
   AND state = 'in_progress'
   AND (locked_by IS NULL OR locked_until < coalesce($2::timestamptz, now()))
-RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at
+  AND (NOT parked OR $5::boolean)
+RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked
 `
 
 type OperationClaimParams struct {
-	RunID *pguuid.UUID
-	Now   *time.Time
-	Lease time.Duration
-	ID    pguuid.UUID
+	RunID  *pguuid.UUID
+	Now    *time.Time
+	Lease  time.Duration
+	ID     pguuid.UUID
+	Parked bool
 }
 
 // Takes the operation for a run when nobody holds it: it waits for a job
-// (locked_by is null) or its holder's lease has expired.
+// (locked_by is null) or its holder's lease has expired. A parked operation is
+// taken only with parked: an operator's cancel.
 func (q *Queries) OperationClaim(ctx context.Context, db DBTX, arg OperationClaimParams) (*IdemflowOperation, error) {
 	row := db.QueryRow(ctx, operationClaim,
 		arg.RunID,
 		arg.Now,
 		arg.Lease,
 		arg.ID,
+		arg.Parked,
 	)
 	var i IdemflowOperation
 	err := row.Scan(
@@ -57,6 +61,10 @@ func (q *Queries) OperationClaim(ctx context.Context, db DBTX, arg OperationClai
 		&i.LockedUntil,
 		&i.CreatedAt,
 		&i.FinishedAt,
+		&i.KeySecret,
+		&i.AttentionCode,
+		&i.Attention,
+		&i.Parked,
 	)
 	return &i, err
 }
@@ -66,28 +74,30 @@ DELETE FROM idemflow_operation
 WHERE id IN (
     SELECT o.id FROM idemflow_operation o
     WHERE o.state <> 'in_progress'
-      AND o.finished_at < $1::timestamptz
-      AND ($2::text IS NULL OR o.name = $2::text)
-      AND NOT (o.name = ANY ($3::text[]))
+      AND o.finished_at < coalesce($1::timestamptz, now()) - $2::interval
+      AND ($3::text IS NULL OR o.name = $3::text)
+      AND NOT (o.name = ANY ($4::text[]))
     ORDER BY o.finished_at
-    LIMIT $4
+    LIMIT $5
     FOR UPDATE SKIP LOCKED
 )
 `
 
 type OperationDeleteFinishedParams struct {
-	Horizon time.Time
-	Name    *string
-	Exclude []string
-	Max     int32
+	Now       *time.Time
+	Retention time.Duration
+	Name      *string
+	Exclude   []string
+	Max       int32
 }
 
 // Deletes up to max finished operations (their steps go with them) that finished
-// before the horizon: of one type when name is given, else of every type but
+// longer than retention ago, by the database's clock: of one type when name is given, else of every type but
 // those excluded. Rows that another sweep holds are skipped, not waited for.
 func (q *Queries) OperationDeleteFinished(ctx context.Context, db DBTX, arg OperationDeleteFinishedParams) (int64, error) {
 	result, err := db.Exec(ctx, operationDeleteFinished,
-		arg.Horizon,
+		arg.Now,
+		arg.Retention,
 		arg.Name,
 		arg.Exclude,
 		arg.Max,
@@ -103,7 +113,7 @@ UPDATE idemflow_operation
 SET locked_by = NULL,
     locked_until = coalesce($1::timestamptz, now()) + $2::interval
 WHERE id = $3
-  AND state = 'in_progress'
+  AND state = 'in_progress' AND NOT parked
   AND locked_until < coalesce($1::timestamptz, now())
 `
 
@@ -123,12 +133,37 @@ func (q *Queries) OperationExtendExpired(ctx context.Context, db DBTX, arg Opera
 	return result.RowsAffected(), nil
 }
 
+const operationFence = `-- name: OperationFence :exec
+SELECT idemflow_fence(EXISTS (
+    SELECT 1 FROM idemflow_operation
+    WHERE id = $1 AND locked_by = $2 AND state = 'in_progress'
+    FOR SHARE
+))
+`
+
+type OperationFenceParams struct {
+	ID    pguuid.UUID
+	RunID *pguuid.UUID
+}
+
+// Raises SQLSTATE IF001, aborting the transaction, unless run_id holds the
+// operation in progress, and keeps it so until the transaction ends: the row
+// lock (FOR SHARE) makes a claim by another run wait for this commit, after
+// which that run reads what this one recorded.
+func (q *Queries) OperationFence(ctx context.Context, db DBTX, arg OperationFenceParams) error {
+	_, err := db.Exec(ctx, operationFence, arg.ID, arg.RunID)
+	return err
+}
+
 const operationFinish = `-- name: OperationFinish :exec
 WITH fin AS (
     UPDATE idemflow_operation
     SET state = $1::text,
         result = $2::json,
         error = $3::jsonb,
+        attention_code = NULL,
+        attention = NULL,
+        parked = false,
         locked_by = NULL,
         finished_at = coalesce($4::timestamptz, now())
     WHERE id = $5::uuid
@@ -136,14 +171,15 @@ WITH fin AS (
       AND state = 'in_progress'
     RETURNING id, finished_at
 ), ins AS (
-    INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
+    INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, resolved_by, started_at, finished_at)
     SELECT fin.id,
            unnest($7::text[]),
            unnest($8::integer[]),
            'succeeded',
            unnest($9::integer[]),
            unnest($10::text[])::json,
-           unnest($11::timestamptz[]),
+           nullif(unnest($11::text[]), ''),
+           unnest($12::timestamptz[]),
            fin.finished_at
     FROM fin
 )
@@ -161,6 +197,7 @@ type OperationFinishParams struct {
 	Positions   []int32
 	Attempts    []int32
 	Outputs     []string
+	ResolvedBys []string
 	StartedAts  []time.Time
 }
 
@@ -182,13 +219,14 @@ func (q *Queries) OperationFinish(ctx context.Context, db DBTX, arg OperationFin
 		arg.Positions,
 		arg.Attempts,
 		arg.Outputs,
+		arg.ResolvedBys,
 		arg.StartedAts,
 	)
 	return err
 }
 
 const operationGet = `-- name: OperationGet :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at FROM idemflow_operation WHERE id = $1
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked FROM idemflow_operation WHERE id = $1
 `
 
 func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*IdemflowOperation, error) {
@@ -210,12 +248,16 @@ func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*I
 		&i.LockedUntil,
 		&i.CreatedAt,
 		&i.FinishedAt,
+		&i.KeySecret,
+		&i.AttentionCode,
+		&i.Attention,
+		&i.Parked,
 	)
 	return &i, err
 }
 
 const operationGetByKey = `-- name: OperationGetByKey :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at FROM idemflow_operation WHERE scope = $1 AND key = $2
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked FROM idemflow_operation WHERE scope = $1 AND key = $2
 `
 
 type OperationGetByKeyParams struct {
@@ -242,13 +284,17 @@ func (q *Queries) OperationGetByKey(ctx context.Context, db DBTX, arg OperationG
 		&i.LockedUntil,
 		&i.CreatedAt,
 		&i.FinishedAt,
+		&i.KeySecret,
+		&i.AttentionCode,
+		&i.Attention,
+		&i.Parked,
 	)
 	return &i, err
 }
 
 const operationInsert = `-- name: OperationInsert :one
-INSERT INTO idemflow_operation (id, name, scope, key, steps, input, fingerprint, locked_by, locked_until, created_at)
-VALUES ($1, $2, $3, $4, $5::text[], $6, $7, $8, coalesce($9::timestamptz, now()) + $10::interval, coalesce($9::timestamptz, now()))
+INSERT INTO idemflow_operation (id, name, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at)
+VALUES ($1, $2, $3, $4, $5::text[], $6, $7, $8, $9, coalesce($10::timestamptz, clock_timestamp()) + $11::interval, coalesce($10::timestamptz, now()))
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING created_at
 `
@@ -261,11 +307,14 @@ type OperationInsertParams struct {
 	Steps       []string
 	Input       []byte
 	Fingerprint json.RawMessage
+	KeySecret   []byte
 	LockedBy    *pguuid.UUID
 	Now         *time.Time
 	Lease       time.Duration
 }
 
+// The lease counts from the statement, not from the start of the caller's
+// transaction, which may have begun long before.
 func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationInsertParams) (time.Time, error) {
 	row := db.QueryRow(ctx, operationInsert,
 		arg.ID,
@@ -275,6 +324,7 @@ func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationIns
 		arg.Steps,
 		arg.Input,
 		arg.Fingerprint,
+		arg.KeySecret,
 		arg.LockedBy,
 		arg.Now,
 		arg.Lease,
@@ -285,7 +335,7 @@ func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationIns
 }
 
 const operationList = `-- name: OperationList :many
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at FROM idemflow_operation
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked FROM idemflow_operation
 WHERE state = $1
 ORDER BY created_at DESC
 LIMIT $2
@@ -322,6 +372,10 @@ func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListP
 			&i.LockedUntil,
 			&i.CreatedAt,
 			&i.FinishedAt,
+			&i.KeySecret,
+			&i.AttentionCode,
+			&i.Attention,
+			&i.Parked,
 		); err != nil {
 			return nil, err
 		}
@@ -335,7 +389,7 @@ func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListP
 
 const operationListExpired = `-- name: OperationListExpired :many
 SELECT id, name FROM idemflow_operation
-WHERE state = 'in_progress'
+WHERE state = 'in_progress' AND NOT parked
   AND locked_until < coalesce($1::timestamptz, now())
 ORDER BY locked_until
 LIMIT $2
@@ -372,26 +426,29 @@ func (q *Queries) OperationListExpired(ctx context.Context, db DBTX, arg Operati
 	return items, nil
 }
 
-const operationRelease = `-- name: OperationRelease :execrows
+const operationPark = `-- name: OperationPark :execrows
 UPDATE idemflow_operation
 SET locked_by = NULL,
-    locked_until = $1::timestamptz + $2::interval
+    parked = true,
+    attention_code = $1,
+    attention = $2
 WHERE id = $3 AND locked_by = $4 AND state = 'in_progress'
 `
 
-type OperationReleaseParams struct {
-	RunAt time.Time
-	Lease time.Duration
-	ID    pguuid.UUID
-	RunID *pguuid.UUID
+type OperationParkParams struct {
+	AttentionCode *string
+	Attention     *string
+	ID            pguuid.UUID
+	RunID         *pguuid.UUID
 }
 
-// Hands the operation to a River job scheduled at run_at; the sweeper looks again
-// only if nothing has claimed it a lease after that.
-func (q *Queries) OperationRelease(ctx context.Context, db DBTX, arg OperationReleaseParams) (int64, error) {
-	result, err := db.Exec(ctx, operationRelease,
-		arg.RunAt,
-		arg.Lease,
+// Parks the operation that run_id holds: no run takes it up again (the sweeper
+// skips it, a resume job does not claim it) until an operator reopens or
+// cancels it. attention says why.
+func (q *Queries) OperationPark(ctx context.Context, db DBTX, arg OperationParkParams) (int64, error) {
+	result, err := db.Exec(ctx, operationPark,
+		arg.AttentionCode,
+		arg.Attention,
 		arg.ID,
 		arg.RunID,
 	)
@@ -399,6 +456,39 @@ func (q *Queries) OperationRelease(ctx context.Context, db DBTX, arg OperationRe
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const operationRelease = `-- name: OperationRelease :one
+UPDATE idemflow_operation
+SET locked_by = NULL,
+    parked = false,
+    locked_until = now() + $1::interval + $2::interval
+WHERE id = $3 AND locked_by = $4 AND state = 'in_progress'
+RETURNING (now() + $1::interval)::timestamptz AS run_at
+`
+
+type OperationReleaseParams struct {
+	Delay time.Duration
+	Lease time.Duration
+	ID    pguuid.UUID
+	RunID *pguuid.UUID
+}
+
+// Hands the operation to a River job scheduled delay from now, by the
+// database's clock, and returns that time; the sweeper looks again only if
+// nothing has claimed it a lease after that. No row: run_id no longer holds it.
+// A parked operation that an operator cancels is unparked, so that the job
+// goes on with its compensations.
+func (q *Queries) OperationRelease(ctx context.Context, db DBTX, arg OperationReleaseParams) (time.Time, error) {
+	row := db.QueryRow(ctx, operationRelease,
+		arg.Delay,
+		arg.Lease,
+		arg.ID,
+		arg.RunID,
+	)
+	var run_at time.Time
+	err := row.Scan(&run_at)
+	return run_at, err
 }
 
 const operationRenewLease = `-- name: OperationRenewLease :execrows
@@ -430,8 +520,10 @@ func (q *Queries) OperationRenewLease(ctx context.Context, db DBTX, arg Operatio
 const operationReopen = `-- name: OperationReopen :execrows
 UPDATE idemflow_operation
 SET state = 'in_progress', result = NULL, error = NULL, finished_at = NULL,
+    attention_code = NULL, attention = NULL, parked = false,
     locked_by = NULL, locked_until = now() + $1::interval
-WHERE id = $2 AND state = 'failed'
+WHERE id = $2
+  AND (state = 'failed' OR state = 'in_progress' AND parked)
 `
 
 type OperationReopenParams struct {
@@ -439,7 +531,7 @@ type OperationReopenParams struct {
 	ID    pguuid.UUID
 }
 
-// Gives a failed operation back to the runs, for an operator's retry.
+// Gives a failed or parked operation back to the runs, for an operator's retry.
 func (q *Queries) OperationReopen(ctx context.Context, db DBTX, arg OperationReopenParams) (int64, error) {
 	result, err := db.Exec(ctx, operationReopen, arg.Lease, arg.ID)
 	if err != nil {
@@ -449,8 +541,8 @@ func (q *Queries) OperationReopen(ctx context.Context, db DBTX, arg OperationReo
 }
 
 const operationReserve = `-- name: OperationReserve :exec
-INSERT INTO idemflow_operation (id, name, scope, key, steps, input, fingerprint, locked_by, locked_until)
-VALUES ($1, $2, $3, $4, $5::text[], $6, $7, $8, now() + $9::interval)
+INSERT INTO idemflow_operation (id, name, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until)
+VALUES ($1, $2, $3, $4, $5::text[], $6, $7, $8, $9, clock_timestamp() + $10::interval)
 `
 
 type OperationReserveParams struct {
@@ -461,6 +553,7 @@ type OperationReserveParams struct {
 	Steps       []string
 	Input       []byte
 	Fingerprint json.RawMessage
+	KeySecret   []byte
 	LockedBy    *pguuid.UUID
 	Lease       time.Duration
 }
@@ -469,6 +562,8 @@ type OperationReserveParams struct {
 // key is an error (unique_violation on idemflow_operation_scope_key) rather than
 // no row, so that what the engine sends in the same round trip after it does not
 // run. OperationInsert is the variant for a caller's own transaction.
+// The lease counts from the statement (clock_timestamp), not from the start of
+// its transaction.
 func (q *Queries) OperationReserve(ctx context.Context, db DBTX, arg OperationReserveParams) error {
 	_, err := db.Exec(ctx, operationReserve,
 		arg.ID,
@@ -478,10 +573,40 @@ func (q *Queries) OperationReserve(ctx context.Context, db DBTX, arg OperationRe
 		arg.Steps,
 		arg.Input,
 		arg.Fingerprint,
+		arg.KeySecret,
 		arg.LockedBy,
 		arg.Lease,
 	)
 	return err
+}
+
+const operationSetAttention = `-- name: OperationSetAttention :execrows
+UPDATE idemflow_operation
+SET attention_code = $1,
+    attention = $2
+WHERE id = $3 AND locked_by = $4 AND state = 'in_progress'
+`
+
+type OperationSetAttentionParams struct {
+	AttentionCode *string
+	Attention     *string
+	ID            pguuid.UUID
+	RunID         *pguuid.UUID
+}
+
+// Marks the operation that run_id holds as needing an operator, for a reason
+// (code and text), while its runs go on.
+func (q *Queries) OperationSetAttention(ctx context.Context, db DBTX, arg OperationSetAttentionParams) (int64, error) {
+	result, err := db.Exec(ctx, operationSetAttention,
+		arg.AttentionCode,
+		arg.Attention,
+		arg.ID,
+		arg.RunID,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const operationSetError = `-- name: OperationSetError :execrows

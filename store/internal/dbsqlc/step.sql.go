@@ -44,15 +44,16 @@ func (q *Queries) StepDeleteUnsucceeded(ctx context.Context, db DBTX, operationI
 }
 
 const stepInsertSucceeded = `-- name: StepInsertSucceeded :exec
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
+INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, resolved_by, started_at, finished_at)
 SELECT $1::uuid,
        unnest($2::text[]),
        unnest($3::integer[]),
        'succeeded',
        unnest($4::integer[]),
        unnest($5::text[])::json,
-       unnest($6::timestamptz[]),
-       coalesce($7::timestamptz, now())
+       nullif(unnest($6::text[]), ''),
+       unnest($7::timestamptz[]),
+       coalesce($8::timestamptz, now())
 `
 
 type StepInsertSucceededParams struct {
@@ -61,6 +62,7 @@ type StepInsertSucceededParams struct {
 	Positions   []int32
 	Attempts    []int32
 	Outputs     []string
+	ResolvedBys []string
 	StartedAts  []time.Time
 	Now         *time.Time
 }
@@ -77,6 +79,7 @@ func (q *Queries) StepInsertSucceeded(ctx context.Context, db DBTX, arg StepInse
 		arg.Positions,
 		arg.Attempts,
 		arg.Outputs,
+		arg.ResolvedBys,
 		arg.StartedAts,
 		arg.Now,
 	)
@@ -84,7 +87,7 @@ func (q *Queries) StepInsertSucceeded(ctx context.Context, db DBTX, arg StepInse
 }
 
 const stepListByOperation = `-- name: StepListByOperation :many
-SELECT operation_id, name, position, state, attempts, output, last_error, started_at, finished_at FROM idemflow_step WHERE operation_id = $1 ORDER BY position
+SELECT operation_id, name, position, state, attempts, output, last_error, started_at, finished_at, last_cause, resolved_by FROM idemflow_step WHERE operation_id = $1 ORDER BY position
 `
 
 func (q *Queries) StepListByOperation(ctx context.Context, db DBTX, operationID pguuid.UUID) ([]*IdemflowStep, error) {
@@ -106,6 +109,8 @@ func (q *Queries) StepListByOperation(ctx context.Context, db DBTX, operationID 
 			&i.LastError,
 			&i.StartedAt,
 			&i.FinishedAt,
+			&i.LastCause,
+			&i.ResolvedBy,
 		); err != nil {
 			return nil, err
 		}
@@ -118,15 +123,17 @@ func (q *Queries) StepListByOperation(ctx context.Context, db DBTX, operationID 
 }
 
 const stepRecordFailure = `-- name: StepRecordFailure :exec
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, last_error, started_at, finished_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7,
-        CASE WHEN $4::text = 'failed' THEN coalesce($8::timestamptz, now()) END)
+INSERT INTO idemflow_step (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
+        CASE WHEN $4::text = 'failed' THEN coalesce($9::timestamptz, now()) END)
 ON CONFLICT (operation_id, name) DO UPDATE
 SET state = excluded.state,
     attempts = excluded.attempts,
     last_error = excluded.last_error,
+    last_cause = excluded.last_cause,
     finished_at = excluded.finished_at
-WHERE idemflow_step.state IN ('retrying', 'failed')
+WHERE idemflow_step.state = 'retrying'
+   OR idemflow_step.state = 'failed' AND excluded.state = 'failed'
 `
 
 type StepRecordFailureParams struct {
@@ -136,12 +143,15 @@ type StepRecordFailureParams struct {
 	State       string
 	Attempts    int32
 	LastError   *string
+	LastCause   *string
 	StartedAt   time.Time
 	Now         *time.Time
 }
 
 // Records a failed attempt: 'retrying' when another attempt will follow, 'failed'
-// when the step failed for good.
+// when the step failed for good. 'retrying' never overwrites 'failed', and
+// nothing overwrites a succeeded or compensated step. The run that writes it is
+// fenced by OperationFence in the same transaction.
 func (q *Queries) StepRecordFailure(ctx context.Context, db DBTX, arg StepRecordFailureParams) error {
 	_, err := db.Exec(ctx, stepRecordFailure,
 		arg.OperationID,
@@ -150,6 +160,7 @@ func (q *Queries) StepRecordFailure(ctx context.Context, db DBTX, arg StepRecord
 		arg.State,
 		arg.Attempts,
 		arg.LastError,
+		arg.LastCause,
 		arg.StartedAt,
 		arg.Now,
 	)
@@ -160,16 +171,19 @@ const stepUpdateSucceeded = `-- name: StepUpdateSucceeded :exec
 WITH u AS (
     SELECT unnest($1::text[]) AS name,
            unnest($2::integer[]) AS attempts,
-           unnest($3::text[])::json AS output
+           unnest($3::text[])::json AS output,
+           nullif(unnest($4::text[]), '') AS resolved_by
 ), upd AS (
     UPDATE idemflow_step AS s
     SET state = 'succeeded',
         attempts = u.attempts,
         output = u.output,
+        resolved_by = u.resolved_by,
         last_error = NULL,
-        finished_at = coalesce($4::timestamptz, now())
+        last_cause = NULL,
+        finished_at = coalesce($5::timestamptz, now())
     FROM u
-    WHERE s.operation_id = $5::uuid
+    WHERE s.operation_id = $6::uuid
       AND s.name = u.name
       AND s.state = 'retrying'
     RETURNING 1
@@ -181,6 +195,7 @@ type StepUpdateSucceededParams struct {
 	Names       []string
 	Attempts    []int32
 	Outputs     []string
+	ResolvedBys []string
 	Now         *time.Time
 	OperationID pguuid.UUID
 }
@@ -194,6 +209,7 @@ func (q *Queries) StepUpdateSucceeded(ctx context.Context, db DBTX, arg StepUpda
 		arg.Names,
 		arg.Attempts,
 		arg.Outputs,
+		arg.ResolvedBys,
 		arg.Now,
 		arg.OperationID,
 	)

@@ -56,21 +56,25 @@ type DemoRefund struct {
 }
 
 type IdemflowOperation struct {
-	ID          pguuid.UUID
-	Name        string
-	Scope       string
-	Key         string
-	State       string
-	Steps       []string
-	Input       []byte
-	Fingerprint []byte
-	Result      []byte
-	Error       []byte
-	Runs        int32
-	LockedBy    *pguuid.UUID
-	LockedUntil time.Time
-	CreatedAt   time.Time
-	FinishedAt  *time.Time
+	ID            pguuid.UUID
+	Name          string
+	Scope         string
+	Key           string
+	State         string
+	Steps         []string
+	Input         []byte
+	Fingerprint   []byte
+	Result        []byte
+	Error         []byte
+	Runs          int32
+	LockedBy      *pguuid.UUID
+	LockedUntil   time.Time
+	CreatedAt     time.Time
+	FinishedAt    *time.Time
+	KeySecret     []byte
+	AttentionCode *string
+	Attention     *string
+	Parked        bool
 }
 
 type IdemflowStep struct {
@@ -83,4 +87,6 @@ type IdemflowStep struct {
 	LastError   *string
 	StartedAt   time.Time
 	FinishedAt  *time.Time
+	LastCause   *string
+	ResolvedBy  *string
 }

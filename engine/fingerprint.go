@@ -1,0 +1,139 @@
+package engine
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"maps"
+	"slices"
+)
+
+// Fingerprint is what tells a retry of a Start from a different Start under the
+// same key: a hash of each top-level field of the input, and context that
+// identifies the request besides its input. The engine makes one from the
+// input (see OperationOpts.Unfingerprinted); a caller that knows better, such
+// as an HTTP layer that fingerprints the request body and adds the method and
+// the path, passes its own in StartOpts.Fingerprint.
+type Fingerprint struct {
+	// Fields maps a top-level field's name to a hash of its canonical JSON (see
+	// FieldHash). An input that is not a JSON object has one field, "".
+	Fields map[string]string `json:"fields"`
+	// Context maps names to values compared as they are, such as "method" and
+	// "path". A context name that differs is reported like a field.
+	Context map[string]string `json:"context,omitempty"`
+}
+
+// fingerprintVersion is the format of stored fingerprints: {"v":2,"fields":...,
+// "context":...}. Version 1, written by the idempotency package before the
+// engine fingerprinted, was {"method":...,"path":...,"fields":...}.
+const fingerprintVersion = 2
+
+type storedFingerprint struct {
+	V       int               `json:"v"`
+	Fields  map[string]string `json:"fields"`
+	Context map[string]string `json:"context,omitempty"`
+	// Method and Path are version 1's context.
+	Method string `json:"method,omitempty"`
+	Path   string `json:"path,omitempty"`
+}
+
+func (fp *Fingerprint) encode() []byte {
+	raw, _ := json.Marshal(storedFingerprint{V: fingerprintVersion, Fields: fp.Fields, Context: fp.Context}) // strings only
+	return raw
+}
+
+// decodeFingerprint reads a stored fingerprint, of either version. One that is
+// absent or unreadable is empty: every field of a new start differs from it.
+func decodeFingerprint(raw []byte) *Fingerprint {
+	var s storedFingerprint
+	if len(raw) == 0 || json.Unmarshal(raw, &s) != nil {
+		return &Fingerprint{}
+	}
+	fp := &Fingerprint{Fields: s.Fields, Context: s.Context}
+	if s.V < 2 {
+		fp.Context = map[string]string{"method": s.Method, "path": s.Path}
+	}
+	return fp
+}
+
+// FieldHash returns the hash that a Fingerprint keeps of a field whose value is
+// canonical, the hex SHA-256 of its bytes. Canonical JSON (object members sorted
+// by key, no white space, numbers in one form) is the caller's to make.
+func FieldHash(canonical []byte) string {
+	sum := sha256.Sum256(canonical)
+	return hex.EncodeToString(sum[:])
+}
+
+// fingerprintOf fingerprints an encoded input, leaving out the fields in
+// ignore. Each top-level value is hashed as encoding/json writes it after a
+// round trip through any (objects with their members sorted), so that inputs
+// equal as JSON values have equal fingerprints.
+func fingerprintOf(raw []byte, ignore []string) (*Fingerprint, error) {
+	fp := &Fingerprint{Fields: map[string]string{}}
+	if len(raw) == 0 || raw[0] != '{' {
+		c, err := canonical(raw)
+		if err != nil {
+			return nil, err
+		}
+		fp.Fields[""] = FieldHash(c)
+		return fp, nil
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return nil, err
+	}
+	for name, v := range fields {
+		if slices.Contains(ignore, name) {
+			continue
+		}
+		c, err := canonical(v)
+		if err != nil {
+			return nil, err
+		}
+		fp.Fields[name] = FieldHash(c)
+	}
+	return fp, nil
+}
+
+// canonical returns v as encoding/json writes it after a round trip through
+// any; scalars, which encoding/json writes in one form already, are kept.
+func canonical(v []byte) ([]byte, error) {
+	if len(v) == 0 || v[0] != '{' && v[0] != '[' {
+		return v, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(v))
+	dec.UseNumber()
+	var x any
+	if err := dec.Decode(&x); err != nil {
+		return nil, err
+	}
+	return json.Marshal(x)
+}
+
+// mismatches returns, sorted, the names whose hashes or values differ between
+// fp and stored (a name present in only one of them differs), leaving out the
+// fields in ignore on both sides, so that a change to that list applies to
+// operations stored before it.
+func (fp *Fingerprint) mismatches(stored *Fingerprint, ignore []string) []string {
+	var diff []string
+	compare := func(a, b map[string]string, skip []string) {
+		for name := range maps.Keys(a) {
+			if slices.Contains(skip, name) {
+				continue
+			}
+			if w, ok := b[name]; !ok || w != a[name] {
+				diff = append(diff, name)
+			}
+		}
+		for name := range maps.Keys(b) {
+			if _, ok := a[name]; !ok && !slices.Contains(skip, name) {
+				diff = append(diff, name)
+			}
+		}
+	}
+	compare(fp.Fields, stored.Fields, ignore)
+	compare(fp.Context, stored.Context, nil)
+	slices.Sort(diff)
+	return slices.Compact(diff)
+}
