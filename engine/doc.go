@@ -7,18 +7,23 @@
 // steps over an input In and a state S, and a function that builds the final result
 // Out. Steps are TxStep (writes to the database, committed with the step's
 // checkpoint, so exactly once) or ExternalStep (calls out with a derived
-// idempotency key, the same on every attempt, see DerivedKey). In, S and Out must
+// idempotency key, the same on every attempt; see "Derived keys"). In, S and Out must
 // survive a round trip through encoding/json: the input and the state after each
 // step are stored, and a resumed operation reads them back.
 //
 // # Starting and waiting
 //
-// Start reserves (scope, key) atomically (INSERT ... ON CONFLICT DO NOTHING) and
-// runs the first attempt at once in this process; StartTx does the reservation in
-// the caller's transaction and leaves the run to a River worker. A second Start
-// with the same key does not run anything: it returns the existing operation, its
-// fingerprint and, once finished, its stored result. Started.Wait and Engine.Wait
-// wait for the result; a first attempt hands it over without a poll.
+// Start reserves (scope, key) atomically (a plain INSERT: a taken key is a unique
+// violation) and runs the first attempt at once in this process; StartTx does the
+// reservation in the caller's transaction and leaves the run to a River worker.
+// A second Start with the same key runs nothing: with the same input it returns
+// the existing operation and, once finished, its stored result; with another
+// input it is refused with a *KeyReusedError naming the top-level fields that
+// differ (a Fingerprint, one hash per field, is stored with the operation;
+// OperationOpts.Unfingerprinted leaves fields out). Started.Wait and Engine.Wait
+// wait for the result; a first attempt hands it over without a poll. A first
+// attempt runs on its input and state as they decode from JSON, as a resumed run
+// does, and NewOperation refuses types that would not survive that.
 //
 // # What a first attempt costs
 //
@@ -43,28 +48,79 @@
 // transaction is one batch, which PostgreSQL runs as an implicit transaction,
 // without BEGIN or COMMIT.
 //
-// # Failures
+// # Failure
 //
-// A step that returns an error is retried after a backoff (RetryPolicy) by a River
-// job scheduled in the same transaction that records the failure; lookups let an
-// external step find out whether a lost attempt went through. A *PermanentError
-// (Fail, Permanent), or a step out of attempts, ends the operation failed: the
-// compensations of the steps that had succeeded run last first, and the error is
-// stored as the operation's answer.
+// The engine follows Garcia-Molina and Salem's sagas. A step is compensatable
+// (a TxStep, or an ExternalStep with a Compensate), a pivot (an ExternalStep
+// without one: a call that cannot be undone), or retriable (any step after a
+// pivot). Once a pivot has succeeded the operation only goes forward: a later
+// step that keeps failing is retried past its MaxAttempts every
+// RetryPolicy.Cap, never given up, and the operation is marked as needing
+// attention (Info.Attention) meanwhile; a permanent failure there, or of the
+// result function, parks it for an operator; nothing is compensated.
+//
+// Before the pivot, a step that returns a *PermanentError (Fail, Permanent) or
+// runs out of attempts ends the operation failed: the compensations of the
+// steps that had succeeded run, last first, and the error is stored as the
+// operation's answer. Money is not moved back on a guess: an external step out
+// of attempts (or failing with a server fault) may have gone through, so its
+// lookup is asked by derived key first; found, the operation goes forward;
+// not found, it is compensated; without a lookup it is parked, needing
+// attention, with nothing undone. Engine.Cancel asks the same way, and refuses
+// (ErrPastPivot) an operation past its pivot.
+//
+// A transient failure is retried after a backoff (RetryPolicy): waited out in
+// the run when short, else by a River job scheduled in the transaction that
+// records the failure. A panic in a step, a lookup, a compensation or the
+// result function is one failed attempt, never the process's end.
+//
+// # Parked operations
+//
+// Some operations can go neither forward nor back without a person: a step
+// returned a HaltError (a provider's answer that does not match the request), a
+// permanent failure after the pivot, an outcome nobody can tell, an input or
+// state that no longer decodes. Those are parked: in progress, needing
+// attention, left alone by every run until an operator retries (Engine.Retry)
+// or cancels (Engine.Cancel) them. A client retrying its key meanwhile gets the
+// operation in progress.
+//
+// # Errors
+//
+// Every failure has a text for the client and one for operators:
+// PermanentError's Message and Cause, StepInfo's LastError and LastCause. The
+// client's names nothing internal (no SQL, URL, Go error text or stack).
+// PermanentError.ServerFault says whether a failure is a server fault (a step
+// out of attempts, a failed compensation or result function, Permanent) rather
+// than a business answer (Fail): what an HTTP layer answers 500 for.
 //
 // # Crashes
 //
-// A run holds its operation through a lease on the operation's row, renewed while
-// it works. When a process dies its leases expire; the sweeper, which runs in
-// every process with started workers, hands such operations to River workers,
-// which resume each at its first unfinished step. Checkpoints are written with
-// INSERT ... ON CONFLICT, so a run that lost its lease and still finishes a step
-// finds the checkpoint taken, and its transaction, the step's writes with it,
-// fails.
+// A run holds its operation through a lease on the operation's row, renewed
+// while it works; a run that cannot renew stops before its lease runs out. When
+// a process dies its leases expire; the sweeper, which runs in every process
+// with started workers, hands such operations to River workers, which resume
+// each at its first unfinished step. Every transaction of a run is fenced by
+// the run: the first by the reservation, the last by the statement that stores
+// the result, the others by OperationFence (a FOR SHARE lock on the row, so that
+// another run's claim waits for the commit and then reads it). A checkpoint is
+// keyed by (operation, step) too. A run that lost its lease and still finishes
+// a step cannot commit it, nor the step's writes. Leases, retry times and the
+// retention horizon use the database's clock.
+//
+// # Derived keys
+//
+// An external step's Call.Key comes from the operation's id and a random
+// secret chosen at its reservation (scheme "idf2_"): the same on every attempt,
+// unknown to anyone without the database, and new for a new operation under a
+// client key that was used before (after retention deleted the old one), so it
+// never meets the old operation's records at a provider. Operations reserved
+// before that scheme keep their "idf1_" keys.
 //
 // # Versioning
 //
 // An operation records the step list it was started with and is resumed by that
 // list. A process whose definition lacks a step that the operation still needs
-// ends it failed with a VersionError's message, code "definition_changed".
+// never fails or compensates it: it leaves it in progress, needing attention
+// (CodeDefinitionChanged), for a process that has the step, trying again every
+// minute or lease.
 package engine

@@ -49,7 +49,8 @@ type CompensateFunc[In, S any] func(ctx context.Context, tx Tx, in In, state *S)
 // Call describes one attempt of an external step.
 type Call struct {
 	// Key is the derived idempotency key: the same for every attempt of this step
-	// of this operation, in every process. See DerivedKey.
+	// of this operation, in every process, and unknown to anyone without the
+	// database (see the package documentation, "Derived keys").
 	Key string
 	// Attempt counts the attempts of this step, from 1.
 	Attempt int

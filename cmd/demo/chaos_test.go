@@ -112,6 +112,8 @@ type chaosRun struct {
 	ctx    context.Context // ends when the test does
 	http   *http.Client
 	nDemos int // demos started, for their log files' names
+	// stepFaults counts the demos started with each of chaosStepFaults.
+	stepFaults map[string]int
 
 	mu      sync.Mutex
 	demos   [chaosProcesses]*demo // the running ones
@@ -194,7 +196,7 @@ func newChaosRun(t *testing.T, seed uint64) *chaosRun {
 			// A fast shutdown checkpoints: durability is not what is tested.
 			Settings: map[string]string{"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"},
 		},
-		faults: map[string]int{},
+		faults: map[string]int{}, stepFaults: map[string]int{},
 	}
 	transport := &http.Transport{MaxIdleConnsPerHost: 64, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext}
 	r.http = &http.Client{Transport: transport}
@@ -228,6 +230,9 @@ func newChaosRun(t *testing.T, seed uint64) *chaosRun {
 	return r
 }
 
+// chaosStepFaults are the step faults that the demos inject, in turn.
+var chaosStepFaults = []string{"", "DEMO_PANIC=provider:1", "DEMO_FAIL=finalize:12", "DEMO_PANIC=ledger:1"}
+
 // spawn starts a demo on the run's database, as startDemo does, but with its
 // output in files of the run's directory rather than in the test's log: a long
 // run starts hundreds. It returns before the demo listens.
@@ -246,6 +251,14 @@ func (r *chaosRun) spawn() *demo {
 
 	cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-retry-backoff", "50ms", "-wait", "2s", "-lease", "1s")
 	cmd.Env = append(demoEnviron(), "DATABASE_URL="+r.dbURL)
+	// Every demo but one in four also injects step faults of its own, in every
+	// operation it runs: panics before and at the provider call, and a finalize
+	// that fails past the maximum attempts (10), after the provider refunded:
+	// retried at the cap until it succeeds, never compensated.
+	faults := chaosStepFaults[r.nDemos%len(chaosStepFaults)]
+	if faults != "" {
+		cmd.Env = append(cmd.Env, faults)
+	}
 	setDeathSignal(cmd)
 	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()
@@ -271,6 +284,7 @@ func (r *chaosRun) spawn() *demo {
 	}()
 	r.mu.Lock()
 	r.started = append(r.started, d)
+	r.stepFaults[faults]++
 	r.mu.Unlock()
 	return d
 }
@@ -1065,6 +1079,9 @@ func (r *chaosRun) report() {
 		fmt.Sprintf("  provider faults:    %d injections (error %d, lost_response %d, slow %d) for up to %d refund requests",
 			r.faultInjections.Load(), r.faults["error"], r.faults["lost_response"], r.faults["slow"], r.faultRequests.Load()),
 		fmt.Sprintf("  database restarts:  %d (fast shutdown, down up to 1s, start)", r.dbRestarts.Load()),
+		fmt.Sprintf("  step faults:        demos started with none %d, %s %d, %s %d, %s %d", r.stepFaults[""],
+			chaosStepFaults[1], r.stepFaults[chaosStepFaults[1]], chaosStepFaults[2], r.stepFaults[chaosStepFaults[2]],
+			chaosStepFaults[3], r.stepFaults[chaosStepFaults[3]]),
 		fmt.Sprintf("  duplicates found:   %d", r.dups),
 		fmt.Sprintf("  operations lost:    %d", r.lost),
 		fmt.Sprintf("  longest recovery:   %s from the first request to the final answer (%s); %s from a kill or restart to the final answer of a key it interrupted (%s); %d keys interrupted",
