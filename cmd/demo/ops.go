@@ -13,7 +13,7 @@ import (
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 
-const opsUsage = `usage: demo ops [flags] list [in_progress|succeeded|failed]
+const opsUsage = `usage: demo ops [flags] list [in_progress|succeeded|failed]   (default failed)
        demo ops [flags] retry <operation id>
        demo ops [flags] cancel <operation id> [reason]`
 
@@ -84,6 +84,12 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 			line := fmt.Sprintf("%s  %-7s %-11s %s/%s", info.ID, info.Name, info.Status, info.Scope, info.Key)
 			if info.Error != nil {
 				line += "  " + info.Error.Error()
+			}
+			if info.NeedsAttention() {
+				line += "  needs attention: " + info.Attention.Code + ": " + info.Attention.Reason
+				if info.Parked {
+					line += " (parked: retry or cancel it)"
+				}
 			}
 			fmt.Fprintln(stdout, line)
 		}
