@@ -69,6 +69,18 @@ func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 	if reason == "" {
 		reason = "cancelled by an operator"
 	}
+	if def := e.defs[rec.Name]; def != nil {
+		// Refused whoever holds it: a live run too only goes forward from here.
+		steps, err := e.store.StepListByOperation(ctx, e.pool, id)
+		if err != nil {
+			return nil, fmt.Errorf("engine: cancel %s: %w", id, err)
+		}
+		for _, st := range steps {
+			if i, ok := def.index[st.Name]; (!ok || def.steps[i].pivot()) && st.State == store.StepSucceeded {
+				return nil, fmt.Errorf("engine: cancel %s: %w: step %s cannot be undone and has succeeded", id, ErrPastPivot, st.Name)
+			}
+		}
+	}
 	cancelled := &PermanentError{Code: CodeCancelled, Message: "the operation was cancelled by an operator", Cause: reason}
 	info, err := e.claimAndRun(ctx, id, rec.Name, cancelled)
 	if errors.Is(err, errNotClaimed) {
