@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -88,6 +89,21 @@ type Config struct {
 	RetentionInterval time.Duration
 	// Hook, when set, is called at each Point of every step attempt.
 	Hook HookFunc
+	// ControlPool, when set, is the pool of the engine's own work: lease
+	// renewals, the sweeper, the retention job, and River's producer, leader
+	// and job completions. A pool of its own (4 connections are plenty) keeps
+	// the application's traffic on the main pool from starving the leases.
+	// Defaults to the main pool.
+	ControlPool *pgxpool.Pool
+	// MaxInFlight bounds the first attempts that run in this process at once:
+	// beyond it Start answers ErrOverloaded at once, reserving nothing (resumes
+	// are bounded by MaxWorkers). Defaults to 1000; negative means no bound.
+	MaxInFlight int
+	// AcquireTimeout bounds the wait for a connection of the main pool for a
+	// step's transaction: a starved pool fails the attempt (a first attempt's
+	// reservation: the Start, with ErrUnavailable) rather than wait for ever.
+	// Defaults to 5 seconds.
+	AcquireTimeout time.Duration
 }
 
 // The defaults of Config.
@@ -100,6 +116,8 @@ const (
 	DefaultInlineRetry   = 5 * time.Second
 	DefaultRetention     = 24 * time.Hour
 	DefaultRetentionRun  = time.Minute
+	DefaultMaxInFlight   = 1000
+	DefaultAcquire       = 5 * time.Second
 )
 
 func (c Config) withDefaults() Config {
@@ -130,6 +148,12 @@ func (c Config) withDefaults() Config {
 	if c.RetentionInterval == 0 {
 		c.RetentionInterval = DefaultRetentionRun
 	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.AcquireTimeout == 0 {
+		c.AcquireTimeout = DefaultAcquire
+	}
 	return c
 }
 
@@ -145,6 +169,8 @@ func (c Config) validate() error {
 		return errors.New("max workers must be at least 1")
 	case c.Retention < 0, c.RetentionInterval < 0:
 		return errors.New("retention and its interval must not be negative")
+	case c.AcquireTimeout < 0:
+		return errors.New("acquire timeout must not be negative")
 	}
 	return nil
 }
@@ -152,8 +178,10 @@ func (c Config) validate() error {
 // Engine starts, runs and resumes operations. Make one with New; it is safe for
 // concurrent use.
 type Engine struct {
-	pool   *pgxpool.Pool
-	store  *store.Store
+	pool *pgxpool.Pool
+	// control is the pool of the engine's own work (Config.ControlPool).
+	control *pgxpool.Pool
+	store   *store.Store
 	river  *river.Client[pgx.Tx]
 	cfg    Config
 	logger *slog.Logger
@@ -172,6 +200,8 @@ type Engine struct {
 
 	// waitLogged holds the operations this process said once it cannot run.
 	waitLogged sync.Map
+	// inFlight counts the first attempts running in this process.
+	inFlight atomic.Int64
 }
 
 // New returns an Engine that keeps its operations in pool's database, which must
@@ -188,8 +218,13 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("engine: invalid config: %w", err)
 	}
+	control := c.ControlPool
+	if control == nil {
+		control = pool
+	}
 	e := &Engine{
 		pool:    pool,
+		control: control,
 		store:   store.New(),
 		cfg:     c,
 		logger:  c.Logger,
@@ -212,7 +247,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err := river.AddWorkerSafely(workers, &retentionWorker{e: e}); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+	rc, err := river.NewClient(riverpgxv5.New(control), &river.Config{
 		Logger:  c.Logger,
 		Queues:  map[string]river.QueueConfig{c.Queue: {MaxWorkers: c.MaxWorkers}},
 		Workers: workers,

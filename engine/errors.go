@@ -1,9 +1,12 @@
 package engine
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"runtime/debug"
 	"strings"
 
@@ -41,7 +44,42 @@ var (
 	// ErrKeyReused is matched by the *KeyReusedError of a Start whose key an
 	// operation with another input holds.
 	ErrKeyReused = errors.New("idempotency key reused with a different input")
+	// ErrOverloaded is returned by Start, at once and with nothing reserved,
+	// when Config.MaxInFlight first attempts already run in this process.
+	ErrOverloaded = errors.New("too many operations in flight")
+	// ErrUnavailable is matched by the error of a Start that could not reach the
+	// database, or got no answer in time: nothing was reserved, or (when the
+	// answer was lost) the key's operation runs and a retry finds it.
+	ErrUnavailable = errors.New("database unavailable")
 )
+
+// IsUnavailable reports whether err says that the database could not be
+// reached or did not answer in time (a refused or lost connection, a timeout,
+// a server shutting down or out of connections), rather than answered: what an
+// HTTP layer answers 503 with Retry-After for.
+func IsUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
+			pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", // shutting down, cannot connect now
+			pgErr.Code == "53300", // too many connections
+			pgErr.Code == "57014": // statement timeout, or cancelled
+			return true
+		}
+		return false
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err)
+}
 
 // The codes that the engine itself gives the failures of operations and the
 // reasons an operation needs attention. Codes that steps give (engine.Fail)

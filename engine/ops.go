@@ -145,7 +145,7 @@ func (e *Engine) deleteFinished(ctx context.Context, p store.OperationDeleteFini
 	p.Max, p.Timeout = retentionBatch, retentionBatchTimeout
 	total := 0
 	for {
-		n, err := e.store.OperationDeleteFinished(ctx, e.pool, p)
+		n, err := e.store.OperationDeleteFinished(ctx, e.control, p)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("engine: %w", err)

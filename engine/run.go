@@ -133,7 +133,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		// waiting for the lease to expire.
 		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
-		if _, _, rerr := r.e.store.OperationRelease(releaseCtx, r.e.pool, r.id, r.runID, 0, 0); rerr != nil {
+		if _, _, rerr := r.e.store.OperationRelease(releaseCtx, r.e.control, r.id, r.runID, 0, 0); rerr != nil {
 			r.logger().WarnContext(ctx, "could not release the operation; it resumes once its lease expires", slog.Any("error", rerr))
 		} else {
 			r.logger().InfoContext(ctx, "run stopped with the engine; the operation resumes at the next sweep")
@@ -771,7 +771,7 @@ func (r *run) begin(ctx context.Context) *txn {
 // beginLast is begin for a transaction that ends the operation with its
 // result: the statement that does (OperationFinish) is the fence.
 func (r *run) beginLast(ctx context.Context) *txn {
-	tx := newTxn(r.e.pool)
+	tx := newTxn(r.e.pool, r.e.cfg.AcquireTimeout)
 	if r.insert != nil {
 		// Only queued: it cannot fail here.
 		_ = r.e.store.OperationReserve(ctx, tx.queue(), *r.insert)
@@ -933,10 +933,20 @@ func (r *run) keepLease(ctx context.Context) (stop func()) {
 			return
 		}
 		next := every
-		if r.isReserved() {
+		if !r.isReserved() && time.Until(held) <= margin {
+			// The reservation has not committed in a lease (the database does
+			// not answer): stop, so that nothing waits on it for ever. Should it
+			// commit after all, its lease has expired, and a sweep resumes it.
+			r.logger().ErrorContext(ctx, "the reservation did not commit within the lease; stopping the run")
+			r.cancelRun(errLeaseExpiring)
+			return
+		}
+		if !r.isReserved() {
+			next = min(every, max(time.Until(held)-margin, time.Millisecond))
+		} else {
 			sent := time.Now()
 			rctx, cancel := context.WithTimeout(ctx, min(every, time.Until(held)-margin))
-			ok, err := r.e.store.OperationRenewLease(rctx, r.e.pool, r.id, r.runID, lease)
+			ok, err := r.e.store.OperationRenewLease(rctx, r.e.control, r.id, r.runID, lease)
 			cancel()
 			switch {
 			case err != nil && ctx.Err() != nil:

@@ -93,7 +93,12 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 	if err != nil {
 		return nil, fmt.Errorf("engine: input of %q does not survive encoding/json: %w", def.name, err)
 	}
+	if max := e.cfg.MaxInFlight; e.inFlight.Add(1) > int64(max) && max > 0 {
+		e.inFlight.Add(-1)
+		return nil, fmt.Errorf("engine: start %q: %w (%d)", def.name, ErrOverloaded, max)
+	}
 	if !e.addRun() {
+		e.inFlight.Add(-1)
 		return nil, ErrStopped
 	}
 	r := &run{
@@ -122,16 +127,21 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 	state, err := def.decodeState(nil)
 	if err != nil {
 		e.runs.Done()
+		e.inFlight.Add(-1)
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	r.state = state
 	go func() {
 		defer e.runs.Done()
+		defer e.inFlight.Add(-1)
 		r.execute(e.baseCtx)
 	}()
 
 	select {
 	case res := <-r.local.reserved:
+		if res.err != nil && IsUnavailable(res.err) {
+			return nil, fmt.Errorf("engine: start %q: %w: %w", def.name, ErrUnavailable, res.err)
+		}
 		if res.err != nil {
 			return nil, res.err
 		}

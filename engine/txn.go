@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -26,6 +27,8 @@ import (
 // A txn is a Tx for the step. It is not safe for concurrent use.
 type txn struct {
 	pool *pgxpool.Pool
+	// acquireTimeout bounds the wait for a connection.
+	acquireTimeout time.Duration
 	// prelude is sent after BEGIN, before anything else.
 	prelude *pgx.Batch
 	conn    *pgxpool.Conn
@@ -41,8 +44,24 @@ type txn struct {
 
 var _ Tx = (*txn)(nil)
 
-func newTxn(pool *pgxpool.Pool) *txn {
-	return &txn{pool: pool, prelude: &pgx.Batch{}}
+func newTxn(pool *pgxpool.Pool, acquireTimeout time.Duration) *txn {
+	return &txn{pool: pool, acquireTimeout: acquireTimeout, prelude: &pgx.Batch{}}
+}
+
+// acquire takes the transaction's connection from the pool, waiting at most
+// acquireTimeout (when positive).
+func (t *txn) acquire(ctx context.Context) error {
+	if t.acquireTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, t.acquireTimeout)
+		defer cancel()
+	}
+	conn, err := t.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("engine: acquire a connection: %w", err)
+	}
+	t.conn = conn
+	return nil
 }
 
 // queue queues the engine's statements for the prelude: q is a store.Queue.
@@ -60,11 +79,9 @@ func (t *txn) send(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 		return t.tx.SendBatch(ctx, b)
 	}
 	if t.conn == nil {
-		conn, err := t.pool.Acquire(ctx)
-		if err != nil {
-			return pgx.FailedBatchResults(b, fmt.Errorf("engine: acquire a connection: %w", err))
+		if err := t.acquire(ctx); err != nil {
+			return pgx.FailedBatchResults(b, err)
 		}
-		t.conn = conn
 	}
 	all := &pgx.Batch{}
 	all.BeginTx(pgx.TxOptions{})
@@ -222,11 +239,9 @@ func (t *txn) commitImplicit(ctx context.Context, last *pgx.Batch) error {
 		return nil // nothing to write
 	}
 	if t.conn == nil {
-		conn, err := t.pool.Acquire(ctx)
-		if err != nil {
-			return fmt.Errorf("engine: acquire a connection: %w", err)
+		if err := t.acquire(ctx); err != nil {
+			return err
 		}
-		t.conn = conn
 	}
 	br := t.conn.SendBatch(ctx, b)
 	if err := t.readCommitted(br, t.prelude.Len(), last.Len()); err != nil {

@@ -63,12 +63,12 @@ func (e *Engine) sweepLoop(ctx context.Context) {
 // job was lost) to a resume job, and returns when they are enqueued. Each process
 // with started workers calls it every SweepInterval; tests and operators may too.
 func (e *Engine) Sweep(ctx context.Context) error {
-	expired, err := e.store.OperationListExpired(ctx, e.pool, sweepBatch, nil)
+	expired, err := e.store.OperationListExpired(ctx, e.control, sweepBatch, nil)
 	if err != nil {
 		return fmt.Errorf("engine: sweep: %w", err)
 	}
 	for _, op := range expired {
-		tx, err := e.pool.Begin(ctx)
+		tx, err := e.control.Begin(ctx)
 		if err != nil {
 			return fmt.Errorf("engine: sweep: %w", err)
 		}

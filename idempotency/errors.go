@@ -19,6 +19,9 @@ const (
 	CodeRequestInProgress  = "request_in_progress"
 	CodeInternalError      = "internal_error"
 	CodeServiceUnavailable = "service_unavailable"
+	// CodeOverloaded answers a request that this process has no room to run
+	// (engine.ErrOverloaded): 503 with Retry-After, no key consumed.
+	CodeOverloaded = "overloaded"
 	// CodeOperationFailed answers an operation that ended with a server fault
 	// (engine.PermanentError.ServerFault), with a fixed message: 500.
 	CodeOperationFailed = "operation_failed"

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -22,8 +23,9 @@ const (
 	DefaultMaxBodyBytes  = 64 << 10
 	DefaultWait          = 5 * time.Second
 	DefaultRetryAfter    = time.Second
-	DefaultSuccessStatus = http.StatusCreated
-	DefaultErrorStatus   = http.StatusUnprocessableEntity
+	DefaultSuccessStatus  = http.StatusCreated
+	DefaultErrorStatus    = http.StatusUnprocessableEntity
+	DefaultReserveTimeout = 8 * time.Second
 )
 
 // The headers this package reads and writes.
@@ -51,9 +53,16 @@ type Config struct {
 	// reserved (the reservation commits with the operation's first database
 	// step, which Wait does not bound). Defaults to 5 seconds.
 	Wait time.Duration
-	// RetryAfter is what the Retry-After header of a 409 request_in_progress
-	// says, rounded up to whole seconds and at least 1. Defaults to 1 second.
+	// RetryAfter is what the Retry-After header of a 409 request_in_progress,
+	// and of a 503, says, rounded up to whole seconds and at least 1. Defaults
+	// to 1 second.
 	RetryAfter time.Duration
+	// ReserveTimeout bounds how long a first request waits for its key's
+	// reservation to commit (it goes with the operation's first database
+	// step): a database that does not answer gets a 503 service_unavailable
+	// with Retry-After by then, rather than a request that hangs. Defaults to 8
+	// seconds.
+	ReserveTimeout time.Duration
 	// OperationPathFunc returns the Location of a 202: where the client reads the
 	// operation. Defaults to "/operations/<id>".
 	OperationPathFunc func(id uuid.UUID) string
@@ -71,6 +80,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RetryAfter == 0 {
 		c.RetryAfter = DefaultRetryAfter
+	}
+	if c.ReserveTimeout == 0 {
+		c.ReserveTimeout = DefaultReserveTimeout
 	}
 	if c.OperationPathFunc == nil {
 		c.OperationPathFunc = func(id uuid.UUID) string { return "/operations/" + id.String() }
@@ -91,8 +103,8 @@ func (c Config) validate() error {
 		return errors.New("max body bytes must not be negative")
 	case c.Wait < 0:
 		return errors.New("wait must not be negative")
-	case c.RetryAfter < 0:
-		return errors.New("retry after must not be negative")
+	case c.RetryAfter < 0, c.ReserveTimeout < 0:
+		return errors.New("retry after and reserve timeout must not be negative")
 	}
 	return nil
 }
@@ -162,6 +174,8 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 	ctx := r.Context()
 	scope, err := ep.cfg.ScopeFunc(r)
 	if err != nil {
+		// The body is not read: the connection closes rather than wait for it.
+		w.Header().Set("Connection", "close")
 		WriteError(w, http.StatusUnauthorized, CodeUnauthenticated, err.Error(), nil)
 		return
 	}
@@ -182,11 +196,20 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 
 	// No read first: the reservation finds a taken key, and only then does the
 	// engine read the operation that holds it.
-	started, err := engine.Start(ctx, ep.cfg.Engine, ep.op, scope, key, in, &engine.StartOpts{Fingerprint: fp})
+	rctx, cancel := context.WithTimeout(ctx, ep.cfg.ReserveTimeout)
+	started, err := engine.Start(rctx, ep.cfg.Engine, ep.op, scope, key, in, &engine.StartOpts{Fingerprint: fp})
+	cancel()
 	var reused *engine.KeyReusedError
 	switch {
 	case ctx.Err() != nil:
 		return // the client has gone
+	case errors.Is(err, engine.ErrOverloaded):
+		ep.unavailable(w, CodeOverloaded, "the server has too many operations in flight; retry with the same key")
+		return
+	case engine.IsUnavailable(err):
+		log.WarnContext(ctx, "the database did not answer the reservation", slog.Any("error", err))
+		ep.unavailable(w, CodeServiceUnavailable, "the database is not available; retry with the same key")
+		return
 	case errors.As(err, &reused):
 		w.Header().Set(HeaderOperationID, reused.ID.String())
 		WriteError(w, http.StatusUnprocessableEntity, CodeKeyReused,
@@ -194,7 +217,7 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 			map[string]any{"mismatchedFields": reused.Fields})
 		return
 	case errors.Is(err, engine.ErrStopped):
-		WriteError(w, http.StatusServiceUnavailable, CodeServiceUnavailable, "the server is shutting down; retry with the same key", nil)
+		ep.unavailable(w, CodeServiceUnavailable, "the server is shutting down; retry with the same key")
 		return
 	case err != nil:
 		ep.internalError(ctx, w, log, "start the operation", err)
@@ -234,7 +257,15 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 func (ep *endpoint[In, S, Out]) readRequest(w http.ResponseWriter, r *http.Request) (In, *engine.Fingerprint, bool) {
 	var in In
 	data, err := readBody(r, ep.cfg.MaxBodyBytes)
+	var netErr net.Error
+	if errors.As(err, &netErr) && netErr.Timeout() {
+		// The client stalled past the server's read deadline: no answer, the
+		// connection is closed.
+		panic(http.ErrAbortHandler)
+	}
 	if errors.Is(err, errTooLarge) {
+		// The rest of the body is not read: the connection closes.
+		w.Header().Set("Connection", "close")
 		WriteError(w, http.StatusRequestEntityTooLarge, CodeRequestTooLarge,
 			fmt.Sprintf("the request body is larger than %d bytes", ep.cfg.MaxBodyBytes), nil)
 		return in, nil, false
@@ -288,6 +319,13 @@ func (ep *endpoint[In, S, Out]) answerExisting(w http.ResponseWriter, info *engi
 	}
 	w.Header().Set(HeaderReplayed, "true")
 	ep.answerFinished(w, info)
+}
+
+// unavailable answers 503 with Retry-After: the request did not run, and the
+// same key may be sent again.
+func (ep *endpoint[In, S, Out]) unavailable(w http.ResponseWriter, code, message string) {
+	w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(ep.cfg.RetryAfter), 10))
+	WriteError(w, http.StatusServiceUnavailable, code, message, nil)
 }
 
 func retryAfterSeconds(d time.Duration) int64 {

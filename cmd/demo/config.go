@@ -29,6 +29,8 @@ type config struct {
 	retention    time.Duration // -retention, DEMO_RETENTION
 	panics       *stepFault    // DEMO_PANIC
 	fails        *stepFault    // DEMO_FAIL
+	maxInFlight  int           // -max-in-flight, DEMO_MAX_IN_FLIGHT
+	providerAddr string        // -provider-addr, DEMO_PROVIDER_ADDR
 }
 
 // stepFault is a fault that DEMO_PANIC or DEMO_FAIL injects: the step's first n
@@ -52,7 +54,7 @@ type crashPoint struct {
 
 const crashExitCode = 86
 
-var defaultClients = []client{{"merchant-a", "demo-token-a"}, {"merchant-b", "demo-token-b"}}
+var defaultClients = []client{{name: "merchant-a", token: "demo-token-a"}, {name: "merchant-b", token: "demo-token-b"}}
 
 // parseConfig reads the flags in args (without the program name) and the
 // environment through getenv.
@@ -74,6 +76,8 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	dataDir := fs.String("data-dir", env("DEMO_DATA_DIR", ""), "data directory of the private PostgreSQL cluster used when DATABASE_URL is unset (DEMO_DATA_DIR); default: $XDG_DATA_HOME/idemflow/demo-pg")
 	maxAttempts := fs.String("max-attempts", env("DEMO_MAX_ATTEMPTS", "10"), "attempts of a step that keeps failing transiently before the operation ends with a server fault (before the provider refunded) or needs attention (after) (DEMO_MAX_ATTEMPTS)")
 	retention := fs.String("retention", env("DEMO_RETENTION", "24h"), "how long a finished operation, its key and its stored answer are kept (DEMO_RETENTION)")
+	maxInFlight := fs.String("max-in-flight", env("DEMO_MAX_IN_FLIGHT", "1000"), "operations this process runs at once; beyond, a new keyed request answers 503 overloaded (DEMO_MAX_IN_FLIGHT)")
+	providerAddr := fs.String("provider-addr", env("DEMO_PROVIDER_ADDR", ""), "serve the fake provider on a listener of its own at this address instead of under /provider (DEMO_PROVIDER_ADDR)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -111,6 +115,13 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	}
 	if c.retention, err = parsePositiveDuration(*retention); err != nil {
 		return nil, fmt.Errorf("-retention: %w", err)
+	}
+	if c.maxInFlight, err = strconv.Atoi(strings.TrimSpace(*maxInFlight)); err != nil || c.maxInFlight < 1 {
+		return nil, fmt.Errorf("-max-in-flight: %q is not a positive integer", *maxInFlight)
+	}
+	c.providerAddr = *providerAddr
+	if c.providerAddr != "" && c.providerURL != "" {
+		return nil, errors.New("-provider-addr serves the fake provider, -provider-url names another: give one")
 	}
 	if c.panics, err = parseStepFault(getenv("DEMO_PANIC")); err != nil {
 		return nil, fmt.Errorf("DEMO_PANIC: %w", err)

@@ -28,6 +28,7 @@ import (
 
 	"github.com/idemflow/idemflow/cmd/demo/provider"
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idempotency"
 	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
@@ -82,6 +83,11 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 	if err := migrate(ctx, pool, logger); err != nil {
 		return err
 	}
+	control, err := openControlPool(ctx, pool, cfg.lease)
+	if err != nil {
+		return err
+	}
+	defer control.Close()
 
 	// The listener comes first: the default provider URL is this server's own.
 	ln, err := net.Listen("tcp", cfg.addr)
@@ -92,12 +98,28 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 	providerURL := cfg.providerURL
 	var providerHandler http.Handler
 	if providerURL == "" {
-		providerURL = "http://" + ln.Addr().String() + "/provider"
 		p, err := provider.New(pool, &provider.Config{Logger: logger})
 		if err != nil {
 			return err
 		}
-		providerHandler = p.Handler()
+		if cfg.providerAddr == "" {
+			providerURL = "http://" + ln.Addr().String() + "/provider"
+			providerHandler = p.Handler()
+		} else {
+			// On a listener of its own: a real deployment never exposes its
+			// provider's fake on the API's.
+			pln, err := net.Listen("tcp", cfg.providerAddr)
+			if err != nil {
+				return fmt.Errorf("listen on %s: %w", cfg.providerAddr, err)
+			}
+			defer pln.Close()
+			providerURL = "http://" + pln.Addr().String()
+			limit := defaultMaxConns() / 4
+			psrv := newHTTPServer(p.Handler(), cfg.wait, 0, newConnLimiter(limit, limit))
+			go func() { _ = psrv.Serve(pln) }()
+			defer psrv.Close()
+			fmt.Fprintf(stdout, "fake payment provider listening on %s\n", providerURL)
+		}
 	}
 	wf, err := refund.New(&refund.ProviderClient{BaseURL: providerURL}, &refund.Config{Retry: retryPolicy(cfg)})
 	if err != nil {
@@ -112,6 +134,8 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		Retention:         cfg.retention,
 		RetentionInterval: min(cfg.retention, time.Minute),
 		Hook:              faultHook(cfg),
+		ControlPool:       control,
+		MaxInFlight:       cfg.maxInFlight,
 	})
 	if err != nil {
 		return err
@@ -126,7 +150,9 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 	if err != nil {
 		return err
 	}
-	httpServer := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	limit := defaultMaxConns()
+	httpServer := newHTTPServer(srv, cfg.wait, idempotency.DefaultReserveTimeout, newConnLimiter(limit, max(limit/4, 64)))
+	httpServer.ErrorLog = slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- httpServer.Serve(ln) }()
 	fmt.Fprintf(stdout, "idemflow demo listening on http://%s\n", ln.Addr())
@@ -170,7 +196,8 @@ func serveProvider(ctx context.Context, cfg *config, logger *slog.Logger, stdout
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.addr, err)
 	}
-	httpServer := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	limit := defaultMaxConns()
+	httpServer := newHTTPServer(mux, 0, 0, newConnLimiter(limit, max(limit/4, 64)))
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- httpServer.Serve(ln) }()
 	fmt.Fprintf(stdout, "fake payment provider listening on http://%s\n", ln.Addr())

@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"path"
 	"strings"
 	"time"
 
@@ -34,6 +37,8 @@ type serverConfig struct {
 type server struct {
 	cfg *serverConfig
 	mux *http.ServeMux
+	// digests are the SHA-256 of the clients' tokens, in cfg.clients' order.
+	digests [][sha256.Size]byte
 }
 
 type clientKey struct{}
@@ -41,6 +46,9 @@ type clientKey struct{}
 // newServer returns the demo's HTTP handler.
 func newServer(cfg *serverConfig) (*server, error) {
 	s := &server{cfg: cfg, mux: http.NewServeMux()}
+	for _, c := range cfg.clients {
+		s.digests = append(s.digests, sha256.Sum256([]byte(c.token)))
+	}
 	idem := &idempotency.Config{
 		Engine:    cfg.engine,
 		ScopeFunc: func(r *http.Request) (string, error) { return clientOf(r), nil },
@@ -69,54 +77,112 @@ func newServer(cfg *serverConfig) (*server, error) {
 		s.mux.Handle("/provider/", http.StripPrefix("/provider", cfg.provider))
 	}
 	s.mux.Handle("POST /orders", s.authenticated(orders))
-	s.mux.Handle("GET /orders/{orderId}", s.authenticated(http.HandlerFunc(s.getOrder)))
+	s.mux.Handle("GET /orders/{orderId}", s.authenticated(bounded(s.getOrder)))
 	s.mux.Handle("POST /refunds", s.authenticated(refunds))
-	s.mux.Handle("GET /refunds/{refundId}", s.authenticated(http.HandlerFunc(s.getRefund)))
-	s.mux.Handle("GET /accounts", s.authenticated(http.HandlerFunc(s.listAccounts)))
-	s.mux.Handle("GET /operations/{operationId}", s.authenticated(http.HandlerFunc(s.getOperation)))
+	s.mux.Handle("GET /refunds/{refundId}", s.authenticated(bounded(s.getRefund)))
+	s.mux.Handle("GET /accounts", s.authenticated(bounded(s.listAccounts)))
+	s.mux.Handle("GET /operations/{operationId}", s.authenticated(bounded(s.getOperation)))
 	// Patterns without a method catch the other methods, so that even a 405 is
 	// a JSON error.
 	for _, path := range []string{"/healthz", "/orders", "/orders/{orderId}", "/refunds", "/refunds/{refundId}", "/accounts", "/operations/{operationId}"} {
 		s.mux.HandleFunc(path, methodNotAllowed)
 	}
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		idempotency.WriteError(w, http.StatusNotFound, "not_found", "no such endpoint", nil)
-	})
+	s.mux.HandleFunc("/", notFound)
 	return s, nil
 }
 
-// ServeHTTP implements http.Handler.
-func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler. Headers over 64 KiB answer 431 (those
+// that net/http itself refuses, a few KiB larger, get its plain-text 431), and
+// a path that is not clean ("//refunds", "/orders/..") answers 404 rather than
+// the router's redirect: every answer is JSON.
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if headerBytes(r) > maxHeaderBytes {
+		w.Header().Set("Connection", "close")
+		idempotency.WriteError(w, http.StatusRequestHeaderFieldsTooLarge, "request_headers_too_large",
+			fmt.Sprintf("the request's headers are larger than %d bytes", maxHeaderBytes), nil)
+		return
+	}
+	if p := r.URL.Path; p != "*" && (p == "" || path.Clean(p) != p && path.Clean(p)+"/" != p) || strings.Contains(r.URL.Path, "//") {
+		notFound(w, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// headerBytes counts a request's header bytes as they were sent, near enough.
+func headerBytes(r *http.Request) int {
+	n := len(r.Method) + len(r.RequestURI) + len(r.Proto) + 4
+	for name, values := range r.Header {
+		for _, v := range values {
+			n += len(name) + len(v) + 4
+		}
+	}
+	return n
+}
 
 func methodNotAllowed(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Connection", "close") // the body, if any, is not read
 	idempotency.WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed here", nil)
+}
+
+func notFound(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Connection", "close") // the body, if any, is not read
+	idempotency.WriteError(w, http.StatusNotFound, "not_found", "no such endpoint", nil)
 }
 
 // authenticated answers 401 unless the request carries a known client's bearer
 // token, and passes the client's name on in the request's context. A request with
 // more than one Authorization header is refused: which of them counts would be
 // anybody's guess (a proxy may read the last where this server reads the first).
+// A 401 does not read the body: the connection closes after it.
 func (s *server) authenticated(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if len(r.Header.Values("Authorization")) > 1 {
-			idempotency.WriteError(w, http.StatusUnauthorized, "unauthenticated", "more than one Authorization header", nil)
+		refuse := func(message string) {
+			w.Header().Set("Connection", "close")
+			idempotency.WriteError(w, http.StatusUnauthorized, "unauthenticated", message, nil)
+		}
+		values := r.Header.Values("Authorization")
+		if len(values) > 1 {
+			refuse("more than one Authorization header")
 			return
 		}
-		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		name := ""
-		if ok {
-			for _, c := range s.cfg.clients {
-				if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), []byte(c.token)) == 1 {
+		if token, ok := bearerToken(strings.Join(values, "")); ok {
+			sum := sha256.Sum256([]byte(token))
+			for i, c := range s.cfg.clients {
+				// Equal-length digests: the comparison takes as long whatever
+				// the token, and every client is compared.
+				if subtle.ConstantTimeCompare(sum[:], s.digests[i][:]) == 1 {
 					name = c.name
 				}
 			}
 		}
 		if name == "" {
-			idempotency.WriteError(w, http.StatusUnauthorized, "unauthenticated", "missing or unknown bearer token", nil)
+			refuse("missing or unknown bearer token")
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), clientKey{}, name)))
 	})
+}
+
+// bearerToken reads an Authorization header's credentials as RFC 9110 and
+// RFC 6750 write them: the scheme "Bearer", in any case, one or more spaces or
+// tabs, then the token (token68: no white space inside); spaces and tabs around
+// it are allowed, no other white space.
+func bearerToken(h string) (string, bool) {
+	h = strings.Trim(h, " \t")
+	scheme, rest, ok := strings.Cut(h, " ")
+	if !ok {
+		scheme, rest, ok = strings.Cut(h, "\t")
+	}
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token := strings.Trim(rest, " \t")
+	if token == "" || strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
+		return "", false
+	}
+	return token, true
 }
 
 func clientOf(r *http.Request) string {
@@ -124,12 +190,27 @@ func clientOf(r *http.Request) string {
 	return name
 }
 
+// healthz answers 200 while the database answers a ping within 2 seconds, 503
+// otherwise.
 func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
-	if err := s.cfg.pool.Ping(r.Context()); err != nil {
-		idempotency.WriteError(w, http.StatusServiceUnavailable, "service_unavailable", "the database is not reachable", nil)
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.cfg.pool.Ping(ctx); err != nil {
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable"})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// bounded bounds the database reads of a GET endpoint: a database that does
+// not answer gets a 503 within readTimeout.
+func bounded(next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+		defer cancel()
+		next(w, r.WithContext(ctx))
+	})
 }
 
 func (s *server) getOrder(w http.ResponseWriter, r *http.Request) {
@@ -245,6 +326,12 @@ func (s *server) getOperation(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) internalError(w http.ResponseWriter, r *http.Request, err error) {
+	if engine.IsUnavailable(err) {
+		s.cfg.logger.WarnContext(r.Context(), "the database did not answer", slog.String("path", r.URL.Path), slog.String("error", err.Error()))
+		w.Header().Set("Retry-After", "1")
+		idempotency.WriteError(w, http.StatusServiceUnavailable, "service_unavailable", "the database is not available; try again", nil)
+		return
+	}
 	s.cfg.logger.ErrorContext(r.Context(), "request failed", slog.String("path", r.URL.Path), slog.String("error", err.Error()))
 	idempotency.WriteError(w, http.StatusInternalServerError, "internal_error", "the server could not answer; try again", nil)
 }

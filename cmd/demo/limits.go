@@ -1,0 +1,153 @@
+package main
+
+import (
+	"net"
+	"net/http"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// The HTTP server's bounds. A service that embeds idemflow can copy them: each
+// keeps a slow, idle or hostile client from holding what others need.
+const (
+	// headerTimeout cuts a request whose headers have not all arrived.
+	headerTimeout = 10 * time.Second
+	// bodyTimeout cuts a request whose body has not all arrived, counted from
+	// its start (http.Server.ReadTimeout): the client gets no answer, the
+	// connection is closed.
+	bodyTimeout = 10 * time.Second
+	// idleTimeout closes a keep-alive connection that sent nothing more.
+	idleTimeout = 60 * time.Second
+	// maxHeaderBytes bounds a request's headers: larger ones answer 431.
+	maxHeaderBytes = 64 << 10
+	// writeSlack is what the write timeout allows beyond -wait and the
+	// reservation's bound, for the answer itself.
+	writeSlack = 5 * time.Second
+	// readTimeout bounds the database reads of the GET endpoints: a database
+	// that does not answer gets a 503 by then.
+	readTimeout = 8 * time.Second
+)
+
+// connLimiter bounds the open connections of an http.Server (as its ConnState
+// hook): when a new connection takes the server past max, or past perAddr
+// connections from its client's address, the oldest connection in that scope
+// that is not serving a request (one that sent nothing yet, or an idle
+// keep-alive) is closed. A client that opens connections without using them
+// so cannot keep others out, and the file limit is never reached; a
+// connection that serves a request is never closed.
+type connLimiter struct {
+	max, perAddr int
+
+	mu    sync.Mutex
+	conns map[net.Conn]*connEntry
+	// addrs counts the open connections of each client address.
+	addrs map[string]int
+}
+
+type connEntry struct {
+	addr   string
+	active bool
+	since  time.Time
+}
+
+// newConnLimiter returns a limiter of max connections, perAddr from one client
+// address.
+func newConnLimiter(max, perAddr int) *connLimiter {
+	return &connLimiter{max: max, perAddr: perAddr, conns: map[net.Conn]*connEntry{}, addrs: map[string]int{}}
+}
+
+// defaultMaxConns is the open connections the demo allows: what the file limit
+// leaves after a margin for the database pools, the provider client and the
+// process's own files, at most 10,000.
+func defaultMaxConns() int {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur < 512 {
+		return 256
+	}
+	return int(min(lim.Cur-256, 10000))
+}
+
+// connState is the http.Server's ConnState hook.
+func (l *connLimiter) connState(c net.Conn, state http.ConnState) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch state {
+	case http.StateNew:
+		addr := hostOf(c.RemoteAddr())
+		l.conns[c] = &connEntry{addr: addr, since: time.Now()}
+		l.addrs[addr]++
+		if l.addrs[addr] > l.perAddr {
+			l.shed(addr)
+		}
+		if len(l.conns) > l.max {
+			l.shed("")
+		}
+	case http.StateActive:
+		if e := l.conns[c]; e != nil {
+			e.active = true
+		}
+	case http.StateIdle:
+		if e := l.conns[c]; e != nil {
+			e.active, e.since = false, time.Now()
+		}
+	case http.StateHijacked, http.StateClosed:
+		l.forget(c)
+	}
+}
+
+// shed closes the oldest connection that serves no request, from addr (any
+// address when addr is empty). It must be called with mu held.
+func (l *connLimiter) shed(addr string) {
+	var oldest net.Conn
+	var since time.Time
+	for c, e := range l.conns {
+		if e.active || addr != "" && e.addr != addr {
+			continue
+		}
+		if oldest == nil || e.since.Before(since) {
+			oldest, since = c, e.since
+		}
+	}
+	if oldest != nil {
+		l.forget(oldest)
+		_ = oldest.Close() // its ConnState(StateClosed) finds it forgotten
+	}
+}
+
+func (l *connLimiter) forget(c net.Conn) {
+	e := l.conns[c]
+	if e == nil {
+		return
+	}
+	delete(l.conns, c)
+	if l.addrs[e.addr]--; l.addrs[e.addr] <= 0 {
+		delete(l.addrs, e.addr)
+	}
+}
+
+func hostOf(a net.Addr) string {
+	host, _, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	return host
+}
+
+// newHTTPServer returns the demo's http.Server for handler, with its bounds:
+// header and body deadlines, a write timeout that fits wait, idle keep-alives
+// closed, 64 KiB of headers, and its connections limited.
+func newHTTPServer(handler http.Handler, wait, reserve time.Duration, limiter *connLimiter) *http.Server {
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: headerTimeout,
+		ReadTimeout:       bodyTimeout,
+		WriteTimeout:      bodyTimeout + reserve + wait + writeSlack,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+	}
+	if limiter != nil {
+		srv.ConnState = limiter.connState
+	}
+	return srv
+}
