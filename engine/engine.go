@@ -182,10 +182,10 @@ type Engine struct {
 	// control is the pool of the engine's own work (Config.ControlPool).
 	control *pgxpool.Pool
 	store   *store.Store
-	river  *river.Client[pgx.Tx]
-	cfg    Config
-	logger *slog.Logger
-	defs   map[string]*opDef
+	river   *river.Client[pgx.Tx]
+	cfg     Config
+	logger  *slog.Logger
+	defs    map[string]*opDef
 
 	// baseCtx outlives the requests that start operations: a first attempt goes on
 	// when its caller stops waiting.

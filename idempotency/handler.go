@@ -20,9 +20,9 @@ import (
 
 // The defaults of Config and EndpointOpts.
 const (
-	DefaultMaxBodyBytes  = 64 << 10
-	DefaultWait          = 5 * time.Second
-	DefaultRetryAfter    = time.Second
+	DefaultMaxBodyBytes   = 64 << 10
+	DefaultWait           = 5 * time.Second
+	DefaultRetryAfter     = time.Second
 	DefaultSuccessStatus  = http.StatusCreated
 	DefaultErrorStatus    = http.StatusUnprocessableEntity
 	DefaultReserveTimeout = 8 * time.Second
