@@ -12,3 +12,7 @@ SELECT * FROM provider.refund WHERE idempotency_key = @idempotency_key;
 
 -- name: RefundList :many
 SELECT * FROM provider.refund ORDER BY created_at, id;
+
+-- name: RefundListPage :many
+-- A page of the refunds, by id, after the id given ('' for the first page).
+SELECT * FROM provider.refund WHERE id > @after ORDER BY id LIMIT @max;

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -251,19 +252,51 @@ func (s *Server) getRefundByKey(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, recordFromRow(ref))
 }
 
+// maxPage bounds a page of GET /refunds?limit=.
+const maxPage = 1000
+
+// listRefunds answers every refund, oldest first; with ?limit=N (at most
+// 1,000) a page of them by id, after ?after=<id>, with "next", the id to ask
+// after for the next page, when there may be more.
 func (s *Server) listRefunds(w http.ResponseWriter, r *http.Request) {
-	rows, err := s.q.RefundList(r.Context(), s.pool)
+	q := r.URL.Query()
+	if !q.Has("limit") && !q.Has("after") {
+		rows, err := s.q.RefundList(r.Context(), s.pool)
+		if err != nil {
+			s.internalError(r.Context(), w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, struct {
+			Refunds []refundRecord `json:"refunds"`
+		}{records(rows)})
+		return
+	}
+	limit, err := strconv.Atoi(q.Get("limit"))
+	if err != nil || limit < 1 || limit > maxPage {
+		writeError(w, http.StatusBadRequest, "invalid_request", "limit", fmt.Sprintf("limit must be an integer from 1 to %d", maxPage))
+		return
+	}
+	rows, err := s.q.RefundListPage(r.Context(), s.pool, providerdb.RefundListPageParams{After: q.Get("after"), Max: int32(limit)})
 	if err != nil {
 		s.internalError(r.Context(), w, err)
 		return
 	}
+	page := struct {
+		Refunds []refundRecord `json:"refunds"`
+		Next    string         `json:"next,omitempty"`
+	}{Refunds: records(rows)}
+	if len(rows) == limit {
+		page.Next = rows[len(rows)-1].ID
+	}
+	writeJSON(w, http.StatusOK, page)
+}
+
+func records(rows []*providerdb.ProviderRefund) []refundRecord {
 	refunds := make([]refundRecord, 0, len(rows))
 	for _, row := range rows {
 		refunds = append(refunds, recordFromRow(row))
 	}
-	writeJSON(w, http.StatusOK, struct {
-		Refunds []refundRecord `json:"refunds"`
-	}{refunds})
+	return refunds
 }
 
 func (s *Server) setFault(w http.ResponseWriter, r *http.Request) {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -168,6 +169,36 @@ func TestRefund(t *testing.T) {
 		got := b.list(t)
 		require.Len(t, got, 1)
 		require.Equal(t, int64(1500), got[0].Amount)
+	})
+
+	t.Run("PagedList", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ids := []string{b.refundID(t, "key-1", "A-1", 1), b.refundID(t, "key-2", "A-1", 2), b.refundID(t, "key-3", "A-1", 3)}
+		slices.Sort(ids)
+		type page struct {
+			Refunds []record `json:"refunds"`
+			Next    string   `json:"next"`
+		}
+		get := func(query string) page {
+			a := b.do(t, http.MethodGet, "/refunds?"+query, nil, "")
+			require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+			var p page
+			require.NoError(t, json.Unmarshal(a.body, &p))
+			return p
+		}
+		first := get("limit=2")
+		require.Len(t, first.Refunds, 2)
+		require.Equal(t, ids[:2], []string{first.Refunds[0].ID, first.Refunds[1].ID})
+		require.Equal(t, ids[1], first.Next)
+		second := get("limit=2&after=" + first.Next)
+		require.Len(t, second.Refunds, 1)
+		require.Equal(t, ids[2], second.Refunds[0].ID)
+		require.Empty(t, second.Next)
+		for _, bad := range []string{"limit=0", "limit=1001", "limit=x", "after=pr_"} {
+			require.Equal(t, http.StatusBadRequest, b.do(t, http.MethodGet, "/refunds?"+bad, nil, "").status, bad)
+		}
+		require.Len(t, b.list(t), 3, "without limit: every refund")
 	})
 
 	t.Run("OtherKeyOtherRefund", func(t *testing.T) {

@@ -60,6 +60,44 @@ func (q *Queries) RefundList(ctx context.Context, db DBTX) ([]*ProviderRefund, e
 	return items, nil
 }
 
+const refundListPage = `-- name: RefundListPage :many
+SELECT id, idempotency_key, order_id, amount, reference, requests, created_at FROM provider.refund WHERE id > $1 ORDER BY id LIMIT $2
+`
+
+type RefundListPageParams struct {
+	After string
+	Max   int32
+}
+
+// A page of the refunds, by id, after the id given (” for the first page).
+func (q *Queries) RefundListPage(ctx context.Context, db DBTX, arg RefundListPageParams) ([]*ProviderRefund, error) {
+	rows, err := db.Query(ctx, refundListPage, arg.After, arg.Max)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*ProviderRefund
+	for rows.Next() {
+		var i ProviderRefund
+		if err := rows.Scan(
+			&i.ID,
+			&i.IdempotencyKey,
+			&i.OrderID,
+			&i.Amount,
+			&i.Reference,
+			&i.Requests,
+			&i.CreatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const refundUpsert = `-- name: RefundUpsert :one
 INSERT INTO provider.refund (id, idempotency_key, order_id, amount, reference)
 VALUES ($1, $2, $3, $4, $5)
