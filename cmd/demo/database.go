@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemflow/idemflow/engine"
 
 	"github.com/idemflow/idemflow/internal/pgcluster"
 )
@@ -45,7 +46,7 @@ func openDatabase(ctx context.Context, cfg *config, logger *slog.Logger) (pool *
 		return nil, nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	poolCfg.MaxConns = max(poolCfg.MaxConns, 20)
-	boundPool(poolCfg, cfg.lease)
+	engine.BoundPool(poolCfg, &engine.PoolOpts{Lease: cfg.lease})
 	pool, err = pgxpool.NewWithConfig(ctx, poolCfg)
 	if err == nil {
 		err = pool.Ping(ctx)
@@ -60,37 +61,18 @@ func openDatabase(ctx context.Context, cfg *config, logger *slog.Logger) (pool *
 	return pool, stop, nil
 }
 
-// The database's bounds, short next to the lease: a statement, a lock wait, a
-// transaction left idle, and a connection attempt (a frozen server accepts the
-// TCP connection and answers nothing).
-const (
-	statementTimeout = 5 * time.Second
-	lockTimeout      = 2 * time.Second
-	connectTimeout   = 5 * time.Second
-	// controlConns are the connections of the engine's own pool: River's
-	// LISTEN, its producer and leader, lease renewals and the sweeper.
-	controlConns = 5
-)
-
-// boundPool sets the bounds on the connections of a pool: the server stops a
-// statement, a lock wait or an idle transaction that outlasts them.
-func boundPool(c *pgxpool.Config, lease time.Duration) {
-	c.ConnConfig.ConnectTimeout = connectTimeout
-	params := c.ConnConfig.RuntimeParams
-	params["statement_timeout"] = ms(min(statementTimeout, lease/2))
-	params["lock_timeout"] = ms(min(lockTimeout, lease/4))
-	params["idle_in_transaction_session_timeout"] = ms(max(lease, statementTimeout))
-}
-
-func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+// controlConns are the connections of the engine's own pool: River's LISTEN,
+// its producer and leader, lease renewals and the sweeper.
+const controlConns = 5
 
 // openControlPool opens the engine's own small pool on pool's database, so that
 // the application's traffic cannot starve lease renewals.
 func openControlPool(ctx context.Context, pool *pgxpool.Pool, lease time.Duration) (*pgxpool.Pool, error) {
 	c := pool.Config().Copy()
 	c.MaxConns, c.MinConns = controlConns, 0
-	boundPool(c, lease)
-	c.ConnConfig.RuntimeParams["statement_timeout"] = ms(max(lease/3, 100*time.Millisecond))
+	// Its statements are short: a renewal that takes a third of the lease is
+	// better failed, and tried again.
+	engine.BoundPool(c, &engine.PoolOpts{Lease: lease, StatementTimeout: lease / 3})
 	control, err := pgxpool.NewWithConfig(ctx, c)
 	if err != nil {
 		return nil, fmt.Errorf("open the engine's pool: %w", err)

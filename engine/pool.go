@@ -1,0 +1,63 @@
+package engine
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// PoolOpts are the bounds that BoundPool sets on a pool's connections. Zero
+// fields take their defaults, which follow the lease: short next to it, so that
+// a statement that waits on a lock or a database that does not answer fails an
+// attempt (which is retried) long before another process could take the
+// operation over.
+type PoolOpts struct {
+	// Lease is the engine's Config.Lease. Defaults to DefaultLease.
+	Lease time.Duration
+	// StatementTimeout is PostgreSQL's statement_timeout. Defaults to the
+	// smaller of 5 seconds and half the lease.
+	StatementTimeout time.Duration
+	// LockTimeout is PostgreSQL's lock_timeout. Defaults to the smaller of 2
+	// seconds and a quarter of the lease.
+	LockTimeout time.Duration
+	// IdleInTransactionTimeout is PostgreSQL's
+	// idle_in_transaction_session_timeout. Defaults to the larger of the lease
+	// and StatementTimeout.
+	IdleInTransactionTimeout time.Duration
+	// ConnectTimeout bounds making a connection (a frozen server accepts the
+	// TCP connection and answers nothing). Defaults to 5 seconds.
+	ConnectTimeout time.Duration
+}
+
+// BoundPool sets the bounds of opts (nil: the defaults) on the connections of
+// c, the configuration of the pool given to New, or of Config.ControlPool. The
+// server then ends a statement, a lock wait or an idle transaction that
+// outlasts them. A step that needs longer sets its own with SET LOCAL.
+func BoundPool(c *pgxpool.Config, opts *PoolOpts) {
+	o := PoolOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	if o.Lease <= 0 {
+		o.Lease = DefaultLease
+	}
+	if o.StatementTimeout <= 0 {
+		o.StatementTimeout = min(5*time.Second, o.Lease/2)
+	}
+	if o.LockTimeout <= 0 {
+		o.LockTimeout = min(2*time.Second, o.Lease/4)
+	}
+	if o.IdleInTransactionTimeout <= 0 {
+		o.IdleInTransactionTimeout = max(o.Lease, o.StatementTimeout)
+	}
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = 5 * time.Second
+	}
+	c.ConnConfig.ConnectTimeout = o.ConnectTimeout
+	ms := func(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
+	params := c.ConnConfig.RuntimeParams
+	params["statement_timeout"] = ms(o.StatementTimeout)
+	params["lock_timeout"] = ms(o.LockTimeout)
+	params["idle_in_transaction_session_timeout"] = ms(o.IdleInTransactionTimeout)
+}
