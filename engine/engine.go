@@ -64,7 +64,8 @@ type Config struct {
 	// expired. Defaults to 15 seconds.
 	Lease time.Duration
 	// SweepInterval is how often each process with started workers looks for
-	// operations whose lease expired, to resume them. Defaults to 5 seconds.
+	// operations whose lease expired, to resume them. Defaults to a third of
+	// the lease, at most 5 seconds.
 	SweepInterval time.Duration
 	// PollInterval bounds how long Wait sleeps between reads of an operation that
 	// runs in another process. Defaults to 500 milliseconds.
@@ -128,7 +129,7 @@ func (c Config) withDefaults() Config {
 		c.Lease = DefaultLease
 	}
 	if c.SweepInterval == 0 {
-		c.SweepInterval = DefaultSweepInterval
+		c.SweepInterval = min(c.Lease/3, DefaultSweepInterval)
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
