@@ -270,7 +270,13 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 // StartWorkers starts the River workers that run retries and resumes in this
 // process, the sweeper, and (on River's elected leader) the retention job. First attempts run without
 // them, in the process that starts the operation.
+//
+// It returns an error when the database lacks migrations that this build has:
+// call Migrate first.
 func (e *Engine) StartWorkers(ctx context.Context) error {
+	if err := store.CheckSchema(ctx, e.control); err != nil {
+		return fmt.Errorf("engine: %w; call engine.Migrate(ctx, pool) before StartWorkers", err)
+	}
 	if err := e.river.Start(ctx); err != nil {
 		return fmt.Errorf("engine: start river: %w", err)
 	}

@@ -3,7 +3,9 @@ package store
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
+	"strings"
 	"io/fs"
 	"log/slog"
 
@@ -83,6 +85,42 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	}
 	for _, v := range res.Versions {
 		logger.InfoContext(ctx, "applied river migration", slog.Int("version", v.Version))
+	}
+	return nil
+}
+
+// ErrNotMigrated is matched by the error of CheckSchema for a database that lacks
+// idemflow's or River's latest migrations.
+var ErrNotMigrated = errors.New("store: the database is not migrated")
+
+// CheckSchema returns an error matching ErrNotMigrated, saying what is missing,
+// when the database lacks migrations of idemflow's or River's that this build
+// has. It takes no lock and writes nothing.
+func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, Migrations(),
+		goose.WithTableName(gooseTable), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		return fmt.Errorf("store: migrations: %w", err)
+	}
+	current, target, err := provider.GetVersions(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: idemflow's schema version cannot be read (%w)", ErrNotMigrated, err)
+	}
+	if current < target {
+		return fmt.Errorf("%w: idemflow's schema is at version %d, this build needs %d", ErrNotMigrated, current, target)
+	}
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+	if err != nil {
+		return fmt.Errorf("store: river migrator: %w", err)
+	}
+	res, err := migrator.Validate(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("%w: River's schema cannot be read (%w)", ErrNotMigrated, err)
+	}
+	if !res.OK {
+		return fmt.Errorf("%w: River's: %s", ErrNotMigrated, strings.Join(res.Messages, "; "))
 	}
 	return nil
 }

@@ -29,7 +29,6 @@ import (
 	"github.com/idemflow/idemflow/cmd/demo/provider"
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idempotency"
-	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 
@@ -214,7 +213,7 @@ func serveProvider(ctx context.Context, cfg *config, logger *slog.Logger, stdout
 // migrate applies the engine's and River's migrations, the demo's ledger and the
 // provider's schema. Each set takes its own lock, so concurrent starts are safe.
 func migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
-	if err := store.Migrate(ctx, pool, &store.MigrateOpts{Logger: logger}); err != nil {
+	if err := engine.Migrate(ctx, pool, &engine.MigrateOpts{Logger: logger}); err != nil {
 		return err
 	}
 	if err := refund.Migrate(ctx, pool); err != nil {
