@@ -5,9 +5,9 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"strings"
 	"io/fs"
 	"log/slog"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
