@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -61,6 +62,11 @@ var chaosClients = []struct{ name, token string }{{"merchant-a", tokenA}, {"merc
 //   - SIGKILL of one of the demos every 0.5 to 3 seconds, restarted at once;
 //   - provider faults (error, lost_response, slow) through /provider/faults;
 //   - PostgreSQL restarted (fast shutdown, then start) every 3 to 12 seconds;
+//   - faults of the network between the demos and PostgreSQL, through a proxy
+//     of the test's (faultProxy): latency spikes (every byte delayed 50 to 300
+//     ms for 1 to 3 seconds), resets of a random share of the connections
+//     (both sides, abruptly), and stalls of 2 to 4 seconds (nothing forwarded,
+//     the connections kept open);
 //   - clients that create orders (some of them DECLINE- orders) and refund them
 //     under idempotency keys, retry each key after cut connections, server errors
 //     and short client timeouts until its final answer, resend a key
@@ -78,8 +84,8 @@ var chaosClients = []struct{ name, token string }{{"merchant-a", tokenA}, {"merc
 // (a declined refund once, and once back); no operation is left in progress.
 //
 // The test prints a report: operations, retries, kills, provider faults, database
-// restarts, duplicates found, operations lost, the longest recovery. The long
-// form: go test ./cmd/demo -run TestChaos -chaos.duration=5m -v
+// restarts, database proxy faults, duplicates found, operations lost, the longest
+// recovery. The long form: go test ./cmd/demo -run TestChaos -chaos.duration=5m -v
 func TestChaos(t *testing.T) {
 	t.Parallel()
 	if _, err := pgcluster.BinDir(); err != nil {
@@ -107,7 +113,7 @@ type chaosRun struct {
 	seed   uint64
 	dir    string // the cluster's data and the demos' logs; kept when the test fails
 	pgCfg  *pgcluster.Config
-	dbURL  string
+	dbURL  string // the cluster's, for the test's own reads
 	port   int
 	ctx    context.Context // ends when the test does
 	http   *http.Client
@@ -115,12 +121,17 @@ type chaosRun struct {
 	// stepFaults counts the demos started with each of chaosStepFaults.
 	stepFaults map[string]int
 
+	// proxy stands between the demos and the cluster: demoURL is dbURL
+	// through it.
+	proxy   *faultProxy
+	demoURL string
+
 	mu      sync.Mutex
 	demos   [chaosProcesses]*demo // the running ones
 	bases   []string              // their base URLs, for the clients
 	started []*demo               // every demo ever started
 	keys    []*chaosKey
-	events  []time.Time // kills and database restarts
+	events  []time.Time // kills, database restarts, and the proxy's resets and stalls
 	faults  map[string]int
 	problem []string // broken invariants
 	dups    int      // of which: something done twice
@@ -138,6 +149,7 @@ type chaosRun struct {
 	requests, cut, timeouts, serverErrors, accepted, inProgress atomic.Int64
 	concurrent, reuseChecks, replayChecks                       atomic.Int64
 	kills, faultInjections, faultRequests, dbRestarts, exits    atomic.Int64
+	spikes, resets, resetConns, stalls                          atomic.Int64
 }
 
 // chaosKey is one idempotency key of one client, and everything its requests got.
@@ -218,6 +230,13 @@ func newChaosRun(t *testing.T, seed uint64) *chaosRun {
 	cluster, err := pgcluster.Ensure(t.Context(), r.pgCfg)
 	require.NoError(t, err)
 	r.dbURL, r.port = cluster.URL("postgres"), cluster.Port()
+	// The proxy's cleanup runs after the demos are killed, before the cluster
+	// stops.
+	r.proxy = newFaultProxy(t, net.JoinHostPort("127.0.0.1", fmt.Sprint(r.port)))
+	u, err := url.Parse(r.dbURL)
+	require.NoError(t, err)
+	u.Host = r.proxy.addr()
+	r.demoURL = u.String()
 	t.Cleanup(func() {
 		for _, d := range r.started {
 			d.kill()
@@ -233,9 +252,9 @@ func newChaosRun(t *testing.T, seed uint64) *chaosRun {
 // chaosStepFaults are the step faults that the demos inject, in turn.
 var chaosStepFaults = []string{"", "DEMO_PANIC=provider:1", "DEMO_FAIL=finalize:12", "DEMO_PANIC=ledger:1"}
 
-// spawn starts a demo on the run's database, as startDemo does, but with its
-// output in files of the run's directory rather than in the test's log: a long
-// run starts hundreds. It returns before the demo listens.
+// spawn starts a demo on the run's database, through the proxy, as startDemo
+// does, but with its output in files of the run's directory rather than in the
+// test's log: a long run starts hundreds. It returns before the demo listens.
 func (r *chaosRun) spawn() *demo {
 	t := r.t
 	bin, err := demoBinary()
@@ -250,7 +269,7 @@ func (r *chaosRun) spawn() *demo {
 	t.Cleanup(func() { _ = stdoutLog.Close() })
 
 	cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-retry-backoff", "50ms", "-wait", "2s", "-lease", "1s")
-	cmd.Env = append(demoEnviron(), "DATABASE_URL="+r.dbURL)
+	cmd.Env = append(demoEnviron(), "DATABASE_URL="+r.demoURL)
 	// Every demo but one in four also injects step faults of its own, in every
 	// operation it runs: panics before and at the provider call, and a finalize
 	// that fails past the maximum attempts (10), after the provider refunded:
@@ -354,9 +373,12 @@ func (r *chaosRun) inject(d time.Duration) {
 	nextKill := now.Add(between(500*time.Millisecond, 3*time.Second))
 	nextFault := now.Add(between(200*time.Millisecond, 1500*time.Millisecond))
 	nextRestart := now.Add(between(1500*time.Millisecond, max(2*time.Second, min(d/2, 5*time.Second))))
+	nextSpike := now.Add(between(300*time.Millisecond, 3*time.Second))
+	nextReset := now.Add(between(300*time.Millisecond, 3*time.Second))
+	nextStall := now.Add(between(time.Second, max(2*time.Second, min(d/2, 5*time.Second))))
 	for {
 		next := nextKill
-		for _, at := range []time.Time{nextFault, nextRestart} {
+		for _, at := range []time.Time{nextFault, nextRestart, nextSpike, nextReset, nextStall} {
 			if at.Before(next) {
 				next = at
 			}
@@ -376,6 +398,15 @@ func (r *chaosRun) inject(d time.Duration) {
 		case next.Equal(nextFault):
 			r.fault()
 			nextFault = time.Now().Add(between(200*time.Millisecond, 1500*time.Millisecond))
+		case next.Equal(nextSpike):
+			lasts := r.spikeLatency()
+			nextSpike = time.Now().Add(lasts + between(500*time.Millisecond, 4*time.Second))
+		case next.Equal(nextReset):
+			r.resetConnections()
+			nextReset = time.Now().Add(between(700*time.Millisecond, 3*time.Second))
+		case next.Equal(nextStall):
+			lasts := r.stallDatabase()
+			nextStall = time.Now().Add(lasts + between(3*time.Second, 10*time.Second))
 		default:
 			r.restartDatabase()
 			nextRestart = time.Now().Add(between(3*time.Second, 12*time.Second))
@@ -388,6 +419,7 @@ func (r *chaosRun) inject(d time.Duration) {
 		t.Fatal("the test ended during the chaos")
 	}
 
+	r.proxy.calm() // a spike or stall under way ends with the faults
 	r.faultsEnd = time.Now()
 	r.deadline.Store(r.faultsEnd.Add(chaosRecovery).UnixNano())
 	r.stopping.Store(true)
@@ -469,6 +501,42 @@ func (r *chaosRun) restartDatabase() {
 	cluster, err := pgcluster.Ensure(r.ctx, r.pgCfg)
 	require.NoError(t, err)
 	require.Equal(t, r.port, cluster.Port(), "the cluster came back on another port")
+}
+
+// spikeLatency delays every byte between the demos and PostgreSQL, both ways,
+// by 50 to 300 ms for the next 1 to 3 seconds, and returns how long.
+func (r *chaosRun) spikeLatency() time.Duration {
+	latency := 50*time.Millisecond + time.Duration(r.rng.Int64N(int64(250*time.Millisecond)))
+	lasts := time.Second + time.Duration(r.rng.Int64N(int64(2*time.Second)))
+	r.proxy.spike(latency, lasts)
+	r.spikes.Add(1)
+	return lasts
+}
+
+// resetConnections resets a random share of the connections between the demos
+// and PostgreSQL (at least one), both sides, abruptly. The draws are the same
+// however many connections there are, so that a seed replays the run's other
+// choices too.
+func (r *chaosRun) resetConnections() {
+	share, seed := r.rng.Float64(), r.rng.Uint64()
+	n := r.proxy.reset(share, seed)
+	if n == 0 {
+		return // none open: the database is restarting, say
+	}
+	r.resets.Add(1)
+	r.resetConns.Add(int64(n))
+	r.event()
+}
+
+// stallDatabase forwards nothing between the demos and PostgreSQL, either way,
+// for the next 2 to 4 seconds, with every connection kept open, and returns how
+// long.
+func (r *chaosRun) stallDatabase() time.Duration {
+	lasts := 2*time.Second + time.Duration(r.rng.Int64N(int64(2*time.Second)))
+	r.proxy.stall(lasts)
+	r.stalls.Add(1)
+	r.event()
+	return lasts
 }
 
 func (r *chaosRun) event() {
@@ -1049,7 +1117,8 @@ func (r *chaosRun) report() {
 		if d := k.done.Sub(k.first); d > longest {
 			longest, longestKey = d, k
 		}
-		// The first kill or restart during the key's life, to its final answer.
+		// The first kill, restart, reset or stall during the key's life, to
+		// its final answer.
 		for _, e := range r.events {
 			if e.After(k.first) && e.Before(k.done) {
 				if d := k.done.Sub(e); d > longestAfterEvent {
@@ -1079,12 +1148,14 @@ func (r *chaosRun) report() {
 		fmt.Sprintf("  provider faults:    %d injections (error %d, lost_response %d, slow %d) for up to %d refund requests",
 			r.faultInjections.Load(), r.faults["error"], r.faults["lost_response"], r.faults["slow"], r.faultRequests.Load()),
 		fmt.Sprintf("  database restarts:  %d (fast shutdown, down up to 1s, start)", r.dbRestarts.Load()),
+		fmt.Sprintf("  database proxy:     %d latency spikes, %d resets (%d connections), %d stalls",
+			r.spikes.Load(), r.resets.Load(), r.resetConns.Load(), r.stalls.Load()),
 		fmt.Sprintf("  step faults:        demos started with none %d, %s %d, %s %d, %s %d", r.stepFaults[""],
 			chaosStepFaults[1], r.stepFaults[chaosStepFaults[1]], chaosStepFaults[2], r.stepFaults[chaosStepFaults[2]],
 			chaosStepFaults[3], r.stepFaults[chaosStepFaults[3]]),
 		fmt.Sprintf("  duplicates found:   %d", r.dups),
 		fmt.Sprintf("  operations lost:    %d", r.lost),
-		fmt.Sprintf("  longest recovery:   %s from the first request to the final answer (%s); %s from a kill or restart to the final answer of a key it interrupted (%s); %d keys interrupted",
+		fmt.Sprintf("  longest recovery:   %s from the first request to the final answer (%s); %s from a kill, restart, reset or stall to the final answer of a key it interrupted (%s); %d keys interrupted",
 			longest.Round(time.Millisecond), describe(longestKey), longestAfterEvent.Round(time.Millisecond), describe(longestEventKey), interrupted),
 	}
 	report := strings.Join(lines, "\n")
