@@ -29,7 +29,7 @@ func TestMigrate(t *testing.T) {
 
 	// The migration's statements are idempotent only in its own transaction, so
 	// give the schema back as it was before it, then migrate.
-	_, err = pool.Exec(ctx, `ALTER TABLE idemflow_step DROP COLUMN resolved_by, DROP COLUMN last_cause;
+	_, err = pool.Exec(ctx, `ALTER TABLE idemflow_step DROP COLUMN compensations, DROP COLUMN resolved_by, DROP COLUMN last_cause;
 		ALTER TABLE idemflow_operation DROP COLUMN parked, DROP COLUMN attention, DROP COLUMN attention_code, DROP COLUMN key_secret;
 		CREATE INDEX idemflow_operation_lease ON idemflow_operation (locked_until) WHERE state = 'in_progress'`)
 	require.NoError(t, err)

@@ -62,8 +62,10 @@ type run struct {
 	state    any
 	stateRaw []byte
 	status   map[string]store.StepState
-	// tries counts the recorded attempts of each step.
-	tries map[string]int
+	// tries counts the recorded attempts of each step; compensations those of
+	// each step's compensation.
+	tries         map[string]int
+	compensations map[string]int
 	// failure is the permanent error of a failed step, once there is one;
 	// failureStored is true once the operation's row holds it.
 	failure       *PermanentError
@@ -729,8 +731,13 @@ func (r *run) compensationFailed(ctx context.Context, st *stepDef, failure *stor
 		return nil, cause
 	}
 	compErr = fromSQL(compErr)
-	r.tries[st.name]++
-	log := r.logger().With(slog.String("step", st.name))
+	// Counted in the step's row: each retry of a compensation is a run of its
+	// own, and the step's own attempts do not count against it.
+	n := r.compensations[st.name] + 1
+	log := r.logger().With(slog.String("step", st.name), slog.Int("compensation_attempt", n))
+	if pan := (*panicError)(nil); errors.As(compErr, &pan) {
+		log.ErrorContext(ctx, "compensation panicked", slog.Any("panic", pan.value), slog.String("stack", pan.stack))
+	}
 	tx := r.begin(ctx)
 	defer tx.end(ctx)
 	// This transaction commits the failure record whichever way it goes.
@@ -738,14 +745,19 @@ func (r *run) compensationFailed(ctx context.Context, st *stepDef, failure *stor
 	if err := r.recordFailure(ctx, tx, failure); err != nil {
 		return nil, err
 	}
+	if err := r.e.store.StepCompensationFailed(ctx, tx, r.id, st.name, n,
+		"compensation of step "+st.name+": "+publicText(st.name, compErr), compErr.Error()); err != nil {
+		return nil, runError(err)
+	}
+	r.compensations[st.name] = n
 	var pe *PermanentError
-	if errors.As(compErr, &pe) || r.tries[st.name] >= st.retry.MaxAttempts {
+	if errors.As(compErr, &pe) || n >= st.retry.MaxAttempts {
 		log.ErrorContext(ctx, "compensation failed for good", slog.Any("error", compErr))
 		r.failure = fault(CodeCompensationFailed, r.failure.Step,
 			fmt.Sprintf("compensation of step %s failed: %s (after: %s)", st.name, compErr, r.failure.Error()))
 		return r.commitFailure(ctx, tx)
 	}
-	delay := st.retry.Backoff(r.tries[st.name])
+	delay := st.retry.Backoff(n)
 	log.WarnContext(ctx, "compensation failed; retrying later", slog.Any("error", compErr), slog.Duration("backoff", delay))
 	if err := r.handOff(ctx, tx, delay); !errors.Is(err, errHandedOff) {
 		r.failureStored = stored

@@ -137,20 +137,21 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	r := &run{
-		e:            e,
-		def:          def,
-		id:           id,
-		runID:        runID,
-		scope:        rec.Scope,
-		key:          rec.Key,
-		secret:       rec.KeySecret,
-		startedSteps: rec.Steps,
-		status:       make(map[string]store.StepState, len(rec.Steps)),
-		tries:        make(map[string]int, len(rec.Steps)),
-		resumed:      true,
-		reserved:     true,
-		runs:         rec.Runs,
-		leaseFrom:    leaseFrom,
+		e:             e,
+		def:           def,
+		id:            id,
+		runID:         runID,
+		scope:         rec.Scope,
+		key:           rec.Key,
+		secret:        rec.KeySecret,
+		startedSteps:  rec.Steps,
+		status:        make(map[string]store.StepState, len(rec.Steps)),
+		tries:         make(map[string]int, len(rec.Steps)),
+		compensations: make(map[string]int, len(rec.Steps)),
+		resumed:       true,
+		reserved:      true,
+		runs:          rec.Runs,
+		leaseFrom:     leaseFrom,
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -164,17 +165,16 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 		switch {
 		case cancelWith != nil && r.failure == nil:
 			r.logger().InfoContext(ctx, "cancelling operation", slog.Int("run", rec.Runs))
-			if err = r.mayCancel(ctx); err != nil {
+			if err := r.mayCancel(ctx); err != nil {
 				r.giveBack(ctx, rec)
-			} else {
-				r.failure = cancelWith
+				r.end(ctx, nil, errHandedOff) // handed back, nothing to log
+				return nil, err
 			}
+			r.failure = cancelWith
 		default:
 			r.logger().InfoContext(ctx, "resuming operation", slog.Int("run", rec.Runs))
 		}
-		if err == nil {
-			info, err = r.safeRunSteps(ctx)
-		}
+		info, err = r.safeRunSteps(ctx)
 	}
 	r.end(ctx, info, err)
 	return info, err
@@ -224,7 +224,7 @@ func (r *run) mayCancel(ctx context.Context) error {
 		attempt := r.tries[name] + 1
 		found, err := r.lookup(ctx, st, r.call(st, attempt))
 		if err != nil {
-			return fmt.Errorf("engine: cancel %s: step %s: %w", r.id, name, err)
+			return fmt.Errorf("step %s: %w", name, err)
 		}
 		if !found {
 			return nil
@@ -262,6 +262,7 @@ func (r *run) load(ctx context.Context, rec *store.Operation, recorded []store.S
 	for _, s := range recorded {
 		r.status[s.Name] = s.State
 		r.tries[s.Name] = s.Attempts
+		r.compensations[s.Name] = s.Compensations
 		if (s.State == store.StepSucceeded || s.State == store.StepCompensated) && s.Position > lastPos {
 			lastPos = s.Position
 			r.stateRaw = s.Output

@@ -71,3 +71,10 @@ WITH u AS (
     RETURNING 1
 )
 SELECT idemflow_fence((SELECT count(*) FROM upd) = cardinality(sqlc.arg(names)::text[]));
+
+-- name: StepCompensationFailed :exec
+-- Records a failed attempt of a succeeded step's compensation: how many have
+-- failed, and the last one's texts. The transaction's OperationFence fences it.
+UPDATE idemflow_step
+SET compensations = @compensations, last_error = @last_error, last_cause = @last_cause
+WHERE operation_id = @operation_id AND name = @name AND state = 'succeeded';

@@ -168,8 +168,10 @@ type Step struct {
 	LastCause string
 	// ResolvedBy is "call" or "lookup" for an external step that succeeded.
 	ResolvedBy string
-	StartedAt  time.Time
-	FinishedAt *time.Time
+	// Compensations counts the failed attempts of the step's compensation.
+	Compensations int
+	StartedAt     time.Time
+	FinishedAt    *time.Time
 }
 
 // Store runs idemflow's queries. The zero value is not usable: call New.
@@ -389,6 +391,8 @@ func (s *Store) StepListByOperation(ctx context.Context, db DBTX, operationID uu
 			LastError:   deref(r.LastError),
 			LastCause:   deref(r.LastCause),
 			ResolvedBy:  deref(r.ResolvedBy),
+			// The step's own attempts and its compensation's are counted apart.
+			Compensations: int(r.Compensations),
 		}
 	}
 	return out, nil
@@ -438,6 +442,18 @@ func (s *Store) StepRecordFailure(ctx context.Context, db DBTX, p StepRecordFail
 	})
 	if err != nil {
 		return fmt.Errorf("store: record failure of step %q: %w", p.Name, err)
+	}
+	return nil
+}
+
+// StepCompensationFailed records the failed attempt number n of a succeeded
+// step's compensation, with its texts for the client and for operators.
+func (s *Store) StepCompensationFailed(ctx context.Context, db DBTX, operationID uuid.UUID, name string, n int, lastError, lastCause string) error {
+	err := s.q.StepCompensationFailed(ctx, db, dbsqlc.StepCompensationFailedParams{
+		OperationID: pguuid.UUID(operationID), Name: name, Compensations: int32(n), LastError: &lastError, LastCause: &lastCause,
+	})
+	if err != nil {
+		return fmt.Errorf("store: record failed compensation of step %q: %w", name, err)
 	}
 	return nil
 }

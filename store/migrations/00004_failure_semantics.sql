@@ -22,14 +22,16 @@ CREATE INDEX idemflow_operation_lease ON idemflow_operation (locked_until)
 
 -- last_error is for the client; last_cause is the operator's (SQL text, URLs,
 -- stacks). resolved_by says, for an external step that succeeded, whether its own
--- call or a lookup by derived key gave its outcome.
+-- call or a lookup by derived key gave its outcome. compensations counts the
+-- failed attempts of the step's compensation, which runs one run after another.
 ALTER TABLE idemflow_step
-    ADD COLUMN last_cause  text,
-    ADD COLUMN resolved_by text CHECK (resolved_by IN ('call', 'lookup'));
+    ADD COLUMN last_cause    text,
+    ADD COLUMN resolved_by   text CHECK (resolved_by IN ('call', 'lookup')),
+    ADD COLUMN compensations integer NOT NULL DEFAULT 0;
 
 -- +goose Down
 DROP INDEX idemflow_operation_lease;
 CREATE INDEX idemflow_operation_lease ON idemflow_operation (locked_until)
     WHERE state = 'in_progress';
-ALTER TABLE idemflow_step DROP COLUMN resolved_by, DROP COLUMN last_cause;
+ALTER TABLE idemflow_step DROP COLUMN compensations, DROP COLUMN resolved_by, DROP COLUMN last_cause;
 ALTER TABLE idemflow_operation DROP COLUMN parked, DROP COLUMN attention, DROP COLUMN attention_code, DROP COLUMN key_secret;

@@ -32,6 +32,33 @@ func (q *Queries) StepCompensated(ctx context.Context, db DBTX, arg StepCompensa
 	return result.RowsAffected(), nil
 }
 
+const stepCompensationFailed = `-- name: StepCompensationFailed :exec
+UPDATE idemflow_step
+SET compensations = $1, last_error = $2, last_cause = $3
+WHERE operation_id = $4 AND name = $5 AND state = 'succeeded'
+`
+
+type StepCompensationFailedParams struct {
+	Compensations int32
+	LastError     *string
+	LastCause     *string
+	OperationID   pguuid.UUID
+	Name          string
+}
+
+// Records a failed attempt of a succeeded step's compensation: how many have
+// failed, and the last one's texts. The transaction's OperationFence fences it.
+func (q *Queries) StepCompensationFailed(ctx context.Context, db DBTX, arg StepCompensationFailedParams) error {
+	_, err := db.Exec(ctx, stepCompensationFailed,
+		arg.Compensations,
+		arg.LastError,
+		arg.LastCause,
+		arg.OperationID,
+		arg.Name,
+	)
+	return err
+}
+
 const stepDeleteUnsucceeded = `-- name: StepDeleteUnsucceeded :exec
 DELETE FROM idemflow_step WHERE operation_id = $1 AND state <> 'succeeded'
 `
@@ -87,7 +114,7 @@ func (q *Queries) StepInsertSucceeded(ctx context.Context, db DBTX, arg StepInse
 }
 
 const stepListByOperation = `-- name: StepListByOperation :many
-SELECT operation_id, name, position, state, attempts, output, last_error, started_at, finished_at, last_cause, resolved_by FROM idemflow_step WHERE operation_id = $1 ORDER BY position
+SELECT operation_id, name, position, state, attempts, output, last_error, started_at, finished_at, last_cause, resolved_by, compensations FROM idemflow_step WHERE operation_id = $1 ORDER BY position
 `
 
 func (q *Queries) StepListByOperation(ctx context.Context, db DBTX, operationID pguuid.UUID) ([]*IdemflowStep, error) {
@@ -111,6 +138,7 @@ func (q *Queries) StepListByOperation(ctx context.Context, db DBTX, operationID 
 			&i.FinishedAt,
 			&i.LastCause,
 			&i.ResolvedBy,
+			&i.Compensations,
 		); err != nil {
 			return nil, err
 		}
