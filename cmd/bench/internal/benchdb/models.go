@@ -78,15 +78,16 @@ type IdemflowOperation struct {
 }
 
 type IdemflowStep struct {
-	OperationID pguuid.UUID
-	Name        string
-	Position    int32
-	State       string
-	Attempts    int32
-	Output      []byte
-	LastError   *string
-	StartedAt   time.Time
-	FinishedAt  *time.Time
-	LastCause   *string
-	ResolvedBy  *string
+	OperationID   pguuid.UUID
+	Name          string
+	Position      int32
+	State         string
+	Attempts      int32
+	Output        []byte
+	LastError     *string
+	StartedAt     time.Time
+	FinishedAt    *time.Time
+	LastCause     *string
+	ResolvedBy    *string
+	Compensations int32
 }
