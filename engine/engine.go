@@ -203,6 +203,19 @@ type Engine struct {
 	waitLogged sync.Map
 	// inFlight counts the first attempts running in this process.
 	inFlight atomic.Int64
+	// workers is true once StartWorkers has started River here; warned once
+	// an operation was handed to River without them.
+	workers, warned atomic.Bool
+}
+
+// handedToRiver warns, once per process, when an operation goes to a River job
+// and this process runs no workers: unless another process runs them, it waits
+// for ever.
+func (e *Engine) handedToRiver(ctx context.Context) {
+	if !e.workers.Load() && !e.warned.Swap(true) {
+		e.logger.WarnContext(ctx, "an operation was handed to a River job, and this process runs no workers: "+
+			"unless another process does, it waits; call Engine.StartWorkers")
+	}
 }
 
 // New returns an Engine that keeps its operations in pool's database, which must
@@ -280,6 +293,7 @@ func (e *Engine) StartWorkers(ctx context.Context) error {
 	if err := e.river.Start(ctx); err != nil {
 		return fmt.Errorf("engine: start river: %w", err)
 	}
+	e.workers.Store(true)
 	e.sweeps.Add(1)
 	go func() {
 		defer e.sweeps.Done()
@@ -335,6 +349,13 @@ func (e *Engine) registered(d Definition) (*opDef, error) {
 		return nil, fmt.Errorf("engine: %w: %q", ErrNotRegistered, def.name)
 	}
 	return def, nil
+}
+
+// isStopping reports whether Stop has been called.
+func (e *Engine) isStopping() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.stopping
 }
 
 // addRun counts a run that Stop must wait for. It returns false once the engine

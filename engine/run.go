@@ -89,7 +89,8 @@ type run struct {
 	reserved  bool
 	cancelRun context.CancelCauseFunc
 	// leaseFrom is when the run's claim (or reservation) was sent: the lease it
-	// holds runs out a Lease after it at the latest.
+	// holds runs out a Lease after it at the latest. mu guards it: a first
+	// attempt moves it to when its reservation was sent, once it commits.
 	leaseFrom time.Time
 }
 
@@ -145,6 +146,11 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 	}
 	if r.local != nil {
 		if !r.isReserved() {
+			if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
+				// Why the run stopped (errLeaseExpiring: the database did not
+				// answer in time) says more than what it was doing then.
+				err = fmt.Errorf("%w: %w", cause, err)
+			}
 			res := reservation{err: err}
 			if errors.Is(err, errKeyTaken) {
 				res = r.existing(ctx)
@@ -226,7 +232,7 @@ func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*In
 	if last {
 		tx = r.beginLast(ctx)
 	} else {
-		tx = r.begin(ctx)
+		tx = r.beginStep(ctx)
 	}
 	defer tx.end(ctx)
 	err := protect(func() error {
@@ -609,6 +615,7 @@ func (r *run) handOff(ctx context.Context, tx *txn, delay time.Duration) error {
 	if err := r.commit(ctx, tx); err != nil {
 		return err
 	}
+	r.e.handedToRiver(ctx)
 	return errHandedOff
 }
 
@@ -654,7 +661,7 @@ func (r *run) compensateWith(ctx context.Context, failure *store.StepRecordFailu
 		failure = nil
 	}
 	for k, st := range todo {
-		tx := r.begin(ctx)
+		tx := r.beginStep(ctx)
 		defer tx.end(ctx)
 		if err := r.recordFailure(ctx, tx, failure); err != nil {
 			return nil, err
@@ -780,6 +787,17 @@ func (r *run) begin(ctx context.Context) *txn {
 	return tx
 }
 
+// beginStep is begin for the transaction of a step or a compensation, whose
+// statements may wait on the application's locks: its fence goes with COMMIT,
+// so that the row lock it takes does not keep the run's own lease renewals
+// waiting meanwhile. It fences all the same: a claim by another run that
+// committed first fails it, one that comes later waits for its commit.
+func (r *run) beginStep(ctx context.Context) *txn {
+	tx := r.beginLast(ctx)
+	tx.fenceAtCommit = r.insert == nil
+	return tx
+}
+
 // beginLast is begin for a transaction that ends the operation with its
 // result: the statement that does (OperationFinish) is the fence.
 func (r *run) beginLast(ctx context.Context) *txn {
@@ -812,6 +830,10 @@ func (r *run) commit(ctx context.Context, tx *txn) error {
 // it goes on), and commits, all in one round trip.
 func (r *run) commitEnd(ctx context.Context, tx *txn, end *store.StepCheckpointManyParams) error {
 	last := &pgx.Batch{}
+	if tx.fenceAtCommit && end == nil {
+		// Only queued: it cannot fail here.
+		_ = r.e.store.OperationFence(ctx, store.Queue{Batch: last}, r.id, r.runID)
+	}
 	if end != nil || len(r.pending) > 0 {
 		p := store.StepCheckpointManyParams{}
 		if end != nil {
@@ -829,6 +851,7 @@ func (r *run) commitEnd(ctx context.Context, tx *txn, end *store.StepCheckpointM
 		r.insert = nil
 		r.mu.Lock()
 		r.reserved = true
+		r.leaseFrom = tx.firstSent
 		r.mu.Unlock()
 		if r.local != nil {
 			r.local.reserved <- reservation{created: true}
@@ -934,7 +957,10 @@ func (r *run) hook(ctx context.Context, st *stepDef, p Point, attempt int) error
 func (r *run) keepLease(ctx context.Context) (stop func()) {
 	lease := r.e.cfg.Lease
 	every, margin := lease/3, lease/10
+	r.mu.Lock()
 	held := r.leaseFrom.Add(lease) // the lease runs out by then at the latest
+	r.mu.Unlock()
+	wasReserved := r.isReserved()
 	var (
 		mu      sync.Mutex
 		stopped bool
@@ -945,6 +971,14 @@ func (r *run) keepLease(ctx context.Context) (stop func()) {
 			return
 		}
 		next := every
+		if !wasReserved && r.isReserved() {
+			// The reservation committed: its lease counts from when it was sent,
+			// later than the run began.
+			wasReserved = true
+			r.mu.Lock()
+			held = r.leaseFrom.Add(lease)
+			r.mu.Unlock()
+		}
 		if !r.isReserved() && time.Until(held) <= margin {
 			// The reservation has not committed in a lease (the database does
 			// not answer): stop, so that nothing waits on it for ever. Should it

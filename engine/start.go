@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -140,6 +141,9 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 
 	select {
 	case res := <-r.local.reserved:
+		if res.err != nil && errors.Is(res.err, context.Canceled) && e.isStopping() {
+			return nil, fmt.Errorf("engine: start %q: %w", def.name, ErrStopped)
+		}
 		if res.err != nil && IsUnavailable(res.err) {
 			return nil, fmt.Errorf("engine: start %q: %w: %w", def.name, ErrUnavailable, res.err)
 		}
@@ -183,6 +187,7 @@ func StartTx[In, S, Out any](ctx context.Context, tx pgx.Tx, e *Engine, op *Oper
 	if _, err := e.river.InsertTx(ctx, tx, resumeArgs{OperationID: id, Operation: def.name}, &river.InsertOpts{Queue: e.cfg.Queue}); err != nil {
 		return nil, fmt.Errorf("engine: enqueue operation: %w", err)
 	}
+	e.handedToRiver(ctx)
 	return &Started{ID: id, Created: true, e: e}, nil
 }
 

@@ -29,6 +29,12 @@ type txn struct {
 	pool *pgxpool.Pool
 	// acquireTimeout bounds the wait for a connection.
 	acquireTimeout time.Duration
+	// fenceAtCommit asks the run to fence the transaction with its COMMIT
+	// rather than in its first batch.
+	fenceAtCommit bool
+	// firstSent is when the transaction's first batch was sent: what it
+	// inserted then (a reservation) was stamped no earlier.
+	firstSent time.Time
 	// prelude is sent after BEGIN, before anything else.
 	prelude *pgx.Batch
 	conn    *pgxpool.Conn
@@ -85,6 +91,7 @@ func (t *txn) send(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	}
 	all := &pgx.Batch{}
 	all.BeginTx(pgx.TxOptions{})
+	t.firstSent = time.Now()
 	all.QueuedQueries = append(all.QueuedQueries, t.prelude.QueuedQueries...)
 	all.QueuedQueries = append(all.QueuedQueries, b.QueuedQueries...)
 	br := t.conn.SendBatch(ctx, all)
@@ -243,6 +250,7 @@ func (t *txn) commitImplicit(ctx context.Context, last *pgx.Batch) error {
 			return err
 		}
 	}
+	t.firstSent = time.Now()
 	br := t.conn.SendBatch(ctx, b)
 	if err := t.readCommitted(br, t.prelude.Len(), last.Len()); err != nil {
 		return err

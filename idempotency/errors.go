@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"time"
 )
 
 // The error codes this package answers with.
@@ -49,6 +50,17 @@ func (e *FieldError) Error() string { return e.Param + ": " + e.Message }
 // arguments give byte-identical bodies.
 func WriteError(w http.ResponseWriter, status int, code, message string, extra map[string]any) {
 	writeJSON(w, status, errorBody(code, message, extra))
+}
+
+// RefuseBody prepares an answer that refuses a request without reading its
+// body (a 401, a 404, a 405): the connection closes after it (Connection:
+// close), and the server stops reading at once rather than wait, up to its read
+// timeout, for a body that the client may never finish, so that such clients
+// cannot hold connections. (net/http still leaves the client half a second to
+// read the answer before it closes the connection.)
+func RefuseBody(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
 }
 
 func errorBody(code, message string, extra map[string]any) []byte {

@@ -174,8 +174,7 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 	ctx := r.Context()
 	scope, err := ep.cfg.ScopeFunc(r)
 	if err != nil {
-		// The body is not read: the connection closes rather than wait for it.
-		w.Header().Set("Connection", "close")
+		RefuseBody(w) // the body is not read
 		WriteError(w, http.StatusUnauthorized, CodeUnauthenticated, err.Error(), nil)
 		return
 	}
@@ -264,7 +263,9 @@ func (ep *endpoint[In, S, Out]) readRequest(w http.ResponseWriter, r *http.Reque
 		panic(http.ErrAbortHandler)
 	}
 	if errors.Is(err, errTooLarge) {
-		// The rest of the body is not read: the connection closes.
+		// The rest of the body is not read: the connection closes. (A client
+		// sending a body this large is sending, not stalling: net/http gives
+		// up on it at once when more than 256 KiB are left.)
 		w.Header().Set("Connection", "close")
 		WriteError(w, http.StatusRequestEntityTooLarge, CodeRequestTooLarge,
 			fmt.Sprintf("the request body is larger than %d bytes", ep.cfg.MaxBodyBytes), nil)

@@ -63,13 +63,13 @@ func openDatabase(ctx context.Context, cfg *config, logger *slog.Logger) (pool *
 
 // controlConns are the connections of the engine's own pool: River's LISTEN,
 // its producer and leader, lease renewals and the sweeper.
-const controlConns = 5
+const controlConns = 8
 
 // openControlPool opens the engine's own small pool on pool's database, so that
 // the application's traffic cannot starve lease renewals.
 func openControlPool(ctx context.Context, pool *pgxpool.Pool, lease time.Duration) (*pgxpool.Pool, error) {
 	c := pool.Config().Copy()
-	c.MaxConns, c.MinConns = controlConns, 0
+	c.MaxConns, c.MinConns = controlConns, controlConns // warm: a renewal never waits for a connection to be made
 	// Its statements are short: a renewal that takes a third of the lease is
 	// better failed, and tried again.
 	engine.BoundPool(c, &engine.PoolOpts{Lease: lease, StatementTimeout: lease / 3})

@@ -97,7 +97,7 @@ func newServer(cfg *serverConfig) (*server, error) {
 // the router's redirect: every answer is JSON.
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if headerBytes(r) > maxHeaderBytes {
-		w.Header().Set("Connection", "close")
+		idempotency.RefuseBody(w)
 		idempotency.WriteError(w, http.StatusRequestHeaderFieldsTooLarge, "request_headers_too_large",
 			fmt.Sprintf("the request's headers are larger than %d bytes", maxHeaderBytes), nil)
 		return
@@ -121,12 +121,12 @@ func headerBytes(r *http.Request) int {
 }
 
 func methodNotAllowed(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Connection", "close") // the body, if any, is not read
+	idempotency.RefuseBody(w) // the body, if any, is not read
 	idempotency.WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed here", nil)
 }
 
 func notFound(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Connection", "close") // the body, if any, is not read
+	idempotency.RefuseBody(w) // the body, if any, is not read
 	idempotency.WriteError(w, http.StatusNotFound, "not_found", "no such endpoint", nil)
 }
 
@@ -138,7 +138,7 @@ func notFound(w http.ResponseWriter, _ *http.Request) {
 func (s *server) authenticated(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		refuse := func(message string) {
-			w.Header().Set("Connection", "close")
+			idempotency.RefuseBody(w)
 			idempotency.WriteError(w, http.StatusUnauthorized, "unauthenticated", message, nil)
 		}
 		values := r.Header.Values("Authorization")
