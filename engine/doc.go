@@ -101,8 +101,11 @@
 // with started workers, hands such operations to River workers, which resume
 // each at its first unfinished step. Every transaction of a run is fenced by
 // the run: the first by the reservation, the last by the statement that stores
-// the result, the others by OperationFence (a FOR SHARE lock on the row, so that
-// another run's claim waits for the commit and then reads it). A checkpoint is
+// the result, the others by a statement that takes a FOR SHARE lock on the
+// operation's row and raises unless the run holds it, so that another run's
+// claim waits for the commit and then reads it. A step's transaction sends it
+// with COMMIT, so that the lock does not keep the run's own lease renewals
+// waiting while the step waits on the application's locks. A checkpoint is
 // keyed by (operation, step) too. A run that lost its lease and still finishes
 // a step cannot commit it, nor the step's writes. Leases, retry times and the
 // retention horizon use the database's clock.
