@@ -45,7 +45,8 @@ var (
 	// operation with another input holds.
 	ErrKeyReused = errors.New("idempotency key reused with a different input")
 	// ErrOverloaded is returned by Start, at once and with nothing reserved,
-	// when Config.MaxInFlight first attempts already run in this process.
+	// when Config.MaxInFlight first attempts already run in this process and
+	// the key is free (a start whose key is taken is answered as always).
 	ErrOverloaded = errors.New("too many operations in flight")
 	// ErrUnavailable is matched by the error of a Start that could not reach the
 	// database, or got no answer in time: nothing was reserved, or (when the

@@ -332,6 +332,11 @@ type opDef struct {
 	// empty. Like decodeInput it refuses fields that the type lacks (a field
 	// renamed by a deploy), which would otherwise decode silently to nothing.
 	decodeState func(raw []byte) (any, error)
+	// reloadState and reloadInput decode what this process has just encoded
+	// from the same types, which has no fields the types lack: plain
+	// json.Unmarshal, cheaper than the strict decoder.
+	reloadState func(raw []byte) (any, error)
+	reloadInput func(raw []byte) (any, error)
 	decodeInput func(raw []byte) (any, error)
 	result      func(in, state any) ([]byte, error)
 }
@@ -382,6 +387,20 @@ func (op *Operation[In, S, Out]) erase() *opDef {
 		decodeInput: func(raw []byte) (any, error) {
 			var in In
 			if err := decodeStrict(raw, &in); err != nil {
+				return nil, fmt.Errorf("decode input: %w", err)
+			}
+			return in, nil
+		},
+		reloadState: func(raw []byte) (any, error) {
+			s := new(S)
+			if err := json.Unmarshal(raw, s); err != nil {
+				return nil, fmt.Errorf("decode state: %w", err)
+			}
+			return s, nil
+		},
+		reloadInput: func(raw []byte) (any, error) {
+			var in In
+			if err := json.Unmarshal(raw, &in); err != nil {
 				return nil, fmt.Errorf("decode input: %w", err)
 			}
 			return in, nil

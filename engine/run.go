@@ -392,7 +392,7 @@ func (r *run) succeeded(i int, st *stepDef, attempt int, started time.Time, reso
 	if err != nil {
 		return fmt.Errorf("encode state after step %s: %w", st.name, err)
 	}
-	state, err := r.def.decodeState(raw)
+	state, err := r.def.reloadState(raw)
 	if err != nil {
 		return fmt.Errorf("state after step %s: %w", st.name, err)
 	}

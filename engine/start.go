@@ -90,12 +90,24 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 	if err != nil {
 		return nil, err
 	}
-	decoded, err := def.decodeInput(p.raw)
+	decoded, err := def.reloadInput(p.raw)
 	if err != nil {
 		return nil, fmt.Errorf("engine: input of %q does not survive encoding/json: %w", def.name, err)
 	}
 	if max := e.cfg.MaxInFlight; e.inFlight.Add(1) > int64(max) && max > 0 {
 		e.inFlight.Add(-1)
+		// A retry needs no room: read the key, and answer as a reservation
+		// that found it taken would.
+		rec, err := e.store.OperationGetByKey(ctx, e.pool, scope, key)
+		switch {
+		case err == nil:
+			if err := e.sameStart(rec, def, p.fp); err != nil {
+				return nil, err
+			}
+			return &Started{ID: rec.ID, Existing: infoFromRecord(rec), e: e}, nil
+		case !errors.Is(err, store.ErrNotFound):
+			return nil, fmt.Errorf("engine: start %q: %w: %w", def.name, ErrUnavailable, err)
+		}
 		return nil, fmt.Errorf("engine: start %q: %w (%d)", def.name, ErrOverloaded, max)
 	}
 	if !e.addRun() {

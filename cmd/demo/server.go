@@ -171,14 +171,11 @@ func (s *server) authenticated(next http.Handler) http.Handler {
 // it are allowed, no other white space.
 func bearerToken(h string) (string, bool) {
 	h = strings.Trim(h, " \t")
-	scheme, rest, ok := strings.Cut(h, " ")
-	if !ok {
-		scheme, rest, ok = strings.Cut(h, "\t")
-	}
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
+	i := strings.IndexAny(h, " \t")
+	if i < 0 || !strings.EqualFold(h[:i], "Bearer") {
 		return "", false
 	}
-	token := strings.Trim(rest, " \t")
+	token := strings.Trim(h[i:], " \t")
 	if token == "" || strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
 		return "", false
 	}

@@ -83,9 +83,15 @@ const DefaultProviderTimeout = 10 * time.Second
 // maxAnswer bounds how much of an answer ProviderClient reads.
 const maxAnswer = 1 << 20
 
+// notFoundCode is the error code of the provider's 404 for a key under which it
+// made no refund.
+const notFoundCode = "refund_not_found"
+
 // ProviderClient is a Provider over HTTP, for a provider that speaks the API of
 // the demo's fake provider: POST {BaseURL}/refunds with an Idempotency-Key header,
-// 402 for a decline, and GET {BaseURL}/refunds/by-key/{key}.
+// 402 for a decline, and GET {BaseURL}/refunds/by-key/{key}, whose 404 with the
+// error code refund_not_found, and nothing else, means that no refund was made
+// under the key.
 type ProviderClient struct {
 	// BaseURL is the provider's base URL, such as "http://127.0.0.1:8080/provider".
 	BaseURL string
@@ -168,9 +174,12 @@ func (c *ProviderClient) do(req *http.Request) (*ProviderRefund, bool, error) {
 		return nil, false, fmt.Errorf("refund: read provider answer: %w", err)
 	}
 	switch {
-	case resp.StatusCode == http.StatusNotFound:
+	case resp.StatusCode == http.StatusNotFound && providerError(resp.StatusCode, raw).Code == notFoundCode:
 		return nil, false, nil
 	case resp.StatusCode < 200 || resp.StatusCode > 299:
+		// A 404 that is not the provider's "no refund under this key" (a wrong
+		// URL, a proxy's page) says nothing about the refund: it is an error,
+		// never "not made", or a lookup would let a refund be undone on it.
 		return nil, false, providerError(resp.StatusCode, raw)
 	}
 	var ref ProviderRefund

@@ -96,6 +96,23 @@ func TestProviderClient(t *testing.T) {
 		require.Error(t, err)
 	})
 
+	// A 404 that is not the provider's own "no refund under this key" (a wrong
+	// base URL, a proxy's page) is an error, never "not made": a lookup that
+	// took it for one would let the ledger move be undone although the
+	// provider refunded.
+	t.Run("NotFoundFromSomethingElseIsNoAnswer", func(t *testing.T) {
+		t.Parallel()
+		ts := httptest.NewServer(http.NotFoundHandler())
+		t.Cleanup(ts.Close)
+		c := &refund.ProviderClient{BaseURL: ts.URL}
+		_, found, err := c.ByKey(t.Context(), "key-1")
+		require.Error(t, err)
+		require.False(t, found)
+		var pe *refund.ProviderError
+		require.ErrorAs(t, err, &pe)
+		require.Equal(t, http.StatusNotFound, pe.StatusCode)
+	})
+
 	t.Run("NonJSONErrorAnswer", func(t *testing.T) {
 		t.Parallel()
 		ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
