@@ -81,6 +81,17 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
 	s.mux.HandleFunc("GET /refunds/by-key/{key...}", s.getRefundByKey)
 	s.mux.HandleFunc("POST /faults", s.setFault)
 	s.mux.HandleFunc("DELETE /faults", s.clearFaults)
+	// Every answer is JSON, a wrong method's and an unknown path's too. (A
+	// caller must not take this 404 for "no refund under this key": that one
+	// has the code refund_not_found.)
+	for _, path := range []string{"/refunds", "/refunds/by-key/{key...}", "/faults"} {
+		s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "", r.Method+" is not allowed here")
+		})
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", "", "no such endpoint")
+	})
 	return s, nil
 }
 

@@ -171,6 +171,32 @@ func TestRefund(t *testing.T) {
 		require.Equal(t, int64(1500), got[0].Amount)
 	})
 
+	t.Run("EveryAnswerJSON", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		for _, tc := range []struct {
+			method, path string
+			status       int
+			code         string
+		}{
+			{http.MethodGet, "/nope", http.StatusNotFound, "not_found"},
+			{http.MethodPut, "/refunds", http.StatusMethodNotAllowed, "method_not_allowed"},
+			{http.MethodPost, "/refunds/by-key/k", http.StatusMethodNotAllowed, "method_not_allowed"},
+			{http.MethodGet, "/faults", http.StatusMethodNotAllowed, "method_not_allowed"},
+		} {
+			a := b.do(t, tc.method, tc.path, nil, "")
+			require.Equal(t, tc.status, a.status, "%s %s", tc.method, tc.path)
+			require.Equal(t, "application/json", a.header.Get("Content-Type"))
+			var body struct {
+				Error struct {
+					Code string `json:"code"`
+				} `json:"error"`
+			}
+			require.NoError(t, json.Unmarshal(a.body, &body), "%s", a.body)
+			require.Equal(t, tc.code, body.Error.Code)
+		}
+	})
+
 	t.Run("PagedList", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
