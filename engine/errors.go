@@ -12,6 +12,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemflow/idemflow/store"
 )
 
 var (
@@ -193,6 +195,14 @@ func Permanent(err error) error {
 // fault returns a server fault with the engine's code and the operator's cause.
 func fault(code, step, cause string) *PermanentError {
 	return &PermanentError{Code: code, Message: serverFaultMessage, Cause: cause, Step: step, Fault: true}
+}
+
+// stored returns a copy of e whose texts PostgreSQL's jsonb can keep (see
+// store.Text), to be marshalled into the operation's row.
+func (e *PermanentError) stored() *PermanentError {
+	c := *e
+	c.Code, c.Message, c.Cause, c.Step = store.Text(e.Code), store.Text(e.Message), store.Text(e.Cause), store.Text(e.Step)
+	return &c
 }
 
 // Error implements error. It is the operator's text: the cause when there is one.

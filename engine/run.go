@@ -127,7 +127,8 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		if r.e.logger.Enabled(ctx, slog.LevelDebug) {
 			r.logger().DebugContext(ctx, "operation finished", slog.String("status", string(info.Status)), slog.Int("runs", info.Runs))
 		}
-	case errors.Is(err, errKeyTaken), errors.Is(err, errHandedOff), errors.Is(err, errParked), errors.Is(err, errWaiting):
+	case errors.Is(err, errKeyTaken), errors.Is(err, errHandedOff), errors.Is(err, errParked), errors.Is(err, errWaiting),
+		errors.Is(err, errCannotCancel): // handed back as it was
 	case errors.Is(err, errLost):
 		r.logger().WarnContext(ctx, "run stopped: another run took the operation over")
 	case errors.Is(err, context.Canceled) && r.isReserved():
@@ -178,7 +179,7 @@ func (r *run) existing(ctx context.Context) reservation {
 	if err != nil {
 		return reservation{err: fmt.Errorf("engine: read existing operation: %w", err)}
 	}
-	if err := r.e.sameStart(rec, r.def, r.fp); err != nil {
+	if err := r.e.sameStart(rec, r.def, r.fp, r.insert.Input); err != nil {
 		return reservation{err: err}
 	}
 	return reservation{existing: infoFromRecord(rec)}
@@ -715,7 +716,7 @@ func (r *run) recordFailure(ctx context.Context, tx *txn, failure *store.StepRec
 	if r.failureStored {
 		return nil
 	}
-	raw, err := json.Marshal(r.failure)
+	raw, err := json.Marshal(r.failure.stored())
 	if err != nil {
 		return fmt.Errorf("engine: encode error: %w", err)
 	}
@@ -900,7 +901,7 @@ func (r *run) resultFailed(ctx context.Context, err error) (*Info, error) {
 }
 
 func (r *run) commitFailure(ctx context.Context, tx *txn) (*Info, error) {
-	raw, err := json.Marshal(r.failure)
+	raw, err := json.Marshal(r.failure.stored())
 	if err != nil {
 		return nil, fmt.Errorf("engine: encode error: %w", err)
 	}
@@ -1020,7 +1021,9 @@ func (r *run) keepLease(ctx context.Context) (stop func()) {
 		}
 	}
 	mu.Lock()
-	timer = time.AfterFunc(every, renew)
+	// The first renewal comes a third of the lease from now, or sooner when
+	// the claim was sent a while ago.
+	timer = time.AfterFunc(min(every, max(time.Until(held)-margin-every, time.Millisecond)), renew)
 	mu.Unlock()
 	return func() {
 		mu.Lock()

@@ -101,7 +101,7 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 		rec, err := e.store.OperationGetByKey(ctx, e.pool, scope, key)
 		switch {
 		case err == nil:
-			if err := e.sameStart(rec, def, p.fp); err != nil {
+			if err := e.sameStart(rec, def, p.fp, p.raw); err != nil {
 				return nil, err
 			}
 			return &Started{ID: rec.ID, Existing: infoFromRecord(rec), e: e}, nil
@@ -191,7 +191,7 @@ func StartTx[In, S, Out any](ctx context.Context, tx pgx.Tx, e *Engine, op *Oper
 		if err != nil {
 			return nil, mapNotFound(err)
 		}
-		if err := e.sameStart(rec, def, p.fp); err != nil {
+		if err := e.sameStart(rec, def, p.fp, p.raw); err != nil {
 			return nil, err
 		}
 		return &Started{ID: rec.ID, Existing: infoFromRecord(rec), e: e}, nil
@@ -248,9 +248,23 @@ func (e *Engine) prepare(op Definition, scope, key string, in any, opts *StartOp
 }
 
 // sameStart returns a *KeyReusedError when the operation rec, which holds a
-// key, was started with another input than the start fingerprinted fp.
-func (e *Engine) sameStart(rec *store.Operation, def *opDef, fp *Fingerprint) error {
-	diff := fp.mismatches(decodeFingerprint(rec.Fingerprint), def.ignore)
+// key, was started with another input than the start fingerprinted fp, whose
+// input encodes as raw. An operation stored without a readable fingerprint
+// (started by Start before the engine fingerprinted, or with a caller's own
+// format) is compared by the fields of its stored input, as the engine
+// fingerprints them.
+func (e *Engine) sameStart(rec *store.Operation, def *opDef, fp *Fingerprint, raw []byte) error {
+	stored := decodeFingerprint(rec.Fingerprint)
+	if len(stored.Fields) == 0 && len(stored.Context) == 0 {
+		var err error
+		if stored, err = fingerprintOf(rec.Input, def.ignore); err != nil {
+			stored = &Fingerprint{}
+		}
+		if fp, err = fingerprintOf(raw, def.ignore); err != nil {
+			fp = &Fingerprint{}
+		}
+	}
+	diff := fp.mismatches(stored, def.ignore)
 	if len(diff) == 0 && rec.Name != def.name {
 		diff = []string{"operation"}
 	}

@@ -132,10 +132,6 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	recorded, err := e.store.StepListByOperation(ctx, e.pool, id)
-	if err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
-	}
 	r := &run{
 		e:             e,
 		def:           def,
@@ -159,10 +155,24 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 	stopLease := r.keepLease(ctx)
 	defer stopLease()
 	ctx = context.WithValue(ctx, operationIDKey{}, id)
+	// Read under the lease's watch: a run whose read waits past its lease stops.
+	recorded, err := e.store.StepListByOperation(ctx, e.pool, id)
+	if err != nil {
+		if cause := context.Cause(ctx); cause != nil {
+			err = fmt.Errorf("%w: %w", cause, err)
+		}
+		r.end(ctx, nil, err)
+		return nil, fmt.Errorf("engine: %w", err)
+	}
 
 	info, err := r.load(ctx, rec, recorded, cancelWith != nil)
 	if err == nil && info == nil {
 		switch {
+		case cancelWith != nil && r.failure != nil && r.undecodable != nil:
+			// Compensating already, and its compensations need the state.
+			r.giveBack(ctx, rec)
+			r.end(ctx, nil, errHandedOff)
+			return nil, fmt.Errorf("engine: cancel %s: %w: it is compensating, and its input or state does not decode: %w", id, errCannotCancel, r.undecodable)
 		case cancelWith != nil && r.failure == nil:
 			r.logger().InfoContext(ctx, "cancelling operation", slog.Int("run", rec.Runs))
 			if err := r.mayCancel(ctx); err != nil {
@@ -216,10 +226,10 @@ func (r *run) mayCancel(ctx context.Context) error {
 			return nil // a transactional step, or an answer that said "not done"
 		}
 		if st.lookup == nil {
-			if st.pivot() {
-				return fmt.Errorf("engine: cancel %s: %w: step %s may have called out, and has no lookup to tell", r.id, ErrPastPivot, name)
-			}
-			return nil
+			// Whether its call went through is unknown, and undoing the steps
+			// before it would be a guess (a compensation of its own would not
+			// run: nothing says it succeeded).
+			return fmt.Errorf("engine: cancel %s: %w: step %s may have called out, and has no lookup to tell", r.id, ErrPastPivot, name)
 		}
 		attempt := r.tries[name] + 1
 		found, err := r.lookup(ctx, st, r.call(st, attempt))
@@ -291,6 +301,11 @@ func (r *run) load(ctx context.Context, rec *store.Operation, recorded []store.S
 			continue
 		}
 		r.steps = append(r.steps, r.def.steps[i])
+	}
+	if len(missing) > 0 && cancelling {
+		r.giveBack(ctx, rec)
+		verr := &VersionError{Operation: r.def.name, Started: rec.Steps, Registered: r.def.names, Missing: missing}
+		return nil, fmt.Errorf("engine: cancel %s: %w: %w", r.id, errCannotCancel, verr)
 	}
 	if len(missing) > 0 {
 		return nil, r.waitForDefinition(ctx, rec, missing)

@@ -78,3 +78,10 @@ SELECT idemflow_fence((SELECT count(*) FROM upd) = cardinality(sqlc.arg(names)::
 UPDATE idemflow_step
 SET compensations = @compensations, last_error = @last_error, last_cause = @last_cause
 WHERE operation_id = @operation_id AND name = @name AND state = 'succeeded';
+
+-- name: StepResetSucceeded :exec
+-- Clears what a reopened operation's succeeded steps kept of their
+-- compensations' failures, so that a compensation gets its attempts again.
+UPDATE idemflow_step
+SET compensations = 0, last_error = NULL, last_cause = NULL
+WHERE operation_id = @operation_id AND state = 'succeeded' AND compensations > 0;

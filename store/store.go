@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -322,7 +324,7 @@ func (s *Store) OperationFence(ctx context.Context, db DBTX, id, run uuid.UUID) 
 // reason given: no run takes it up again until an operator retries or cancels it.
 // It returns false when run no longer holds it.
 func (s *Store) OperationPark(ctx context.Context, db DBTX, id, run uuid.UUID, code, reason string) (bool, error) {
-	n, err := s.q.OperationPark(ctx, db, dbsqlc.OperationParkParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), AttentionCode: &code, Attention: &reason})
+	n, err := s.q.OperationPark(ctx, db, dbsqlc.OperationParkParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), AttentionCode: ptr(Text(code)), Attention: ptr(Text(reason))})
 	if err != nil {
 		return false, fmt.Errorf("store: park operation: %w", err)
 	}
@@ -333,7 +335,7 @@ func (s *Store) OperationPark(ctx context.Context, db DBTX, id, run uuid.UUID, c
 // operator, for the reason given, while it goes on. It returns false when run no
 // longer holds it.
 func (s *Store) OperationSetAttention(ctx context.Context, db DBTX, id, run uuid.UUID, code, reason string) (bool, error) {
-	n, err := s.q.OperationSetAttention(ctx, db, dbsqlc.OperationSetAttentionParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), AttentionCode: &code, Attention: &reason})
+	n, err := s.q.OperationSetAttention(ctx, db, dbsqlc.OperationSetAttentionParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), AttentionCode: ptr(Text(code)), Attention: ptr(Text(reason))})
 	if err != nil {
 		return false, fmt.Errorf("store: set attention: %w", err)
 	}
@@ -436,8 +438,8 @@ func (s *Store) StepRecordFailure(ctx context.Context, db DBTX, p StepRecordFail
 		Position:    int32(p.Position),
 		State:       string(p.State),
 		Attempts:    int32(p.Attempts),
-		LastError:   &p.LastError,
-		LastCause:   &p.LastCause,
+		LastError:   ptr(Text(p.LastError)),
+		LastCause:   ptr(Text(p.LastCause)),
 		StartedAt:   p.StartedAt,
 	})
 	if err != nil {
@@ -450,7 +452,7 @@ func (s *Store) StepRecordFailure(ctx context.Context, db DBTX, p StepRecordFail
 // step's compensation, with its texts for the client and for operators.
 func (s *Store) StepCompensationFailed(ctx context.Context, db DBTX, operationID uuid.UUID, name string, n int, lastError, lastCause string) error {
 	err := s.q.StepCompensationFailed(ctx, db, dbsqlc.StepCompensationFailedParams{
-		OperationID: pguuid.UUID(operationID), Name: name, Compensations: int32(n), LastError: &lastError, LastCause: &lastCause,
+		OperationID: pguuid.UUID(operationID), Name: name, Compensations: int32(n), LastError: ptr(Text(lastError)), LastCause: ptr(Text(lastCause)),
 	})
 	if err != nil {
 		return fmt.Errorf("store: record failed compensation of step %q: %w", name, err)
@@ -492,11 +494,33 @@ func operationFromRow(r *dbsqlc.IdemflowOperation) *Operation {
 	}
 }
 
+func ptr(s string) *string { return &s }
+
 func deref(s *string) string {
 	if s == nil {
 		return ""
 	}
 	return *s
+}
+
+// maxText bounds the texts the store keeps of a failure.
+const maxText = 8 << 10
+
+// Text returns s as PostgreSQL's text and jsonb can keep it: valid UTF-8 (an
+// invalid byte becomes U+FFFD), no NUL byte, at most 8 KiB (cut on a rune
+// boundary). A failure's text comes from anywhere (a provider's answer, a
+// panic's value): one PostgreSQL refused would fail the very write that
+// records the failure, every run, for ever.
+func Text(s string) string {
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "")
+	if len(s) <= maxText {
+		return s
+	}
+	cut := maxText
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // nullJSON turns an empty value into SQL NULL rather than an invalid empty document.
@@ -589,6 +613,9 @@ func (s *Store) OperationReopen(ctx context.Context, db DBTX, id uuid.UUID, leas
 		return false, nil
 	}
 	if err := s.q.StepDeleteUnsucceeded(ctx, db, pguuid.UUID(id)); err != nil {
+		return false, fmt.Errorf("store: reopen operation: %w", err)
+	}
+	if err := s.q.StepResetSucceeded(ctx, db, pguuid.UUID(id)); err != nil {
 		return false, fmt.Errorf("store: reopen operation: %w", err)
 	}
 	return true, nil

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Provider is the payment provider that the refund operation's provider step
@@ -208,7 +209,12 @@ func providerError(status int, raw []byte) *ProviderError {
 	}
 	msg := strings.TrimSpace(string(raw))
 	if len(msg) > 200 {
-		msg = msg[:200] + "..."
+		cut := 200
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut-- // never half a character: the text is stored as the step's cause
+		}
+		msg = msg[:cut] + "..."
 	}
+	msg = strings.ToValidUTF8(msg, "\uFFFD")
 	return &ProviderError{StatusCode: status, Message: msg}
 }

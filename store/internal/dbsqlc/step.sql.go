@@ -195,6 +195,19 @@ func (q *Queries) StepRecordFailure(ctx context.Context, db DBTX, arg StepRecord
 	return err
 }
 
+const stepResetSucceeded = `-- name: StepResetSucceeded :exec
+UPDATE idemflow_step
+SET compensations = 0, last_error = NULL, last_cause = NULL
+WHERE operation_id = $1 AND state = 'succeeded' AND compensations > 0
+`
+
+// Clears what a reopened operation's succeeded steps kept of their
+// compensations' failures, so that a compensation gets its attempts again.
+func (q *Queries) StepResetSucceeded(ctx context.Context, db DBTX, operationID pguuid.UUID) error {
+	_, err := db.Exec(ctx, stepResetSucceeded, operationID)
+	return err
+}
+
 const stepUpdateSucceeded = `-- name: StepUpdateSucceeded :exec
 WITH u AS (
     SELECT unnest($1::text[]) AS name,
