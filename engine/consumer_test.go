@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -103,7 +102,8 @@ func TestConsumerModule(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	goCmd := filepath.Join(runtime.GOROOT(), "bin", "go")
+	goCmd, err := exec.LookPath("go")
+	require.NoError(t, err, "the go command, which runs this test")
 	run := func(env []string, args ...string) string {
 		cmd := exec.CommandContext(ctx, goCmd, args...)
 		cmd.Dir = dir

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/cmd/bench/internal/benchdb"
-	"github.com/idemflow/idemflow/cmd/demo/provider"
+	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/internal/pgcluster"
 	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/workflows/refund"
@@ -170,7 +170,7 @@ func (s *server) migrate(ctx context.Context, logger *slog.Logger) error {
 	if err := refund.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	if err := provider.Migrate(ctx, pool); err != nil {
+	if err := fakeprovider.Migrate(ctx, pool); err != nil {
 		return err
 	}
 	sub, err := fs.Sub(migrations, "migrations")

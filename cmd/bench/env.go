@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemflow/idemflow/cmd/demo/provider"
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 
@@ -51,7 +51,7 @@ func (b *bench) newEnv(ctx context.Context, withEngine, workers bool) (_ *env, e
 	if e.prov, err = b.srv.pool(ctx, b.opts.c+2, e.provCount); err != nil {
 		return e, err
 	}
-	p, err := provider.New(e.prov, &provider.Config{Logger: b.quiet})
+	p, err := fakeprovider.New(e.prov, &fakeprovider.Config{Logger: b.quiet})
 	if err != nil {
 		return e, err
 	}

@@ -29,8 +29,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/cmd/demo/provider"
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/internal/pgcluster"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
@@ -594,7 +594,7 @@ func (r *chaosRun) work(w int, rng *rand.Rand) {
 			amount:     int64(1000 + rng.IntN(9000)),
 		}
 		if rng.IntN(7) == 0 {
-			o.orderID = provider.DeclinePrefix + o.orderID
+			o.orderID = fakeprovider.DeclinePrefix + o.orderID
 		}
 		r.settle(o, rng)
 		if o.final == nil || o.final.status != http.StatusCreated || r.stopping.Load() {
@@ -750,7 +750,7 @@ func (r *chaosRun) observe(k *chaosKey, resp *response, err error) bool {
 	switch {
 	case strings.HasPrefix(k.orderID, "NOPE-"):
 		want = []string{"404 order_not_found"}
-	case k.path == "/refunds" && strings.HasPrefix(k.orderID, provider.DeclinePrefix):
+	case k.path == "/refunds" && strings.HasPrefix(k.orderID, fakeprovider.DeclinePrefix):
 		want = []string{"402 provider_declined", "422 amount_exceeds_refundable"}
 	}
 	got := fmt.Sprint(resp.status)

@@ -26,9 +26,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemflow/idemflow/cmd/demo/provider"
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idempotency"
+	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 
@@ -97,7 +97,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 	providerURL := cfg.providerURL
 	var providerHandler http.Handler
 	if providerURL == "" {
-		p, err := provider.New(pool, &provider.Config{Logger: logger})
+		p, err := fakeprovider.New(pool, &fakeprovider.Config{Logger: logger})
 		if err != nil {
 			return err
 		}
@@ -143,7 +143,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		return err
 	}
 	srv, err := newServer(&serverConfig{
-		pool: pool, engine: e, workflows: wf, clients: cfg.clients,
+		pool: pool, health: control, engine: e, workflows: wf, clients: cfg.clients,
 		wait: cfg.wait, provider: providerHandler, logger: logger,
 	})
 	if err != nil {
@@ -181,10 +181,10 @@ func serveProvider(ctx context.Context, cfg *config, logger *slog.Logger, stdout
 	}
 	defer stopDB(context.WithoutCancel(ctx))
 	defer pool.Close()
-	if err := provider.Migrate(ctx, pool); err != nil {
+	if err := fakeprovider.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	p, err := provider.New(pool, &provider.Config{Logger: logger})
+	p, err := fakeprovider.New(pool, &fakeprovider.Config{Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -219,7 +219,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 	if err := refund.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	return provider.Migrate(ctx, pool)
+	return fakeprovider.Migrate(ctx, pool)
 }
 
 // retryPolicy is the demo's retry policy: the backoff from -retry-backoff, its

@@ -13,8 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/cmd/demo/provider"
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/internal/testdb"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
@@ -28,7 +28,7 @@ func newInProcessServer(tb testing.TB) http.Handler {
 	pool := testdb.Pool(tb)
 	logger := slog.New(slog.DiscardHandler)
 	require.NoError(tb, migrate(ctx, pool, logger))
-	p, err := provider.New(pool, &provider.Config{Logger: logger})
+	p, err := fakeprovider.New(pool, &fakeprovider.Config{Logger: logger})
 	require.NoError(tb, err)
 	providerServer := httptest.NewServer(p.Handler())
 	tb.Cleanup(providerServer.Close)

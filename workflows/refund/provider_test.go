@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/cmd/demo/provider"
+	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/internal/testdb"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
@@ -19,8 +19,8 @@ import (
 func setupProvider(t *testing.T) *refund.ProviderClient {
 	t.Helper()
 	pool := testdb.Pool(t)
-	require.NoError(t, provider.Migrate(t.Context(), pool))
-	srv, err := provider.New(pool, nil)
+	require.NoError(t, fakeprovider.Migrate(t.Context(), pool))
+	srv, err := fakeprovider.New(pool, nil)
 	require.NoError(t, err)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
@@ -53,7 +53,7 @@ func TestProviderClient(t *testing.T) {
 	t.Run("DeclineMatchesErrProviderDeclined", func(t *testing.T) {
 		t.Parallel()
 		c := setupProvider(t)
-		_, err := c.Refund(t.Context(), "key-1", refund.ProviderRequest{OrderID: provider.DeclinePrefix + "1", Amount: 100})
+		_, err := c.Refund(t.Context(), "key-1", refund.ProviderRequest{OrderID: fakeprovider.DeclinePrefix + "1", Amount: 100})
 		require.ErrorIs(t, err, refund.ErrProviderDeclined)
 		var pe *refund.ProviderError
 		require.ErrorAs(t, err, &pe)

@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/cmd/demo/provider"
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/internal/testdb"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
@@ -48,9 +48,9 @@ func setupWith(t *testing.T, opts setupOpts) *bundle {
 	ctx := t.Context()
 	pool := testdb.Pool(t)
 	require.NoError(t, refund.Migrate(ctx, pool))
-	require.NoError(t, provider.Migrate(ctx, pool))
+	require.NoError(t, fakeprovider.Migrate(ctx, pool))
 
-	srv, err := provider.New(pool, nil)
+	srv, err := fakeprovider.New(pool, nil)
 	require.NoError(t, err)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
@@ -296,7 +296,7 @@ func TestRefund(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, strings.HasPrefix(out.RefundID, refund.RefundIDPrefix), out.RefundID)
 		require.NotNil(t, out.ProviderRefundID)
-		require.True(t, strings.HasPrefix(*out.ProviderRefundID, provider.IDPrefix), *out.ProviderRefundID)
+		require.True(t, strings.HasPrefix(*out.ProviderRefundID, fakeprovider.IDPrefix), *out.ProviderRefundID)
 		require.JSONEq(t, fmt.Sprintf(`{"refundId": %q, "orderId": "A-1042", "amount": 1499, "status": "succeeded", "providerRefundId": %q}`,
 			out.RefundID, *out.ProviderRefundID), string(info.Result))
 
@@ -410,7 +410,7 @@ func TestRefund(t *testing.T) {
 	t.Run("DeclineReversesTheLedger", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		orderID := provider.DeclinePrefix + "1"
+		orderID := fakeprovider.DeclinePrefix + "1"
 		b.mustOrder(t, "merchant-a", orderID, "cus_1", 5000)
 		info := b.refund(t, "merchant-a", "key-1", orderID, 1000)
 		requireFailed(t, info, refund.CodeProviderDeclined, refund.StepProvider)
@@ -573,7 +573,7 @@ func TestRefund(t *testing.T) {
 	t.Run("ConcurrentDeclinesGiveTheAmountBack", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		orderID := provider.DeclinePrefix + "1"
+		orderID := fakeprovider.DeclinePrefix + "1"
 		b.mustOrder(t, "merchant-a", orderID, "cus_1", 1000)
 		amounts := []int64{400, 400, 400, 400, 400, 400, 400, 400, 400, 400}
 		declined := 0

@@ -1,4 +1,4 @@
-package provider
+package fakeprovider
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemflow/idemflow/cmd/demo/provider/internal/providerdb"
+	"github.com/idemflow/idemflow/internal/fakeprovider/internal/providerdb"
 )
 
 // The modes of an injected fault. See the package documentation.

@@ -1,4 +1,4 @@
-// Package provider is the demo's fake payment provider: an HTTP API that refunds
+// Package fakeprovider is the demo's fake payment provider: an HTTP API that refunds
 // orders the way a real provider such as Stripe does, so that the refund workflow
 // has something outside its own database to call, to lose answers from and to
 // retry against.
@@ -41,4 +41,4 @@
 // The refunds and the pending faults live in the database schema "provider", which
 // Migrate creates, so that they survive a crash of the process that serves them
 // and are shared by every process that serves the provider from one database.
-package provider
+package fakeprovider

@@ -1,4 +1,4 @@
-package provider_test
+package fakeprovider_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/cmd/demo/provider"
+	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 
@@ -33,14 +33,14 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	pool := testdb.Pool(t)
-	require.NoError(t, provider.Migrate(t.Context(), pool))
+	require.NoError(t, fakeprovider.Migrate(t.Context(), pool))
 	return &bundle{pool: pool, url: serve(t, pool)}
 }
 
 // serve serves a new provider on pool under /provider and returns its base URL.
 func serve(t *testing.T, pool *pgxpool.Pool) string {
 	t.Helper()
-	srv, err := provider.New(pool, nil)
+	srv, err := fakeprovider.New(pool, nil)
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("/provider/", http.StripPrefix("/provider", srv.Handler()))
@@ -103,7 +103,7 @@ func (b *bundle) refundID(t *testing.T, key, orderID string, amount int64) strin
 		Status string `json:"status"`
 	}
 	require.NoError(t, json.Unmarshal(a.body, &got))
-	require.True(t, strings.HasPrefix(got.ID, provider.IDPrefix), got.ID)
+	require.True(t, strings.HasPrefix(got.ID, fakeprovider.IDPrefix), got.ID)
 	require.Equal(t, "succeeded", got.Status)
 	return got.ID
 }
@@ -266,7 +266,7 @@ func TestRefund(t *testing.T) {
 	t.Run("DeclineRecordsNothing", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		a := b.refund(t, "key-1", provider.DeclinePrefix+"7", 100)
+		a := b.refund(t, "key-1", fakeprovider.DeclinePrefix+"7", 100)
 		require.Equal(t, http.StatusPaymentRequired, a.status)
 		require.Equal(t, "declined", a.errorCode(t))
 		require.Empty(t, b.list(t))
@@ -449,8 +449,8 @@ func TestFaults(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.fault(t, `{"mode": "lost_response"}`)
-		require.Equal(t, http.StatusServiceUnavailable, b.refund(t, "key-1", provider.DeclinePrefix+"1", 100).status)
-		require.Equal(t, http.StatusPaymentRequired, b.refund(t, "key-1", provider.DeclinePrefix+"1", 100).status)
+		require.Equal(t, http.StatusServiceUnavailable, b.refund(t, "key-1", fakeprovider.DeclinePrefix+"1", 100).status)
+		require.Equal(t, http.StatusPaymentRequired, b.refund(t, "key-1", fakeprovider.DeclinePrefix+"1", 100).status)
 		require.Empty(t, b.list(t))
 	})
 
@@ -512,12 +512,12 @@ func TestMigrate(t *testing.T) {
 		errs := make([]error, 3)
 		var wg sync.WaitGroup
 		for i := range errs {
-			wg.Go(func() { errs[i] = provider.Migrate(t.Context(), pool) })
+			wg.Go(func() { errs[i] = fakeprovider.Migrate(t.Context(), pool) })
 		}
 		wg.Wait()
 		for _, err := range errs {
 			require.NoError(t, err)
 		}
-		require.NoError(t, provider.Migrate(t.Context(), pool))
+		require.NoError(t, fakeprovider.Migrate(t.Context(), pool))
 	})
 }
