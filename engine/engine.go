@@ -219,7 +219,7 @@ func (e *Engine) handedToRiver(ctx context.Context) {
 }
 
 // New returns an Engine that keeps its operations in pool's database, which must
-// have been migrated with store.Migrate. cfg may be nil only when no operation type
+// have been migrated with Migrate (StartWorkers checks). cfg may be nil only when no operation type
 // is needed (inspection only).
 //
 // It returns an error wrapping ErrDuplicateOperation when two operation types share

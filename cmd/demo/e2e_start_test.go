@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -163,10 +164,19 @@ func TestPrivateCluster(t *testing.T) {
 	require.Equal(t, int64(500), c.getOrder("A-1").Amount)
 	d.stop()
 
-	// Stop the cluster, whoever runs it, so that the next demo starts it.
-	ctx := t.Context()
-	_, err := pgcluster.Stop(ctx, &pgcluster.Config{DataDir: dataDir})
+	// The reusing demo left the cluster running: `demo db stop` stops it, so
+	// that the next demo starts it.
+	require.FileExists(t, pidFile)
+	bin, err := demoBinary()
 	require.NoError(t, err)
+	out, err := exec.CommandContext(t.Context(), bin, "db", "stop", "-data-dir", dataDir).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "stopped the PostgreSQL cluster in "+dataDir)
+	_, err = os.Stat(pidFile)
+	require.ErrorIs(t, err, os.ErrNotExist)
+	out, err = exec.CommandContext(t.Context(), bin, "db", "stop", "-data-dir", dataDir).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "no PostgreSQL cluster runs in "+dataDir)
 	d = startDemo(t, "", opts)
 	require.Contains(t, d.stderr.String(), "started_here=true")
 	c = d.client(t, tokenA)

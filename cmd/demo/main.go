@@ -8,6 +8,9 @@
 //	demo provider [flags]    serve the fake provider alone
 //	demo ops [flags] list|retry|cancel ...   an operator's view: list operations
 //	                         by status, retry a failed one, cancel a stuck one
+//	demo db stop [-data-dir]  stop the private PostgreSQL cluster, as one that a
+//	                         killed demo left running (a demo that exits stops
+//	                         only the cluster it started)
 package main
 
 import (
@@ -29,6 +32,7 @@ import (
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idempotency"
 	"github.com/idemflow/idemflow/internal/fakeprovider"
+	"github.com/idemflow/idemflow/internal/pgcluster"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 
@@ -46,6 +50,27 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
 		return runOps(ctx, args[1:], getenv, stdout, stderr, logger)
+	}
+	if len(args) > 1 && args[0] == "db" && args[1] == "stop" {
+		cfg, err := parseConfig("demo db stop", args[2:], getenv, stderr)
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "demo db stop: %v\n", err)
+			return 2
+		}
+		stopped, err := pgcluster.Stop(context.Background(), &pgcluster.Config{DataDir: cfg.dataDir, Logger: logger})
+		if err != nil {
+			fmt.Fprintf(stderr, "demo db stop: %v\n", err)
+			return 1
+		}
+		if stopped {
+			fmt.Fprintf(stdout, "stopped the PostgreSQL cluster in %s\n", cfg.dataDir)
+		} else {
+			fmt.Fprintf(stdout, "no PostgreSQL cluster runs in %s\n", cfg.dataDir)
+		}
+		return 0
 	}
 	if len(args) > 0 && args[0] == "provider" {
 		name, serve, args = "demo provider", serveProvider, args[1:]
