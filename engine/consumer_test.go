@@ -17,8 +17,8 @@ import (
 
 // maxConsumerModules bounds the modules in the build list of a service that
 // imports engine and idempotency: what the library costs a user's go.mod (141
-// when the tools were in it, 113 since; most of the rest are goose's drivers).
-const maxConsumerModules = 113
+// with the tools and goose in it, 55 with tern).
+const maxConsumerModules = 60
 
 // consumerMain is a service of its own, outside this module: the public API
 // only, as the README shows it.

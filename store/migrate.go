@@ -9,10 +9,9 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
+	"github.com/jackc/tern/v2/migrate"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
@@ -22,16 +21,17 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// gooseTable is goose's version table for idemflow's own migrations, named apart so
-// that an application that uses goose too keeps its own history.
-const gooseTable = "idemflow_goose_version"
+// migrationSet names idemflow's own migrations: their version table is
+// idemflow_schema_version, apart from any of the application's.
+const migrationSet = "idemflow"
 
 // riverMigrateLock is the advisory lock key that serialises River's migrations when
 // several processes start at once (River's migrator takes no lock of its own).
 const riverMigrateLock = 0x69_64_65_6d_66_6c_77 // "idemflw"
 
-// Migrations returns idemflow's schema migrations, in goose's SQL format. sqlc reads
-// the same files as its schema.
+// Migrations returns idemflow's schema migrations, in tern's SQL format (a file per
+// version, the statements that undo it below a "---- create above / drop below
+// ----" line). sqlc reads the same files as its schema.
 func Migrations() fs.FS {
 	sub, err := fs.Sub(migrations, "migrations")
 	if err != nil {
@@ -47,8 +47,8 @@ type MigrateOpts struct {
 }
 
 // Migrate applies idemflow's migrations and River's to the database, up to the latest
-// version. It is safe to call from several processes at once: goose holds a session
-// lock and River's migrations run under a session-level advisory lock.
+// version. It is safe to call from several processes at once: each set runs under a
+// session-level advisory lock (see ApplyMigrations), and so do River's.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	if opts == nil {
 		opts = &MigrateOpts{}
@@ -58,7 +58,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 		logger = slog.Default()
 	}
 
-	if err := ApplyMigrations(ctx, pool, Migrations(), gooseTable, logger); err != nil {
+	if err := ApplyMigrations(ctx, pool, Migrations(), migrationSet, logger); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
 
@@ -97,18 +97,16 @@ var ErrNotMigrated = errors.New("store: the database is not migrated")
 // when the database lacks migrations of idemflow's or River's that this build
 // has. It takes no lock and writes nothing.
 func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, Migrations(),
-		goose.WithTableName(gooseTable), goose.WithDisableGlobalRegistry(true))
+	files, err := migrate.FindMigrations(Migrations())
 	if err != nil {
 		return fmt.Errorf("store: migrations: %w", err)
 	}
-	current, target, err := provider.GetVersions(ctx)
-	if err != nil {
+	// Read as it is: tern's NewMigrator would create the table.
+	var current int32
+	if err := pool.QueryRow(ctx, "SELECT version FROM "+pgx.Identifier{versionTable(migrationSet)}.Sanitize()).Scan(&current); err != nil {
 		return fmt.Errorf("%w: idemflow's schema version cannot be read (%w)", ErrNotMigrated, err)
 	}
-	if current < target {
+	if target := int32(len(files)); current < target {
 		return fmt.Errorf("%w: idemflow's schema is at version %d, this build needs %d", ErrNotMigrated, current, target)
 	}
 	migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)
@@ -125,38 +123,96 @@ func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// ApplyMigrations applies the goose SQL migrations in fsys (files at its root) to
-// pool's database, recording them in the version table named table, which must be
-// the set's own so that each set keeps its own history. It is safe to call from
-// several processes at once: goose holds a session-level advisory lock (polled
-// every second, for up to five minutes) while it migrates. Each applied migration
-// is logged to logger, or to slog.Default() when it is nil. The demo's ledger, the
-// fake provider and the benchmark apply their own migrations with it.
-func ApplyMigrations(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, table string, logger *slog.Logger) error {
+// schemaMigrateLock is the advisory lock key that serialises ApplyMigrations
+// across processes, around tern's own lock: adopting a set's goose history must
+// happen once.
+const schemaMigrateLock = 0x69_64_65_6d_73_63_68 // "idemsch"
+
+// versionTable is the version table of a set of migrations.
+func versionTable(set string) string { return set + "_schema_version" }
+
+// ApplyMigrations applies the SQL migrations in fsys (tern's format: files at its
+// root named <version>_<name>.sql, numbered from 1) to pool's database, recording
+// the version in the table <set>_schema_version, so that each set keeps its own
+// history. A database whose set was migrated by goose, as this package did
+// before (<set>_goose_version), continues from the version goose recorded. It is
+// safe to call from several processes at once: it runs under a session-level
+// advisory lock. Each applied migration is logged to logger, or to
+// slog.Default() when it is nil. The demo's ledger, the fake provider and the
+// benchmark apply their own migrations with it.
+func ApplyMigrations(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, set string, logger *slog.Logger) error {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300))
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("migration lock: %w", err)
+		return fmt.Errorf("migrations of %s: %w", set, err)
 	}
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
-		goose.WithTableName(table),
-		goose.WithSessionLocker(locker),
-		goose.WithDisableGlobalRegistry(true),
-	)
+	defer conn.Release()
+	q := dbsqlc.New()
+	if err := q.AdvisoryLock(ctx, conn, schemaMigrateLock); err != nil {
+		return fmt.Errorf("migrations of %s: lock: %w", set, err)
+	}
+	defer func() { _ = q.AdvisoryUnlock(context.WithoutCancel(ctx), conn, schemaMigrateLock) }()
+
+	table := versionTable(set)
+	if err := adoptGoose(ctx, conn.Conn(), table, set+"_goose_version"); err != nil {
+		return fmt.Errorf("migrations of %s: %w", set, err)
+	}
+	m, err := migrate.NewMigrator(ctx, conn.Conn(), table)
+	if err == nil {
+		err = m.LoadMigrations(fsys)
+	}
 	if err != nil {
-		return fmt.Errorf("migrations of %s: %w", table, err)
+		return fmt.Errorf("migrations of %s: %w", set, err)
 	}
-	results, err := provider.Up(ctx)
-	if err != nil {
-		return fmt.Errorf("apply migrations of %s: %w", table, err)
+	m.OnStart = func(version int32, name, direction, _ string) {
+		logger.InfoContext(ctx, "applying migration", slog.String("migration", name),
+			slog.String("set", set), slog.Int("version", int(version)), slog.String("direction", direction))
 	}
-	for _, r := range results {
-		logger.InfoContext(ctx, "applied migration", slog.String("migration", r.Source.Path),
-			slog.String("table", table), slog.Duration("took", r.Duration))
+	if err := m.Migrate(ctx); err != nil {
+		return fmt.Errorf("apply migrations of %s: %w", set, err)
 	}
 	return nil
+}
+
+// adoptGoose gives a set that goose migrated (its version table gooseTable)
+// tern's version table at the version goose last applied, once: while tern's
+// table is missing or still at version 0.
+func adoptGoose(ctx context.Context, conn *pgx.Conn, ternTable, gooseTable string) error {
+	var ternExists, gooseExists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL",
+		ternTable, gooseTable).Scan(&ternExists, &gooseExists); err != nil {
+		return fmt.Errorf("look for version tables: %w", err)
+	}
+	if !gooseExists {
+		return nil
+	}
+	tern := pgx.Identifier{ternTable}.Sanitize()
+	if ternExists {
+		var current int32
+		if err := conn.QueryRow(ctx, "SELECT version FROM "+tern).Scan(&current); err != nil {
+			return fmt.Errorf("read tern's version: %w", err)
+		}
+		if current > 0 {
+			return nil
+		}
+	}
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		var version int32
+		goose := pgx.Identifier{gooseTable}.Sanitize()
+		if err := tx.QueryRow(ctx, "SELECT coalesce(max(version_id), 0)::int4 FROM "+goose+" WHERE is_applied").Scan(&version); err != nil {
+			return fmt.Errorf("read goose's version: %w", err)
+		}
+		if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+tern+" (version int4 NOT NULL)"); err != nil {
+			return fmt.Errorf("adopt goose's version: %w", err)
+		}
+		if _, err := tx.Exec(ctx, "DELETE FROM "+tern); err != nil {
+			return fmt.Errorf("adopt goose's version: %w", err)
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO "+tern+" (version) VALUES ($1)", version); err != nil {
+			return fmt.Errorf("adopt goose's version: %w", err)
+		}
+		return nil
+	})
 }

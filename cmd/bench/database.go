@@ -25,8 +25,8 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// gooseTable is goose's version table for the baseline's table.
-const gooseTable = "bench_goose_version"
+// migrationSet names the baseline's migrations (version table bench_schema_version).
+const migrationSet = "bench"
 
 // databasePrefix starts the name of every database the benchmark creates.
 const databasePrefix = "idemflow_bench_"
@@ -177,7 +177,7 @@ func (s *server) migrate(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("bench: migrations: %w", err)
 	}
-	if err := store.ApplyMigrations(ctx, pool, sub, gooseTable, nil); err != nil {
+	if err := store.ApplyMigrations(ctx, pool, sub, migrationSet, nil); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
 	return nil

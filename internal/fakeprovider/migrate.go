@@ -14,9 +14,9 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// gooseTable is goose's version table for the provider's migrations, named apart
-// from the engine's and the demo's so that each keeps its own history.
-const gooseTable = "provider_goose_version"
+// migrationSet names the provider's migrations (version table
+// provider_schema_version), apart from the engine's and the demo's.
+const migrationSet = "provider"
 
 // Migrate creates or updates the provider's schema in pool's database. It is safe to call from several processes at once (see
 // store.ApplyMigrations).
@@ -25,7 +25,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return fmt.Errorf("provider: migrations: %w", err)
 	}
-	if err := store.ApplyMigrations(ctx, pool, sub, gooseTable, nil); err != nil {
+	if err := store.ApplyMigrations(ctx, pool, sub, migrationSet, nil); err != nil {
 		return fmt.Errorf("provider: %w", err)
 	}
 	return nil

@@ -95,9 +95,9 @@ func TestDatabasesAreIsolated(t *testing.T) {
 func TestPoolIsMigrated(t *testing.T) {
 	t.Parallel()
 	pool := Pool(t)
-	var gooseVersion, riverVersion int
-	require.NoError(t, pool.QueryRow(t.Context(), "SELECT max(version_id) FROM idemflow_goose_version").Scan(&gooseVersion))
-	require.Positive(t, gooseVersion)
+	var schemaVersion, riverVersion int
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT version FROM idemflow_schema_version").Scan(&schemaVersion))
+	require.Positive(t, schemaVersion)
 	require.NoError(t, pool.QueryRow(t.Context(), "SELECT max(version) FROM river_migration").Scan(&riverVersion))
 	require.Positive(t, riverVersion)
 	var jobs, steps int

@@ -1,5 +1,3 @@
--- +goose Up
-
 -- One row per operation, keyed by the client's idempotency key within its scope.
 -- The row is the reservation, the lease and the stored answer at once.
 CREATE TABLE idemflow_operation (
@@ -56,6 +54,6 @@ CREATE TABLE idemflow_step (
     PRIMARY KEY (operation_id, name)
 );
 
--- +goose Down
+---- create above / drop below ----
 DROP TABLE idemflow_step;
 DROP TABLE idemflow_operation;

@@ -1,10 +1,7 @@
--- +goose Up
-
 -- Raises when a run's write was fenced out: another run recorded the step first,
 -- or no longer lets this run end the operation. A checkpoint that fails this way
 -- aborts its transaction, so a COMMIT sent in the same round trip after it cannot
 -- commit the step's writes without their checkpoint. SQLSTATE IF001 is idemflow's.
--- +goose StatementBegin
 CREATE FUNCTION idemflow_fence(held boolean) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -14,7 +11,6 @@ BEGIN
     RETURN true;
 END
 $$;
--- +goose StatementEnd
 
--- +goose Down
+---- create above / drop below ----
 DROP FUNCTION idemflow_fence(boolean);

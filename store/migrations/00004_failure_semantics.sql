@@ -1,5 +1,3 @@
--- +goose Up
-
 -- key_secret: 16 random bytes chosen at reservation, from which (with the
 -- operation's id) the derived keys of its external steps come (scheme idf2_), so
 -- that a new operation under a key that was used before never meets the old
@@ -29,7 +27,7 @@ ALTER TABLE idemflow_step
     ADD COLUMN resolved_by   text CHECK (resolved_by IN ('call', 'lookup')),
     ADD COLUMN compensations integer NOT NULL DEFAULT 0;
 
--- +goose Down
+---- create above / drop below ----
 DROP INDEX idemflow_operation_lease;
 CREATE INDEX idemflow_operation_lease ON idemflow_operation (locked_until)
     WHERE state = 'in_progress';

@@ -14,9 +14,9 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// gooseTable is goose's version table for the demo's business tables, named apart
-// from the engine's and the provider's so that each keeps its own history.
-const gooseTable = "demo_goose_version"
+// migrationSet names the demo's business tables' migrations (version table
+// demo_schema_version), apart from the engine's and the provider's.
+const migrationSet = "demo"
 
 // Migrate creates or updates the tables of orders, refunds and the ledger in
 // pool's database. It is safe to call from several processes at once (see
@@ -26,7 +26,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return fmt.Errorf("refund: migrations: %w", err)
 	}
-	if err := store.ApplyMigrations(ctx, pool, sub, gooseTable, nil); err != nil {
+	if err := store.ApplyMigrations(ctx, pool, sub, migrationSet, nil); err != nil {
 		return fmt.Errorf("refund: %w", err)
 	}
 	return nil

@@ -1,5 +1,3 @@
--- +goose Up
-
 -- The baseline's reservation of an idempotency key: the hand-written refund's
 -- counterpart of idemflow_operation, with the same key, lease and stored answer
 -- and the same indexes, and no engine behind it.
@@ -25,5 +23,5 @@ CREATE INDEX bench_operation_lease ON bench_operation (locked_until)
 CREATE INDEX bench_operation_finished_at ON bench_operation (finished_at)
     WHERE state <> 'in_progress';
 
--- +goose Down
+---- create above / drop below ----
 DROP TABLE bench_operation;

@@ -1,5 +1,3 @@
--- +goose Up
-
 -- The fake payment provider keeps its state in a schema of its own, apart from
 -- the demo's tables, so that it survives a crash of the demo like a real
 -- provider would.
@@ -30,5 +28,5 @@ CREATE TABLE provider.fault (
     delay_ms   integer NOT NULL DEFAULT 0 CHECK (delay_ms >= 0)
 );
 
--- +goose Down
+---- create above / drop below ----
 DROP SCHEMA provider CASCADE;

@@ -1,5 +1,3 @@
--- +goose Up
-
 -- An order that a client's customer paid. Recording it moved its amount from the
 -- customer's ledger account to the merchant's.
 CREATE TABLE demo_order (
@@ -50,7 +48,7 @@ CREATE TABLE demo_ledger_entry (
 CREATE INDEX demo_ledger_entry_client_account ON demo_ledger_entry (client, account);
 CREATE INDEX demo_ledger_entry_move ON demo_ledger_entry (move_id);
 
--- +goose Down
+---- create above / drop below ----
 DROP TABLE demo_ledger_entry;
 DROP TABLE demo_refund;
 DROP TABLE demo_order;

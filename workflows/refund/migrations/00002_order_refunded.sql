@@ -1,5 +1,3 @@
--- +goose Up
-
 -- What the order's pending and succeeded refunds take of its amount: the refund's
 -- ledger step adds to it, in the statement that records the refund, and only
 -- while it stays at most the amount; its compensation takes the refund back out.
@@ -19,5 +17,5 @@ FROM (
 ) AS r
 WHERE o.client = r.client AND o.order_id = r.order_id;
 
--- +goose Down
+---- create above / drop below ----
 ALTER TABLE demo_order DROP COLUMN refunded;

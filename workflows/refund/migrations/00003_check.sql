@@ -1,9 +1,6 @@
--- +goose Up
-
 -- Raises message when ok is false. A statement that a step sends with
 -- engine.AtCommit cannot report "no row" to the step, which never sees its
 -- result: it calls this to fail instead, which fails the step's attempt.
--- +goose StatementBegin
 CREATE FUNCTION demo_check(ok boolean, message text) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -13,7 +10,6 @@ BEGIN
     RETURN true;
 END
 $$;
--- +goose StatementEnd
 
--- +goose Down
+---- create above / drop below ----
 DROP FUNCTION demo_check(boolean, text);

@@ -1,0 +1,42 @@
+package store_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/testdb"
+	"github.com/idemflow/idemflow/store"
+)
+
+// TestMigrateAdoptsGoose: a database that goose migrated (as this package did
+// before tern) continues from the version goose recorded, applying only what
+// is newer, once.
+func TestMigrateAdoptsGoose(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	// The schema as goose left it at version 3: migration 4 undone, goose's
+	// table, no tern table.
+	_, err := pool.Exec(ctx, `
+		DROP TABLE idemflow_schema_version;
+		ALTER TABLE idemflow_step DROP COLUMN compensations, DROP COLUMN resolved_by, DROP COLUMN last_cause;
+		ALTER TABLE idemflow_operation DROP COLUMN parked, DROP COLUMN attention, DROP COLUMN attention_code, DROP COLUMN key_secret;
+		CREATE INDEX idemflow_operation_lease ON idemflow_operation (locked_until) WHERE state = 'in_progress';
+		CREATE TABLE idemflow_goose_version (id serial PRIMARY KEY, version_id bigint NOT NULL, is_applied boolean NOT NULL, tstamp timestamp DEFAULT now());
+		INSERT INTO idemflow_goose_version (version_id, is_applied) VALUES (0, true), (1, true), (2, true), (3, true);`)
+	require.NoError(t, err)
+	require.ErrorIs(t, store.CheckSchema(ctx, pool), store.ErrNotMigrated)
+
+	require.NoError(t, store.Migrate(ctx, pool, nil))
+	require.NoError(t, store.Migrate(ctx, pool, nil), "twice as well as once")
+	var version int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT version FROM idemflow_schema_version`).Scan(&version))
+	require.Equal(t, 4, version)
+	var hasSecret bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns
+		WHERE table_name = 'idemflow_operation' AND column_name = 'key_secret')`).Scan(&hasSecret))
+	require.True(t, hasSecret, "migration 4 applied")
+	require.NoError(t, store.CheckSchema(ctx, pool))
+}
