@@ -48,7 +48,10 @@ type MigrateOpts struct {
 
 // Migrate applies idemflow's migrations and River's to the database, up to the latest
 // version. It is safe to call from several processes at once: each set runs under a
-// session-level advisory lock (see ApplyMigrations), and so do River's.
+// session-level advisory lock (see ApplyMigrations), and so do River's. It runs on
+// connections of its own, without pool's statement and lock timeouts, which are
+// meant for a run's statements: a migration, and the wait for another process's,
+// may take longer.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	if opts == nil {
 		opts = &MigrateOpts{}
@@ -57,6 +60,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	if logger == nil {
 		logger = slog.Default()
 	}
+	pool, err := unbounded(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	defer pool.Close()
 
 	if err := ApplyMigrations(ctx, pool, Migrations(), migrationSet, logger); err != nil {
 		return fmt.Errorf("store: %w", err)
@@ -131,19 +139,40 @@ const schemaMigrateLock = 0x69_64_65_6d_73_63_68 // "idemsch"
 // versionTable is the version table of a set of migrations.
 func versionTable(set string) string { return set + "_schema_version" }
 
+// unbounded opens a small pool on pool's database without the statement, lock
+// and idle-transaction timeouts of pool's connections, for migrations.
+func unbounded(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Pool, error) {
+	c := pool.Config().Copy()
+	for _, p := range []string{"statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout"} {
+		delete(c.ConnConfig.RuntimeParams, p)
+	}
+	c.MaxConns, c.MinConns = 2, 0
+	p, err := pgxpool.NewWithConfig(ctx, c)
+	if err != nil {
+		return nil, fmt.Errorf("migration pool: %w", err)
+	}
+	return p, nil
+}
+
 // ApplyMigrations applies the SQL migrations in fsys (tern's format: files at its
 // root named <version>_<name>.sql, numbered from 1) to pool's database, recording
 // the version in the table <set>_schema_version, so that each set keeps its own
 // history. A database whose set was migrated by goose, as this package did
 // before (<set>_goose_version), continues from the version goose recorded. It is
 // safe to call from several processes at once: it runs under a session-level
-// advisory lock. Each applied migration is logged to logger, or to
+// advisory lock, on a connection of its own without pool's statement and lock
+// timeouts. Each applied migration is logged to logger, or to
 // slog.Default() when it is nil. The demo's ledger, the fake provider and the
 // benchmark apply their own migrations with it.
 func ApplyMigrations(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, set string, logger *slog.Logger) error {
 	if logger == nil {
 		logger = slog.Default()
 	}
+	pool, err := unbounded(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("migrations of %s: %w", set, err)
+	}
+	defer pool.Close()
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("migrations of %s: %w", set, err)

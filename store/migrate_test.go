@@ -3,7 +3,9 @@ package store_test
 import (
 	"context"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/internal/testdb"
@@ -39,4 +41,34 @@ func TestMigrateAdoptsGoose(t *testing.T) {
 		WHERE table_name = 'idemflow_operation' AND column_name = 'key_secret')`).Scan(&hasSecret))
 	require.True(t, hasSecret, "migration 4 applied")
 	require.NoError(t, store.CheckSchema(ctx, pool))
+}
+
+// TestMigrateWithBoundedPool: a pool whose statements may wait 50 ms for a lock
+// still migrates while another process holds the migration lock for longer:
+// migrations run on connections of their own, without those bounds.
+func TestMigrateWithBoundedPool(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	base := testdb.Pool(t)
+	c := base.Config().Copy()
+	c.ConnConfig.RuntimeParams["lock_timeout"] = "50"
+	c.ConnConfig.RuntimeParams["statement_timeout"] = "100"
+	bounded, err := pgxpool.NewWithConfig(ctx, c)
+	require.NoError(t, err)
+	defer bounded.Close()
+
+	// Another process is migrating: it holds the lock for 500 ms.
+	holder, err := base.Acquire(ctx)
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(0x69_64_65_6d_73_63_68))
+	require.NoError(t, err)
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		time.Sleep(500 * time.Millisecond) // what the other process's migration takes
+		_, _ = holder.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", int64(0x69_64_65_6d_73_63_68))
+		holder.Release()
+	}()
+	require.NoError(t, store.Migrate(ctx, bounded, nil))
+	<-released
 }
