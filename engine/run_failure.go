@@ -1,0 +1,367 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/riverqueue/river"
+
+	"github.com/idemflow/idemflow/store"
+)
+
+// stepFailed handles a failed attempt: a retry later, a halt, or the end of the
+// operation. Before the operation's point of no return a permanent failure
+// compensates what succeeded; after it the operation only goes forward.
+func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, started time.Time, stepErr error) (*Info, error) {
+	if cause := context.Cause(ctx); cause != nil {
+		// The run was stopped (the engine stops, or the lease was lost): the error
+		// says nothing about the step.
+		return nil, cause
+	}
+	if err := r.restoreState(); err != nil {
+		return nil, err
+	}
+	stepErr = fromSQL(stepErr)
+	log := r.logger().With(slog.String("step", st.name), slog.Int("attempt", attempt))
+	failure := &store.StepRecordFailureParams{
+		OperationID: r.id, Name: st.name, Position: i, State: store.StepRetrying,
+		Attempts: attempt, LastError: publicText(st.name, stepErr), LastCause: stepErr.Error(), StartedAt: started,
+	}
+	if pan := (*panicError)(nil); errors.As(stepErr, &pan) {
+		log.ErrorContext(ctx, "step panicked", slog.Any("panic", pan.value), slog.String("stack", pan.stack))
+	}
+
+	var halt *HaltError
+	if errors.As(stepErr, &halt) {
+		log.WarnContext(ctx, "step halted the operation; it needs an operator", slog.String("code", halt.Code), slog.String("reason", halt.Message))
+		return r.park(ctx, failure, halt.Code, fmt.Sprintf("step %s: %s", st.name, halt.Message))
+	}
+	var pe *PermanentError
+	permanent := errors.As(stepErr, &pe)
+	policy := st.retry
+	if r.pastPivot() {
+		if permanent {
+			log.ErrorContext(ctx, "step failed for good after the point of no return; parking the operation", slog.String("error", stepErr.Error()))
+			return r.park(ctx, failure, CodeFailedPastPivot,
+				fmt.Sprintf("step %s failed for good after the point of no return: %s", st.name, pe.Error()))
+		}
+		if attempt < policy.MaxAttempts {
+			log.InfoContext(ctx, "step failed; retrying later", slog.Any("error", stepErr))
+			return r.retryLater(ctx, failure, policy.Backoff(attempt), nil)
+		}
+		log.WarnContext(ctx, "step keeps failing after the point of no return; retrying at the cap", slog.Any("error", stepErr))
+		return r.retryLater(ctx, failure, policy.Cap, &attention{CodeRetryingPastPivot,
+			fmt.Sprintf("step %s has failed %d times after the point of no return; retried every %s until it succeeds", st.name, attempt, policy.Cap)})
+	}
+	exhausted := !permanent && attempt >= policy.MaxAttempts
+	if st.kind == KindExternal && (exhausted || permanent && pe.ServerFault()) {
+		// Its call may have gone through: a business answer (Fail) says it did
+		// not, a server fault or a run of failures does not. Only the lookup,
+		// by the derived key, can tell before anything is undone.
+		if st.lookup == nil {
+			log.ErrorContext(ctx, "external step out of attempts, and no lookup can tell whether its call went through; parking the operation")
+			return r.park(ctx, failure, CodeOutcomeUnknown,
+				fmt.Sprintf("step %s failed %d times and has no lookup: whether its call went through is unknown", st.name, attempt))
+		}
+		found, err := r.lookup(ctx, st, r.call(st, attempt))
+		if errors.As(err, &halt) {
+			failure.LastError, failure.LastCause = publicText(st.name, err), err.Error()
+			return r.park(ctx, failure, halt.Code, fmt.Sprintf("step %s: %s", st.name, halt.Message))
+		}
+		if err != nil {
+			log.WarnContext(ctx, "external step out of attempts, and its lookup failed; retrying at the cap", slog.Any("error", err))
+			failure.LastCause = stepErr.Error() + "; " + err.Error()
+			return r.retryLater(ctx, failure, policy.Cap, &attention{CodeOutcomeUnknown,
+				fmt.Sprintf("step %s failed %d times and its lookup fails: %s", st.name, attempt, err)})
+		}
+		if found {
+			return r.externalSucceeded(ctx, i, st, attempt, started, "lookup", i == len(r.steps)-1)
+		}
+	}
+	if exhausted {
+		pe = fault(CodeAttemptsExhausted, st.name, fmt.Sprintf("step %s failed %d times; last error: %s", st.name, attempt, stepErr))
+		permanent = true
+	}
+	if !permanent {
+		log.InfoContext(ctx, "step failed; retrying later", slog.Any("error", stepErr), slog.Duration("backoff", policy.Backoff(attempt)))
+		return r.retryLater(ctx, failure, policy.Backoff(attempt), nil)
+	}
+	pe = &PermanentError{Code: pe.Code, Message: pe.Message, Cause: pe.Cause, Details: pe.Details, Step: st.name, Fault: pe.ServerFault()}
+	log.InfoContext(ctx, "step failed permanently", slog.String("code", pe.Code), slog.String("error", pe.Error()))
+	r.failure = pe
+	r.tries[st.name] = attempt
+	r.status[st.name] = store.StepFailed
+	failure.State = store.StepFailed
+	failure.LastError, failure.LastCause = pe.Message, pe.Error()
+	return r.compensateWith(ctx, failure)
+}
+
+// attention is why an operation needs an operator.
+type attention struct {
+	code, reason string
+}
+
+// retryLater records a failed attempt and tries the step again after delay:
+// here, waiting out a short delay while holding the lease, or through a River
+// job. With need, the operation is marked as needing attention meanwhile.
+func (r *run) retryLater(ctx context.Context, failure *store.StepRecordFailureParams, delay time.Duration, need *attention) (*Info, error) {
+	tx := r.begin(ctx)
+	defer tx.end(ctx)
+	if err := r.e.store.StepRecordFailure(ctx, tx, *failure); err != nil {
+		return nil, runError(err)
+	}
+	if need != nil {
+		ok, err := r.e.store.OperationSetAttention(ctx, tx, r.id, r.runID, need.code, need.reason)
+		if err != nil {
+			return nil, runError(err)
+		}
+		if !ok {
+			return nil, errLost
+		}
+	}
+	r.tries[failure.Name] = failure.Attempts
+	if delay > r.e.cfg.InlineRetryMax {
+		return nil, r.handOff(ctx, tx, delay)
+	}
+	// A short backoff is waited out here, holding the lease: a River job would
+	// wait for River's scheduler, which promotes scheduled jobs every few seconds.
+	if err := r.commit(ctx, tx); err != nil {
+		return nil, err
+	}
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil, errRetryNow
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+}
+
+// park records the failed attempt (failure, when not nil), parks the operation
+// needing attention for code and reason, and commits with the pending
+// checkpoints: nothing runs again until an operator retries or cancels it.
+func (r *run) park(ctx context.Context, failure *store.StepRecordFailureParams, code, reason string) (*Info, error) {
+	tx := r.begin(ctx)
+	defer tx.end(ctx)
+	if failure != nil {
+		if err := r.e.store.StepRecordFailure(ctx, tx, *failure); err != nil {
+			return nil, runError(err)
+		}
+		r.tries[failure.Name] = failure.Attempts
+	}
+	ok, err := r.e.store.OperationPark(ctx, tx, r.id, r.runID, code, reason)
+	if err != nil {
+		return nil, runError(err)
+	}
+	if !ok {
+		return nil, errLost
+	}
+	if err := r.commit(ctx, tx); err != nil {
+		return nil, err
+	}
+	r.logger().WarnContext(ctx, "operation parked; it needs an operator (retry or cancel)", slog.String("code", code), slog.String("reason", reason))
+	return nil, errParked
+}
+
+// parkUndecodable parks the operation because its state did not survive a
+// round trip through its type.
+func (r *run) parkUndecodable(ctx context.Context, err error) (*Info, error) {
+	return r.park(ctx, nil, CodeUndecodableState, err.Error())
+}
+
+// handOff writes the pending checkpoints, gives the operation to a River job
+// scheduled after delay (by the database's clock), and commits.
+func (r *run) handOff(ctx context.Context, tx *txn, delay time.Duration) error {
+	runAt, ok, err := r.e.store.OperationRelease(ctx, tx, r.id, r.runID, delay, r.e.cfg.Lease)
+	if err != nil {
+		return runError(err)
+	}
+	if !ok {
+		return errLost
+	}
+	ptx, err := tx.pgx(ctx)
+	if err != nil {
+		return runError(err)
+	}
+	if _, err := r.e.river.InsertTx(ctx, ptx, resumeArgs{OperationID: r.id, Operation: r.def.name},
+		&river.InsertOpts{Queue: r.e.cfg.Queue, ScheduledAt: runAt}); err != nil {
+		return fmt.Errorf("engine: enqueue retry: %w", err)
+	}
+	if err := r.commit(ctx, tx); err != nil {
+		return err
+	}
+	r.e.handedToRiver(ctx)
+	return errHandedOff
+}
+
+// compensate undoes the succeeded steps after a permanent failure, last first,
+// and ends the operation failed.
+func (r *run) compensate(ctx context.Context) (*Info, error) {
+	return r.compensateWith(ctx, nil)
+}
+
+// compensateWith is compensate with a failure record that the first of its
+// transactions commits. Past the point of no return nothing is undone: the
+// operation is parked for an operator instead.
+func (r *run) compensateWith(ctx context.Context, failure *store.StepRecordFailureParams) (*Info, error) {
+	if r.pastPivot() {
+		r.logger().ErrorContext(ctx, "operation failed after the point of no return; parking it, nothing compensated",
+			slog.String("error", r.failure.Error()))
+		if failure != nil {
+			failure.State = store.StepRetrying
+		}
+		return r.park(ctx, failure, CodeFailedPastPivot,
+			"failed after the point of no return, so nothing was compensated: "+r.failure.Error())
+	}
+	var todo []*stepDef
+	for i := len(r.steps) - 1; i >= 0; i-- {
+		st := r.steps[i]
+		if st != nil && st.compensate != nil && r.status[st.name] == store.StepSucceeded {
+			todo = append(todo, st)
+		}
+	}
+	if len(todo) > 0 && (len(r.pending) > 0 || !r.failureStored) {
+		// A compensation marks its step's row, which a pending checkpoint (an
+		// external step's, waiting for the next transaction) has not written
+		// yet: commit them first, with the failure, which a resumed run then
+		// carries on from.
+		tx := r.begin(ctx)
+		defer tx.end(ctx)
+		if err := r.recordFailure(ctx, tx, failure); err != nil {
+			return nil, err
+		}
+		if err := r.commit(ctx, tx); err != nil {
+			return nil, err
+		}
+		failure = nil
+	}
+	for k, st := range todo {
+		tx := r.beginStep(ctx)
+		defer tx.end(ctx)
+		if err := r.recordFailure(ctx, tx, failure); err != nil {
+			return nil, err
+		}
+		if err := protect(func() error { return st.compensate(ctx, tx, r.in, r.state) }); err != nil {
+			if tx.failed != nil {
+				return nil, runError(tx.failed)
+			}
+			tx.end(ctx)
+			return r.compensationFailed(ctx, st, failure, err)
+		}
+		ok, err := r.e.store.StepCompensated(ctx, tx, r.id, st.name)
+		if err != nil {
+			return nil, runError(err)
+		}
+		if !ok {
+			return nil, errLost
+		}
+		var info *Info
+		if k == len(todo)-1 {
+			info, err = r.commitFailure(ctx, tx)
+		} else {
+			err = r.commit(ctx, tx)
+		}
+		if se := (*stepError)(nil); errors.As(err, &se) {
+			return r.compensationFailed(ctx, st, failure, se.err)
+		}
+		if err != nil || info != nil {
+			return info, err
+		}
+		failure = nil
+		r.status[st.name] = store.StepCompensated
+	}
+	tx := r.begin(ctx)
+	defer tx.end(ctx)
+	if err := r.recordFailure(ctx, tx, failure); err != nil {
+		return nil, err
+	}
+	return r.commitFailure(ctx, tx)
+}
+
+// recordFailure records a step's permanent failure (when failure is not nil),
+// and the operation's error once, so that a resumed run finishes the operation
+// with it.
+func (r *run) recordFailure(ctx context.Context, tx *txn, failure *store.StepRecordFailureParams) error {
+	if failure != nil {
+		if err := r.e.store.StepRecordFailure(ctx, tx, *failure); err != nil {
+			return runError(err)
+		}
+	}
+	if r.failureStored {
+		return nil
+	}
+	raw, err := json.Marshal(r.failure.stored())
+	if err != nil {
+		return fmt.Errorf("engine: encode error: %w", err)
+	}
+	ok, err := r.e.store.OperationSetError(ctx, tx, r.id, r.runID, raw)
+	if err != nil {
+		return runError(err)
+	}
+	if !ok {
+		return errLost
+	}
+	r.failureStored = true
+	return nil
+}
+
+// compensationFailed retries a compensation later, or, once the failed step's
+// retry policy is spent, ends the operation failed with the compensation's error
+// so that it is visible rather than retried forever.
+func (r *run) compensationFailed(ctx context.Context, st *stepDef, failure *store.StepRecordFailureParams, compErr error) (*Info, error) {
+	if cause := context.Cause(ctx); cause != nil {
+		return nil, cause
+	}
+	compErr = fromSQL(compErr)
+	// Counted in the step's row: each retry of a compensation is a run of its
+	// own, and the step's own attempts do not count against it.
+	n := r.compensations[st.name] + 1
+	log := r.logger().With(slog.String("step", st.name), slog.Int("compensation_attempt", n))
+	if pan := (*panicError)(nil); errors.As(compErr, &pan) {
+		log.ErrorContext(ctx, "compensation panicked", slog.Any("panic", pan.value), slog.String("stack", pan.stack))
+	}
+	tx := r.begin(ctx)
+	defer tx.end(ctx)
+	// This transaction commits the failure record whichever way it goes.
+	stored := r.failureStored
+	if err := r.recordFailure(ctx, tx, failure); err != nil {
+		return nil, err
+	}
+	if err := r.e.store.StepCompensationFailed(ctx, tx, r.id, st.name, n,
+		"compensation of step "+st.name+": "+publicText(st.name, compErr), compErr.Error()); err != nil {
+		return nil, runError(err)
+	}
+	r.compensations[st.name] = n
+	var pe *PermanentError
+	if errors.As(compErr, &pe) || n >= st.retry.MaxAttempts {
+		log.ErrorContext(ctx, "compensation failed for good", slog.Any("error", compErr))
+		r.failure = fault(CodeCompensationFailed, r.failure.Step,
+			fmt.Sprintf("compensation of step %s failed: %s (after: %s)", st.name, compErr, r.failure.Error()))
+		return r.commitFailure(ctx, tx)
+	}
+	delay := st.retry.Backoff(n)
+	log.WarnContext(ctx, "compensation failed; retrying later", slog.Any("error", compErr), slog.Duration("backoff", delay))
+	if err := r.handOff(ctx, tx, delay); !errors.Is(err, errHandedOff) {
+		r.failureStored = stored
+		return nil, err
+	}
+	return nil, errHandedOff
+}
+
+// resultFailed ends the operation failed with the result function's error,
+// after the compensations of the steps that succeeded, or parks it when it is
+// past its point of no return. The pending checkpoints stand: those steps did
+// happen.
+func (r *run) resultFailed(ctx context.Context, err error) (*Info, error) {
+	if rerr := r.restoreState(); rerr != nil {
+		return nil, rerr
+	}
+	last := r.stepName(len(r.steps) - 1)
+	r.failure = fault(CodeResultFailed, last, err.Error())
+	return r.compensate(ctx)
+}

@@ -1,0 +1,322 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemflow/idemflow/internal/pguuid"
+	"github.com/idemflow/idemflow/store/internal/dbsqlc"
+)
+
+// OperationInsertParams are the fields of a new operation.
+type OperationInsertParams struct {
+	ID          uuid.UUID
+	Name        string
+	Scope       string
+	Key         string
+	Steps       []string
+	Input       json.RawMessage
+	Fingerprint json.RawMessage
+	// KeySecret is the operation's secret for its derived keys.
+	KeySecret []byte
+	// LockedBy is the run that will execute the operation at once, or nil when a
+	// job will.
+	LockedBy *uuid.UUID
+	// Lease is how long the operation belongs to LockedBy (or to the job) before the
+	// sweeper may take it over.
+	Lease time.Duration
+	// Now overrides the database clock, for tests. Nil means now().
+	Now *time.Time
+}
+
+// OperationInsert reserves (Scope, Key) for a new operation. It returns false, and
+// writes nothing, when the key is already taken.
+func (s *Store) OperationInsert(ctx context.Context, db DBTX, p OperationInsertParams) (bool, error) {
+	_, err := s.q.OperationInsert(ctx, db, dbsqlc.OperationInsertParams{
+		ID:          pguuid.UUID(p.ID),
+		Name:        p.Name,
+		Scope:       p.Scope,
+		Key:         p.Key,
+		Steps:       p.Steps,
+		Input:       p.Input,
+		Fingerprint: nullJSON(p.Fingerprint),
+		KeySecret:   p.KeySecret,
+		LockedBy:    pguuid.Ptr(p.LockedBy),
+		Lease:       p.Lease,
+		Now:         p.Now,
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("store: insert operation: %w", err)
+	}
+	return true, nil
+}
+
+// OperationReserve reserves p.Scope and p.Key for an operation that p.LockedBy
+// runs at once. Unlike OperationInsert it fails, with ErrKeyTaken, when the key
+// is taken, which aborts the transaction: what is sent after it in the same
+// batch does not run. With a Queue for db it only queues the statement.
+func (s *Store) OperationReserve(ctx context.Context, db DBTX, p OperationInsertParams) error {
+	err := s.q.OperationReserve(ctx, db, dbsqlc.OperationReserveParams{
+		ID:          pguuid.UUID(p.ID),
+		Name:        p.Name,
+		Scope:       p.Scope,
+		Key:         p.Key,
+		Steps:       p.Steps,
+		Input:       p.Input,
+		Fingerprint: nullJSON(p.Fingerprint),
+		KeySecret:   p.KeySecret,
+		LockedBy:    pguuid.Ptr(p.LockedBy),
+		Lease:       p.Lease,
+	})
+	if err != nil {
+		return fmt.Errorf("store: reserve operation: %w", Err(err))
+	}
+	return nil
+}
+
+// OperationGetByKey reads the operation reserved under (scope, key).
+func (s *Store) OperationGetByKey(ctx context.Context, db DBTX, scope, key string) (*Operation, error) {
+	row, err := s.q.OperationGetByKey(ctx, db, dbsqlc.OperationGetByKeyParams{Scope: scope, Key: key})
+	if err != nil {
+		return nil, mapErr("get operation by key", err)
+	}
+	return operationFromRow(row), nil
+}
+
+// OperationGet reads an operation by its id.
+func (s *Store) OperationGet(ctx context.Context, db DBTX, id uuid.UUID) (*Operation, error) {
+	row, err := s.q.OperationGet(ctx, db, pguuid.UUID(id))
+	if err != nil {
+		return nil, mapErr("get operation", err)
+	}
+	return operationFromRow(row), nil
+}
+
+// OperationClaim takes an operation in progress for run when nobody holds it (it
+// waits for a job, or its holder's lease expired), and counts the run. A parked
+// operation is taken only when parked is true. It returns ErrNotFound when the
+// operation is finished, held by a live run, or parked (and parked is false).
+func (s *Store) OperationClaim(ctx context.Context, db DBTX, id, run uuid.UUID, lease time.Duration, parked bool) (*Operation, error) {
+	row, err := s.q.OperationClaim(ctx, db, dbsqlc.OperationClaimParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Lease: lease, Parked: parked})
+	if err != nil {
+		return nil, mapErr("claim operation", err)
+	}
+	return operationFromRow(row), nil
+}
+
+// OperationRenewLease extends run's hold on an operation. It returns false when run
+// no longer holds it.
+func (s *Store) OperationRenewLease(ctx context.Context, db DBTX, id, run uuid.UUID, lease time.Duration) (bool, error) {
+	n, err := s.q.OperationRenewLease(ctx, db, dbsqlc.OperationRenewLeaseParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Lease: lease})
+	if err != nil {
+		return false, fmt.Errorf("store: renew lease: %w", err)
+	}
+	return n == 1, nil
+}
+
+// OperationRelease hands an operation from run to a job scheduled delay from
+// now, by the database's clock, and returns when that is. The sweeper considers
+// the operation again only a lease after it. It returns false when run no longer
+// held the operation.
+func (s *Store) OperationRelease(ctx context.Context, db DBTX, id, run uuid.UUID, delay, lease time.Duration) (time.Time, bool, error) {
+	runAt, err := s.q.OperationRelease(ctx, db, dbsqlc.OperationReleaseParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Delay: delay, Lease: lease})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, false, nil
+	}
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("store: release operation: %w", err)
+	}
+	return runAt, true, nil
+}
+
+// OperationFence fails, with ErrFenced and the transaction aborted, unless run
+// holds the operation, and keeps it so until the transaction ends (a claim by
+// another run waits for it). With a Queue for db it only queues the statement.
+func (s *Store) OperationFence(ctx context.Context, db DBTX, id, run uuid.UUID) error {
+	if err := s.q.OperationFence(ctx, db, dbsqlc.OperationFenceParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run)}); err != nil {
+		return fmt.Errorf("store: fence: %w", Err(err))
+	}
+	return nil
+}
+
+// OperationPark parks the operation that run holds, needing attention for the
+// reason given: no run takes it up again until an operator retries or cancels it.
+// It returns false when run no longer holds it.
+func (s *Store) OperationPark(ctx context.Context, db DBTX, id, run uuid.UUID, code, reason string) (bool, error) {
+	n, err := s.q.OperationPark(ctx, db, dbsqlc.OperationParkParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), AttentionCode: ptr(Text(code)), Attention: ptr(Text(reason))})
+	if err != nil {
+		return false, fmt.Errorf("store: park operation: %w", err)
+	}
+	return n == 1, nil
+}
+
+// OperationSetAttention marks the operation that run holds as needing an
+// operator, for the reason given, while it goes on. It returns false when run no
+// longer holds it.
+func (s *Store) OperationSetAttention(ctx context.Context, db DBTX, id, run uuid.UUID, code, reason string) (bool, error) {
+	n, err := s.q.OperationSetAttention(ctx, db, dbsqlc.OperationSetAttentionParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), AttentionCode: ptr(Text(code)), Attention: ptr(Text(reason))})
+	if err != nil {
+		return false, fmt.Errorf("store: set attention: %w", err)
+	}
+	return n == 1, nil
+}
+
+// ExpiredOperation names an operation in progress whose lease has expired.
+type ExpiredOperation struct {
+	ID   uuid.UUID
+	Name string
+}
+
+// OperationListExpired lists up to max operations in progress whose lease expired
+// before now (nil: the database's clock), oldest lease first.
+func (s *Store) OperationListExpired(ctx context.Context, db DBTX, max int, now *time.Time) ([]ExpiredOperation, error) {
+	rows, err := s.q.OperationListExpired(ctx, db, dbsqlc.OperationListExpiredParams{Max: int32(max), Now: now})
+	if err != nil {
+		return nil, fmt.Errorf("store: list expired operations: %w", err)
+	}
+	out := make([]ExpiredOperation, len(rows))
+	for i, r := range rows {
+		out[i] = ExpiredOperation{ID: uuid.UUID(r.ID), Name: r.Name}
+	}
+	return out, nil
+}
+
+// OperationExtendExpired pushes an expired lease a lease forward, so that one sweep
+// hands the operation to one job. It returns false when the lease was no longer
+// expired (a run claimed the operation meanwhile).
+func (s *Store) OperationExtendExpired(ctx context.Context, db DBTX, id uuid.UUID, lease time.Duration, now *time.Time) (bool, error) {
+	n, err := s.q.OperationExtendExpired(ctx, db, dbsqlc.OperationExtendExpiredParams{ID: pguuid.UUID(id), Lease: lease, Now: now})
+	if err != nil {
+		return false, fmt.Errorf("store: extend expired lease: %w", err)
+	}
+	return n == 1, nil
+}
+
+func operationFromRow(r *dbsqlc.IdemflowOperation) *Operation {
+	return &Operation{
+		ID:            uuid.UUID(r.ID),
+		Name:          r.Name,
+		Scope:         r.Scope,
+		Key:           r.Key,
+		State:         OperationState(r.State),
+		Steps:         r.Steps,
+		Input:         r.Input,
+		Fingerprint:   r.Fingerprint,
+		Result:        r.Result,
+		Error:         r.Error,
+		Runs:          int(r.Runs),
+		LockedBy:      pguuid.FromPtr(r.LockedBy),
+		LockedUntil:   r.LockedUntil,
+		CreatedAt:     r.CreatedAt,
+		FinishedAt:    r.FinishedAt,
+		KeySecret:     r.KeySecret,
+		AttentionCode: deref(r.AttentionCode),
+		Attention:     deref(r.Attention),
+		Parked:        r.Parked,
+	}
+}
+
+// OperationSetError records the permanent error of an operation still in
+// progress (it is compensating). It returns false when run no longer holds it.
+func (s *Store) OperationSetError(ctx context.Context, db DBTX, id, run uuid.UUID, errJSON json.RawMessage) (bool, error) {
+	n, err := s.q.OperationSetError(ctx, db, dbsqlc.OperationSetErrorParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Error: errJSON})
+	if err != nil {
+		return false, fmt.Errorf("store: set operation error: %w", err)
+	}
+	return n == 1, nil
+}
+
+// OperationDeleteFinishedParams select finished operations to delete.
+type OperationDeleteFinishedParams struct {
+	// Retention: operations that finished longer ago than it are deleted.
+	Retention time.Duration
+	// Now overrides the database's clock, for tests. Nil means now().
+	Now *time.Time
+	// Name, when not empty, limits the deletion to one operation type.
+	Name string
+	// Exclude are operation types left alone (those with a retention of their own).
+	Exclude []string
+	// Max bounds the rows deleted.
+	Max int
+	// Timeout bounds the statement; zero means no bound.
+	Timeout time.Duration
+}
+
+// OperationDeleteFinished deletes up to p.Max finished operations, with their
+// steps, in one short transaction, and returns how many it deleted. Operations in
+// progress are never deleted.
+func (s *Store) OperationDeleteFinished(ctx context.Context, db Beginner, p OperationDeleteFinishedParams) (int, error) {
+	var name *string
+	if p.Name != "" {
+		name = &p.Name
+	}
+	exclude := p.Exclude
+	if exclude == nil {
+		exclude = []string{}
+	}
+	var n int64
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if p.Timeout > 0 {
+			if err := s.q.SetLocalStatementTimeout(ctx, tx, p.Timeout.Milliseconds()); err != nil {
+				return err
+			}
+		}
+		var err error
+		n, err = s.q.OperationDeleteFinished(ctx, tx, dbsqlc.OperationDeleteFinishedParams{
+			Now: p.Now, Retention: p.Retention, Name: name, Exclude: exclude, Max: int32(p.Max),
+		})
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: delete finished operations: %w", err)
+	}
+	return int(n), nil
+}
+
+// Beginner starts transactions: a *pgxpool.Pool or a *pgx.Conn.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// OperationReopen gives a failed or parked operation back to the runs: in
+// progress again, its answer and attention cleared, its unsucceeded steps
+// forgotten so that they run again, waiting for a job. It returns false when the
+// operation is neither failed nor parked.
+func (s *Store) OperationReopen(ctx context.Context, db DBTX, id uuid.UUID, lease time.Duration) (bool, error) {
+	n, err := s.q.OperationReopen(ctx, db, dbsqlc.OperationReopenParams{ID: pguuid.UUID(id), Lease: lease})
+	if err != nil {
+		return false, fmt.Errorf("store: reopen operation: %w", err)
+	}
+	if n == 0 {
+		return false, nil
+	}
+	if err := s.q.StepDeleteUnsucceeded(ctx, db, pguuid.UUID(id)); err != nil {
+		return false, fmt.Errorf("store: reopen operation: %w", err)
+	}
+	if err := s.q.StepResetSucceeded(ctx, db, pguuid.UUID(id)); err != nil {
+		return false, fmt.Errorf("store: reopen operation: %w", err)
+	}
+	return true, nil
+}
+
+// OperationList lists up to max operations in state, newest first.
+func (s *Store) OperationList(ctx context.Context, db DBTX, state OperationState, max int) ([]*Operation, error) {
+	rows, err := s.q.OperationList(ctx, db, dbsqlc.OperationListParams{State: string(state), Max: int32(max)})
+	if err != nil {
+		return nil, fmt.Errorf("store: list operations: %w", err)
+	}
+	out := make([]*Operation, len(rows))
+	for i, r := range rows {
+		out[i] = operationFromRow(r)
+	}
+	return out, nil
+}

@@ -1,0 +1,222 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemflow/idemflow/internal/pguuid"
+	"github.com/idemflow/idemflow/store/internal/dbsqlc"
+)
+
+// StepListByOperation reads the recorded steps of an operation, in step order.
+func (s *Store) StepListByOperation(ctx context.Context, db DBTX, operationID uuid.UUID) ([]Step, error) {
+	rows, err := s.q.StepListByOperation(ctx, db, pguuid.UUID(operationID))
+	if err != nil {
+		return nil, fmt.Errorf("store: list steps: %w", err)
+	}
+	out := make([]Step, len(rows))
+	for i, r := range rows {
+		out[i] = Step{
+			OperationID: uuid.UUID(r.OperationID),
+			Name:        r.Name,
+			Position:    int(r.Position),
+			State:       StepState(r.State),
+			Attempts:    int(r.Attempts),
+			Output:      r.Output,
+			StartedAt:   r.StartedAt,
+			FinishedAt:  r.FinishedAt,
+			LastError:   deref(r.LastError),
+			LastCause:   deref(r.LastCause),
+			ResolvedBy:  deref(r.ResolvedBy),
+			// The step's own attempts and its compensation's are counted apart.
+			Compensations: int(r.Compensations),
+		}
+	}
+	return out, nil
+}
+
+// StepCheckpointParams describe a succeeded step, for StepCheckpointMany.
+type StepCheckpointParams struct {
+	Name     string
+	Position int
+	Attempts int
+	Output   json.RawMessage
+	// StartedAt is when the attempt that succeeded started.
+	StartedAt time.Time
+	// Retried is true when an earlier attempt failed and left the step's row,
+	// which the checkpoint then updates; a step without a row gets one.
+	Retried bool
+	// ResolvedBy is "call" or "lookup" for an external step, empty for others.
+	ResolvedBy string
+}
+
+// StepRecordFailureParams record a failed attempt of a step.
+type StepRecordFailureParams struct {
+	OperationID uuid.UUID
+	Name        string
+	Position    int
+	// State is StepRetrying when another attempt follows, else StepFailed.
+	State    StepState
+	Attempts int
+	// LastError is the failure's message for clients, LastCause for operators.
+	LastError string
+	LastCause string
+	StartedAt time.Time
+}
+
+// StepRecordFailure records a failed attempt. A step already checkpointed keeps
+// its record.
+func (s *Store) StepRecordFailure(ctx context.Context, db DBTX, p StepRecordFailureParams) error {
+	err := s.q.StepRecordFailure(ctx, db, dbsqlc.StepRecordFailureParams{
+		OperationID: pguuid.UUID(p.OperationID),
+		Name:        p.Name,
+		Position:    int32(p.Position),
+		State:       string(p.State),
+		Attempts:    int32(p.Attempts),
+		LastError:   ptr(Text(p.LastError)),
+		LastCause:   ptr(Text(p.LastCause)),
+		StartedAt:   p.StartedAt,
+	})
+	if err != nil {
+		return fmt.Errorf("store: record failure of step %q: %w", p.Name, err)
+	}
+	return nil
+}
+
+// StepCompensationFailed records the failed attempt number n of a succeeded
+// step's compensation, with its texts for the client and for operators.
+func (s *Store) StepCompensationFailed(ctx context.Context, db DBTX, operationID uuid.UUID, name string, n int, lastError, lastCause string) error {
+	err := s.q.StepCompensationFailed(ctx, db, dbsqlc.StepCompensationFailedParams{
+		OperationID: pguuid.UUID(operationID), Name: name, Compensations: int32(n), LastError: ptr(Text(lastError)), LastCause: ptr(Text(lastCause)),
+	})
+	if err != nil {
+		return fmt.Errorf("store: record failed compensation of step %q: %w", name, err)
+	}
+	return nil
+}
+
+// StepCompensated marks a succeeded step as compensated. It returns false when the
+// step was not (or no longer) succeeded.
+func (s *Store) StepCompensated(ctx context.Context, db DBTX, operationID uuid.UUID, name string) (bool, error) {
+	n, err := s.q.StepCompensated(ctx, db, dbsqlc.StepCompensatedParams{OperationID: pguuid.UUID(operationID), Name: name})
+	if err != nil {
+		return false, fmt.Errorf("store: mark step %q compensated: %w", name, err)
+	}
+	return n == 1, nil
+}
+
+// StepCheckpointManyParams record succeeded steps and, optionally, end their
+// operation.
+type StepCheckpointManyParams struct {
+	OperationID uuid.UUID
+	Steps       []StepCheckpointParams
+	// Finish ends the operation in State with Result or Error, fenced by Run.
+	Finish bool
+	Run    uuid.UUID
+	State  OperationState
+	Result json.RawMessage
+	Error  json.RawMessage
+}
+
+// StepCheckpointMany records p.Steps as succeeded and, with p.Finish, ends the
+// operation, in one or two statements: the steps whose row an earlier failed
+// attempt left (Retried) are updated by one; the others are inserted by
+// another, which with p.Finish is the one that ends the operation. Each
+// fails, with ErrFenced and the transaction aborted, when another run recorded
+// one of the steps first or no longer lets p.Run end the operation, so that a
+// COMMIT queued after them never commits what they did not. With a Queue for
+// db they are only queued, and their errors come back with the batch's results
+// (see Err).
+func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpointManyParams) error {
+	var fresh, retried []StepCheckpointParams
+	for _, st := range p.Steps {
+		if st.Retried {
+			retried = append(retried, st)
+		} else {
+			fresh = append(fresh, st)
+		}
+	}
+	cols := stepColumnsOf(fresh)
+	if len(fresh) > 0 && !p.Finish {
+		args := dbsqlc.StepInsertSucceededParams{
+			OperationID: pguuid.UUID(p.OperationID),
+			Names:       cols.names,
+			Positions:   cols.positions,
+			Attempts:    cols.attempts,
+			Outputs:     cols.outputs,
+			ResolvedBys: cols.resolvedBys,
+			StartedAts:  cols.startedAts,
+		}
+		if err := s.q.StepInsertSucceeded(ctx, db, args); err != nil {
+			return fmt.Errorf("store: checkpoint steps: %w", Err(err))
+		}
+	}
+	if len(retried) > 0 {
+		rc := stepColumnsOf(retried)
+		args := dbsqlc.StepUpdateSucceededParams{
+			OperationID: pguuid.UUID(p.OperationID),
+			Names:       rc.names,
+			Attempts:    rc.attempts,
+			Outputs:     rc.outputs,
+			ResolvedBys: rc.resolvedBys,
+		}
+		if err := s.q.StepUpdateSucceeded(ctx, db, args); err != nil {
+			return fmt.Errorf("store: checkpoint retried steps: %w", Err(err))
+		}
+	}
+	if p.Finish {
+		args := dbsqlc.OperationFinishParams{
+			OperationID: pguuid.UUID(p.OperationID),
+			RunID:       pguuid.UUID(p.Run),
+			State:       string(p.State),
+			Result:      nullJSON(p.Result),
+			Error:       nullJSON(p.Error),
+			Names:       cols.names,
+			Positions:   cols.positions,
+			Attempts:    cols.attempts,
+			Outputs:     cols.outputs,
+			ResolvedBys: cols.resolvedBys,
+			StartedAts:  cols.startedAts,
+		}
+		err := s.q.OperationFinish(ctx, db, args)
+		if err != nil {
+			return fmt.Errorf("store: finish operation: %w", Err(err))
+		}
+	}
+	return nil
+}
+
+// stepColumns are checkpoints as the queries take them: one array per column,
+// one step per index.
+type stepColumns struct {
+	names       []string
+	positions   []int32
+	attempts    []int32
+	outputs     []string
+	resolvedBys []string
+	startedAts  []time.Time
+}
+
+func stepColumnsOf(steps []StepCheckpointParams) stepColumns {
+	c := stepColumns{
+		names:       make([]string, len(steps)),
+		positions:   make([]int32, len(steps)),
+		attempts:    make([]int32, len(steps)),
+		outputs:     make([]string, len(steps)),
+		resolvedBys: make([]string, len(steps)),
+		startedAts:  make([]time.Time, len(steps)),
+	}
+	for i, st := range steps {
+		c.names[i] = st.Name
+		c.positions[i] = int32(st.Position)
+		c.attempts[i] = int32(st.Attempts)
+		c.outputs[i] = string(st.Output)
+		c.resolvedBys[i] = st.ResolvedBy
+		c.startedAts[i] = st.StartedAt
+	}
+	return c
+}
