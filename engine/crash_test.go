@@ -124,13 +124,13 @@ func TestCrashChild(t *testing.T) {
 	e, err := engine.New(pool, &engine.Config{
 		Operations: []engine.Definition{op},
 		Lease:      time.Second,
-		Hook: func(ctx context.Context, ev engine.HookEvent) error {
+		Test: engine.TestConfig{Hook: func(ctx context.Context, ev engine.HookEvent) error {
 			if ev.Step+":"+string(ev.Point) == at {
 				fmt.Println(crashReached)
 				time.Sleep(time.Hour) // until SIGKILL
 			}
 			return nil
-		},
+		}},
 	})
 	require.NoError(t, err)
 	started, err := engine.Start(ctx, e, op, crashScope, crashKey, transferIn{From: "a", To: "b", Amount: 42}, nil)

@@ -18,7 +18,7 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// Point names a moment in a step's attempt at which Config.Hook is called.
+// Point names a moment in a step's attempt at which Config.Test.Hook is called.
 type Point string
 
 // The points of a step's attempt.
@@ -88,8 +88,9 @@ type Config struct {
 	// RetentionInterval is how often the leader runs the retention job. Defaults
 	// to 1 minute.
 	RetentionInterval time.Duration
-	// Hook, when set, is called at each Point of every step attempt.
-	Hook HookFunc
+	// Test holds knobs for tests and fault injection, which production code
+	// leaves zero.
+	Test TestConfig
 	// ControlPool, when set, is the pool of the engine's own work: lease
 	// renewals, the sweeper, the retention job, and River's producer, leader
 	// and job completions. A pool of its own (4 connections are plenty) keeps
@@ -105,6 +106,14 @@ type Config struct {
 	// reservation: the Start, with ErrUnavailable) rather than wait for ever.
 	// Defaults to 5 seconds.
 	AcquireTimeout time.Duration
+}
+
+// TestConfig holds the knobs of Config that exist for tests and fault
+// injection.
+type TestConfig struct {
+	// Hook, when set, is called at each Point of every step attempt: to crash
+	// the process there, or to make the attempt fail or panic.
+	Hook HookFunc
 }
 
 // The defaults of Config.

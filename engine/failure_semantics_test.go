@@ -472,7 +472,7 @@ func TestPivotForwardOnly(t *testing.T) {
 			}
 			op := f.op(t, "pivot")
 			gate := newFSGate(fsAt("book", engine.PointBefore, failures+1))
-			e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, InlineRetryMax: tc.inline, Hook: gate.hook}, true)
+			e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, InlineRetryMax: tc.inline, Test: engine.TestConfig{Hook: gate.hook}}, true)
 			fsHurry(t, pool)
 
 			s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
@@ -577,7 +577,7 @@ func fsCrashAt(t *testing.T, pool *pgxpool.Pool, op *engine.Operation[fsIn, fsSt
 	t.Helper()
 	ctx := context.Background()
 	gate := newFSGate(fsAt(step, point, 1))
-	a := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Hook: gate.hook})
+	a := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Test: engine.TestConfig{Hook: gate.hook}})
 	s, err := engine.Start(ctx, a, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 	require.NoError(t, err)
 	gate.wait(t)
@@ -818,7 +818,7 @@ func TestPanicsContained(t *testing.T) {
 		}}
 		op := f.op(t, "panic_tx")
 		gate := newFSGate(fsAt("book", engine.PointBefore, 2))
-		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Hook: gate.hook}, false)
+		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Test: engine.TestConfig{Hook: gate.hook}}, false)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
 		gate.wait(t)
@@ -863,7 +863,7 @@ func TestPanicsContained(t *testing.T) {
 		}
 		gate := newFSGate(fsAt("book", engine.PointBefore, 3))
 		// The backoff (5ms) is longer than InlineRetryMax: a River job runs each retry.
-		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, InlineRetryMax: time.Millisecond, Hook: fsHooks(trace, gate.hook)}, true)
+		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, InlineRetryMax: time.Millisecond, Test: engine.TestConfig{Hook: fsHooks(trace, gate.hook)}}, true)
 		fsHurry(t, pool)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
@@ -905,7 +905,7 @@ func TestPanicsContained(t *testing.T) {
 		}
 		op := f.op(t, "panic_lookup")
 		gate := newFSGate(fsAt("pay", engine.PointBefore, 3))
-		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Hook: gate.hook}, false)
+		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Test: engine.TestConfig{Hook: gate.hook}}, false)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
 		gate.wait(t)
@@ -1270,7 +1270,7 @@ func TestFenceByRun(t *testing.T) {
 
 			gate := newFSGate(fsAt("work", engine.PointBefore, 1))
 			// A's lease is long enough that it never renews during the test.
-			a := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{opA}, Lease: time.Hour, Hook: gate.hook})
+			a := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{opA}, Lease: time.Hour, Test: engine.TestConfig{Hook: gate.hook}})
 			b := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{opB}, Lease: time.Second}, true)
 
 			s, err := engine.Start(ctx, a, opA, "c", "k", 1, nil)
@@ -1367,8 +1367,8 @@ func TestFenceByRunWhileNewHolderWorks(t *testing.T) {
 	gateB := newFSGate(func(ev engine.HookEvent) bool {
 		return ev.Step == "work" && ev.Point == engine.PointBefore && ev.Resumed
 	})
-	a := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{opA}, Lease: time.Hour, Hook: gateA.hook})
-	b := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{opB}, Lease: 5 * time.Second, Hook: gateB.hook}, true)
+	a := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{opA}, Lease: time.Hour, Test: engine.TestConfig{Hook: gateA.hook}})
+	b := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{opB}, Lease: 5 * time.Second, Test: engine.TestConfig{Hook: gateB.hook}}, true)
 
 	s, err := engine.Start(ctx, a, opA, "c", "k", 1, nil)
 	require.NoError(t, err)
@@ -1540,7 +1540,7 @@ func TestClientFacingTexts(t *testing.T) {
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, MaxAttempts: 2}})
 	require.NoError(t, err)
 	gate := newFSGate(fsAt("write", engine.PointBefore, 2))
-	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Hook: gate.hook}, false)
+	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Test: engine.TestConfig{Hook: gate.hook}}, false)
 	internals := []string{"duplicate key", "fs_text_pkey", "23505", insert, "http://10.0.0.1/x", "10.0.0.1", "/etc/passwd"}
 	clean := func(t *testing.T, client, operator string) {
 		t.Helper()

@@ -147,7 +147,7 @@ func setup(t *testing.T, opts setupOpts) (*engine.Engine, *engine.Operation[tran
 		Lease:          opts.lease,
 		SweepInterval:  50 * time.Millisecond,
 		PollInterval:   20 * time.Millisecond,
-		Hook:           opts.hook,
+		Test:           engine.TestConfig{Hook: opts.hook},
 		InlineRetryMax: opts.inlineRetry,
 	})
 	require.NoError(t, err)

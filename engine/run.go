@@ -441,12 +441,12 @@ func (r *run) restoreState() error {
 	return nil
 }
 
-// hook calls Config.Hook, whose error (a fault it injects) fails the attempt.
+// hook calls Config.Test.Hook, whose error (a fault it injects) fails the attempt.
 func (r *run) hook(ctx context.Context, st *stepDef, p Point, attempt int) error {
-	if r.e.cfg.Hook == nil {
+	if r.e.cfg.Test.Hook == nil {
 		return nil
 	}
-	return r.e.cfg.Hook(ctx, HookEvent{
+	return r.e.cfg.Test.Hook(ctx, HookEvent{
 		Operation: r.def.name, OperationID: r.id, Step: st.name, Point: p, Attempt: attempt, Resumed: r.resumed,
 	})
 }

@@ -157,7 +157,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		SweepInterval:     min(engine.DefaultSweepInterval, cfg.lease/3),
 		Retention:         cfg.retention,
 		RetentionInterval: min(cfg.retention, time.Minute),
-		Hook:              faultHook(cfg),
+		Test:              engine.TestConfig{Hook: faultHook(cfg)},
 		ControlPool:       control,
 		MaxInFlight:       cfg.maxInFlight,
 	})
