@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemflow/idemflow/internal/demoapi"
 )
 
 // config is the demo's configuration: each flag can also come from the environment
@@ -53,6 +55,15 @@ type crashPoint struct {
 }
 
 const crashExitCode = 86
+
+// apiClients are the clients as the API takes them.
+func apiClients(cs []client) []demoapi.Client {
+	out := make([]demoapi.Client, len(cs))
+	for i, c := range cs {
+		out[i] = demoapi.Client{Name: c.name, Token: c.token}
+	}
+	return out
+}
 
 var defaultClients = []client{{name: "merchant-a", token: "demo-token-a"}, {name: "merchant-b", token: "demo-token-b"}}
 

@@ -31,6 +31,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idempotency"
+	"github.com/idemflow/idemflow/internal/demoapi"
 	"github.com/idemflow/idemflow/internal/pgcluster"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
@@ -57,7 +58,7 @@ const (
 func TestHTTPServerBounds(t *testing.T) {
 	t.Parallel()
 	for _, wait := range []time.Duration{0, 5 * time.Second, time.Minute} {
-		srv := newHTTPServer(http.NotFoundHandler(), wait, idempotency.DefaultReserveTimeout, newConnLimiter(100, 25))
+		srv := demoapi.NewHTTPServer(http.NotFoundHandler(), wait, idempotency.DefaultReserveTimeout, demoapi.NewConnLimiter(100, 25))
 		require.Equal(t, 10*time.Second, srv.ReadHeaderTimeout, "headers cut after 10 s")
 		require.Equal(t, 10*time.Second, srv.ReadTimeout, "a body cut 10 s after the request started")
 		require.Equal(t, 60*time.Second, srv.IdleTimeout, "idle keep-alives closed after 60 s")

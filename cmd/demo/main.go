@@ -31,6 +31,7 @@ import (
 
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idempotency"
+	"github.com/idemflow/idemflow/internal/demoapi"
 	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/internal/pgcluster"
 	"github.com/idemflow/idemflow/workflows/refund"
@@ -138,8 +139,8 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 			}
 			defer pln.Close()
 			providerURL = "http://" + pln.Addr().String()
-			limit := defaultMaxConns() / 4
-			psrv := newHTTPServer(p.Handler(), cfg.wait, 0, newConnLimiter(limit, limit))
+			limit := demoapi.DefaultMaxConns() / 4
+			psrv := demoapi.NewHTTPServer(p.Handler(), cfg.wait, 0, demoapi.NewConnLimiter(limit, limit))
 			go func() { _ = psrv.Serve(pln) }()
 			defer psrv.Close()
 			fmt.Fprintf(stdout, "fake payment provider listening on %s\n", providerURL)
@@ -167,15 +168,15 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 	if err := e.StartWorkers(ctx); err != nil {
 		return err
 	}
-	srv, err := newServer(&serverConfig{
-		pool: pool, health: control, engine: e, workflows: wf, clients: cfg.clients,
-		wait: cfg.wait, provider: providerHandler, logger: logger,
+	srv, err := demoapi.New(&demoapi.Config{
+		Pool: pool, Health: control, Engine: e, Workflows: wf, Clients: apiClients(cfg.clients),
+		Wait: cfg.wait, Provider: providerHandler, Logger: logger,
 	})
 	if err != nil {
 		return err
 	}
-	limit := defaultMaxConns()
-	httpServer := newHTTPServer(srv, cfg.wait, idempotency.DefaultReserveTimeout, newConnLimiter(limit, max(limit/4, 64)))
+	limit := demoapi.DefaultMaxConns()
+	httpServer := demoapi.NewHTTPServer(srv, cfg.wait, idempotency.DefaultReserveTimeout, demoapi.NewConnLimiter(limit, max(limit/4, 64)))
 	httpServer.ErrorLog = slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- httpServer.Serve(ln) }()
@@ -220,8 +221,8 @@ func serveProvider(ctx context.Context, cfg *config, logger *slog.Logger, stdout
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.addr, err)
 	}
-	limit := defaultMaxConns()
-	httpServer := newHTTPServer(mux, 0, 0, newConnLimiter(limit, max(limit/4, 64)))
+	limit := demoapi.DefaultMaxConns()
+	httpServer := demoapi.NewHTTPServer(mux, 0, 0, demoapi.NewConnLimiter(limit, max(limit/4, 64)))
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- httpServer.Serve(ln) }()
 	fmt.Fprintf(stdout, "fake payment provider listening on http://%s\n", ln.Addr())

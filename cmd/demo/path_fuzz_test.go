@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/demoapi"
 	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/internal/testdb"
 	"github.com/idemflow/idemflow/workflows/refund"
@@ -36,9 +37,9 @@ func newInProcessServer(tb testing.TB) http.Handler {
 	require.NoError(tb, err)
 	e, err := engine.New(pool, &engine.Config{Operations: wf.Operations(), Logger: logger})
 	require.NoError(tb, err)
-	srv, err := newServer(&serverConfig{
-		pool: pool, engine: e, workflows: wf, clients: defaultClients,
-		wait: 5 * time.Second, provider: p.Handler(), logger: logger,
+	srv, err := demoapi.New(&demoapi.Config{
+		Pool: pool, Engine: e, Workflows: wf, Clients: apiClients(defaultClients),
+		Wait: 5 * time.Second, Provider: p.Handler(), Logger: logger,
 	})
 	require.NoError(tb, err)
 	return srv

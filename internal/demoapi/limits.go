@@ -1,4 +1,4 @@
-package main
+package demoapi
 
 import (
 	"net"
@@ -29,14 +29,14 @@ const (
 	readTimeout = 8 * time.Second
 )
 
-// connLimiter bounds the open connections of an http.Server (as its ConnState
+// ConnLimiter bounds the open connections of an http.Server (as its ConnState
 // hook): when a new connection takes the server past max, or past perAddr
 // connections from its client's address, the oldest connection in that scope
 // that is not serving a request (one that sent nothing yet, or an idle
 // keep-alive) is closed. A client that opens connections without using them
 // so cannot keep others out, and the file limit is never reached; a
 // connection that serves a request is never closed.
-type connLimiter struct {
+type ConnLimiter struct {
 	max, perAddr int
 
 	mu    sync.Mutex
@@ -51,16 +51,16 @@ type connEntry struct {
 	since  time.Time
 }
 
-// newConnLimiter returns a limiter of max connections, perAddr from one client
+// NewConnLimiter returns a limiter of max connections, perAddr from one client
 // address.
-func newConnLimiter(max, perAddr int) *connLimiter {
-	return &connLimiter{max: max, perAddr: perAddr, conns: map[net.Conn]*connEntry{}, addrs: map[string]int{}}
+func NewConnLimiter(max, perAddr int) *ConnLimiter {
+	return &ConnLimiter{max: max, perAddr: perAddr, conns: map[net.Conn]*connEntry{}, addrs: map[string]int{}}
 }
 
-// defaultMaxConns is the open connections the demo allows: what the file limit
+// DefaultMaxConns is the open connections the demo allows: what the file limit
 // leaves after a margin for the database pools, the provider client and the
 // process's own files, at most 10,000.
-func defaultMaxConns() int {
+func DefaultMaxConns() int {
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur < 512 {
 		return 256
@@ -69,7 +69,7 @@ func defaultMaxConns() int {
 }
 
 // connState is the http.Server's ConnState hook.
-func (l *connLimiter) connState(c net.Conn, state http.ConnState) {
+func (l *ConnLimiter) connState(c net.Conn, state http.ConnState) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch state {
@@ -98,7 +98,7 @@ func (l *connLimiter) connState(c net.Conn, state http.ConnState) {
 
 // shed closes the oldest connection that serves no request, from addr (any
 // address when addr is empty). It must be called with mu held.
-func (l *connLimiter) shed(addr string) {
+func (l *ConnLimiter) shed(addr string) {
 	var oldest net.Conn
 	var since time.Time
 	for c, e := range l.conns {
@@ -115,7 +115,7 @@ func (l *connLimiter) shed(addr string) {
 	}
 }
 
-func (l *connLimiter) forget(c net.Conn) {
+func (l *ConnLimiter) forget(c net.Conn) {
 	e := l.conns[c]
 	if e == nil {
 		return
@@ -134,10 +134,10 @@ func hostOf(a net.Addr) string {
 	return host
 }
 
-// newHTTPServer returns the demo's http.Server for handler, with its bounds:
+// NewHTTPServer returns the demo's http.Server for handler, with its bounds:
 // header and body deadlines, a write timeout that fits wait, idle keep-alives
 // closed, 64 KiB of headers, and its connections limited.
-func newHTTPServer(handler http.Handler, wait, reserve time.Duration, limiter *connLimiter) *http.Server {
+func NewHTTPServer(handler http.Handler, wait, reserve time.Duration, limiter *ConnLimiter) *http.Server {
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: headerTimeout,

@@ -1,4 +1,4 @@
-package main
+package demoapi
 
 import (
 	"context"
@@ -21,45 +21,55 @@ import (
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 
-// serverConfig is what the demo's HTTP server is made of.
-type serverConfig struct {
-	pool *pgxpool.Pool
-	// health is the pool that /healthz pings: the engine's own, so that a
+// Config is what the demo's HTTP API is made of.
+type Config struct {
+	// Pool is the database of the reads (orders, refunds, accounts).
+	Pool *pgxpool.Pool
+	// Health is the pool that /healthz pings: the engine's own, so that a
 	// main pool busy with requests (rows locked, say) does not read as a
-	// database that is down. Defaults to pool.
-	health    *pgxpool.Pool
-	engine    *engine.Engine
-	workflows *refund.Workflows
-	clients   []client
-	wait      time.Duration
-	// provider, when not nil, is the fake provider, mounted under /provider.
-	provider http.Handler
-	logger   *slog.Logger
+	// database that is down. Defaults to Pool.
+	Health    *pgxpool.Pool
+	Engine    *engine.Engine
+	Workflows *refund.Workflows
+	// Clients are the API's clients and their bearer tokens.
+	Clients []Client
+	// Wait is how long a keyed request waits for its operation before 202.
+	Wait time.Duration
+	// Provider, when not nil, is the fake provider, mounted under /provider.
+	Provider http.Handler
+	Logger   *slog.Logger
+}
+
+// Client is an API client and its bearer token.
+type Client struct {
+	Name  string
+	Token string
 }
 
 // server routes the demo's API.
 type server struct {
-	cfg *serverConfig
+	cfg *Config
 	mux *http.ServeMux
-	// digests are the SHA-256 of the clients' tokens, in cfg.clients' order.
+	// digests are the SHA-256 of the clients' tokens, in cfg.Clients' order.
 	digests [][sha256.Size]byte
 }
 
 type clientKey struct{}
 
-// newServer returns the demo's HTTP handler.
-func newServer(cfg *serverConfig) (*server, error) {
+// New returns the demo's HTTP API: the handler that cmd/demo serves, and that
+// cmd/bench's http mode measures.
+func New(cfg *Config) (http.Handler, error) {
 	s := &server{cfg: cfg, mux: http.NewServeMux()}
-	for _, c := range cfg.clients {
-		s.digests = append(s.digests, sha256.Sum256([]byte(c.token)))
+	for _, c := range cfg.Clients {
+		s.digests = append(s.digests, sha256.Sum256([]byte(c.Token)))
 	}
 	idem := &idempotency.Config{
-		Engine:    cfg.engine,
+		Engine:    cfg.Engine,
 		ScopeFunc: func(r *http.Request) (string, error) { return clientOf(r), nil },
-		Wait:      cfg.wait,
-		Logger:    cfg.logger,
+		Wait:      cfg.Wait,
+		Logger:    cfg.Logger,
 	}
-	orders, err := idempotency.Handler(idem, cfg.workflows.Order, &idempotency.EndpointOpts[refund.OrderInput]{
+	orders, err := idempotency.Handler(idem, cfg.Workflows.Order, &idempotency.EndpointOpts[refund.OrderInput]{
 		DecodeFunc:      decodeOrder,
 		Unfingerprinted: []string{"metadata"},
 		ErrorStatusFunc: errorStatus,
@@ -67,7 +77,7 @@ func newServer(cfg *serverConfig) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	refunds, err := idempotency.Handler(idem, cfg.workflows.Refund, &idempotency.EndpointOpts[refund.RefundInput]{
+	refunds, err := idempotency.Handler(idem, cfg.Workflows.Refund, &idempotency.EndpointOpts[refund.RefundInput]{
 		DecodeFunc:      decodeRefund,
 		Unfingerprinted: []string{"metadata"},
 		ErrorStatusFunc: errorStatus,
@@ -77,8 +87,8 @@ func newServer(cfg *serverConfig) (*server, error) {
 	}
 
 	s.mux.HandleFunc("GET /healthz", s.healthz)
-	if cfg.provider != nil {
-		s.mux.Handle("/provider/", http.StripPrefix("/provider", cfg.provider))
+	if cfg.Provider != nil {
+		s.mux.Handle("/provider/", http.StripPrefix("/provider", cfg.Provider))
 	}
 	s.mux.Handle("POST /orders", s.authenticated(orders))
 	s.mux.Handle("GET /orders/{orderId}", s.authenticated(bounded(s.getOrder)))
@@ -153,11 +163,11 @@ func (s *server) authenticated(next http.Handler) http.Handler {
 		name := ""
 		if token, ok := bearerToken(strings.Join(values, "")); ok {
 			sum := sha256.Sum256([]byte(token))
-			for i, c := range s.cfg.clients {
+			for i, c := range s.cfg.Clients {
 				// Equal-length digests: the comparison takes as long whatever
 				// the token, and every client is compared.
 				if subtle.ConstantTimeCompare(sum[:], s.digests[i][:]) == 1 {
-					name = c.name
+					name = c.Name
 				}
 			}
 		}
@@ -196,9 +206,9 @@ func clientOf(r *http.Request) string {
 func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	health := s.cfg.health
+	health := s.cfg.Health
 	if health == nil {
-		health = s.cfg.pool
+		health = s.cfg.Pool
 	}
 	if err := health.Ping(ctx); err != nil {
 		w.Header().Set("Retry-After", "1")
@@ -224,7 +234,7 @@ func (s *server) getOrder(w http.ResponseWriter, r *http.Request) {
 		idempotency.WriteError(w, http.StatusNotFound, refund.CodeOrderNotFound, "no such order", nil)
 		return
 	}
-	order, err := refund.GetOrder(r.Context(), s.cfg.pool, clientOf(r), id)
+	order, err := refund.GetOrder(r.Context(), s.cfg.Pool, clientOf(r), id)
 	if errors.Is(err, refund.ErrOrderNotFound) {
 		idempotency.WriteError(w, http.StatusNotFound, refund.CodeOrderNotFound, "no such order", nil)
 		return
@@ -245,7 +255,7 @@ func (s *server) getRefund(w http.ResponseWriter, r *http.Request) {
 		notFound()
 		return
 	}
-	ref, err := refund.GetRefund(r.Context(), s.cfg.pool, clientOf(r), id)
+	ref, err := refund.GetRefund(r.Context(), s.cfg.Pool, clientOf(r), id)
 	if errors.Is(err, refund.ErrRefundNotFound) {
 		notFound()
 		return
@@ -258,7 +268,7 @@ func (s *server) getRefund(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) listAccounts(w http.ResponseWriter, r *http.Request) {
-	accounts, err := refund.ListAccounts(r.Context(), s.cfg.pool, clientOf(r))
+	accounts, err := refund.ListAccounts(r.Context(), s.cfg.Pool, clientOf(r))
 	if err != nil {
 		s.internalError(w, r, err)
 		return
@@ -302,7 +312,7 @@ func (s *server) getOperation(w http.ResponseWriter, r *http.Request) {
 		notFound()
 		return
 	}
-	info, err := s.cfg.engine.Get(r.Context(), id)
+	info, err := s.cfg.Engine.Get(r.Context(), id)
 	if errors.Is(err, engine.ErrNotFound) || err == nil && info.Scope != clientOf(r) {
 		notFound()
 		return
@@ -332,12 +342,12 @@ func (s *server) getOperation(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) internalError(w http.ResponseWriter, r *http.Request, err error) {
 	if engine.IsUnavailable(err) {
-		s.cfg.logger.WarnContext(r.Context(), "the database did not answer", slog.String("path", r.URL.Path), slog.String("error", err.Error()))
+		s.cfg.Logger.WarnContext(r.Context(), "the database did not answer", slog.String("path", r.URL.Path), slog.String("error", err.Error()))
 		w.Header().Set("Retry-After", "1")
 		idempotency.WriteError(w, http.StatusServiceUnavailable, "service_unavailable", "the database is not available; try again", nil)
 		return
 	}
-	s.cfg.logger.ErrorContext(r.Context(), "request failed", slog.String("path", r.URL.Path), slog.String("error", err.Error()))
+	s.cfg.Logger.ErrorContext(r.Context(), "request failed", slog.String("path", r.URL.Path), slog.String("error", err.Error()))
 	idempotency.WriteError(w, http.StatusInternalServerError, "internal_error", "the server could not answer; try again", nil)
 }
 
