@@ -40,8 +40,9 @@
 // way a number is written do not matter (1, 1.0 and 1e0 are equal; numbers are
 // compared exactly, with no limit on precision). Fields listed in
 // EndpointOpts.Unfingerprinted are stored with the input but left out of the
-// fingerprint. The fingerprint is stored with the operation, one hash per field
-// and never the body.
+// fingerprint. The handler passes the fingerprint to engine.Start
+// (engine.StartOpts.Fingerprint), which stores it with the operation, one hash
+// per field and never the body, and compares it when the key comes again.
 //
 // # Answers
 //
@@ -58,9 +59,10 @@
 // A business error answers {"error": {"code": ..., "message": ...}} followed by
 // the members of the error's Details when those are an object (else a member
 // "details"), in canonical form, so that every answer of the operation has the
-// same bytes. An operation that the engine itself failed (a step out of
-// attempts, a failed compensation or result function) answers 500 with its code
-// and a message that does not repeat the server's error.
+// same bytes. An operation that ended with a server fault
+// (engine.PermanentError.ServerFault: a step out of attempts, a failed
+// compensation or result function) answers 500 operation_failed with a fixed
+// message: what broke is for operators (the error's Cause), never for clients.
 //
 // A later request with the same key answers:
 //
@@ -74,9 +76,15 @@
 //     byte-identical body, with the header Idempotent-Replayed: true, which a
 //     first answer never carries.
 //
-// A request that cannot be served answers 503 service_unavailable while the
-// engine stops, and 500 internal_error when the database fails before the key is
-// reserved; the key stays free either way.
+// A request that cannot be served answers 503 with Retry-After, and the key
+// stays free: service_unavailable while the engine stops, or when the database
+// does not answer the reservation within Config.ReserveTimeout (should the
+// reservation commit after all, a retry finds the operation); overloaded when
+// the process runs engine.Config.MaxInFlight operations already. Any other
+// failure before the key is reserved answers 500 internal_error.
+//
+// A request refused without reading its body (a 401 from ScopeFunc, a 413)
+// answers with Connection: close (see RefuseBody).
 //
 // Every answer that concerns an operation (201, 202, a stored error, a replay, 409
 // and 422 idempotency_key_reused) carries the operation's id in the Operation-Id
@@ -98,10 +106,11 @@
 //
 // In database round trips, per request:
 //
-//   - a replay, a 409 and a 422: one indexed read of the operation by (scope, key),
-//     and no write;
+//   - a replay, a 409 and a 422: the reservation, which the unique key refuses
+//     (it leaves a dead tuple for vacuum and commits nothing), then one indexed
+//     read of the operation by (scope, key);
 //   - a request that fails validation: none;
-//   - a first request: that read, which finds nothing, then the engine's work: the
+//   - a first request: no read, only the engine's work: the
 //     reservation of the key commits in the same transaction as the first step's
 //     work (or alone, just before a first step that calls out), and each further
 //     database step commits once, with the checkpoint of the call-out step before
@@ -109,7 +118,7 @@
 //     demo's refund) commits twice: once before its call, once after. Waiting for
 //     an operation that runs in this process reads nothing.
 //
-// Two first requests that race past the read both try to reserve the key: one
-// wins, the other's insert finds the key taken and writes nothing, and that
-// request answers as a later one would, after one more read.
+// Two first requests that race both try to reserve the key: one wins, the
+// other's insert finds the key taken and writes nothing, and that request
+// answers as a later one would, after one read.
 package idempotency
