@@ -202,6 +202,7 @@ func fault(code, step, cause string) *PermanentError {
 func (e *PermanentError) stored() *PermanentError {
 	c := *e
 	c.Code, c.Message, c.Cause, c.Step = store.Text(e.Code), store.Text(e.Message), store.Text(e.Cause), store.Text(e.Step)
+	c.err = nil // not stored
 	return &c
 }
 

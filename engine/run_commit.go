@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -131,23 +130,27 @@ func (r *run) commitFailure(ctx context.Context, tx *txn) (*Info, error) {
 }
 
 func (r *run) finish(ctx context.Context, tx *txn, state store.OperationState, result, errRaw []byte) (*Info, error) {
-	end := &store.StepCheckpointManyParams{Finish: true, State: state, Result: result, Error: errRaw}
+	end := &store.StepCheckpointManyParams{Finish: true, State: state, Result: result, Error: errRaw, Finished: &store.Finished{}}
 	if err := r.commitEnd(ctx, tx, end); err != nil {
 		return nil, err
 	}
-	now := time.Now()
+	// What Get would read of the row: the times from the statement that
+	// finished it, the answer as stored.
+	finishedAt := end.Finished.FinishedAt
 	info := &Info{
-		ID:         r.id,
-		Name:       r.def.name,
-		Scope:      r.scope,
-		Key:        r.key,
-		Status:     Status(state),
-		Result:     result,
-		Runs:       r.runs,
-		FinishedAt: &now,
+		ID:          r.id,
+		Name:        r.def.name,
+		Scope:       r.scope,
+		Key:         r.key,
+		Status:      Status(state),
+		Fingerprint: r.fp,
+		Result:      result,
+		Runs:        r.runs,
+		CreatedAt:   end.Finished.CreatedAt,
+		FinishedAt:  &finishedAt,
 	}
 	if state == store.OperationFailed {
-		info.Error = r.failure
+		info.Error = r.failure.stored()
 	}
 	return info, nil
 }

@@ -216,7 +216,7 @@ func (t *txn) commit(ctx context.Context, last *pgx.Batch) error {
 	b.QueuedQueries = append(b.QueuedQueries, last.QueuedQueries...)
 	b.Queue("commit")
 	br := t.tx.SendBatch(ctx, b)
-	if err := t.readCommitted(br, 0, last.Len()); err != nil {
+	if err := t.readCommitted(br, 0, last); err != nil {
 		return err
 	}
 	tag, err := br.Exec()
@@ -252,7 +252,7 @@ func (t *txn) commitImplicit(ctx context.Context, last *pgx.Batch) error {
 	}
 	t.firstSent = time.Now()
 	br := t.conn.SendBatch(ctx, b)
-	if err := t.readCommitted(br, t.prelude.Len(), last.Len()); err != nil {
+	if err := t.readCommitted(br, t.prelude.Len(), last); err != nil {
 		return err
 	}
 	if err := br.Close(); err != nil {
@@ -277,10 +277,16 @@ func commitError(err error) error {
 // AtCommit statement that the server refused (or pgx refused before sending)
 // fails the step (*stepError). Any other error is the run's: the COMMIT may
 // have run.
-func (t *txn) readCommitted(br pgx.BatchResults, prelude, last int) error {
+func (t *txn) readCommitted(br pgx.BatchResults, prelude int, last *pgx.Batch) error {
 	n := t.atCommit.Len()
-	for i := range prelude + n + last {
-		_, err := br.Exec()
+	for i := range prelude + n + last.Len() {
+		var err error
+		if j := i - prelude - n; j >= 0 && last.QueuedQueries[j].Fn != nil {
+			// A statement of the engine's that reads its own result.
+			err = last.QueuedQueries[j].Fn(br)
+		} else {
+			_, err = br.Exec()
+		}
 		if err == nil {
 			continue
 		}

@@ -140,6 +140,7 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 		scope:         rec.Scope,
 		key:           rec.Key,
 		secret:        rec.KeySecret,
+		fp:            decodeFingerprint(rec.Fingerprint),
 		startedSteps:  rec.Steps,
 		status:        make(map[string]store.StepState, len(rec.Steps)),
 		tries:         make(map[string]int, len(rec.Steps)),

@@ -147,7 +147,8 @@ LIMIT sqlc.arg(max);
 -- same statement (the arrays, one step per index; they may be empty). It
 -- raises SQLSTATE IF001, aborting the transaction, when run_id no longer holds
 -- the operation in progress, and a unique violation when another run recorded
--- one of the steps first.
+-- one of the steps first. Its row carries the operation's created_at and
+-- finished_at, for the Info of a run that finished it.
 WITH fin AS (
     UPDATE idemflow_operation
     SET state = sqlc.arg(state)::text,
@@ -161,7 +162,7 @@ WITH fin AS (
     WHERE id = sqlc.arg(operation_id)::uuid
       AND locked_by = sqlc.arg(run_id)::uuid
       AND state = 'in_progress'
-    RETURNING id, finished_at
+    RETURNING id, created_at, finished_at
 ), ins AS (
     INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, resolved_by, started_at, finished_at)
     SELECT fin.id,
@@ -175,4 +176,5 @@ WITH fin AS (
            fin.finished_at
     FROM fin
 )
-SELECT idemflow_fence(EXISTS (SELECT 1 FROM fin));
+SELECT idemflow_fence(EXISTS (SELECT 1 FROM fin)),
+       (SELECT created_at FROM fin), (SELECT finished_at FROM fin);

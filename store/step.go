@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemflow/idemflow/internal/pguuid"
 	"github.com/idemflow/idemflow/store/internal/dbsqlc"
@@ -120,6 +121,16 @@ type StepCheckpointManyParams struct {
 	State  OperationState
 	Result json.RawMessage
 	Error  json.RawMessage
+	// Finished, when not nil and db is a Queue, receives the finished
+	// operation's timestamps from the database once the batch's results are
+	// read.
+	Finished *Finished
+}
+
+// Finished are the timestamps of an operation that StepCheckpointMany ended.
+type Finished struct {
+	CreatedAt  time.Time
+	FinishedAt time.Time
 }
 
 // StepCheckpointMany records p.Steps as succeeded and, with p.Finish, ends the
@@ -185,6 +196,13 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 		err := s.q.OperationFinish(ctx, db, args)
 		if err != nil {
 			return fmt.Errorf("store: finish operation: %w", Err(err))
+		}
+		if q, ok := db.(Queue); ok && p.Finished != nil {
+			// Read from the statement's row (past its fence) when the batch
+			// runs, rather than from a read of its own.
+			q.Batch.QueuedQueries[len(q.Batch.QueuedQueries)-1].QueryRow(func(row pgx.Row) error {
+				return row.Scan(nil, &p.Finished.CreatedAt, &p.Finished.FinishedAt)
+			})
 		}
 	}
 	return nil

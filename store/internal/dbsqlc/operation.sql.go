@@ -169,7 +169,7 @@ WITH fin AS (
     WHERE id = $5::uuid
       AND locked_by = $6::uuid
       AND state = 'in_progress'
-    RETURNING id, finished_at
+    RETURNING id, created_at, finished_at
 ), ins AS (
     INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, resolved_by, started_at, finished_at)
     SELECT fin.id,
@@ -183,7 +183,8 @@ WITH fin AS (
            fin.finished_at
     FROM fin
 )
-SELECT idemflow_fence(EXISTS (SELECT 1 FROM fin))
+SELECT idemflow_fence(EXISTS (SELECT 1 FROM fin)),
+       (SELECT created_at FROM fin), (SELECT finished_at FROM fin)
 `
 
 type OperationFinishParams struct {
@@ -206,7 +207,8 @@ type OperationFinishParams struct {
 // same statement (the arrays, one step per index; they may be empty). It
 // raises SQLSTATE IF001, aborting the transaction, when run_id no longer holds
 // the operation in progress, and a unique violation when another run recorded
-// one of the steps first.
+// one of the steps first. Its row carries the operation's created_at and
+// finished_at, for the Info of a run that finished it.
 func (q *Queries) OperationFinish(ctx context.Context, db DBTX, arg OperationFinishParams) error {
 	_, err := db.Exec(ctx, operationFinish,
 		arg.State,
