@@ -118,16 +118,16 @@ type TestConfig struct {
 
 // The defaults of Config.
 const (
-	DefaultLease         = 15 * time.Second
-	DefaultSweepInterval = 5 * time.Second
-	DefaultPollInterval  = 500 * time.Millisecond
-	DefaultQueue         = "idemflow"
-	DefaultMaxWorkers    = 20
-	DefaultInlineRetry   = 5 * time.Second
-	DefaultRetention     = 24 * time.Hour
-	DefaultRetentionRun  = time.Minute
-	DefaultMaxInFlight   = 1000
-	DefaultAcquire       = 5 * time.Second
+	DefaultLease             = 15 * time.Second
+	DefaultSweepInterval     = 5 * time.Second
+	DefaultPollInterval      = 500 * time.Millisecond
+	DefaultQueue             = "idemflow"
+	DefaultMaxWorkers        = 20
+	DefaultInlineRetryMax    = 5 * time.Second
+	DefaultRetention         = 24 * time.Hour
+	DefaultRetentionInterval = time.Minute
+	DefaultMaxInFlight       = 1000
+	DefaultAcquireTimeout    = 5 * time.Second
 )
 
 func (c Config) withDefaults() Config {
@@ -150,19 +150,19 @@ func (c Config) withDefaults() Config {
 		c.MaxWorkers = DefaultMaxWorkers
 	}
 	if c.InlineRetryMax == 0 {
-		c.InlineRetryMax = DefaultInlineRetry
+		c.InlineRetryMax = DefaultInlineRetryMax
 	}
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
 	}
 	if c.RetentionInterval == 0 {
-		c.RetentionInterval = DefaultRetentionRun
+		c.RetentionInterval = DefaultRetentionInterval
 	}
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
 	}
 	if c.AcquireTimeout == 0 {
-		c.AcquireTimeout = DefaultAcquire
+		c.AcquireTimeout = DefaultAcquireTimeout
 	}
 	return c
 }
