@@ -355,6 +355,14 @@ type stepDef struct {
 // cannot be undone. Once one has succeeded, its operation only goes forward.
 func (s *stepDef) pivot() bool { return s.kind == KindExternal && s.compensate == nil }
 
+// cannotUndo reports whether the step named name commits its operation to going
+// forward once it succeeded: a pivot, or a step this definition lacks, which
+// nobody here can tell apart from one.
+func (d *opDef) cannotUndo(name string) bool {
+	i, ok := d.index[name]
+	return !ok || d.steps[i].pivot()
+}
+
 // decodeStrict decodes raw into v, refusing fields that v's type lacks.
 func decodeStrict(raw []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(raw))

@@ -76,7 +76,7 @@ func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 			return nil, fmt.Errorf("engine: cancel %s: %w", id, err)
 		}
 		for _, st := range steps {
-			if i, ok := def.index[st.Name]; (!ok || def.steps[i].pivot()) && st.State == store.StepSucceeded {
+			if st.State == store.StepSucceeded && def.cannotUndo(st.Name) {
 				return nil, fmt.Errorf("engine: cancel %s: %w: step %s cannot be undone and has succeeded", id, ErrPastPivot, st.Name)
 			}
 		}

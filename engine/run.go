@@ -416,8 +416,8 @@ func (r *run) succeeded(i int, st *stepDef, attempt int, started time.Time, reso
 // that this process's definition lacks counts as one, since nobody here can
 // tell.
 func (r *run) pastPivot() bool {
-	for i, st := range r.steps {
-		if (st == nil || st.pivot()) && r.status[r.stepName(i)] == store.StepSucceeded {
+	for name, state := range r.status {
+		if state == store.StepSucceeded && r.def.cannotUndo(name) {
 			return true
 		}
 	}

@@ -113,6 +113,9 @@ type demoOpts struct {
 	// noWait returns as soon as the process started, before it listens; call
 	// waitListening or awaitListening.
 	noWait bool
+	// nofile, when positive, is the demo's file limit (soft and hard: Go raises
+	// the soft one to the hard one at start), set through /bin/sh's ulimit.
+	nofile int
 }
 
 // demo is a running demo process.
@@ -161,6 +164,9 @@ func startDemo(t *testing.T, dbURL string, opts *demoOpts) *demo {
 		args = append([]string{"provider"}, args...)
 	}
 	cmd := exec.Command(bin, args...)
+	if opts.nofile > 0 {
+		cmd = exec.Command("/bin/sh", append([]string{"-c", `ulimit -n ` + strconv.Itoa(opts.nofile) + ` && exec "$0" "$@"`, bin}, args...)...)
+	}
 	cmd.Env = append(demoEnviron(), opts.env...)
 	if dbURL != "" {
 		cmd.Env = append(cmd.Env, "DATABASE_URL="+dbURL)

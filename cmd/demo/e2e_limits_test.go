@@ -18,7 +18,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -207,7 +206,7 @@ func newFlooded(t *testing.T, conns int) *flooded {
 		lim.Cur = need
 		require.NoError(t, syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim))
 	}
-	f := &flooded{t: t, d: startDemoNofile(t, testdb.URL(t), floodFileLimit)}
+	f := &flooded{t: t, d: startDemo(t, testdb.URL(t), &demoOpts{nofile: floodFileLimit})}
 	requireFileLimit(t, f.d.cmd.Process.Pid, floodFileLimit)
 	t.Cleanup(f.closeAll)
 	return f
@@ -941,52 +940,6 @@ func dialContext(ctx context.Context, base, local string) (net.Conn, error) {
 		dialer.LocalAddr = &net.TCPAddr{IP: net.ParseIP(local)}
 	}
 	return dialer.DialContext(ctx, "tcp", u.Host)
-}
-
-// startDemoNofile starts the demo as startDemo does with its default flags, but
-// with a file limit of nofile (soft and hard: Go raises the soft one to the hard
-// one at start), through /bin/sh's ulimit.
-func startDemoNofile(t *testing.T, dbURL string, nofile int) *demo {
-	t.Helper()
-	bin, err := demoBinary()
-	require.NoError(t, err)
-	args := []string{"-addr", "127.0.0.1:0", "-retry-backoff", "50ms", "-wait", "5s", "-lease", "1s"}
-	cmd := exec.Command("/bin/sh", append([]string{"-c", `ulimit -n ` + strconv.Itoa(nofile) + ` && exec "$0" "$@"`, bin}, args...)...)
-	cmd.Env = append(demoEnviron(), "DATABASE_URL="+dbURL)
-	setDeathSignal(cmd)
-	d := &demo{t: t, cmd: cmd, listening: make(chan string, 1), exited: make(chan struct{})}
-	cmd.Stderr = &d.stderr
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			line := sc.Text()
-			_, _ = d.stdout.Write([]byte(line + "\n"))
-			if _, u, ok := strings.Cut(line, listeningOn); ok {
-				select {
-				case d.listening <- strings.TrimSpace(u):
-				default:
-				}
-			}
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-		_ = cmd.Wait()
-		d.exitCode = cmd.ProcessState.ExitCode()
-		close(d.exited)
-	}()
-	t.Cleanup(func() {
-		d.kill()
-		if strings.Contains(d.stderr.String(), "WARNING: DATA RACE") {
-			t.Errorf("the demo (pid %d) reported a data race", cmd.Process.Pid)
-		}
-		if t.Failed() {
-			t.Logf("demo pid %d (file limit %d) %s\nstdout:\n%s\nstderr:\n%s", cmd.Process.Pid, nofile, strings.Join(args, " "), d.stdout.String(), d.stderr.String())
-		}
-	})
-	d.waitListening()
-	return d
 }
 
 // requireFileLimit requires that the process pid runs with a file limit of n.
