@@ -140,7 +140,8 @@ func (e *Engine) GetByKey(ctx context.Context, scope, key string) (*Info, error)
 }
 
 // Lookup reads the operation reserved under (scope, key) without its steps, in one
-// indexed read: what a replay needs. It returns ErrNotFound when there is none.
+// indexed read. It returns ErrNotFound when there is none. (Start answers a
+// retry itself: it needs no read first.)
 func (e *Engine) Lookup(ctx context.Context, scope, key string) (*Info, error) {
 	rec, err := e.store.OperationGetByKey(ctx, e.pool, scope, key)
 	if err != nil {
