@@ -23,7 +23,7 @@ CREATE TABLE test_attempt (step text NOT NULL);
 func atCommitOp(t *testing.T, plain bool, fail map[string]*atomic.Int32, calls *atomic.Int32) *engine.Operation[int, int, int] {
 	t.Helper()
 	write := func(name string) engine.TxFunc[int, int] {
-		return func(ctx context.Context, tx engine.Tx, in int, s *int) error {
+		return func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in int, s *int) error {
 			// A plain write, sent at once: it must not outlive a failed attempt.
 			if plain {
 				if _, err := tx.Exec(ctx, `INSERT INTO test_attempt (step) VALUES ($1)`, name); err != nil {
@@ -40,12 +40,12 @@ func atCommitOp(t *testing.T, plain bool, fail map[string]*atomic.Int32, calls *
 		}
 	}
 	op, err := engine.NewOperation("at_commit", []engine.Step[int, int]{
-		engine.TxStep("first", write("first"), nil),
-		engine.ExternalStep("call", func(context.Context, engine.Call, int, *int) error {
+		engine.TxStep("first", write("first")),
+		engine.ExternalStep("call", func(context.Context, engine.Attempt, int, *int) error {
 			calls.Add(1)
 			return nil
-		}, nil),
-		engine.TxStep("last", write("last"), nil),
+		}),
+		engine.TxStep("last", write("last")),
 	}, func(in int, s *int) (int, error) { return *s, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: 1}})
 	require.NoError(t, err)
 	return op
@@ -141,14 +141,14 @@ func TestFailFromSQL(t *testing.T) {
 			pool := testdb.Pool(t)
 			var calls atomic.Int32
 			op, err := engine.NewOperation("sql_fail", []engine.Step[int, int]{
-				engine.TxStep("check", func(ctx context.Context, tx engine.Tx, in int, s *int) error {
+				engine.TxStep("check", func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in int, s *int) error {
 					calls.Add(1)
 					if atCommit {
 						tx = engine.AtCommit(tx)
 					}
 					_, err := tx.Exec(ctx, `SELECT CASE WHEN $1::int > 10 THEN idemflow_fail('too_big', format('%s is more than 10', $1::int)) END`, in)
 					return err
-				}, nil),
+				}),
 			}, func(in int, s *int) (int, error) { return in, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: 1}})
 			require.NoError(t, err)
 			e := newEngine(t, pool, op)

@@ -49,10 +49,10 @@ func main() {
 		panic(err)
 	}
 	op, err := engine.NewOperation("consumer_pay", []engine.Step[in, state]{
-		engine.ExternalStep("pay", func(ctx context.Context, call engine.Call, in in, s *state) error {
+		engine.ExternalStep("pay", func(ctx context.Context, call engine.Attempt, in in, s *state) error {
 			s.Paid = fmt.Sprint(in.Amount)
 			return nil
-		}, nil),
+		}),
 	}, func(in in, s *state) (string, error) { return "paid " + s.Paid, nil }, nil)
 	if err != nil {
 		panic(err)

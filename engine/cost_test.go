@@ -116,12 +116,12 @@ func TestFirstAttemptCost(t *testing.T) {
 	// The payout records nothing in this database, so that only the engine's and
 	// the tx steps' statements are counted.
 	op, err := engine.NewOperation("transfer", []engine.Step[transferIn, transferState]{
-		engine.TxStep("ledger", ledger, nil),
-		engine.ExternalStep("payout", func(ctx context.Context, call engine.Call, in transferIn, s *transferState) error {
+		engine.TxStep("ledger", ledger),
+		engine.ExternalStep("payout", func(ctx context.Context, call engine.Attempt, in transferIn, s *transferState) error {
 			s.PayoutID = "po_" + call.Key
 			return nil
-		}, nil),
-		engine.TxStep("finalize", finalize, nil),
+		}),
+		engine.TxStep("finalize", finalize),
 	}, func(in transferIn, s *transferState) (transferOut, error) { return transferOut(*s), nil }, nil)
 	require.NoError(t, err)
 	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}})
@@ -150,12 +150,14 @@ func TestFirstAttemptCost(t *testing.T) {
 		counter.mu.Unlock()
 	}
 
-	// A replay reads one row and writes nothing.
+	// A replay sends the reservation, which finds the key taken, and reads the
+	// stored answer: two statements and nothing written.
 	counter.reset()
-	_, err = e.Lookup(ctx, "c", "k0")
+	replay, err := engine.Start(ctx, e, op, "c", "k0", transferIn{From: "a", To: "b", Amount: 1}, nil)
 	require.NoError(t, err)
+	require.False(t, replay.Created)
 	counter.mu.Lock()
-	require.Equal(t, []string{"OperationGetByKey"}, counter.engine)
+	require.Equal(t, []string{"OperationReserve", "OperationGetByKey"}, counter.engine)
 	require.Zero(t, counter.commits)
 	counter.mu.Unlock()
 }

@@ -7,13 +7,22 @@
 // steps over an input In and a state S, and a function that builds the final result
 // Out. Steps are TxStep (writes to the database, committed with the step's
 // checkpoint, so exactly once) or ExternalStep (calls out with a derived
-// idempotency key, the same on every attempt; see "Derived keys"). In, S and Out must
-// survive a round trip through encoding/json: the input and the state after each
-// step are stored, and a resumed operation reads them back.
+// idempotency key, the same on every attempt; see "Derived keys"); methods on them
+// add a compensation, a lookup (external steps only) and a retry policy:
+//
+//	engine.TxStep("debit", debit).Compensate(credit)
+//	engine.ExternalStep("pay", pay).Lookup(findPayment).Retries(engine.RetryPolicy{MaxAttempts: 5})
+//
+// Every step function, compensation and lookup gets an Attempt: the step's
+// derived key, the attempt's number and the operation it belongs to. In, S and
+// Out must survive a round trip through encoding/json: the input and the state
+// after each step are stored, and a resumed operation reads them back.
 //
 // # Starting and waiting
 //
-// Start reserves (scope, key) atomically (a plain INSERT: a taken key is a unique
+// Start takes the scope (the client the key belongs to: keys of different
+// clients never meet) before the client's key, as every function of this
+// package that takes both does. It reserves (scope, key) atomically (a plain INSERT: a taken key is a unique
 // violation) and runs the first attempt at once in this process; StartTx does the
 // reservation in the caller's transaction and leaves the run to a River worker.
 // A second Start with the same key runs nothing: with the same input it returns
@@ -80,7 +89,7 @@
 // returned a HaltError (a provider's answer that does not match the request), a
 // permanent failure after the pivot, an outcome nobody can tell, an input or
 // state that no longer decodes. Those are parked: in progress, needing
-// attention, left alone by every run until an operator retries (Engine.Retry)
+// attention, left alone by every run until an operator reopens (Engine.Reopen)
 // or cancels (Engine.Cancel) them. A client retrying its key meanwhile gets the
 // operation in progress.
 //
@@ -112,7 +121,7 @@
 //
 // # Derived keys
 //
-// An external step's Call.Key comes from the operation's id and a random
+// An external step's Attempt.Key comes from the operation's id and a random
 // secret chosen at its reservation (scheme "idf2_"): the same on every attempt,
 // unknown to anyone without the database, and new for a new operation under a
 // client key that was used before (after retention deleted the old one), so it

@@ -415,10 +415,12 @@ func (e *Engine) notifyFinished(info *Info) {
 	}
 }
 
-// Wait waits until the operation finishes and returns it, without its steps. It
-// returns ctx's error when ctx ends first, and ErrNotFound when there is no such
-// operation. An operation that runs in this process is handed over the moment it
-// finishes; one that runs elsewhere is read again every PollInterval at most.
+// Wait waits until the operation finishes or is parked and returns it, without
+// its steps. A parked operation (Info.Parked, still in progress) waits for an
+// operator, so Wait does not wait for it. It returns ctx's error when ctx ends
+// first, and ErrNotFound when there is no such operation. An operation that
+// finishes in this process is handed over the moment it does; otherwise the
+// operation is read again every PollInterval at most.
 func (e *Engine) Wait(ctx context.Context, id uuid.UUID) (*Info, error) {
 	ch := e.addWaiter(id)
 	defer e.removeWaiter(id, ch)
@@ -428,7 +430,7 @@ func (e *Engine) Wait(ctx context.Context, id uuid.UUID) (*Info, error) {
 		if err != nil {
 			return nil, mapNotFound(err)
 		}
-		if rec.State != store.OperationInProgress {
+		if rec.State != store.OperationInProgress || rec.Parked {
 			return infoFromRecord(rec), nil
 		}
 		t := time.NewTimer(delay)

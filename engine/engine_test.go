@@ -41,7 +41,7 @@ func TestStart(t *testing.T) {
 		require.Len(t, got.Steps, 3)
 		for i, name := range []string{"ledger", "payout", "finalize"} {
 			require.Equal(t, name, got.Steps[i].Name)
-			require.Equal(t, engine.StepSucceeded, got.Steps[i].Status)
+			require.Equal(t, engine.StepStatusSucceeded, got.Steps[i].Status)
 			require.Equal(t, 1, got.Steps[i].Attempts)
 		}
 		require.Regexp(t, `^idf2_[A-Za-z0-9_-]{43}$`, got.Steps[1].DerivedKey)
@@ -187,7 +187,7 @@ func TestRetry(t *testing.T) {
 		require.Equal(t, int32(3), b.calls.Load())
 		got, err := e.Get(ctx, started.ID)
 		require.NoError(t, err)
-		require.Equal(t, []engine.StepStatus{engine.StepCompensated, engine.StepFailed, engine.StepSkipped},
+		require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusFailed, engine.StepStatusSkipped},
 			[]engine.StepStatus{got.Steps[0].Status, got.Steps[1].Status, got.Steps[2].Status})
 		require.Equal(t, 3, got.Steps[1].Attempts)
 		require.Contains(t, got.Steps[1].LastCause, "provider unavailable")
@@ -202,7 +202,7 @@ func TestRetry(t *testing.T) {
 		pool := setupPool(t)
 		calls := 0
 		op, err := engine.NewOperation("flaky", []engine.Step[int, int]{
-			engine.TxStep("write", func(ctx context.Context, tx engine.Tx, in int, s *int) error {
+			engine.TxStep("write", func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in int, s *int) error {
 				calls++
 				if _, err := tx.Exec(ctx, `INSERT INTO test_ledger (account, amount) VALUES ('x', $1)`, in); err != nil {
 					return err
@@ -213,7 +213,7 @@ func TestRetry(t *testing.T) {
 				}
 				*s += in
 				return nil
-			}, nil),
+			}),
 		}, func(in int, s *int) (int, error) { return *s, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond}})
 		require.NoError(t, err)
 		e := newEngine(t, pool, op)
@@ -246,7 +246,7 @@ func TestPermanentFailure(t *testing.T) {
 		require.Equal(t, int32(1), b.calls.Load(), "a permanent error is not retried")
 		require.Equal(t, books{ledgerRows: 2, reversals: 2}, readBooks(t, b.pool))
 
-		again, err := e.Lookup(ctx, "c", "k")
+		again, err := e.GetByKey(ctx, "c", "k")
 		require.NoError(t, err)
 		require.Equal(t, "declined", again.Error.Code)
 		require.Equal(t, "payout", again.Error.Step)
@@ -270,17 +270,17 @@ func TestPermanentFailure(t *testing.T) {
 		var mu sync.Mutex
 		var order []string
 		step := func(name string, fail bool) engine.Step[int, int] {
-			return engine.TxStep(name, func(ctx context.Context, tx engine.Tx, in int, s *int) error {
+			return engine.TxStep(name, func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in int, s *int) error {
 				if fail {
 					return engine.Fail("nope", "step "+name+" refuses")
 				}
 				return nil
-			}, &engine.StepOpts[int, int]{Compensate: func(ctx context.Context, tx engine.Tx, in int, s *int) error {
+			}).Compensate(func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in int, s *int) error {
 				mu.Lock()
 				defer mu.Unlock()
 				order = append(order, name)
 				return nil
-			}})
+			})
 		}
 		op, err := engine.NewOperation("chain", []engine.Step[int, int]{
 			step("a", false), step("b", false), step("c", false), step("d", true), step("e", false),
@@ -298,13 +298,13 @@ func TestPermanentFailure(t *testing.T) {
 		for _, s := range got.Steps {
 			statuses = append(statuses, s.Status)
 		}
-		require.Equal(t, []engine.StepStatus{engine.StepCompensated, engine.StepCompensated, engine.StepCompensated, engine.StepFailed, engine.StepSkipped}, statuses)
+		require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusCompensated, engine.StepStatusCompensated, engine.StepStatusFailed, engine.StepStatusSkipped}, statuses)
 	})
 }
 
 func TestDefinition(t *testing.T) {
 	t.Parallel()
-	noop := func(ctx context.Context, tx engine.Tx, in int, s *int) error { return nil }
+	noop := func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in int, s *int) error { return nil }
 	result := func(in int, s *int) (int, error) { return 0, nil }
 
 	tests := []struct {
@@ -314,13 +314,12 @@ func TestDefinition(t *testing.T) {
 		want  string
 	}{
 		{"NoSteps", nil, nil, "has no steps"},
-		{"DuplicateStep", []engine.Step[int, int]{engine.TxStep("a", noop, nil), engine.TxStep("a", noop, nil)}, nil, "duplicate step name"},
-		{"EmptyStepName", []engine.Step[int, int]{engine.TxStep("", noop, nil)}, nil, "has no name"},
-		{"NilFunction", []engine.Step[int, int]{engine.TxStep[int, int]("a", nil, nil)}, nil, "has no function"},
-		{"LookupOnTxStep", []engine.Step[int, int]{engine.TxStep("a", noop, &engine.StepOpts[int, int]{
-			Lookup: func(context.Context, engine.Call, int, *int) (bool, error) { return false, nil },
-		})}, nil, "external steps only"},
-		{"BadFactor", []engine.Step[int, int]{engine.TxStep("a", noop, nil)}, &engine.OperationOpts{Retry: engine.RetryPolicy{Factor: 0.5}}, "factor"},
+		{"DuplicateStep", []engine.Step[int, int]{engine.TxStep("a", noop), engine.TxStep("a", noop)}, nil, "duplicate step name"},
+		{"EmptyStepName", []engine.Step[int, int]{engine.TxStep("", noop)}, nil, "has no name"},
+		{"NilFunction", []engine.Step[int, int]{engine.TxStep[int, int]("a", nil)}, nil, "has no function"},
+		{"NilExternalFunction", []engine.Step[int, int]{engine.ExternalStep[int, int]("a", nil)}, nil, "has no function"},
+		{"NilStep", []engine.Step[int, int]{nil}, nil, "step 0 is nil"},
+		{"BadFactor", []engine.Step[int, int]{engine.TxStep("a", noop)}, &engine.OperationOpts{Retry: engine.RetryPolicy{Factor: 0.5}}, "factor"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -332,9 +331,9 @@ func TestDefinition(t *testing.T) {
 
 	t.Run("DuplicateOperation", func(t *testing.T) {
 		t.Parallel()
-		a, err := engine.NewOperation("same", []engine.Step[int, int]{engine.TxStep("a", noop, nil)}, result, nil)
+		a, err := engine.NewOperation("same", []engine.Step[int, int]{engine.TxStep("a", noop)}, result, nil)
 		require.NoError(t, err)
-		b, err := engine.NewOperation("same", []engine.Step[int, int]{engine.TxStep("b", noop, nil)}, result, nil)
+		b, err := engine.NewOperation("same", []engine.Step[int, int]{engine.TxStep("b", noop)}, result, nil)
 		require.NoError(t, err)
 		_, err = engine.New(nil, &engine.Config{Operations: []engine.Definition{a, b}})
 		require.ErrorIs(t, err, engine.ErrDuplicateOperation)

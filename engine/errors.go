@@ -34,7 +34,7 @@ var (
 	ErrStopped = errors.New("engine stopped")
 	// ErrRunning is returned by Cancel for an operation that a live run holds.
 	ErrRunning = errors.New("operation is running")
-	// ErrNotFailed is returned by Retry for an operation that has neither failed
+	// ErrNotFailed is returned by Reopen for an operation that has neither failed
 	// nor been parked.
 	ErrNotFailed = errors.New("operation has not failed and is not parked")
 	// ErrFinished is returned by Cancel for an operation that has finished.
@@ -247,7 +247,7 @@ func (e *PermanentError) Is(target error) bool {
 // HaltError stops an operation where it is: it stays in progress, needing
 // attention with this code and message, and no run takes it up again, nothing
 // is retried and nothing compensated, until an operator retries it
-// (Engine.Retry) or cancels it (Engine.Cancel, which refuses past the point of
+// (Engine.Reopen) or cancels it (Engine.Cancel, which refuses past the point of
 // no return). Make one with Halt.
 type HaltError struct {
 	// Code is a short machine-readable reason, such as "provider_mismatch".

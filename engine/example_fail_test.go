@@ -25,20 +25,20 @@ func ExampleFail() {
 		Owner  string `json:"owner"`
 		Amount int64  `json:"amount"`
 	}
-	hold := func(ctx context.Context, tx engine.Tx, in buyIn, _ *struct{}) error {
+	hold := func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in buyIn, _ *struct{}) error {
 		_, err := tx.Exec(ctx, `INSERT INTO hold_ledger (owner, amount, note) VALUES ($1, -$2::bigint, 'hold')`, in.Owner, in.Amount)
 		return err
 	}
-	release := func(ctx context.Context, tx engine.Tx, in buyIn, _ *struct{}) error {
+	release := func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in buyIn, _ *struct{}) error {
 		_, err := tx.Exec(ctx, `INSERT INTO hold_ledger (owner, amount, note) VALUES ($1, $2, 'release')`, in.Owner, in.Amount)
 		return err
 	}
-	charge := func(ctx context.Context, call engine.Call, in buyIn, _ *struct{}) error {
+	charge := func(ctx context.Context, call engine.Attempt, in buyIn, _ *struct{}) error {
 		return engine.Fail("card_declined", "the card was declined")
 	}
 	op, err := engine.NewOperation("buy", []engine.Step[buyIn, struct{}]{
-		engine.TxStep("hold", hold, &engine.StepOpts[buyIn, struct{}]{Compensate: release}),
-		engine.ExternalStep("charge", charge, nil),
+		engine.TxStep("hold", hold).Compensate(release),
+		engine.ExternalStep("charge", charge),
 	}, func(in buyIn, _ *struct{}) (int64, error) { return in.Amount, nil }, nil)
 	if err != nil {
 		panic(err)

@@ -17,7 +17,7 @@ import (
 // a failure that may be undone, so the step halts and the operation waits for a
 // person. Once the cause is mended, Retry runs it again from the halted step:
 // the debit that had succeeded is not made twice.
-func ExampleEngine_Retry() {
+func ExampleEngine_Reopen() {
 	ctx := context.Background()
 	pool, cleanup := testdb.ExamplePool("example_retry")
 	defer cleanup()
@@ -31,19 +31,19 @@ func ExampleEngine_Retry() {
 		Amount int64  `json:"amount"`
 	}
 	var providerFixed atomic.Bool // what the operator mends, here a provider's bug
-	debit := func(ctx context.Context, tx engine.Tx, in payIn, _ *struct{}) error {
+	debit := func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in payIn, _ *struct{}) error {
 		_, err := tx.Exec(ctx, `UPDATE retry_wallet SET balance = balance - $2 WHERE owner = $1`, in.Owner, in.Amount)
 		return err
 	}
-	pay := func(ctx context.Context, call engine.Call, in payIn, _ *struct{}) error {
+	pay := func(ctx context.Context, call engine.Attempt, in payIn, _ *struct{}) error {
 		if !providerFixed.Load() {
 			return engine.Halt("amount_mismatch", fmt.Sprintf("the provider confirmed %d for a payout of %d", 10*in.Amount, in.Amount))
 		}
 		return nil
 	}
 	op, err := engine.NewOperation("payout", []engine.Step[payIn, struct{}]{
-		engine.TxStep("debit", debit, nil),
-		engine.ExternalStep("pay", pay, nil),
+		engine.TxStep("debit", debit),
+		engine.ExternalStep("pay", pay),
 	}, func(in payIn, _ *struct{}) (int64, error) { return in.Amount, nil }, nil)
 	if err != nil {
 		panic(err)
@@ -80,7 +80,7 @@ func ExampleEngine_Retry() {
 	fmt.Printf("before: %s, parked=%v, attention=%s\n", info.Status, info.Parked, info.Attention.Code)
 
 	providerFixed.Store(true)
-	if err := e.Retry(ctx, started.ID); err != nil {
+	if err := e.Reopen(ctx, started.ID); err != nil {
 		panic(err)
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -116,23 +116,23 @@ func ExampleEngine_Cancel() {
 		Owner  string `json:"owner"`
 		Amount int64  `json:"amount"`
 	}
-	hold := func(ctx context.Context, tx engine.Tx, in buyIn, _ *struct{}) error {
+	hold := func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in buyIn, _ *struct{}) error {
 		_, err := tx.Exec(ctx, `INSERT INTO cancel_hold (owner, amount) VALUES ($1, $2)`, in.Owner, in.Amount)
 		return err
 	}
-	release := func(ctx context.Context, tx engine.Tx, in buyIn, _ *struct{}) error {
+	release := func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in buyIn, _ *struct{}) error {
 		_, err := tx.Exec(ctx, `UPDATE cancel_hold SET released = true WHERE owner = $1`, in.Owner)
 		return err
 	}
-	charge := func(ctx context.Context, call engine.Call, in buyIn, _ *struct{}) error {
+	charge := func(ctx context.Context, call engine.Attempt, in buyIn, _ *struct{}) error {
 		return errors.New("provider unavailable") // transient: retried after the backoff
 	}
-	chargeFound := func(ctx context.Context, call engine.Call, in buyIn, _ *struct{}) (bool, error) {
+	chargeFound := func(ctx context.Context, call engine.Attempt, in buyIn, _ *struct{}) (bool, error) {
 		return false, nil // a real lookup asks the provider for call.Key
 	}
 	op, err := engine.NewOperation("buy", []engine.Step[buyIn, struct{}]{
-		engine.TxStep("hold", hold, &engine.StepOpts[buyIn, struct{}]{Compensate: release}),
-		engine.ExternalStep("charge", charge, &engine.StepOpts[buyIn, struct{}]{Lookup: chargeFound}),
+		engine.TxStep("hold", hold).Compensate(release),
+		engine.ExternalStep("charge", charge).Lookup(chargeFound),
 	}, func(in buyIn, _ *struct{}) (int64, error) { return in.Amount, nil },
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Hour}})
 	if err != nil {
@@ -180,15 +180,15 @@ func ExampleEngine_Cancel_pastPivot() {
 	pool, cleanup := testdb.ExamplePool("example_cancel_past_pivot")
 	defer cleanup()
 
-	pay := func(ctx context.Context, call engine.Call, in int64, _ *struct{}) error {
+	pay := func(ctx context.Context, call engine.Attempt, in int64, _ *struct{}) error {
 		return nil // the provider paid out
 	}
-	record := func(ctx context.Context, tx engine.Tx, in int64, _ *struct{}) error {
+	record := func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in int64, _ *struct{}) error {
 		return errors.New("ledger unavailable") // transient: retried after the backoff
 	}
 	op, err := engine.NewOperation("payout", []engine.Step[int64, struct{}]{
-		engine.ExternalStep("pay", pay, nil),
-		engine.TxStep("record", record, nil),
+		engine.ExternalStep("pay", pay),
+		engine.TxStep("record", record),
 	}, func(in int64, _ *struct{}) (int64, error) { return in, nil },
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Hour}})
 	if err != nil {

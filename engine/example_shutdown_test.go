@@ -23,7 +23,7 @@ func ExampleEngine_Stop() {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
 	op, err := engine.NewOperation("greet", []engine.Step[string, struct{}]{
-		engine.TxStep("greet", func(ctx context.Context, tx engine.Tx, in string, _ *struct{}) error { return nil }, nil),
+		engine.TxStep("greet", func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in string, _ *struct{}) error { return nil }),
 	}, func(in string, _ *struct{}) (string, error) { return "hello " + in, nil }, nil)
 	if err != nil {
 		panic(err)

@@ -30,17 +30,17 @@ func ExampleStartTx() {
 	type chargeState struct {
 		ChargeID string `json:"chargeId"`
 	}
-	charge := func(ctx context.Context, call engine.Call, in chargeIn, s *chargeState) error {
+	charge := func(ctx context.Context, call engine.Attempt, in chargeIn, s *chargeState) error {
 		s.ChargeID = "ch_" + in.Order // a real step sends call.Key to the provider
 		return nil
 	}
-	markPaid := func(ctx context.Context, tx engine.Tx, in chargeIn, s *chargeState) error {
+	markPaid := func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in chargeIn, s *chargeState) error {
 		_, err := tx.Exec(ctx, `UPDATE shop_order SET charge = $2 WHERE id = $1`, in.Order, s.ChargeID)
 		return err
 	}
 	op, err := engine.NewOperation("charge_order", []engine.Step[chargeIn, chargeState]{
-		engine.ExternalStep("charge", charge, nil),
-		engine.TxStep("mark_paid", markPaid, nil),
+		engine.ExternalStep("charge", charge),
+		engine.TxStep("mark_paid", markPaid),
 	}, func(in chargeIn, s *chargeState) (string, error) { return s.ChargeID, nil }, nil)
 	if err != nil {
 		panic(err)

@@ -34,20 +34,20 @@ func Example() {
 		PaymentID string `json:"paymentId"`
 	}
 
-	debit := func(ctx context.Context, tx engine.Tx, in payIn, s *payState) error {
+	debit := func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in payIn, s *payState) error {
 		return tx.QueryRow(ctx, `INSERT INTO wallet VALUES ($1, 100 - $2)
 			ON CONFLICT (owner) DO UPDATE SET balance = wallet.balance - $2 RETURNING balance`,
 			in.Owner, in.Amount).Scan(&s.Balance)
 	}
-	pay := func(ctx context.Context, call engine.Call, in payIn, s *payState) error {
+	pay := func(ctx context.Context, call engine.Attempt, in payIn, s *payState) error {
 		// A real step sends call.Key, the same on every attempt of this step of
 		// this operation, as the provider's Idempotency-Key.
 		s.PaymentID = "pay_" + in.Owner
 		return nil
 	}
 	op, err := engine.NewOperation("payout", []engine.Step[payIn, payState]{
-		engine.TxStep("debit", debit, nil),
-		engine.ExternalStep("pay", pay, nil),
+		engine.TxStep("debit", debit),
+		engine.ExternalStep("pay", pay),
 	}, func(in payIn, s *payState) (payOut, error) {
 		return payOut{Balance: s.Balance, PaymentID: s.PaymentID}, nil
 	}, nil)
@@ -101,7 +101,7 @@ func ExampleAtCommit() {
 		Owner  string `json:"owner"`
 		Amount int64  `json:"amount"`
 	}
-	withdraw := func(ctx context.Context, tx engine.Tx, in withdrawIn, _ *struct{}) error {
+	withdraw := func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in withdrawIn, _ *struct{}) error {
 		_, err := engine.AtCommit(tx).Exec(ctx, `
 			WITH w AS (UPDATE account SET balance = balance - $2 WHERE owner = $1 AND balance >= $2 RETURNING 1)
 			SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM w)
@@ -110,7 +110,7 @@ func ExampleAtCommit() {
 		return err
 	}
 	op, err := engine.NewOperation("withdraw", []engine.Step[withdrawIn, struct{}]{
-		engine.TxStep("withdraw", withdraw, nil),
+		engine.TxStep("withdraw", withdraw),
 	}, func(in withdrawIn, _ *struct{}) (int64, error) { return in.Amount, nil }, nil)
 	if err != nil {
 		panic(err)

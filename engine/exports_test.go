@@ -2,9 +2,9 @@ package engine_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
@@ -17,24 +17,23 @@ func TestSmallExports(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	var seen uuid.UUID
+	var seen engine.Attempt
 	op, err := engine.NewOperation("exports", []engine.Step[int, int]{
-		engine.TxStep("first", func(ctx context.Context, _ engine.Tx, _ int, _ *int) error {
-			seen = engine.OperationID(ctx)
+		engine.TxStep("first", func(_ context.Context, _ engine.Tx, at engine.Attempt, _ int, _ *int) error {
+			seen = at
 			return nil
-		}, nil),
-		engine.TxStep("second", func(context.Context, engine.Tx, int, *int) error { return nil }, nil),
+		}),
+		engine.TxStep("second", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
 	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
 	require.NoError(t, err)
 	other, err := engine.NewOperation("other", []engine.Step[int, int]{
-		engine.TxStep("only", func(context.Context, engine.Tx, int, *int) error { return nil }, nil),
+		engine.TxStep("only", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
 	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
 	require.NoError(t, err)
 	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Stop(context.WithoutCancel(ctx)) })
 
-	require.Equal(t, []string{"first", "second"}, op.StepNames())
 	require.Equal(t, "exports", op.Name())
 	require.True(t, e.Registered(op))
 	require.False(t, e.Registered(other))
@@ -42,12 +41,17 @@ func TestSmallExports(t *testing.T) {
 	require.ErrorIs(t, err, engine.ErrNotRegistered)
 	require.NotNil(t, e.River())
 
-	require.Equal(t, uuid.Nil, engine.OperationID(ctx), "outside a step")
 	s, err := engine.Start(ctx, e, op, "c", "k", 7, nil)
 	require.NoError(t, err)
 	info, err := s.Wait(ctx)
 	require.NoError(t, err)
-	require.Equal(t, s.ID, seen, "a step sees its operation's id")
+	require.Equal(t, s.ID, seen.OperationID, "a transactional step sees its attempt")
+	require.Equal(t, 1, seen.Number)
+	require.Equal(t, "exports", seen.Operation)
+	require.Equal(t, "first", seen.Step)
+	require.Equal(t, "c", seen.Scope)
+	require.Equal(t, "k", seen.OperationKey)
+	require.True(t, strings.HasPrefix(seen.Key, engine.DerivedKeyPrefix), seen.Key)
 	byKey, err := e.GetByKey(ctx, "c", "k")
 	require.NoError(t, err)
 	require.Equal(t, info.ID, byKey.ID)

@@ -42,11 +42,11 @@ func TestFirstStatementRefusedByPgx(t *testing.T) {
 			require.NoError(t, err)
 			op, err := engine.NewOperation("refused", []engine.Step[int, int]{
 				// Undoable, so that the operation can fail after it.
-				engine.ExternalStep("call", func(context.Context, engine.Call, int, *int) error { return nil }, &engine.StepOpts[int, int]{Compensate: noCompensation}),
-				engine.TxStep("bad", func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
+				engine.ExternalStep("call", func(context.Context, engine.Attempt, int, *int) error { return nil }).Compensate(noCompensation),
+				engine.TxStep("bad", func(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ int, _ *int) error {
 					_, err := tx.Exec(ctx, tc.sql, tc.arg)
 					return err
-				}, nil),
+				}),
 			}, func(in int, s *int) (int, error) { return *s, nil },
 				&engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond, MaxAttempts: 2}})
 			require.NoError(t, err)
@@ -164,18 +164,18 @@ func TestLostCommitAnswerIsNotAStepFailure(t *testing.T) {
 	require.NoError(t, err)
 
 	op, err := engine.NewOperation("lost_answer", []engine.Step[int, int]{
-		engine.TxStep("debit", func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
+		engine.TxStep("debit", func(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ int, _ *int) error {
 			_, err := tx.Exec(ctx, `INSERT INTO lost_ledger VALUES ('alice', -100)`)
 			return err
-		}, &engine.StepOpts[int, int]{Compensate: func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
+		}).Compensate(func(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ int, _ *int) error {
 			_, err := tx.Exec(ctx, `INSERT INTO lost_ledger VALUES ('alice', 100)`)
 			return err
-		}}),
-		engine.TxStep("credit", func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
+		}),
+		engine.TxStep("credit", func(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ int, _ *int) error {
 			_, err := engine.AtCommit(tx).Exec(ctx, `INSERT INTO lost_ledger VALUES ($1, 100)`, "bob-LOSE-MARKER")
 			return err
-		}, &engine.StepOpts[int, int]{Retry: engine.RetryPolicy{MaxAttempts: 1}}),
-		engine.TxStep("done", func(context.Context, engine.Tx, int, *int) error { return nil }, nil),
+		}).Retries(engine.RetryPolicy{MaxAttempts: 1}),
+		engine.TxStep("done", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
 	}, func(in int, s *int) (int, error) { return *s, nil }, nil)
 	require.NoError(t, err)
 	e := newEngine(t, pool, op)
@@ -211,7 +211,7 @@ func TestFirstQueryRowsStillOpen(t *testing.T) {
 	pool := testdb.Pool(t)
 	_, err := pool.Exec(ctx, `CREATE TABLE open_settle (n int)`)
 	require.NoError(t, err)
-	settle := func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
+	settle := func(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ int, _ *int) error {
 		rows, err := tx.Query(ctx, `SELECT g FROM generate_series(1, 3) AS g`)
 		if err != nil {
 			return err
@@ -229,7 +229,7 @@ func TestFirstQueryRowsStillOpen(t *testing.T) {
 		return rows.Err()
 	}
 	op, err := engine.NewOperation("open_rows", []engine.Step[int, int]{
-		engine.TxStep("settle", settle, nil),
+		engine.TxStep("settle", settle),
 	}, func(in int, s *int) (int, error) { return *s, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond, MaxAttempts: 1}})
 	require.NoError(t, err)
 	e := newEngine(t, pool, op)
@@ -252,11 +252,11 @@ func TestResultErrorAfterCompensableLastStep(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t)
 	op, err := engine.NewOperation("result_error", []engine.Step[int, int]{
-		engine.ExternalStep("call", func(context.Context, engine.Call, int, *int) error { return nil }, &engine.StepOpts[int, int]{Compensate: noCompensation}),
-		engine.TxStep("debit", func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
+		engine.ExternalStep("call", func(context.Context, engine.Attempt, int, *int) error { return nil }).Compensate(noCompensation),
+		engine.TxStep("debit", func(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ int, _ *int) error {
 			_, err := tx.Exec(ctx, `SELECT 1`)
 			return err
-		}, &engine.StepOpts[int, int]{Compensate: func(ctx context.Context, tx engine.Tx, _ int, _ *int) error { return nil }}),
+		}).Compensate(func(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ int, _ *int) error { return nil }),
 	}, func(in int, s *int) (int, error) { return 0, fmt.Errorf("no result") }, nil)
 	require.NoError(t, err)
 	e := newEngine(t, pool, op)
@@ -284,7 +284,7 @@ func TestCompensateExternalStep(t *testing.T) {
 	var mu sync.Mutex
 	var order []string
 	compensate := func(name string) engine.CompensateFunc[int, int] {
-		return func(context.Context, engine.Tx, int, *int) error {
+		return func(context.Context, engine.Tx, engine.Attempt, int, *int) error {
 			mu.Lock()
 			defer mu.Unlock()
 			order = append(order, name)
@@ -292,11 +292,11 @@ func TestCompensateExternalStep(t *testing.T) {
 		}
 	}
 	op, err := engine.NewOperation("compensate_external", []engine.Step[int, int]{
-		engine.TxStep("a", func(context.Context, engine.Tx, int, *int) error { return nil },
-			&engine.StepOpts[int, int]{Compensate: compensate("a")}),
-		engine.ExternalStep("b", func(context.Context, engine.Call, int, *int) error { return nil },
-			&engine.StepOpts[int, int]{Compensate: compensate("b")}),
-		engine.TxStep("c", func(context.Context, engine.Tx, int, *int) error { return engine.Fail("nope", "c refuses") }, nil),
+		engine.TxStep("a", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }).Compensate(compensate("a")),
+		engine.ExternalStep("b", func(context.Context, engine.Attempt, int, *int) error { return nil }).Compensate(compensate("b")),
+		engine.TxStep("c", func(context.Context, engine.Tx, engine.Attempt, int, *int) error {
+			return engine.Fail("nope", "c refuses")
+		}),
 	}, func(in int, s *int) (int, error) { return 0, nil }, nil)
 	require.NoError(t, err)
 	e := newEngine(t, pool, op)
@@ -312,7 +312,7 @@ func TestCompensateExternalStep(t *testing.T) {
 	for _, s := range got.Steps {
 		statuses = append(statuses, s.Status)
 	}
-	require.Equal(t, []engine.StepStatus{engine.StepCompensated, engine.StepCompensated, engine.StepFailed}, statuses)
+	require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusCompensated, engine.StepStatusFailed}, statuses)
 }
 
 // TestDeferredConstraintAtCommit: a deferred constraint that a step's writes
@@ -328,7 +328,7 @@ func TestDeferredConstraintAtCommit(t *testing.T) {
 			_, err := pool.Exec(ctx, `CREATE TABLE deferred_t (n int, CONSTRAINT deferred_t_n UNIQUE (n) DEFERRABLE INITIALLY DEFERRED)`)
 			require.NoError(t, err)
 			op, err := engine.NewOperation("deferred", []engine.Step[int, int]{
-				engine.TxStep("dup", func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
+				engine.TxStep("dup", func(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ int, _ *int) error {
 					if plain {
 						// Sent at once: the transaction has begun, and COMMIT is explicit.
 						if _, err := tx.Exec(ctx, `INSERT INTO deferred_t VALUES (1)`); err != nil {
@@ -339,7 +339,7 @@ func TestDeferredConstraintAtCommit(t *testing.T) {
 					}
 					_, err := engine.AtCommit(tx).Exec(ctx, `INSERT INTO deferred_t VALUES (1)`)
 					return err
-				}, nil),
+				}),
 			}, func(in int, s *int) (int, error) { return 0, nil },
 				&engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond, MaxAttempts: 2}})
 			require.NoError(t, err)
@@ -359,4 +359,4 @@ func TestDeferredConstraintAtCommit(t *testing.T) {
 }
 
 // noCompensation makes an external step undoable, so that it is no pivot.
-func noCompensation(context.Context, engine.Tx, int, *int) error { return nil }
+func noCompensation(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }

@@ -98,30 +98,30 @@ func (f *fsFlow) recorded() (events, keys []string) {
 
 func (f *fsFlow) op(t *testing.T, name string) *engine.Operation[fsIn, fsState, fsState] {
 	t.Helper()
-	payOpts := &engine.StepOpts[fsIn, fsState]{}
+	pay := engine.ExternalStep("pay", f.pay)
 	if f.lookup {
-		payOpts.Lookup = f.lookupPay
+		pay = pay.Lookup(f.lookupPay)
 	}
 	if f.undoablePay {
-		payOpts.Compensate = func(context.Context, engine.Tx, fsIn, *fsState) error {
+		pay = pay.Compensate(func(context.Context, engine.Tx, engine.Attempt, fsIn, *fsState) error {
 			f.payUndos.Add(1)
 			return nil
-		}
+		})
 	}
 	op, err := engine.NewOperation(name, []engine.Step[fsIn, fsState]{
-		engine.TxStep("debit", f.debit, &engine.StepOpts[fsIn, fsState]{Compensate: f.undoDebit}),
-		engine.ExternalStep("pay", f.pay, payOpts),
-		engine.TxStep("book", f.book, &engine.StepOpts[fsIn, fsState]{Retry: f.bookRetry}),
+		engine.TxStep("debit", f.debit).Compensate(f.undoDebit),
+		pay,
+		engine.TxStep("book", f.book).Retries(f.bookRetry),
 	}, f.result, &engine.OperationOpts{Retry: f.retry})
 	require.NoError(t, err)
 	return op
 }
 
-func (f *fsFlow) debit(ctx context.Context, tx engine.Tx, in fsIn, s *fsState) error {
+func (f *fsFlow) debit(ctx context.Context, tx engine.Tx, _ engine.Attempt, in fsIn, s *fsState) error {
 	return tx.QueryRow(ctx, `INSERT INTO fs_ledger (account, amount) VALUES ($1, $2) RETURNING id`, in.Account, -in.Amount).Scan(&s.DebitID)
 }
 
-func (f *fsFlow) undoDebit(ctx context.Context, tx engine.Tx, in fsIn, s *fsState) error {
+func (f *fsFlow) undoDebit(ctx context.Context, tx engine.Tx, _ engine.Attempt, in fsIn, s *fsState) error {
 	n := int(f.debitUndos.Add(1))
 	if _, err := tx.Exec(ctx, `INSERT INTO fs_ledger (account, amount, reversal) VALUES ($1, $2, true)`, in.Account, in.Amount); err != nil {
 		return err
@@ -132,15 +132,15 @@ func (f *fsFlow) undoDebit(ctx context.Context, tx engine.Tx, in fsIn, s *fsStat
 	return nil
 }
 
-func (f *fsFlow) pay(ctx context.Context, call engine.Call, in fsIn, s *fsState) error {
+func (f *fsFlow) pay(ctx context.Context, call engine.Attempt, in fsIn, s *fsState) error {
 	f.payCalls.Add(1)
 	f.mu.Lock()
-	f.events = append(f.events, fmt.Sprintf("call:%d", call.Attempt))
+	f.events = append(f.events, fmt.Sprintf("call:%d", call.Number))
 	f.keys = append(f.keys, call.Key)
 	f.mu.Unlock()
 	record, err := true, error(nil)
 	if f.payFault != nil {
-		record, err = f.payFault(call.Attempt)
+		record, err = f.payFault(call.Number)
 	}
 	if record {
 		if qerr := f.pool.QueryRow(ctx, `INSERT INTO fs_payment (key, id) VALUES ($1, 'pay_' || md5($1))
@@ -151,26 +151,26 @@ func (f *fsFlow) pay(ctx context.Context, call engine.Call, in fsIn, s *fsState)
 	return err
 }
 
-func (f *fsFlow) lookupPay(ctx context.Context, call engine.Call, in fsIn, s *fsState) (bool, error) {
+func (f *fsFlow) lookupPay(ctx context.Context, call engine.Attempt, in fsIn, s *fsState) (bool, error) {
 	f.lookups.Add(1)
 	if f.lookupFault != nil {
-		if err := f.lookupFault(call.Attempt); err != nil {
+		if err := f.lookupFault(call.Number); err != nil {
 			return false, err
 		}
 	}
 	err := f.pool.QueryRow(ctx, `SELECT id FROM fs_payment WHERE key = $1`, call.Key).Scan(&s.PaymentID)
 	if errors.Is(err, pgx.ErrNoRows) {
-		f.record(fmt.Sprintf("lookup:%d:missing", call.Attempt))
+		f.record(fmt.Sprintf("lookup:%d:missing", call.Number))
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	f.record(fmt.Sprintf("lookup:%d:found", call.Attempt))
+	f.record(fmt.Sprintf("lookup:%d:found", call.Number))
 	return true, nil
 }
 
-func (f *fsFlow) book(ctx context.Context, tx engine.Tx, in fsIn, s *fsState) error {
+func (f *fsFlow) book(ctx context.Context, tx engine.Tx, _ engine.Attempt, in fsIn, s *fsState) error {
 	n := int(f.bookCalls.Add(1))
 	if f.bookFault != nil {
 		if err := f.bookFault(n); err != nil {
@@ -485,7 +485,7 @@ func TestPivotForwardOnly(t *testing.T) {
 			require.Equal(t, engine.CodeRetryingPastPivot, info.Attention.Code)
 			require.False(t, info.Parked)
 			require.Nil(t, info.Error)
-			require.Equal(t, []engine.StepStatus{engine.StepSucceeded, engine.StepSucceeded, engine.StepRunning}, fsStatuses(info))
+			require.Equal(t, []engine.StepStatus{engine.StepStatusSucceeded, engine.StepStatusSucceeded, engine.StepStatusRunning}, fsStatuses(info))
 			require.Equal(t, failures, info.Steps[2].Attempts)
 			require.NotEmpty(t, info.Steps[2].LastError)
 			require.Zero(t, f.debitUndos.Load(), "compensated past the pivot")
@@ -509,7 +509,7 @@ func TestPivotForwardOnly(t *testing.T) {
 
 // TestFailedPastPivotParks: a permanent failure after the pivot parks the
 // operation, needing attention, with nothing compensated and nothing retried,
-// Cancel refuses it, and an operator's Retry finishes it.
+// Cancel refuses it, and an operator's Reopen finishes it.
 func TestFailedPastPivotParks(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -539,7 +539,7 @@ func TestFailedPastPivotParks(t *testing.T) {
 	require.Equal(t, engine.CodeFailedPastPivot, info.Attention.Code)
 	require.Contains(t, info.Attention.Reason, "ledger_closed")
 	require.Nil(t, info.Error)
-	require.Equal(t, []engine.StepStatus{engine.StepSucceeded, engine.StepSucceeded, engine.StepRunning}, fsStatuses(info))
+	require.Equal(t, []engine.StepStatus{engine.StepStatusSucceeded, engine.StepStatusSucceeded, engine.StepStatusRunning}, fsStatuses(info))
 	require.Equal(t, 1, info.Steps[2].Attempts)
 	require.Equal(t, int32(1), f.bookCalls.Load())
 	require.Zero(t, f.debitUndos.Load(), "compensated past the pivot")
@@ -557,7 +557,7 @@ func TestFailedPastPivotParks(t *testing.T) {
 	require.Zero(t, f.debitUndos.Load())
 
 	closed.Store(false)
-	require.NoError(t, e.Retry(ctx, s.ID))
+	require.NoError(t, e.Reopen(ctx, s.ID))
 	done := fsWait(t, e, s.ID)
 	require.Equal(t, engine.StatusSucceeded, done.Status)
 	got := fsGet(t, e, s.ID)
@@ -623,7 +623,7 @@ func TestCancelPastPivot(t *testing.T) {
 		require.Equal(t, before.Runs, info.Runs)
 		require.Equal(t, 1, info.Steps[2].Attempts)
 		require.Nil(t, info.Error)
-		require.Equal(t, []engine.StepStatus{engine.StepSucceeded, engine.StepSucceeded, engine.StepRunning}, fsStatuses(info))
+		require.Equal(t, []engine.StepStatus{engine.StepStatusSucceeded, engine.StepStatusSucceeded, engine.StepStatusRunning}, fsStatuses(info))
 		require.Zero(t, f.debitUndos.Load())
 		require.Equal(t, fsBooks{debits: 1, payments: 1, requests: 1}, fsReadBooks(t, pool))
 
@@ -650,7 +650,7 @@ func TestCancelPastPivot(t *testing.T) {
 
 		b := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
 		before := fsGet(t, b, id)
-		require.Equal(t, []engine.StepStatus{engine.StepSucceeded, engine.StepPending, engine.StepPending}, fsStatuses(before),
+		require.Equal(t, []engine.StepStatus{engine.StepStatusSucceeded, engine.StepStatusPending, engine.StepStatusPending}, fsStatuses(before),
 			"the rows must not know that the call went through")
 		_, err := b.Cancel(ctx, id, "customer withdrew")
 		require.ErrorIs(t, err, engine.ErrPastPivot)
@@ -698,7 +698,7 @@ func TestCancelPastPivot(t *testing.T) {
 		require.Equal(t, engine.CodeCancelled, got.Error.Code)
 		require.Equal(t, "customer withdrew", got.Error.Cause)
 		require.False(t, got.Error.ServerFault())
-		require.Equal(t, []engine.StepStatus{engine.StepCompensated, engine.StepSkipped, engine.StepSkipped}, fsStatuses(got))
+		require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusSkipped, engine.StepStatusSkipped}, fsStatuses(got))
 	})
 }
 
@@ -730,7 +730,7 @@ func TestExternalStepOutOfAttempts(t *testing.T) {
 		require.Equal(t, int32(1), f.debitUndos.Load())
 		require.Equal(t, fsBooks{debits: 1, reversals: 1}, fsReadBooks(t, pool))
 		got := fsGet(t, e, s.ID)
-		require.Equal(t, []engine.StepStatus{engine.StepCompensated, engine.StepFailed, engine.StepSkipped}, fsStatuses(got))
+		require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusFailed, engine.StepStatusSkipped}, fsStatuses(got))
 		require.Equal(t, 3, got.Steps[1].Attempts)
 	})
 
@@ -758,7 +758,7 @@ func TestExternalStepOutOfAttempts(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, strings.HasPrefix(out.PaymentID, "pay_"), "the lookup fills the state: %q", out.PaymentID)
 		got := fsGet(t, e, s.ID)
-		require.Equal(t, []engine.StepStatus{engine.StepSucceeded, engine.StepSucceeded, engine.StepSucceeded}, fsStatuses(got))
+		require.Equal(t, []engine.StepStatus{engine.StepStatusSucceeded, engine.StepStatusSucceeded, engine.StepStatusSucceeded}, fsStatuses(got))
 		require.Equal(t, engine.ResolvedByLookup, got.Steps[1].ResolvedBy)
 		require.Equal(t, 3, got.Steps[1].Attempts)
 		require.Zero(t, f.debitUndos.Load())
@@ -825,7 +825,7 @@ func TestPanicsContained(t *testing.T) {
 		info := fsGet(t, e, s.ID)
 		book := info.Steps[2]
 		require.Equal(t, 1, book.Attempts, "the panicking attempt is counted")
-		require.Equal(t, engine.StepRunning, book.Status)
+		require.Equal(t, engine.StepStatusRunning, book.Status)
 		require.True(t, strings.HasPrefix(book.LastError, "panic"), "LastError: %q", book.LastError)
 		require.NotContains(t, book.LastError, "kaboom-tx-first")
 		require.Contains(t, book.LastCause, "kaboom-tx-first")
@@ -974,7 +974,7 @@ func TestPanicsContained(t *testing.T) {
 		require.Equal(t, int32(2), f.debitUndos.Load(), "the compensation that panicked is retried")
 		require.Equal(t, fsBooks{debits: 1, reversals: 1}, fsReadBooks(t, pool), "the panicking compensation's write rolled back")
 		got := fsGet(t, e, s.ID)
-		require.Equal(t, []engine.StepStatus{engine.StepCompensated, engine.StepFailed, engine.StepSkipped}, fsStatuses(got))
+		require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusFailed, engine.StepStatusSkipped}, fsStatuses(got))
 	})
 
 	t.Run("ResultBeforePivot", func(t *testing.T) {
@@ -1020,7 +1020,7 @@ func TestPanicsContained(t *testing.T) {
 		require.Equal(t, fsBooks{debits: 1, payments: 1, requests: 1}, fsReadBooks(t, pool))
 
 		panics.Store(false)
-		require.NoError(t, e.Retry(ctx, s.ID))
+		require.NoError(t, e.Reopen(ctx, s.ID))
 		done := fsWait(t, e, s.ID)
 		require.Equal(t, engine.StatusSucceeded, done.Status)
 		require.Zero(t, f.debitUndos.Load())
@@ -1058,23 +1058,23 @@ func TestUndecodableStateParks(t *testing.T) {
 			ctx := context.Background()
 			pool := fsPool(t)
 			var undos, secondCalls atomic.Int32
-			firstOpts := &engine.StepOpts[fsCountIn, fsSeenState]{}
+			first := engine.TxStep("first", func(_ context.Context, _ engine.Tx, _ engine.Attempt, in fsCountIn, s *fsSeenState) error {
+				s.Seen = in.N
+				return nil
+			})
 			if tc.compensate {
-				firstOpts.Compensate = func(context.Context, engine.Tx, fsCountIn, *fsSeenState) error {
+				first = first.Compensate(func(context.Context, engine.Tx, engine.Attempt, fsCountIn, *fsSeenState) error {
 					undos.Add(1)
 					return nil
-				}
+				})
 			}
 			op, err := engine.NewOperation("undecodable", []engine.Step[fsCountIn, fsSeenState]{
-				engine.TxStep("first", func(_ context.Context, _ engine.Tx, in fsCountIn, s *fsSeenState) error {
-					s.Seen = in.N
-					return nil
-				}, firstOpts),
+				first,
 				// Fails, to be retried an hour later by a River job.
-				engine.TxStep("second", func(context.Context, engine.Tx, fsCountIn, *fsSeenState) error {
+				engine.TxStep("second", func(context.Context, engine.Tx, engine.Attempt, fsCountIn, *fsSeenState) error {
 					secondCalls.Add(1)
 					return errors.New("not yet")
-				}, &engine.StepOpts[fsCountIn, fsSeenState]{Retry: engine.RetryPolicy{Base: time.Hour, Cap: time.Hour}}),
+				}).Retries(engine.RetryPolicy{Base: time.Hour, Cap: time.Hour}),
 			}, func(in fsCountIn, s *fsSeenState) (int, error) { return s.Seen, nil }, nil)
 			require.NoError(t, err)
 			e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
@@ -1130,7 +1130,7 @@ func TestUndecodableStateParks(t *testing.T) {
 // fsNewOp declares a one-step operation over In, S and Out.
 func fsNewOp[In, S, Out any]() error {
 	_, err := engine.NewOperation("typed", []engine.Step[In, S]{
-		engine.TxStep("only", func(context.Context, engine.Tx, In, *S) error { return nil }, nil),
+		engine.TxStep("only", func(context.Context, engine.Tx, engine.Attempt, In, *S) error { return nil }),
 	}, func(In, *S) (Out, error) {
 		var out Out
 		return out, nil
@@ -1265,8 +1265,12 @@ func TestFenceByRun(t *testing.T) {
 			_, err := pool.Exec(ctx, `CREATE TABLE fs_fence (run text NOT NULL)`)
 			require.NoError(t, err)
 			var undos atomic.Int32
-			opA := fsFencedOp(t, &undos, func(ctx context.Context, tx engine.Tx, _ int, _ *int) error { return tc.work(ctx, tx) })
-			opB := fsFencedOp(t, &undos, func(context.Context, engine.Tx, int, *int) error { return engine.Fail("b_refuses", "B refuses") })
+			opA := fsFencedOp(t, &undos, func(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ int, _ *int) error {
+				return tc.work(ctx, tx)
+			})
+			opB := fsFencedOp(t, &undos, func(context.Context, engine.Tx, engine.Attempt, int, *int) error {
+				return engine.Fail("b_refuses", "B refuses")
+			})
 
 			gate := newFSGate(fsAt("work", engine.PointBefore, 1))
 			// A's lease is long enough that it never renews during the test.
@@ -1308,7 +1312,7 @@ func TestFenceByRun(t *testing.T) {
 			got := fsGet(t, b, s.ID)
 			require.Equal(t, engine.StatusFailed, got.Status)
 			require.Equal(t, "b_refuses", got.Error.Code)
-			require.Equal(t, []engine.StepStatus{engine.StepCompensated, engine.StepFailed, engine.StepSkipped}, fsStatuses(got))
+			require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusFailed, engine.StepStatusSkipped}, fsStatuses(got))
 			require.Equal(t, 2, got.Runs)
 		})
 	}
@@ -1319,16 +1323,15 @@ func TestFenceByRun(t *testing.T) {
 func fsFencedOp(t *testing.T, undos *atomic.Int32, work engine.TxFunc[int, int]) *engine.Operation[int, int, int] {
 	t.Helper()
 	op, err := engine.NewOperation("fenced", []engine.Step[int, int]{
-		engine.TxStep("prep", func(context.Context, engine.Tx, int, *int) error { return nil },
-			&engine.StepOpts[int, int]{Compensate: func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
-				undos.Add(1)
-				_, err := tx.Exec(ctx, `INSERT INTO fs_fence (run) VALUES ('undo')`)
-				return err
-			}}),
-		engine.TxStep("work", work, nil),
+		engine.TxStep("prep", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }).Compensate(func(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ int, _ *int) error {
+			undos.Add(1)
+			_, err := tx.Exec(ctx, `INSERT INTO fs_fence (run) VALUES ('undo')`)
+			return err
+		}),
+		engine.TxStep("work", work),
 		// work is not the last step: the last one's commit ends the
 		// operation, and that statement is fenced on its own.
-		engine.TxStep("finish", func(context.Context, engine.Tx, int, *int) error { return nil }, nil),
+		engine.TxStep("finish", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
 	}, func(in int, s *int) (int, error) { return in, nil },
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, MaxAttempts: 3}})
 	require.NoError(t, err)
@@ -1357,7 +1360,7 @@ func TestFenceByRunWhileNewHolderWorks(t *testing.T) {
 	require.NoError(t, err)
 	var undos atomic.Int32
 	write := func(run string) engine.TxFunc[int, int] {
-		return func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
+		return func(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ int, _ *int) error {
 			_, err := tx.Exec(ctx, `INSERT INTO fs_fence (run) VALUES ($1)`, run)
 			return err
 		}
@@ -1413,7 +1416,7 @@ func TestKeyReuse(t *testing.T) {
 	pool := fsPool(t)
 	define := func(name string) *engine.Operation[fsOrder, int, int] {
 		op, err := engine.NewOperation(name, []engine.Step[fsOrder, int]{
-			engine.TxStep("noop", func(context.Context, engine.Tx, fsOrder, *int) error { return nil }, nil),
+			engine.TxStep("noop", func(context.Context, engine.Tx, engine.Attempt, fsOrder, *int) error { return nil }),
 		}, func(in fsOrder, _ *int) (int, error) { return int(in.Amount), nil }, &engine.OperationOpts{Unfingerprinted: []string{"note"}})
 		require.NoError(t, err)
 		return op
@@ -1532,10 +1535,10 @@ func TestClientFacingTexts(t *testing.T) {
 	require.NoError(t, err)
 	const insert = `INSERT INTO fs_text (id) VALUES (1)`
 	op, err := engine.NewOperation("texts", []engine.Step[int, int]{
-		engine.TxStep("write", func(ctx context.Context, tx engine.Tx, _ int, _ *int) error {
+		engine.TxStep("write", func(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ int, _ *int) error {
 			_, err := tx.Exec(ctx, insert)
 			return fmt.Errorf("POST http://10.0.0.1/x, config /etc/passwd: %s: %w", insert, err)
-		}, nil),
+		}),
 	}, func(in int, _ *int) (int, error) { return in, nil },
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, MaxAttempts: 2}})
 	require.NoError(t, err)
@@ -1555,7 +1558,7 @@ func TestClientFacingTexts(t *testing.T) {
 	require.NoError(t, err)
 	gate.wait(t)
 	retrying := fsGet(t, e, s.ID).Steps[0]
-	require.Equal(t, engine.StepRunning, retrying.Status)
+	require.Equal(t, engine.StepStatusRunning, retrying.Status)
 	clean(t, retrying.LastError, retrying.LastCause)
 
 	gate.open()
@@ -1565,13 +1568,13 @@ func TestClientFacingTexts(t *testing.T) {
 	require.True(t, done.Error.ServerFault())
 	clean(t, done.Error.Message, done.Error.Cause)
 
-	stored, err := e.Lookup(ctx, "c", "k")
+	stored, err := e.GetByKey(ctx, "c", "k")
 	require.NoError(t, err)
 	require.Equal(t, engine.CodeAttemptsExhausted, stored.Error.Code)
 	require.True(t, stored.Error.ServerFault())
 	clean(t, stored.Error.Message, stored.Error.Cause)
 	failed := fsGet(t, e, s.ID).Steps[0]
-	require.Equal(t, engine.StepFailed, failed.Status)
+	require.Equal(t, engine.StepStatusFailed, failed.Status)
 	require.Equal(t, 2, failed.Attempts)
 	clean(t, failed.LastError, failed.LastCause)
 }
@@ -1604,21 +1607,20 @@ func TestHaltParks(t *testing.T) {
 				}
 				return nil
 			}
-			checkStep := engine.TxStep("check", func(context.Context, engine.Tx, int, *int) error { return check() }, nil)
+			var checkStep engine.Step[int, int] = engine.TxStep("check", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return check() })
 			if tc.external {
-				checkStep = engine.ExternalStep("check", func(context.Context, engine.Call, int, *int) error { return check() }, nil)
+				checkStep = engine.ExternalStep("check", func(context.Context, engine.Attempt, int, *int) error { return check() })
 			}
 			op, err := engine.NewOperation("halting", []engine.Step[int, int]{
-				engine.TxStep("reserve", func(context.Context, engine.Tx, int, *int) error { return nil },
-					&engine.StepOpts[int, int]{Compensate: func(context.Context, engine.Tx, int, *int) error {
-						undos.Add(1)
-						return nil
-					}}),
+				engine.TxStep("reserve", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }).Compensate(func(context.Context, engine.Tx, engine.Attempt, int, *int) error {
+					undos.Add(1)
+					return nil
+				}),
 				checkStep,
-				engine.TxStep("confirm", func(context.Context, engine.Tx, int, *int) error {
+				engine.TxStep("confirm", func(context.Context, engine.Tx, engine.Attempt, int, *int) error {
 					confirms.Add(1)
 					return nil
-				}, nil),
+				}),
 			}, func(in int, _ *int) (int, error) { return in, nil },
 				&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, MaxAttempts: 5}})
 			require.NoError(t, err)
@@ -1626,6 +1628,16 @@ func TestHaltParks(t *testing.T) {
 
 			s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
 			require.NoError(t, err)
+			// Wait does not wait for an operator.
+			waitCtx, cancelWait := context.WithTimeout(ctx, 30*time.Second)
+			defer cancelWait()
+			waited, err := s.Wait(waitCtx)
+			require.NoError(t, err)
+			require.True(t, waited.Parked)
+			require.Equal(t, engine.StatusInProgress, waited.Status)
+			waited, err = e.Wait(waitCtx, s.ID)
+			require.NoError(t, err)
+			require.True(t, waited.Parked)
 			info := fsAwait(t, e, s.ID, "parked", fsParked)
 			require.Equal(t, engine.StatusInProgress, info.Status)
 			require.True(t, info.NeedsAttention())
@@ -1649,7 +1661,7 @@ func TestHaltParks(t *testing.T) {
 				require.Equal(t, int32(1), checks.Load())
 				return
 			}
-			require.NoError(t, e.Retry(ctx, s.ID))
+			require.NoError(t, e.Reopen(ctx, s.ID))
 			done := fsWait(t, e, s.ID)
 			require.Equal(t, engine.StatusSucceeded, done.Status)
 			got := fsGet(t, e, s.ID)

@@ -55,7 +55,7 @@ type bundle struct {
 	calls         atomic.Int32
 }
 
-func ledger(ctx context.Context, tx engine.Tx, in transferIn, s *transferState) error {
+func ledger(ctx context.Context, tx engine.Tx, _ engine.Attempt, in transferIn, s *transferState) error {
 	if in.Amount <= 0 {
 		return engine.Fail("invalid_amount", "amount must be positive")
 	}
@@ -66,18 +66,18 @@ func ledger(ctx context.Context, tx engine.Tx, in transferIn, s *transferState) 
 	return err
 }
 
-func reverseLedger(ctx context.Context, tx engine.Tx, in transferIn, s *transferState) error {
+func reverseLedger(ctx context.Context, tx engine.Tx, _ engine.Attempt, in transferIn, s *transferState) error {
 	_, err := tx.Exec(ctx, `INSERT INTO test_ledger (account, amount, note) VALUES ($1, $2, 'reversal'), ($3, $4, 'reversal')`,
 		in.From, in.Amount, in.To, -in.Amount)
 	return err
 }
 
-func finalize(ctx context.Context, tx engine.Tx, in transferIn, s *transferState) error {
+func finalize(ctx context.Context, tx engine.Tx, _ engine.Attempt, in transferIn, s *transferState) error {
 	_, err := tx.Exec(ctx, `INSERT INTO test_final (ledger_id, payout_id) VALUES ($1, $2)`, s.LedgerID, s.PayoutID)
 	return err
 }
 
-func (b *bundle) payout(ctx context.Context, call engine.Call, in transferIn, s *transferState) error {
+func (b *bundle) payout(ctx context.Context, call engine.Attempt, in transferIn, s *transferState) error {
 	b.calls.Add(1)
 	if b.declinePayout.Load() {
 		return engine.Fail("declined", "the provider declined the payout")
@@ -97,7 +97,7 @@ func (b *bundle) payout(ctx context.Context, call engine.Call, in transferIn, s 
 	return nil
 }
 
-func (b *bundle) lookupPayout(ctx context.Context, call engine.Call, in transferIn, s *transferState) (bool, error) {
+func (b *bundle) lookupPayout(ctx context.Context, call engine.Attempt, in transferIn, s *transferState) (bool, error) {
 	b.lookups.Add(1)
 	err := b.pool.QueryRow(ctx, `SELECT id FROM test_payout WHERE key = $1`, call.Key).Scan(&s.PayoutID)
 	if err == pgx.ErrNoRows {
@@ -108,9 +108,9 @@ func (b *bundle) lookupPayout(ctx context.Context, call engine.Call, in transfer
 
 func (b *bundle) transferOp(t testing.TB, retry engine.RetryPolicy) *engine.Operation[transferIn, transferState, transferOut] {
 	op, err := engine.NewOperation("transfer", []engine.Step[transferIn, transferState]{
-		engine.TxStep("ledger", ledger, &engine.StepOpts[transferIn, transferState]{Compensate: reverseLedger}),
-		engine.ExternalStep("payout", b.payout, &engine.StepOpts[transferIn, transferState]{Lookup: b.lookupPayout}),
-		engine.TxStep("finalize", finalize, nil),
+		engine.TxStep("ledger", ledger).Compensate(reverseLedger),
+		engine.ExternalStep("payout", b.payout).Lookup(b.lookupPayout),
+		engine.TxStep("finalize", finalize),
 	}, func(in transferIn, s *transferState) (transferOut, error) {
 		return transferOut(*s), nil
 	}, &engine.OperationOpts{Retry: retry})

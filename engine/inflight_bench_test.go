@@ -28,11 +28,11 @@ func BenchmarkInFlight(b *testing.B) {
 	release := make(chan struct{})
 	var waiting atomic.Int64
 	op, err := engine.NewOperation("inflight", []engine.Step[int, int]{
-		engine.TxStep("write", func(ctx context.Context, tx engine.Tx, in int, s *int) error {
+		engine.TxStep("write", func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in int, s *int) error {
 			_, err := tx.Exec(ctx, "SELECT 1")
 			return err
-		}, nil),
-		engine.ExternalStep("call", func(ctx context.Context, _ engine.Call, _ int, _ *int) error {
+		}),
+		engine.ExternalStep("call", func(ctx context.Context, _ engine.Attempt, _ int, _ *int) error {
 			waiting.Add(1)
 			select {
 			case <-release:
@@ -40,7 +40,7 @@ func BenchmarkInFlight(b *testing.B) {
 			case <-ctx.Done():
 				return ctx.Err()
 			}
-		}, &engine.StepOpts[int, int]{Compensate: func(context.Context, engine.Tx, int, *int) error { return nil }}),
+		}).Compensate(func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
 	}, func(in int, s *int) (int, error) { return in, nil }, nil)
 	require.NoError(b, err)
 	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, MaxInFlight: -1, Lease: time.Minute})

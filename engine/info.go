@@ -27,19 +27,19 @@ type StepStatus string
 
 // The states of a step.
 const (
-	// StepPending: the step has not run yet.
-	StepPending StepStatus = "pending"
-	// StepRunning: the step is being attempted, or waits for its next attempt after
+	// StepStatusPending: the step has not run yet.
+	StepStatusPending StepStatus = "pending"
+	// StepStatusRunning: the step is being attempted, or waits for its next attempt after
 	// a transient failure (Attempts and LastError tell which).
-	StepRunning StepStatus = "running"
-	// StepSucceeded: the step is checkpointed; it never runs again.
-	StepSucceeded StepStatus = "succeeded"
-	// StepFailed: the step failed for good and ended the operation.
-	StepFailed StepStatus = "failed"
-	// StepCompensated: the step succeeded, then was undone by its compensation.
-	StepCompensated StepStatus = "compensated"
-	// StepSkipped: the operation ended before the step ran; it never will.
-	StepSkipped StepStatus = "skipped"
+	StepStatusRunning StepStatus = "running"
+	// StepStatusSucceeded: the step is checkpointed; it never runs again.
+	StepStatusSucceeded StepStatus = "succeeded"
+	// StepStatusFailed: the step failed for good and ended the operation.
+	StepStatusFailed StepStatus = "failed"
+	// StepStatusCompensated: the step succeeded, then was undone by its compensation.
+	StepStatusCompensated StepStatus = "compensated"
+	// StepStatusSkipped: the operation ended before the step ran; it never will.
+	StepStatusSkipped StepStatus = "skipped"
 )
 
 // Info is an operation as stored: its state, its stored answer and its steps.
@@ -64,7 +64,7 @@ type Info struct {
 	// an outcome nobody can tell, a state that does not decode.
 	Attention *Attention
 	// Parked is true when no run takes the operation up again until an operator
-	// retries (Engine.Retry) or cancels (Engine.Cancel) it.
+	// reopens (Engine.Reopen) or cancels (Engine.Cancel) it.
 	Parked bool
 	// Runs counts the runs that claimed the operation: 1 for an operation that
 	// finished in its first attempt.
@@ -139,17 +139,6 @@ func (e *Engine) GetByKey(ctx context.Context, scope, key string) (*Info, error)
 	return e.infoWithSteps(ctx, rec)
 }
 
-// Lookup reads the operation reserved under (scope, key) without its steps, in one
-// indexed read. It returns ErrNotFound when there is none. (Start answers a
-// retry itself: it needs no read first.)
-func (e *Engine) Lookup(ctx context.Context, scope, key string) (*Info, error) {
-	rec, err := e.store.OperationGetByKey(ctx, e.pool, scope, key)
-	if err != nil {
-		return nil, mapNotFound(err)
-	}
-	return infoFromRecord(rec), nil
-}
-
 func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info, error) {
 	steps, err := e.store.StepListByOperation(ctx, e.pool, rec.ID)
 	if err != nil {
@@ -164,11 +153,11 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 	held := rec.State == store.OperationInProgress && rec.LockedBy != nil && rec.LockedUntil.After(time.Now())
 	sawUnfinished := false
 	for _, name := range rec.Steps {
-		si := StepInfo{Name: name, Status: StepPending}
+		si := StepInfo{Name: name, Status: StepStatusPending}
 		if def != nil {
 			if i, ok := def.index[name]; ok {
 				si.Kind = def.steps[i].kind
-				if si.Kind == KindExternal {
+				if si.Kind == StepKindExternal {
 					si.DerivedKey = derivedKey(rec.ID, rec.KeySecret, rec.Name, rec.Scope, rec.Key, name)
 				}
 			}
@@ -183,23 +172,23 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 			si.FinishedAt = s.FinishedAt
 			switch s.State {
 			case store.StepSucceeded:
-				si.Status = StepSucceeded
+				si.Status = StepStatusSucceeded
 			case store.StepCompensated:
-				si.Status = StepCompensated
+				si.Status = StepStatusCompensated
 			case store.StepFailed:
-				si.Status = StepFailed
+				si.Status = StepStatusFailed
 			case store.StepRetrying:
-				si.Status = StepRunning
+				si.Status = StepStatusRunning
 			}
 		}
-		if si.Status == StepPending || si.Status == StepRunning {
+		if si.Status == StepStatusPending || si.Status == StepStatusRunning {
 			switch {
 			case rec.State != store.OperationInProgress:
-				si.Status = StepSkipped
+				si.Status = StepStatusSkipped
 			case !sawUnfinished && held:
 				// The first unfinished step of an operation that a live run holds is
 				// the one that run is working on.
-				si.Status = StepRunning
+				si.Status = StepStatusRunning
 			}
 			sawUnfinished = true
 		}

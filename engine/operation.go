@@ -19,41 +19,44 @@ type StepKind string
 
 // The kinds of step.
 const (
-	// KindTx is a step that writes to the database: its writes and its checkpoint
+	// StepKindTx is a step that writes to the database: its writes and its checkpoint
 	// commit in one transaction, so it takes effect exactly once.
-	KindTx StepKind = "tx"
-	// KindExternal is a step that calls something outside the database. It gets a
+	StepKindTx StepKind = "tx"
+	// StepKindExternal is a step that calls something outside the database. It gets a
 	// derived idempotency key, the same on every attempt, and its result is
 	// checkpointed as soon as it returns.
-	KindExternal StepKind = "external"
+	StepKindExternal StepKind = "external"
 )
 
 // TxFunc is the body of a transactional step. It reads the operation's input and
 // may change its state; its writes go through tx and commit with the checkpoint.
-type TxFunc[In, S any] func(ctx context.Context, tx Tx, in In, state *S) error
+type TxFunc[In, S any] func(ctx context.Context, tx Tx, at Attempt, in In, state *S) error
 
-// ExternalFunc is the body of an external step. It must pass call.Key to the
+// ExternalFunc is the body of an external step. It must pass at.Key to the
 // outside service as the idempotency key of its request.
-type ExternalFunc[In, S any] func(ctx context.Context, call Call, in In, state *S) error
+type ExternalFunc[In, S any] func(ctx context.Context, at Attempt, in In, state *S) error
 
 // LookupFunc asks the outside service whether an earlier attempt of an external
-// step, made with call.Key, went through. When it did, the function fills state as
+// step, made with at.Key, went through. When it did, the function fills state as
 // the step would have and returns true: the step is checkpointed without a new call.
-type LookupFunc[In, S any] func(ctx context.Context, call Call, in In, state *S) (bool, error)
+type LookupFunc[In, S any] func(ctx context.Context, at Attempt, in In, state *S) (bool, error)
 
 // CompensateFunc undoes a succeeded step when a later step fails permanently. It
 // runs in a transaction that also records the compensation, so it takes effect
-// once.
-type CompensateFunc[In, S any] func(ctx context.Context, tx Tx, in In, state *S) error
+// once. at is the compensation's attempt; its Key is the step's derived key.
+type CompensateFunc[In, S any] func(ctx context.Context, tx Tx, at Attempt, in In, state *S) error
 
-// Call describes one attempt of an external step.
-type Call struct {
-	// Key is the derived idempotency key: the same for every attempt of this step
-	// of this operation, in every process, and unknown to anyone without the
-	// database (see the package documentation, "Derived keys").
+// Attempt describes one attempt of a step, of any kind, or of its compensation or
+// lookup.
+type Attempt struct {
+	// Key is the step's derived idempotency key: the same for every attempt of
+	// this step of this operation, in every process, and unknown to anyone
+	// without the database (see the package documentation, "Derived keys"). An
+	// external step passes it to the outside service; a transactional step may
+	// record it as a reference unique to the step.
 	Key string
-	// Attempt counts the attempts of this step, from 1.
-	Attempt int
+	// Number counts the attempts of the step (or of its compensation), from 1.
+	Number int
 	// OperationID is the id of the operation the step belongs to.
 	OperationID uuid.UUID
 	// Operation, Step, Scope and OperationKey identify the step.
@@ -63,8 +66,16 @@ type Call struct {
 	OperationKey string
 }
 
-// Step is one named step of an operation. Make one with TxStep or ExternalStep.
-type Step[In, S any] struct {
+// Step is one named step of an operation: a TxStepDef or an ExternalStepDef, made
+// with TxStep or ExternalStep.
+type Step[In, S any] interface {
+	// Name returns the step's name.
+	Name() string
+	spec() *stepSpec[In, S]
+}
+
+// stepSpec is what both kinds of step declare.
+type stepSpec[In, S any] struct {
 	name       string
 	kind       StepKind
 	tx         TxFunc[In, S]
@@ -74,40 +85,71 @@ type Step[In, S any] struct {
 	retry      RetryPolicy
 }
 
-// StepOpts are the optional parts of a step.
-type StepOpts[In, S any] struct {
-	// Retry overrides the operation's retry policy for this step; zero fields
-	// keep the operation's values.
-	Retry RetryPolicy
-	// Compensate undoes the step when a later step fails permanently.
-	Compensate CompensateFunc[In, S]
-	// Lookup, for an external step only, asks whether a lost attempt went through.
-	Lookup LookupFunc[In, S]
+// TxStepDef declares a transactional step. Make one with TxStep; its methods
+// return a changed copy.
+type TxStepDef[In, S any] struct{ s stepSpec[In, S] }
+
+// TxStep declares a transactional step named name that runs fn.
+func TxStep[In, S any](name string, fn TxFunc[In, S]) TxStepDef[In, S] {
+	return TxStepDef[In, S]{stepSpec[In, S]{name: name, kind: StepKindTx, tx: fn}}
 }
 
-// TxStep declares a transactional step named name. opts may be nil.
-func TxStep[In, S any](name string, fn TxFunc[In, S], opts *StepOpts[In, S]) Step[In, S] {
-	s := Step[In, S]{name: name, kind: KindTx, tx: fn}
-	s.applyOpts(opts)
-	return s
+// Name returns the step's name.
+func (d TxStepDef[In, S]) Name() string { return d.s.name }
+
+// Compensate returns the step with fn as its compensation: what undoes it when a
+// later step fails permanently.
+func (d TxStepDef[In, S]) Compensate(fn CompensateFunc[In, S]) TxStepDef[In, S] {
+	d.s.compensate = fn
+	return d
 }
 
-// ExternalStep declares a step named name that calls an outside service with a
-// derived idempotency key. opts may be nil.
-func ExternalStep[In, S any](name string, fn ExternalFunc[In, S], opts *StepOpts[In, S]) Step[In, S] {
-	s := Step[In, S]{name: name, kind: KindExternal, external: fn}
-	s.applyOpts(opts)
-	return s
+// Retries returns the step with p as its retry policy; p's zero fields keep the
+// operation's values (OperationOpts.Retry).
+func (d TxStepDef[In, S]) Retries(p RetryPolicy) TxStepDef[In, S] {
+	d.s.retry = p
+	return d
 }
 
-func (s *Step[In, S]) applyOpts(opts *StepOpts[In, S]) {
-	if opts == nil {
-		return
-	}
-	s.retry = opts.Retry
-	s.compensate = opts.Compensate
-	s.lookup = opts.Lookup
+func (d TxStepDef[In, S]) spec() *stepSpec[In, S] { return &d.s }
+
+// ExternalStepDef declares a step that calls an outside service with a derived
+// idempotency key. Make one with ExternalStep; its methods return a changed copy.
+type ExternalStepDef[In, S any] struct{ s stepSpec[In, S] }
+
+// ExternalStep declares an external step named name that runs fn.
+func ExternalStep[In, S any](name string, fn ExternalFunc[In, S]) ExternalStepDef[In, S] {
+	return ExternalStepDef[In, S]{stepSpec[In, S]{name: name, kind: StepKindExternal, external: fn}}
 }
+
+// Name returns the step's name.
+func (d ExternalStepDef[In, S]) Name() string { return d.s.name }
+
+// Lookup returns the step with fn as its lookup: what asks the outside service,
+// by derived key, whether a lost attempt went through. Without one, an attempt
+// whose outcome is unknown parks the operation (see the package documentation,
+// "Failure").
+func (d ExternalStepDef[In, S]) Lookup(fn LookupFunc[In, S]) ExternalStepDef[In, S] {
+	d.s.lookup = fn
+	return d
+}
+
+// Compensate returns the step with fn as its compensation: what undoes it when a
+// later step fails permanently. An external step without one is a point of no
+// return (a pivot).
+func (d ExternalStepDef[In, S]) Compensate(fn CompensateFunc[In, S]) ExternalStepDef[In, S] {
+	d.s.compensate = fn
+	return d
+}
+
+// Retries returns the step with p as its retry policy; p's zero fields keep the
+// operation's values (OperationOpts.Retry).
+func (d ExternalStepDef[In, S]) Retries(p RetryPolicy) ExternalStepDef[In, S] {
+	d.s.retry = p
+	return d
+}
+
+func (d ExternalStepDef[In, S]) spec() *stepSpec[In, S] { return &d.s }
 
 // RetryPolicy says how often and how fast a step that failed transiently is tried
 // again. Attempt n (n >= 2) starts Base * Factor^(n-2) after attempt n-1 failed,
@@ -206,7 +248,7 @@ type OperationOpts struct {
 // immutable once made, and safe for concurrent use.
 type Operation[In, S, Out any] struct {
 	name      string
-	steps     []Step[In, S]
+	steps     []stepSpec[In, S]
 	result    func(in In, state *S) (Out, error)
 	retry     RetryPolicy
 	retention time.Duration
@@ -219,7 +261,7 @@ type Operation[In, S, Out any] struct {
 // the result, and an error from it fails the operation for good. opts may be nil.
 //
 // It returns an error when the name is empty, there are no steps, a step name is
-// empty or repeated, a lookup is declared on a transactional step, or In, S or
+// empty or repeated, a step has no function, or In, S or
 // Out would not survive encoding/json (the engine keeps them as JSON and decodes
 // them on every resume): a field that is unexported, a func, a channel or a
 // complex number, or a map whose keys encoding/json cannot write. The error
@@ -256,25 +298,29 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 		}
 	}
 	seen := make(map[string]bool, len(steps))
-	for i, s := range steps {
+	specs := make([]stepSpec[In, S], len(steps))
+	for i, step := range steps {
+		if step == nil {
+			return nil, fmt.Errorf("engine: operation %q: step %d is nil", name, i)
+		}
+		s := *step.spec()
 		switch {
 		case s.name == "":
 			return nil, fmt.Errorf("engine: operation %q: step %d has no name", name, i)
 		case seen[s.name]:
 			return nil, fmt.Errorf("engine: operation %q: %w: %q", name, ErrDuplicateStep, s.name)
-		case s.kind == KindTx && s.tx == nil, s.kind == KindExternal && s.external == nil, s.kind == "":
+		case s.kind == StepKindTx && s.tx == nil, s.kind == StepKindExternal && s.external == nil, s.kind == "":
 			return nil, fmt.Errorf("engine: operation %q: step %q has no function", name, s.name)
-		case s.kind == KindTx && s.lookup != nil:
-			return nil, fmt.Errorf("engine: operation %q: step %q: a lookup is for external steps only", name, s.name)
 		}
 		if err := s.retry.validate(); err != nil {
 			return nil, fmt.Errorf("engine: operation %q: step %q: %w", name, s.name, err)
 		}
 		seen[s.name] = true
+		specs[i] = s
 	}
 	op := &Operation[In, S, Out]{
 		name:      name,
-		steps:     append([]Step[In, S](nil), steps...),
+		steps:     specs,
 		result:    result,
 		retry:     opts.Retry.withDefaults(),
 		retention: opts.Retention,
@@ -286,15 +332,6 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 
 // Name returns the operation type's name.
 func (op *Operation[In, S, Out]) Name() string { return op.name }
-
-// StepNames returns the names of the operation's steps, in order.
-func (op *Operation[In, S, Out]) StepNames() []string {
-	names := make([]string, len(op.steps))
-	for i, s := range op.steps {
-		names[i] = s.name
-	}
-	return names
-}
 
 // Result decodes the result of a succeeded operation of this type.
 func (op *Operation[In, S, Out]) Result(info *Info) (Out, error) {
@@ -344,16 +381,16 @@ type opDef struct {
 type stepDef struct {
 	name       string
 	kind       StepKind
-	tx         func(ctx context.Context, tx Tx, in, state any) error
-	external   func(ctx context.Context, call Call, in, state any) error
-	lookup     func(ctx context.Context, call Call, in, state any) (bool, error)
-	compensate func(ctx context.Context, tx Tx, in, state any) error
+	tx         func(ctx context.Context, tx Tx, at Attempt, in, state any) error
+	external   func(ctx context.Context, at Attempt, in, state any) error
+	lookup     func(ctx context.Context, at Attempt, in, state any) (bool, error)
+	compensate func(ctx context.Context, tx Tx, at Attempt, in, state any) error
 	retry      RetryPolicy
 }
 
 // pivot reports whether the step is a point of no return: it calls out and
 // cannot be undone. Once one has succeeded, its operation only goes forward.
-func (s *stepDef) pivot() bool { return s.kind == KindExternal && s.compensate == nil }
+func (s *stepDef) pivot() bool { return s.kind == StepKindExternal && s.compensate == nil }
 
 // cannotUndo reports whether the step named name commits its operation to going
 // forward once it succeeded: a pivot, or a step this definition lacks, which
@@ -425,34 +462,29 @@ func (op *Operation[In, S, Out]) erase() *opDef {
 		sd := &stepDef{name: s.name, kind: s.kind, retry: s.retry.merged(op.retry)}
 		if s.tx != nil {
 			fn := s.tx
-			sd.tx = func(ctx context.Context, tx Tx, in, state any) error { return fn(ctx, tx, in.(In), state.(*S)) }
+			sd.tx = func(ctx context.Context, tx Tx, at Attempt, in, state any) error {
+				return fn(ctx, tx, at, in.(In), state.(*S))
+			}
 		}
 		if s.external != nil {
 			fn := s.external
-			sd.external = func(ctx context.Context, call Call, in, state any) error { return fn(ctx, call, in.(In), state.(*S)) }
+			sd.external = func(ctx context.Context, at Attempt, in, state any) error { return fn(ctx, at, in.(In), state.(*S)) }
 		}
 		if s.lookup != nil {
 			fn := s.lookup
-			sd.lookup = func(ctx context.Context, call Call, in, state any) (bool, error) {
-				return fn(ctx, call, in.(In), state.(*S))
+			sd.lookup = func(ctx context.Context, at Attempt, in, state any) (bool, error) {
+				return fn(ctx, at, in.(In), state.(*S))
 			}
 		}
 		if s.compensate != nil {
 			fn := s.compensate
-			sd.compensate = func(ctx context.Context, tx Tx, in, state any) error { return fn(ctx, tx, in.(In), state.(*S)) }
+			sd.compensate = func(ctx context.Context, tx Tx, at Attempt, in, state any) error {
+				return fn(ctx, tx, at, in.(In), state.(*S))
+			}
 		}
 		d.steps = append(d.steps, sd)
 		d.names = append(d.names, s.name)
 		d.index[s.name] = i
 	}
 	return d
-}
-
-type operationIDKey struct{}
-
-// OperationID returns the id of the operation whose step runs with ctx, for a step
-// that records it beside its own rows. It returns uuid.Nil outside a step.
-func OperationID(ctx context.Context) uuid.UUID {
-	id, _ := ctx.Value(operationIDKey{}).(uuid.UUID)
-	return id
 }

@@ -13,14 +13,14 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// Retry gives a failed or parked operation another run, for an operator who has
+// Reopen gives a failed or parked operation another run, for an operator who has
 // mended the cause: the operation is in progress again, no longer needing
 // attention, its failed, compensated and retrying steps run again (external ones
 // with the same derived keys, asking their lookups first), its succeeded steps
 // stay done, and a River job runs it. A failed operation's stored answer is
 // replaced by the new run's. It returns ErrNotFailed when the operation has
 // neither failed nor been parked.
-func (e *Engine) Retry(ctx context.Context, id uuid.UUID) error {
+func (e *Engine) Reopen(ctx context.Context, id uuid.UUID) error {
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("engine: retry: %w", err)

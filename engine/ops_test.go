@@ -70,7 +70,7 @@ func TestDeleteFinishedPerTypeRetention(t *testing.T) {
 	b := &bundle{pool: pool}
 	long := b.transferOp(t, engine.RetryPolicy{})
 	short, err := engine.NewOperation("short", []engine.Step[int, int]{
-		engine.TxStep("only", func(context.Context, engine.Tx, int, *int) error { return nil }, nil),
+		engine.TxStep("only", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
 	}, func(in int, s *int) (int, error) { return in, nil }, &engine.OperationOpts{Retention: time.Hour})
 	require.NoError(t, err)
 	e := newEngine(t, pool, long, short)
@@ -104,7 +104,7 @@ func TestOperatorRetry(t *testing.T) {
 	require.Len(t, failed, 1)
 	require.Equal(t, s.ID, failed[0].ID)
 
-	require.ErrorIs(t, e.Retry(ctx, s.ID), nil)
+	require.ErrorIs(t, e.Reopen(ctx, s.ID), nil)
 	b.failPayout.Store(0)
 	ctx2, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -113,7 +113,7 @@ func TestOperatorRetry(t *testing.T) {
 	require.Equal(t, engine.StatusSucceeded, info.Status)
 	// The first run's ledger move was reversed; the retry moved it again: once, net.
 	require.Equal(t, books{ledgerRows: 4, reversals: 2, payouts: 1, payoutCalls: 1, finals: 1}, readBooks(t, b.pool))
-	require.ErrorIs(t, e.Retry(ctx, s.ID), engine.ErrNotFailed)
+	require.ErrorIs(t, e.Reopen(ctx, s.ID), engine.ErrNotFailed)
 }
 
 func TestCancel(t *testing.T) {
@@ -150,11 +150,11 @@ func TestCancel(t *testing.T) {
 		release := make(chan struct{})
 		entered := make(chan struct{})
 		op, err := engine.NewOperation("slow", []engine.Step[int, int]{
-			engine.ExternalStep("wait", func(ctx context.Context, call engine.Call, in int, s *int) error {
+			engine.ExternalStep("wait", func(ctx context.Context, call engine.Attempt, in int, s *int) error {
 				close(entered)
 				<-release
 				return nil
-			}, nil),
+			}),
 		}, func(in int, s *int) (int, error) { return in, nil }, nil)
 		require.NoError(t, err)
 		e := newEngine(t, pool, op)

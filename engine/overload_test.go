@@ -22,13 +22,13 @@ func TestMaxInFlight(t *testing.T) {
 	release := make(chan struct{})
 	entered := make(chan struct{}, 1)
 	op, err := engine.NewOperation("held", []engine.Step[int, int]{
-		engine.ExternalStep("wait", func(ctx context.Context, _ engine.Call, in int, _ *int) error {
+		engine.ExternalStep("wait", func(ctx context.Context, _ engine.Attempt, in int, _ *int) error {
 			if in == 1 {
 				entered <- struct{}{}
 				<-release
 			}
 			return nil
-		}, &engine.StepOpts[int, int]{Compensate: func(context.Context, engine.Tx, int, *int) error { return nil }}),
+		}).Compensate(func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
 	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
 	require.NoError(t, err)
 	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, MaxInFlight: 1, Lease: time.Minute})

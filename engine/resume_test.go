@@ -70,8 +70,8 @@ func TestVersioning(t *testing.T) {
 
 	// ...and a process whose definition dropped the payout step picks it up.
 	v2, err := engine.NewOperation("transfer", []engine.Step[transferIn, transferState]{
-		engine.TxStep("ledger", ledger, nil),
-		engine.TxStep("finalize", finalize, nil),
+		engine.TxStep("ledger", ledger),
+		engine.TxStep("finalize", finalize),
 	}, func(in transferIn, s *transferState) (transferOut, error) { return transferOut(*s), nil }, nil)
 	require.NoError(t, err)
 	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{v2}, SweepInterval: 50 * time.Millisecond, Lease: time.Second})

@@ -100,7 +100,7 @@ func (r *run) execute(ctx context.Context) {
 	stopLease := r.keepLease(ctx)
 	defer stopLease()
 
-	info, err := r.safeRunSteps(context.WithValue(ctx, operationIDKey{}, r.id))
+	info, err := r.safeRunSteps(ctx)
 	r.end(ctx, info, err)
 }
 
@@ -207,7 +207,7 @@ func (r *run) runSteps(ctx context.Context) (*Info, error) {
 			err  error
 		)
 		for {
-			if st.kind == KindTx {
+			if st.kind == StepKindTx {
 				info, err = r.runTxStep(ctx, i, st, last)
 			} else {
 				info, err = r.runExternalStep(ctx, i, st, last)
@@ -238,7 +238,7 @@ func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*In
 		if err := r.hook(ctx, st, PointBefore, attempt); err != nil {
 			return err
 		}
-		return st.tx(ctx, tx, r.in, r.state)
+		return st.tx(ctx, tx, r.attempt(st, attempt), r.in, r.state)
 	})
 	if tx.failed != nil {
 		// The engine's own statements sent with the step's failed: the step's
@@ -288,12 +288,12 @@ func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*In
 	return info, err
 }
 
-// call describes an attempt of the external step st.
-func (r *run) call(st *stepDef, attempt int) Call {
-	return Call{
+// attempt describes attempt number n of the step st.
+func (r *run) attempt(st *stepDef, n int) Attempt {
+	return Attempt{
 		Key:          derivedKey(r.id, r.secret, r.def.name, r.scope, r.key, st.name),
 		OperationID:  r.id,
-		Attempt:      attempt,
+		Number:       n,
 		Operation:    r.def.name,
 		Step:         st.name,
 		Scope:        r.scope,
@@ -303,11 +303,11 @@ func (r *run) call(st *stepDef, attempt int) Call {
 
 // lookup asks st's lookup whether a call made under its derived key went
 // through, filling the state when it did. A panic in it is its error.
-func (r *run) lookup(ctx context.Context, st *stepDef, call Call) (bool, error) {
+func (r *run) lookup(ctx context.Context, st *stepDef, at Attempt) (bool, error) {
 	found := false
 	err := protect(func() error {
 		var err error
-		found, err = st.lookup(ctx, call, r.in, r.state)
+		found, err = st.lookup(ctx, at, r.in, r.state)
 		return err
 	})
 	if err != nil {
@@ -315,7 +315,7 @@ func (r *run) lookup(ctx context.Context, st *stepDef, call Call) (bool, error) 
 	}
 	if found {
 		r.logger().InfoContext(ctx, "lookup found the earlier attempt; not calling again",
-			slog.String("step", st.name), slog.Int("attempt", call.Attempt))
+			slog.String("step", st.name), slog.Int("attempt", at.Number))
 	}
 	return found, nil
 }
@@ -329,7 +329,7 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 	}
 	attempt := r.tries[st.name] + 1
 	started := time.Now()
-	call := r.call(st, attempt)
+	at := r.attempt(st, attempt)
 	resolvedBy := "call"
 	err := protect(func() error {
 		if err := r.hook(ctx, st, PointBefore, attempt); err != nil {
@@ -337,7 +337,7 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 		}
 		// A resumed run cannot know whether the run before it called out: ask first.
 		if st.lookup != nil && (r.resumed || attempt > 1) {
-			found, err := r.lookup(ctx, st, call)
+			found, err := r.lookup(ctx, st, at)
 			if err != nil {
 				return err
 			}
@@ -346,7 +346,7 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 				return nil
 			}
 		}
-		return st.external(ctx, call, r.in, r.state)
+		return st.external(ctx, at, r.in, r.state)
 	})
 	if err == nil {
 		err = protect(func() error { return r.hook(ctx, st, PointAfterEffect, attempt) })

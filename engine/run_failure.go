@@ -58,7 +58,7 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 			fmt.Sprintf("step %s has failed %d times after the point of no return; retried every %s until it succeeds", st.name, attempt, policy.Cap)})
 	}
 	exhausted := !permanent && attempt >= policy.MaxAttempts
-	if st.kind == KindExternal && (exhausted || permanent && pe.ServerFault()) {
+	if st.kind == StepKindExternal && (exhausted || permanent && pe.ServerFault()) {
 		// Its call may have gone through: a business answer (Fail) says it did
 		// not, a server fault or a run of failures does not. Only the lookup,
 		// by the derived key, can tell before anything is undone.
@@ -67,7 +67,7 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 			return r.park(ctx, failure, CodeOutcomeUnknown,
 				fmt.Sprintf("step %s failed %d times and has no lookup: whether its call went through is unknown", st.name, attempt))
 		}
-		found, err := r.lookup(ctx, st, r.call(st, attempt))
+		found, err := r.lookup(ctx, st, r.attempt(st, attempt))
 		if errors.As(err, &halt) {
 			failure.LastError, failure.LastCause = publicText(st.name, err), err.Error()
 			return r.park(ctx, failure, halt.Code, fmt.Sprintf("step %s: %s", st.name, halt.Message))
@@ -246,7 +246,8 @@ func (r *run) compensateWith(ctx context.Context, failure *store.StepRecordFailu
 		if err := r.recordFailure(ctx, tx, failure); err != nil {
 			return nil, err
 		}
-		if err := protect(func() error { return st.compensate(ctx, tx, r.in, r.state) }); err != nil {
+		at := r.attempt(st, r.compensations[st.name]+1)
+		if err := protect(func() error { return st.compensate(ctx, tx, at, r.in, r.state) }); err != nil {
 			if tx.failed != nil {
 				return nil, runError(tx.failed)
 			}

@@ -38,9 +38,10 @@ type Started struct {
 	local *localRun
 }
 
-// Wait waits until the operation finishes and returns it (see Engine.Wait). For a
-// first attempt running in this process it returns the moment the attempt ends,
-// without reading the database.
+// Wait waits until the operation finishes or is parked and returns it (see
+// Engine.Wait): check Info.Status, and Info.Parked for an operation that waits
+// for an operator. For a first attempt that finishes the operation in this
+// process it returns the moment the attempt ends, without reading the database.
 func (s *Started) Wait(ctx context.Context) (*Info, error) {
 	if s.local != nil {
 		select {
@@ -48,7 +49,8 @@ func (s *Started) Wait(ctx context.Context) (*Info, error) {
 			if s.local.info != nil {
 				return s.local.info, nil
 			}
-			// The first attempt handed the operation to a River job, or stopped.
+			// The first attempt handed the operation to a River job, parked it,
+			// or stopped: the row tells which.
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}

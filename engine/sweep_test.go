@@ -53,7 +53,7 @@ func TestLeaseRenewedDuringLongStep(t *testing.T) {
 	pool := setupPool(t)
 	var calls atomic.Int32
 	op, err := engine.NewOperation("long", []engine.Step[int, int]{
-		engine.ExternalStep("slow", func(ctx context.Context, call engine.Call, in int, s *int) error {
+		engine.ExternalStep("slow", func(ctx context.Context, call engine.Attempt, in int, s *int) error {
 			calls.Add(1)
 			select {
 			case <-time.After(1500 * time.Millisecond): // five leases
@@ -62,7 +62,7 @@ func TestLeaseRenewedDuringLongStep(t *testing.T) {
 			}
 			*s = in
 			return nil
-		}, nil),
+		}),
 	}, func(in int, s *int) (int, error) { return *s, nil }, nil)
 	require.NoError(t, err)
 	e, err := engine.New(pool, &engine.Config{
@@ -92,7 +92,7 @@ func TestStopHandsOperationsBack(t *testing.T) {
 	entered := make(chan struct{}, 1)
 	var calls atomic.Int32
 	op, err := engine.NewOperation("blocking", []engine.Step[int, int]{
-		engine.ExternalStep("wait", func(ctx context.Context, call engine.Call, in int, s *int) error {
+		engine.ExternalStep("wait", func(ctx context.Context, call engine.Attempt, in int, s *int) error {
 			if calls.Add(1) == 1 {
 				entered <- struct{}{}
 				<-ctx.Done() // the first run waits for the engine to stop
@@ -100,7 +100,7 @@ func TestStopHandsOperationsBack(t *testing.T) {
 			}
 			*s = in
 			return nil
-		}, nil),
+		}),
 	}, func(in int, s *int) (int, error) { return *s, nil }, nil)
 	require.NoError(t, err)
 	// With an hour's lease, only the release lets another engine resume it.

@@ -155,7 +155,6 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 	r.cancelRun = cancel
 	stopLease := r.keepLease(ctx)
 	defer stopLease()
-	ctx = context.WithValue(ctx, operationIDKey{}, id)
 	// Read under the lease's watch: a run whose read waits past its lease stops.
 	recorded, err := e.store.StepListByOperation(ctx, e.pool, id)
 	if err != nil {
@@ -209,7 +208,7 @@ func (r *run) mayCancel(ctx context.Context) error {
 			switch {
 			case r.status[name] == store.StepSucceeded && st != nil && st.compensate != nil:
 				return fmt.Errorf("engine: cancel %s: %w: step %s has a compensation to run, and the operation's input or state does not decode: %w", r.id, errCannotCancel, name, r.undecodable)
-			case r.status[name] != store.StepSucceeded && st != nil && st.kind == KindExternal && r.status[name] != store.StepFailed:
+			case r.status[name] != store.StepSucceeded && st != nil && st.kind == StepKindExternal && r.status[name] != store.StepFailed:
 				return fmt.Errorf("engine: cancel %s: %w: step %s may have called out, and its lookup needs the operation's input, which does not decode: %w", r.id, errCannotCancel, name, r.undecodable)
 			}
 			if r.status[name] != store.StepSucceeded {
@@ -223,7 +222,7 @@ func (r *run) mayCancel(ctx context.Context) error {
 		if r.status[name] == store.StepSucceeded {
 			continue
 		}
-		if st == nil || st.kind != KindExternal || r.status[name] == store.StepFailed {
+		if st == nil || st.kind != StepKindExternal || r.status[name] == store.StepFailed {
 			return nil // a transactional step, or an answer that said "not done"
 		}
 		if st.lookup == nil {
@@ -233,7 +232,7 @@ func (r *run) mayCancel(ctx context.Context) error {
 			return fmt.Errorf("engine: cancel %s: %w: step %s may have called out, and has no lookup to tell", r.id, ErrPastPivot, name)
 		}
 		attempt := r.tries[name] + 1
-		found, err := r.lookup(ctx, st, r.call(st, attempt))
+		found, err := r.lookup(ctx, st, r.attempt(st, attempt))
 		if err != nil {
 			return fmt.Errorf("step %s: %w", name, err)
 		}

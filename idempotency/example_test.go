@@ -43,14 +43,14 @@ func ExampleHandler() {
 	defer pool.Close()
 
 	refund, err := engine.NewOperation("refund", []engine.Step[refundIn, refundState]{
-		engine.TxStep("ledger", func(ctx context.Context, tx engine.Tx, in refundIn, s *refundState) error {
+		engine.TxStep("ledger", func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in refundIn, s *refundState) error {
 			if !strings.HasPrefix(in.OrderID, "A-") {
 				// A business outcome: stored, and answered 404 on every attempt.
 				return engine.Fail("order_not_found", "there is no order "+in.OrderID)
 			}
 			s.RefundID = "re_" + in.OrderID
 			return nil
-		}, nil),
+		}),
 	}, func(in refundIn, s *refundState) (refundOut, error) {
 		return refundOut{RefundID: s.RefundID, OrderID: in.OrderID, Amount: in.Amount}, nil
 	}, nil)

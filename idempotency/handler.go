@@ -229,16 +229,18 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 	waitCtx, cancel := context.WithTimeout(ctx, ep.cfg.Wait)
 	defer cancel()
 	info, err := started.Wait(waitCtx)
-	if err != nil {
+	if err != nil || info.Status == engine.StatusInProgress {
 		if ctx.Err() != nil {
 			return // the client has gone; the operation goes on
 		}
-		if !errors.Is(err, context.DeadlineExceeded) {
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 			// The operation holds the key and will finish: the client learns how
 			// by retrying or by reading it, as after a timeout.
 			log.WarnContext(ctx, "waiting for the operation failed; answering 202",
 				slog.String("operation_id", started.ID.String()), slog.Any("error", err))
 		}
+		// Still in progress: the wait ran out, or the operation is parked
+		// (it waits for an operator, not for this request).
 		w.Header().Set(HeaderOperationID, started.ID.String())
 		w.Header().Set("Location", ep.cfg.OperationPathFunc(started.ID))
 		body, _ := json.Marshal(struct {

@@ -112,11 +112,9 @@ func setup(t *testing.T, opts harnessOpts) *harness {
 	require.NoError(t, err)
 
 	h.op, err = engine.NewOperation("charge", []engine.Step[chargeIn, chargeState]{
-		engine.TxStep("record", h.record, nil),
+		engine.TxStep("record", h.record),
 		// The lookup finds nothing: no settle call ever goes through when it fails.
-		engine.ExternalStep("settle", h.settle, &engine.StepOpts[chargeIn, chargeState]{
-			Lookup: func(context.Context, engine.Call, chargeIn, *chargeState) (bool, error) { return false, nil },
-		}),
+		engine.ExternalStep("settle", h.settle).Lookup(func(context.Context, engine.Attempt, chargeIn, *chargeState) (bool, error) { return false, nil }),
 	}, func(in chargeIn, s *chargeState) (chargeOut, error) {
 		return chargeOut{ChargeID: s.ChargeID, Account: in.Account, Amount: in.Amount}, nil
 	}, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: 10 * time.Millisecond, MaxAttempts: cmp.Or(opts.maxAttempts, 3)}})
@@ -163,14 +161,14 @@ func bearerScope(r *http.Request) (string, error) {
 	return token, nil
 }
 
-func (h *harness) record(ctx context.Context, tx engine.Tx, in chargeIn, s *chargeState) error {
+func (h *harness) record(ctx context.Context, tx engine.Tx, _ engine.Attempt, in chargeIn, s *chargeState) error {
 	if in.Account == "unknown" {
 		return engine.Fail("account_not_found", "there is no account "+in.Account)
 	}
 	return tx.QueryRow(ctx, `INSERT INTO test_charge (account, amount) VALUES ($1, $2) RETURNING id`, in.Account, in.Amount).Scan(&s.ChargeID)
 }
 
-func (h *harness) settle(ctx context.Context, _ engine.Call, in chargeIn, _ *chargeState) error {
+func (h *harness) settle(ctx context.Context, _ engine.Attempt, in chargeIn, _ *chargeState) error {
 	switch in.Account {
 	case "declined":
 		return &engine.PermanentError{Code: "card_declined", Message: "the card was declined",

@@ -2,7 +2,7 @@
 // queries that sqlc generates from queries/, and thin typed wrappers over them.
 // A service that uses idemflow needs none of it: engine.Migrate applies the
 // migrations, and the engine runs the queries. The migration runner
-// (ApplyMigrations) serves the repository's own sets too (the demo's ledger, the
+// (MigrationSet) serves the repository's own sets too (the demo's ledger, the
 // fake provider, the benchmark).
 //
 // Every method takes a DBTX, so the same Store serves a pool, a connection or a

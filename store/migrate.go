@@ -48,7 +48,7 @@ type MigrateOpts struct {
 
 // Migrate applies idemflow's migrations and River's to the database, up to the latest
 // version. It is safe to call from several processes at once: each set runs under a
-// session-level advisory lock (see ApplyMigrations), and so do River's. It runs on
+// session-level advisory lock (see MigrationSet.Apply), and so do River's. It runs on
 // connections of its own, without pool's statement and lock timeouts, which are
 // meant for a run's statements: a migration, and the wait for another process's,
 // may take longer.
@@ -66,7 +66,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	}
 	defer pool.Close()
 
-	if err := ApplyMigrations(ctx, pool, Migrations(), migrationSet, logger); err != nil {
+	if err := (MigrationSet{Name: migrationSet, FS: Migrations()}).Apply(ctx, pool, logger); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
 
@@ -131,7 +131,7 @@ func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// schemaMigrateLock is the advisory lock key that serialises ApplyMigrations
+// schemaMigrateLock is the advisory lock key that serialises MigrationSet.Apply
 // across processes, around tern's own lock: adopting a set's goose history must
 // happen once.
 const schemaMigrateLock = 0x69_64_65_6d_73_63_68 // "idemsch"
@@ -154,17 +154,39 @@ func unbounded(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Pool, error) {
 	return p, nil
 }
 
-// ApplyMigrations applies the SQL migrations in fsys (tern's format: files at its
-// root named <version>_<name>.sql, numbered from 1) to pool's database, recording
-// the version in the table <set>_schema_version, so that each set keeps its own
-// history. A database whose set was migrated by goose, as this package did
-// before (<set>_goose_version), continues from the version goose recorded. It is
-// safe to call from several processes at once: it runs under a session-level
-// advisory lock, on a connection of its own without pool's statement and lock
-// timeouts. Each applied migration is logged to logger, or to
-// slog.Default() when it is nil. The demo's ledger, the fake provider and the
-// benchmark apply their own migrations with it.
-func ApplyMigrations(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, set string, logger *slog.Logger) error {
+// MigrationSet is a named set of SQL migrations with a version table of its own,
+// <Name>_schema_version, so that the sets in one database (idemflow's, a
+// service's) keep their own histories. The demo's ledger, the fake provider and
+// the benchmark each declare one.
+type MigrationSet struct {
+	// Name names the set and its version table.
+	Name string
+	// FS holds the migrations in its directory Dir (its root when Dir is
+	// empty), in tern's format: files named <version>_<name>.sql, numbered
+	// from 1.
+	FS  fs.FS
+	Dir string
+}
+
+// Apply applies the set's migrations to pool's database, up to the latest. A
+// database whose set was migrated by goose, as this package did before
+// (<Name>_goose_version), continues from the version goose recorded. It is safe
+// to call from several processes at once: it runs under a session-level advisory
+// lock, on a connection of its own without pool's statement and lock timeouts.
+// Each applied migration is logged to logger, or to slog.Default() when it is
+// nil.
+func (ms MigrationSet) Apply(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
+	set, fsys := ms.Name, ms.FS
+	if fsys == nil {
+		return fmt.Errorf("migrations of %s: no FS", set)
+	}
+	if ms.Dir != "" && ms.Dir != "." {
+		sub, err := fs.Sub(fsys, ms.Dir)
+		if err != nil {
+			return fmt.Errorf("migrations of %s: %w", set, err)
+		}
+		fsys = sub
+	}
 	if logger == nil {
 		logger = slog.Default()
 	}

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"embed"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -25,8 +24,8 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// migrationSet names the baseline's migrations (version table bench_schema_version).
-const migrationSet = "bench"
+// migrationSet is the baseline's migrations (version table bench_schema_version).
+var migrationSet = store.MigrationSet{Name: "bench", FS: migrations, Dir: "migrations"}
 
 // databasePrefix starts the name of every database the benchmark creates.
 const databasePrefix = "idemflow_bench_"
@@ -173,11 +172,7 @@ func (s *server) migrate(ctx context.Context, logger *slog.Logger) error {
 	if err := fakeprovider.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	sub, err := fs.Sub(migrations, "migrations")
-	if err != nil {
-		return fmt.Errorf("bench: migrations: %w", err)
-	}
-	if err := store.ApplyMigrations(ctx, pool, sub, migrationSet, nil); err != nil {
+	if err := migrationSet.Apply(ctx, pool, nil); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/internal/testdb"
 	"github.com/idemflow/idemflow/workflows/refund/internal/refunddb"
 )
@@ -36,7 +37,7 @@ func TestFinalize(t *testing.T) {
 	}
 	for _, tc := range tests {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			return w.finalize(ctx, tx, RefundInput{}, &RefundState{RefundID: tc.id, ProviderRefundID: "pr_1"})
+			return w.finalize(ctx, tx, engine.Attempt{}, RefundInput{}, &RefundState{RefundID: tc.id, ProviderRefundID: "pr_1"})
 		})
 		if tc.wantErr == "" {
 			require.NoError(t, err, tc.id)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -14,19 +13,15 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// migrationSet names the demo's business tables' migrations (version table
+// migrationSet is the demo's business tables' migrations (version table
 // demo_schema_version), apart from the engine's and the provider's.
-const migrationSet = "demo"
+var migrationSet = store.MigrationSet{Name: "demo", FS: migrations, Dir: "migrations"}
 
 // Migrate creates or updates the tables of orders, refunds and the ledger in
 // pool's database. It is safe to call from several processes at once (see
-// store.ApplyMigrations).
+// store.MigrationSet.Apply).
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	sub, err := fs.Sub(migrations, "migrations")
-	if err != nil {
-		return fmt.Errorf("refund: migrations: %w", err)
-	}
-	if err := store.ApplyMigrations(ctx, pool, sub, migrationSet, nil); err != nil {
+	if err := migrationSet.Apply(ctx, pool, nil); err != nil {
 		return fmt.Errorf("refund: %w", err)
 	}
 	return nil

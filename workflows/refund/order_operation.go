@@ -31,7 +31,7 @@ type OrderInput struct {
 type OrderState struct{}
 
 // recordOrder is the step StepRecord.
-func (w *Workflows) recordOrder(ctx context.Context, tx engine.Tx, in OrderInput, _ *OrderState) error {
+func (w *Workflows) recordOrder(ctx context.Context, tx engine.Tx, _ engine.Attempt, in OrderInput, _ *OrderState) error {
 	switch {
 	case in.OrderID == "":
 		return engine.Fail(CodeInvalidRequest, "orderId must not be empty")

@@ -96,15 +96,15 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 
 	var err error
 	w.Order, err = engine.NewOperation(OrderOperation, []engine.Step[OrderInput, OrderState]{
-		engine.TxStep(StepRecord, w.recordOrder, nil),
+		engine.TxStep(StepRecord, w.recordOrder),
 	}, orderResult, opts)
 	if err != nil {
 		return nil, fmt.Errorf("refund: %w", err)
 	}
 	w.Refund, err = engine.NewOperation(RefundOperation, []engine.Step[RefundInput, RefundState]{
-		engine.TxStep(StepLedger, w.ledger, &engine.StepOpts[RefundInput, RefundState]{Compensate: w.reverseLedger}),
-		engine.ExternalStep(StepProvider, w.callProvider, &engine.StepOpts[RefundInput, RefundState]{Lookup: w.lookupProvider}),
-		engine.TxStep(StepFinalize, w.finalize, nil),
+		engine.TxStep(StepLedger, w.ledger).Compensate(w.reverseLedger),
+		engine.ExternalStep(StepProvider, w.callProvider).Lookup(w.lookupProvider),
+		engine.TxStep(StepFinalize, w.finalize),
 	}, refundResult, opts)
 	if err != nil {
 		return nil, fmt.Errorf("refund: %w", err)

@@ -41,7 +41,7 @@ type RefundState struct {
 // step for good when the order does not exist or has less than the amount
 // left. It goes with the step's checkpoint and COMMIT (engine.AtCommit), and on
 // a first attempt with BEGIN and the key's reservation too: one round trip.
-func (w *Workflows) ledger(ctx context.Context, tx engine.Tx, in RefundInput, s *RefundState) error {
+func (w *Workflows) ledger(ctx context.Context, tx engine.Tx, _ engine.Attempt, in RefundInput, s *RefundState) error {
 	if in.Amount <= 0 {
 		return engine.Fail(CodeInvalidRequest, "amount must be a positive integer")
 	}
@@ -67,7 +67,7 @@ func (w *Workflows) ledger(ctx context.Context, tx engine.Tx, in RefundInput, s 
 // reverseLedger compensates StepLedger in one statement, RefundFail: it marks
 // the refund failed, moves the amount back from the customer to the merchant,
 // and gives it back to what is left to refund of the order.
-func (w *Workflows) reverseLedger(ctx context.Context, tx engine.Tx, _ RefundInput, s *RefundState) error {
+func (w *Workflows) reverseLedger(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ RefundInput, s *RefundState) error {
 	n, err := w.q.RefundFail(ctx, tx, refunddb.RefundFailParams{
 		ID:                    s.RefundID,
 		MoveID:                pguuid.UUID(uuid.Must(uuid.NewV7())),
@@ -84,8 +84,8 @@ func (w *Workflows) reverseLedger(ctx context.Context, tx engine.Tx, _ RefundInp
 }
 
 // callProvider is the step StepProvider.
-func (w *Workflows) callProvider(ctx context.Context, call engine.Call, in RefundInput, s *RefundState) error {
-	ref, err := w.provider.Refund(ctx, call.Key, ProviderRequest{
+func (w *Workflows) callProvider(ctx context.Context, at engine.Attempt, in RefundInput, s *RefundState) error {
+	ref, err := w.provider.Refund(ctx, at.Key, ProviderRequest{
 		OrderID:   in.OrderID,
 		Amount:    in.Amount,
 		Reference: s.RefundID,
@@ -121,8 +121,8 @@ func matches(ref *ProviderRefund, in RefundInput) error {
 
 // lookupProvider asks the provider whether an earlier attempt of StepProvider,
 // whose answer was lost, made the refund.
-func (w *Workflows) lookupProvider(ctx context.Context, call engine.Call, in RefundInput, s *RefundState) (bool, error) {
-	ref, found, err := w.provider.ByKey(ctx, call.Key)
+func (w *Workflows) lookupProvider(ctx context.Context, at engine.Attempt, in RefundInput, s *RefundState) (bool, error) {
+	ref, found, err := w.provider.ByKey(ctx, at.Key)
 	if err != nil || !found {
 		return false, err
 	}
@@ -139,7 +139,7 @@ func (w *Workflows) lookupProvider(ctx context.Context, call engine.Call, in Ref
 // finalize is the step StepFinalize. Its one write goes with the step's
 // checkpoint and COMMIT (engine.AtCommit): the statement itself fails when the
 // refund is not pending.
-func (w *Workflows) finalize(ctx context.Context, tx engine.Tx, _ RefundInput, s *RefundState) error {
+func (w *Workflows) finalize(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ RefundInput, s *RefundState) error {
 	err := w.q.RefundMarkSucceeded(ctx, engine.AtCommit(tx), refunddb.RefundMarkSucceededParams{
 		ID:               s.RefundID,
 		ProviderRefundID: s.ProviderRefundID,

@@ -320,7 +320,7 @@ func TestRefund(t *testing.T) {
 		}}, b.providerRefunds(t))
 		for _, name := range []string{refund.StepLedger, refund.StepProvider, refund.StepFinalize} {
 			step := b.stepsOf(t, info)[name]
-			require.Equal(t, engine.StepSucceeded, step.Status, name)
+			require.Equal(t, engine.StepStatusSucceeded, step.Status, name)
 			require.Equal(t, 1, step.Attempts, name)
 		}
 	})
@@ -428,10 +428,10 @@ func TestRefund(t *testing.T) {
 		require.Empty(t, b.providerRefunds(t))
 
 		steps := b.stepsOf(t, info)
-		require.Equal(t, engine.StepCompensated, steps[refund.StepLedger].Status)
-		require.Equal(t, engine.StepFailed, steps[refund.StepProvider].Status)
+		require.Equal(t, engine.StepStatusCompensated, steps[refund.StepLedger].Status)
+		require.Equal(t, engine.StepStatusFailed, steps[refund.StepProvider].Status)
 		require.Equal(t, 1, steps[refund.StepProvider].Attempts)
-		require.Equal(t, engine.StepSkipped, steps[refund.StepFinalize].Status)
+		require.Equal(t, engine.StepStatusSkipped, steps[refund.StepFinalize].Status)
 
 		// A declined refund no longer counts against what is left to refund.
 		requireFailed(t, b.refund(t, "merchant-a", "key-2", orderID, 5000), refund.CodeProviderDeclined, refund.StepProvider)
