@@ -175,7 +175,9 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 
 // StartTx is Start inside the caller's transaction: the key's reservation, the
 // caller's own writes in tx and the River job that runs the operation commit
-// together or not at all. The operation runs on a River worker once tx commits.
+// together or not at all. The operation runs on a River worker once tx commits,
+// in whichever process runs workers; so, unlike Start, StartTx works after Stop,
+// which stops only this process's runs.
 //
 // A key taken by a start with another input is refused as Start refuses it.
 func StartTx[In, S, Out any](ctx context.Context, tx pgx.Tx, e *Engine, op *Operation[In, S, Out], scope, key string, in In, opts *StartOpts) (*Started, error) {
