@@ -9,6 +9,7 @@ import (
 	"net"
 	"runtime/debug"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -190,6 +191,42 @@ func Permanent(err error) error {
 		return err
 	}
 	return &PermanentError{Code: CodePermanent, Message: serverFaultMessage, Cause: err.Error(), Fault: true, err: err}
+}
+
+// RetryAfterError is a transient failure that names how long to wait before the
+// next attempt, such as an HTTP 429 or 503 with Retry-After. Make one with
+// RetryAfter.
+type RetryAfterError struct {
+	// After is the least time to wait before the next attempt.
+	After time.Duration
+	err   error
+}
+
+// RetryAfter marks err as transient, with the next attempt not before after: the
+// step's backoff, or after when it is longer, at most the retry policy's Cap. A
+// nil err gives nil.
+func RetryAfter(err error, after time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return &RetryAfterError{After: after, err: err}
+}
+
+func (e *RetryAfterError) Error() string { return e.err.Error() }
+
+// Unwrap returns the failure.
+func (e *RetryAfterError) Unwrap() error { return e.err }
+
+// backoff is the delay before the attempt after failed attempt number attempt,
+// which failed with err: policy's backoff, or what err asks when that is longer,
+// at most Cap.
+func backoff(policy RetryPolicy, attempt int, err error) time.Duration {
+	d := policy.Backoff(attempt)
+	var ra *RetryAfterError
+	if errors.As(err, &ra) && ra.After > d {
+		d = min(ra.After, policy.Cap)
+	}
+	return d
 }
 
 // fault returns a server fault with the engine's code and the operator's cause.

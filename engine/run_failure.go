@@ -51,7 +51,7 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 		}
 		if attempt < policy.MaxAttempts {
 			log.InfoContext(ctx, "step failed; retrying later", slog.Any("error", stepErr))
-			return r.retryLater(ctx, failure, policy.Backoff(attempt), nil)
+			return r.retryLater(ctx, failure, backoff(policy, attempt, stepErr), nil)
 		}
 		log.WarnContext(ctx, "step keeps failing after the point of no return; retrying at the cap", slog.Any("error", stepErr))
 		return r.retryLater(ctx, failure, policy.Cap, &attention{CodeRetryingPastPivot,
@@ -87,8 +87,9 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 		permanent = true
 	}
 	if !permanent {
-		log.InfoContext(ctx, "step failed; retrying later", slog.Any("error", stepErr), slog.Duration("backoff", policy.Backoff(attempt)))
-		return r.retryLater(ctx, failure, policy.Backoff(attempt), nil)
+		delay := backoff(policy, attempt, stepErr)
+		log.InfoContext(ctx, "step failed; retrying later", slog.Any("error", stepErr), slog.Duration("backoff", delay))
+		return r.retryLater(ctx, failure, delay, nil)
 	}
 	pe = &PermanentError{Code: pe.Code, Message: pe.Message, Cause: pe.Cause, Details: pe.Details, Step: st.name, Fault: pe.ServerFault()}
 	log.InfoContext(ctx, "step failed permanently", slog.String("code", pe.Code), slog.String("error", pe.Error()))
@@ -345,7 +346,7 @@ func (r *run) compensationFailed(ctx context.Context, st *stepDef, failure *stor
 			fmt.Sprintf("compensation of step %s failed: %s (after: %s)", st.name, compErr, r.failure.Error()))
 		return r.commitFailure(ctx, tx)
 	}
-	delay := st.retry.Backoff(n)
+	delay := backoff(st.retry, n, compErr)
 	log.WarnContext(ctx, "compensation failed; retrying later", slog.Any("error", compErr), slog.Duration("backoff", delay))
 	if err := r.handOff(ctx, tx, delay); !errors.Is(err, errHandedOff) {
 		r.failureStored = stored
