@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -46,3 +48,42 @@ func AtCommit(tx Tx) Tx {
 	}
 	return tx
 }
+
+// ErrOwnedTx is returned by Commit and Rollback on the pgx.Tx that PgxTx gives:
+// the engine ends a step's transaction, with the step's checkpoint.
+var ErrOwnedTx = errors.New("engine: a step's transaction is committed or rolled back by the engine")
+
+// PgxTx returns the step's transaction as a pgx.Tx, for a library that takes one
+// (River's InsertTx, to enqueue a job that commits with the step's writes and
+// checkpoint, or not at all). Its Commit and Rollback return ErrOwnedTx.
+//
+// It costs the step its deferred BEGIN: BEGIN, and on a first attempt the key's
+// reservation, are sent at once in a round trip of their own rather than with
+// the step's first statement. Statements sent through the pgx.Tx go out one by
+// one; close the rows of one before sending the next, as with any pgx.Tx. On a
+// Tx that is already a pgx.Tx (a step's own test) it returns it; on the Tx of
+// AtCommit it fails.
+func PgxTx(ctx context.Context, tx Tx) (pgx.Tx, error) {
+	switch t := tx.(type) {
+	case *txn:
+		if err := t.usable(); err != nil {
+			return nil, err
+		}
+		ptx, err := t.pgx(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return ownedTx{ptx}, nil
+	case pgx.Tx:
+		return t, nil
+	case atCommitTx:
+		return nil, errors.New("engine: PgxTx: the Tx of AtCommit runs statements at commit only")
+	}
+	return nil, fmt.Errorf("engine: PgxTx: %T is neither the engine's Tx nor a pgx.Tx", tx)
+}
+
+// ownedTx is a step's transaction as a pgx.Tx that the step cannot end.
+type ownedTx struct{ pgx.Tx }
+
+func (ownedTx) Commit(context.Context) error   { return ErrOwnedTx }
+func (ownedTx) Rollback(context.Context) error { return ErrOwnedTx }
