@@ -18,10 +18,11 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// Point names a moment in a step's attempt at which Config.Test.Hook is called.
+// Point names a moment in a step's attempt, or in its compensation's, at which
+// Config.Test.Hook is called.
 type Point string
 
-// The points of a step's attempt.
+// The points of a step's attempt and of its compensation's.
 const (
 	// PointBefore is just before the step's function runs.
 	PointBefore Point = "before"
@@ -30,6 +31,12 @@ const (
 	// transactional step's writes are sent but not committed (those it queued
 	// with AtCommit are not even sent: they go with the commit).
 	PointAfterEffect Point = "after-effect"
+	// PointBeforeCompensation is just before a succeeded step's compensation
+	// runs (Attempt counts the compensation's attempts).
+	PointBeforeCompensation Point = "before-compensation"
+	// PointAfterCompensation is after the compensation returned successfully
+	// and before it commits.
+	PointAfterCompensation Point = "after-compensation"
 )
 
 // HookEvent describes the moment at which a HookFunc is called.

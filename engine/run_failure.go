@@ -248,7 +248,16 @@ func (r *run) compensateWith(ctx context.Context, failure *store.StepRecordFailu
 			return nil, err
 		}
 		at := r.attempt(st, r.compensations[st.name]+1)
-		if err := protect(func() error { return st.compensate(ctx, tx, at, r.in, r.state) }); err != nil {
+		err := protect(func() error {
+			if err := r.hook(ctx, st, PointBeforeCompensation, at.Number); err != nil {
+				return err
+			}
+			if err := st.compensate(ctx, tx, at, r.in, r.state); err != nil {
+				return err
+			}
+			return r.hook(ctx, st, PointAfterCompensation, at.Number)
+		})
+		if err != nil {
 			if tx.failed != nil {
 				return nil, runError(tx.failed)
 			}

@@ -1,0 +1,46 @@
+// Package idemflowtest tests operations built on idemflow: a migrated database
+// per test, an engine for a test, and the crash and fault matrices that show
+// whether an operation keeps its books right when its process dies, or its
+// calls fail, at any point.
+//
+// # Databases
+//
+// DatabaseURL and Pool give each test a database of its own with idemflow's
+// and River's tables, cloned in milliseconds from a template that is migrated
+// once. They live on the server named by TEST_DATABASE_URL, else DATABASE_URL
+// (a postgres:// URL whose user may create databases), else on a private
+// PostgreSQL cluster that the first test process starts from the local server
+// binaries (initdb and postgres on PATH, or in /usr/lib/postgresql/*/bin), as
+// an unprivileged user when the tests run as root, in
+// $TMPDIR/idemflow-test-pg, and leaves running for the next test process. A
+// test's database is dropped when the test passes and kept, its URL logged,
+// when it fails.
+//
+// # The crash matrix
+//
+// Matrix.Crashes runs an operation once, recording the points it reaches:
+// each step before it runs and after its effect (an external step's call made,
+// a transactional step's writes sent but not committed), and each compensation
+// before and after it. Then, for each point, it runs the operation in a child
+// process (the test binary, run again for that one subtest) and kills it with
+// SIGKILL there; a fresh engine in the test process takes the operation over,
+// as a client's retry of the same key finds it, and the matrix calls the
+// user's Check, which says whether the books are right: one bank request per
+// key, the wallet debited once. Each point is a subtest, and a table of all of
+// them is logged:
+//
+//	point                                retry      status       parked  invariants
+//	baseline                             found      succeeded    false   ok
+//	debit/before                         new        succeeded    false   ok
+//	debit/after-effect                   new        succeeded    false   ok
+//	bank/before                          found      succeeded    false   ok
+//	bank/after-effect                    found      succeeded    false   ok
+//
+// Matrix.Faults does the same in the test process for the faults of each
+// external step's first attempt: an error before the call, an answer lost
+// after it took effect, a timeout after it took effect.
+//
+// Outside services must outlive the killed child: start their fakes in Setup,
+// in the test process, and pass their URLs to the operation through Run.Env.
+// The fakeservice package is such a fake.
+package idemflowtest

@@ -1,0 +1,553 @@
+package idemflowtest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemflow/idemflow/engine"
+)
+
+// Matrix runs a user's operation through every crash point, or every fault of
+// its external steps, and checks the user's invariants after each.
+//
+// Everything the operation needs is made in Setup and Operation, never before
+// Crashes or Faults is called: the crash matrix re-executes the test binary to
+// run the test again in a child process, which must build the same operation.
+type Matrix[In, S, Out any] struct {
+	// Setup prepares one run, in the test process, on the run's own database:
+	// the rows the operation needs, and the fakes of the outside services it
+	// calls, which must outlive a killed child (start them with t's cleanup).
+	// It returns the run's environment and check.
+	Setup func(t *testing.T, pool *pgxpool.Pool) *Run
+	// Operation builds the operation from the run's database and Env, in the
+	// test process and in the child.
+	Operation func(pool *pgxpool.Pool, env map[string]string) (*engine.Operation[In, S, Out], error)
+	// Input is the operation's input.
+	Input In
+	// Config, when not nil, is the base of the engines' configuration; its
+	// Operations and Test.Hook are the matrix's.
+	Config *engine.Config
+}
+
+// Run is one run of a matrix: what the child needs to know, and the check.
+type Run struct {
+	// Env is handed to Operation, in the child too: an outside service's URL,
+	// an account's id.
+	Env map[string]string
+	// Check says whether the books are right once the operation has finished
+	// or been parked (info has its steps): nil, or an error that names the
+	// broken invariant ("2 bank payouts for one key").
+	Check func(ctx context.Context, info *engine.Info) error
+}
+
+// Result is the outcome of one point of a matrix.
+type Result struct {
+	// Point is "<step>/<point>" ("debit/after-effect") for a crash, and
+	// "<step>/<fault>" ("bank/lost-response") for a fault; "baseline" for the
+	// run with neither.
+	Point string
+	// Status and Parked are the operation's after the resume.
+	Status engine.Status
+	Parked bool
+	// Found is true when the client's retry after the crash found the
+	// operation (its reservation had committed), false when it started anew.
+	Found bool
+	// Err is the broken invariant, or what kept the run from finishing; nil
+	// when the books were right.
+	Err error
+}
+
+// Fault names a failure of an external step's call.
+type Fault string
+
+// The faults of the fault matrix, each on the first attempt of one external
+// step.
+const (
+	// FaultError: the call fails before it reaches the service.
+	FaultError Fault = "error"
+	// FaultLostResponse: the call takes effect and its answer is lost.
+	FaultLostResponse Fault = "lost-response"
+	// FaultTimeout: the call takes effect and the step times out waiting for
+	// its answer.
+	FaultTimeout Fault = "timeout"
+)
+
+// Faults lists every Fault, in the order the fault matrix tries them.
+var Faults = []Fault{FaultError, FaultLostResponse, FaultTimeout}
+
+// The child's environment.
+const (
+	envChild = "IDEMFLOWTEST_CRASH_CHILD"
+	envURL   = "IDEMFLOWTEST_CRASH_URL"
+	envPoint = "IDEMFLOWTEST_CRASH_POINT"
+	envEnv   = "IDEMFLOWTEST_CRASH_ENV"
+
+	markReached    = "IDEMFLOWTEST CRASH POINT REACHED"
+	markNotReached = "IDEMFLOWTEST CRASH POINT NOT REACHED"
+
+	scope = "idemflowtest"
+	key   = "matrix"
+
+	childTimeout = 60 * time.Second
+	waitTimeout  = 30 * time.Second
+)
+
+// Crashes runs the operation once without a crash, to learn its points, then
+// once per point (each step before it runs and after its effect, each
+// compensation before and after it, as that first run reached them) in a child
+// process killed with SIGKILL there. The operation then resumes in a fresh
+// engine, as a client's retry of the same key finds it, and the check runs.
+// Each point is a subtest of its own, which fails naming the broken invariant;
+// a table of every point is logged at the end.
+func (m Matrix[In, S, Out]) Crashes(t *testing.T) {
+	t.Helper()
+	m.report(t, m.crashResults(t, true), true)
+}
+
+// CrashResults is Crashes without failing t for a broken invariant: it returns
+// every point's result, for a test that expects the matrix to find something.
+func (m Matrix[In, S, Out]) CrashResults(t *testing.T) []Result {
+	t.Helper()
+	return m.crashResults(t, false)
+}
+
+func (m Matrix[In, S, Out]) crashResults(t *testing.T, fail bool) []Result {
+	t.Helper()
+	if c := os.Getenv(envChild); c != "" {
+		// A child: run only the point it was started for, under the same
+		// subtest names as its parent, so that -test.run finds it.
+		if strings.HasPrefix(c, t.Name()+"/") {
+			var p point
+			if err := json.Unmarshal([]byte(os.Getenv(envPoint)), &p); err != nil {
+				t.Fatalf("idemflowtest child: point: %v", err)
+			}
+			t.Run("crash", func(t *testing.T) {
+				t.Run(p.name(), func(t *testing.T) {
+					if t.Name() == c {
+						m.child(t, p)
+					}
+				})
+			})
+		}
+		return nil
+	}
+	base, points := m.baseline(t)
+	results := []Result{base}
+	var mu sync.Mutex
+	t.Run("crash", func(t *testing.T) {
+		for _, p := range points {
+			t.Run(p.name(), func(t *testing.T) {
+				t.Parallel()
+				r := m.crashAt(t, p)
+				if fail && r.Err != nil {
+					t.Errorf("a crash at %s broke an invariant: %v", p.name(), r.Err)
+				}
+				mu.Lock()
+				results = append(results, r)
+				mu.Unlock()
+			})
+		}
+	})
+	return sortedLike(results, base, points, func(p point) string { return p.name() })
+}
+
+// Faults runs the operation once without a fault, to learn its external steps,
+// then once per external step and Fault, on the step's first attempt, in this
+// process, and runs the check after each. Each is a subtest of its own.
+func (m Matrix[In, S, Out]) Faults(t *testing.T) {
+	t.Helper()
+	m.report(t, m.faultResults(t, true), true)
+}
+
+// FaultResults is Faults without failing t for a broken invariant.
+func (m Matrix[In, S, Out]) FaultResults(t *testing.T) []Result {
+	t.Helper()
+	return m.faultResults(t, false)
+}
+
+func (m Matrix[In, S, Out]) faultResults(t *testing.T, fail bool) []Result {
+	t.Helper()
+	if os.Getenv(envChild) != "" {
+		return nil // a crash matrix's child runs only its own point
+	}
+	base, points := m.baseline(t)
+	var external []string
+	for _, p := range points {
+		if p.Kind == engine.StepKindExternal && p.Point == engine.PointBefore {
+			external = append(external, p.Step)
+		}
+	}
+	type faultPoint struct {
+		step  string
+		fault Fault
+	}
+	var faults []faultPoint
+	for _, s := range external {
+		for _, f := range Faults {
+			faults = append(faults, faultPoint{s, f})
+		}
+	}
+	results := []Result{base}
+	var mu sync.Mutex
+	t.Run("fault", func(t *testing.T) {
+		for _, fp := range faults {
+			name := fp.step + "/" + string(fp.fault)
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				r := m.withFault(t, fp.step, fp.fault)
+				r.Point = name
+				if fail && r.Err != nil {
+					t.Errorf("%s broke an invariant: %v", name, r.Err)
+				}
+				mu.Lock()
+				results = append(results, r)
+				mu.Unlock()
+			})
+		}
+	})
+	return sortedLike(results, base, faults, func(fp faultPoint) string { return fp.step + "/" + string(fp.fault) })
+}
+
+// point is a moment at which the first run was seen.
+type point struct {
+	Step  string          `json:"step"`
+	Point engine.Point    `json:"point"`
+	Kind  engine.StepKind `json:"kind,omitempty"`
+}
+
+func (p point) name() string { return p.Step + "/" + string(p.Point) }
+
+// baseline runs the operation with neither crash nor fault, recording the
+// points it reaches in order, and checks the books.
+func (m Matrix[In, S, Out]) baseline(t *testing.T) (Result, []point) {
+	t.Helper()
+	var mu sync.Mutex
+	seen := map[point]bool{}
+	var points []point
+	hook := func(_ context.Context, ev engine.HookEvent) error {
+		mu.Lock()
+		defer mu.Unlock()
+		p := point{Step: ev.Step, Point: ev.Point}
+		if !seen[p] {
+			seen[p] = true
+			points = append(points, p)
+		}
+		return nil
+	}
+	var res Result
+	t.Run("baseline", func(t *testing.T) {
+		pool, run := m.prepare(t)
+		e, op := m.engine(t, pool, run, hook, true)
+		res = m.finish(t, e, op, run, "baseline")
+		if res.Err != nil {
+			t.Errorf("without a crash or fault: %v", res.Err)
+		}
+		// The kind of each step, for the fault matrix.
+		info, err := e.GetByKey(t.Context(), scope, key)
+		if err != nil {
+			t.Fatalf("idemflowtest: read the baseline operation: %v", err)
+		}
+		kinds := map[string]engine.StepKind{}
+		for _, s := range info.Steps {
+			kinds[s.Name] = s.Kind
+		}
+		mu.Lock()
+		for i := range points {
+			points[i].Kind = kinds[points[i].Step]
+		}
+		mu.Unlock()
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	return res, points
+}
+
+// prepare makes a run's database and runs Setup on it.
+func (m Matrix[In, S, Out]) prepare(t *testing.T) (*pgxpool.Pool, *Run) {
+	t.Helper()
+	url := DatabaseURL(t)
+	pool := openPool(t, url, nil)
+	run := m.Setup(t, pool)
+	if run == nil || run.Check == nil {
+		t.Fatal("idemflowtest: Setup returned no Run with a Check")
+	}
+	return pool, run
+}
+
+// engine makes the operation and an engine for it with hook.
+func (m Matrix[In, S, Out]) engine(t *testing.T, pool *pgxpool.Pool, run *Run, hook engine.HookFunc, workers bool) (*engine.Engine, *engine.Operation[In, S, Out]) {
+	t.Helper()
+	op, err := m.Operation(pool, run.Env)
+	if err != nil {
+		t.Fatalf("idemflowtest: build the operation: %v", err)
+	}
+	cfg := engine.Config{}
+	if m.Config != nil {
+		cfg = *m.Config
+	}
+	cfg.Operations = []engine.Definition{op}
+	cfg.Test.Hook = hook
+	e := newEngine(t, pool, &cfg)
+	if workers {
+		if err := e.StartWorkers(t.Context()); err != nil {
+			t.Fatalf("idemflowtest: start workers: %v", err)
+		}
+	}
+	return e, op
+}
+
+// finish starts the operation, or finds it as a client's retry does, waits for
+// it to finish or be parked, and checks the books.
+func (m Matrix[In, S, Out]) finish(t *testing.T, e *engine.Engine, op *engine.Operation[In, S, Out], run *Run, name string) Result {
+	t.Helper()
+	res := Result{Point: name}
+	ctx, cancel := context.WithTimeout(t.Context(), waitTimeout)
+	defer cancel()
+	started, err := engine.Start(ctx, e, op, scope, key, m.Input, nil)
+	if err != nil {
+		res.Err = fmt.Errorf("start (as a client's retry): %w", err)
+		return res
+	}
+	res.Found = !started.Created
+	info, err := started.Wait(ctx)
+	if err != nil {
+		res.Err = fmt.Errorf("the operation neither finished nor was parked within %s: %w", waitTimeout, err)
+		return res
+	}
+	full, err := e.Get(ctx, info.ID)
+	if err != nil {
+		res.Err = fmt.Errorf("read the operation: %w", err)
+		return res
+	}
+	res.Status, res.Parked = full.Status, full.Parked
+	res.Err = run.Check(ctx, full)
+	return res
+}
+
+// crashAt runs the operation in a child killed at p, then resumes and checks it.
+func (m Matrix[In, S, Out]) crashAt(t *testing.T, p point) Result {
+	t.Helper()
+	url := DatabaseURL(t)
+	pool := openPool(t, url, nil)
+	run := m.Setup(t, pool)
+	if run == nil || run.Check == nil {
+		t.Fatal("idemflowtest: Setup returned no Run with a Check")
+	}
+	env, err := json.Marshal(run.Env)
+	if err != nil {
+		t.Fatalf("idemflowtest: encode Env: %v", err)
+	}
+	pt, _ := json.Marshal(p)
+	reached, err := runChild(t, map[string]string{envURL: url, envPoint: string(pt), envEnv: string(env)})
+	res := Result{Point: p.name()}
+	switch {
+	case err != nil:
+		res.Err = err
+		return res
+	case !reached:
+		// The first run reached it; a second may take another path (a lookup
+		// that finds nothing to look up). Nothing crashed: check all the same.
+		t.Logf("the child finished without reaching %s", p.name())
+	}
+	e, op := m.engine(t, pool, run, nil, true)
+	return m.finish(t, e, op, run, p.name())
+}
+
+// runChild re-executes the test binary to run t again as a child with env, and
+// kills it with SIGKILL once it reports that it reached its crash point. It
+// returns false when the child finished without reaching it.
+func runChild(t *testing.T, env map[string]string) (bool, error) {
+	t.Helper()
+	var pattern []string
+	for _, part := range strings.Split(t.Name(), "/") {
+		pattern = append(pattern, "^"+regexp.QuoteMeta(part)+"$")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run="+strings.Join(pattern, "/"), "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), envChild+"="+t.Name())
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return false, err
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		return false, fmt.Errorf("start the child: %w", err)
+	}
+	type outcome struct {
+		reached, notReached bool
+	}
+	done := make(chan outcome, 1)
+	var out strings.Builder
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		var o outcome
+		for sc.Scan() {
+			line := sc.Text()
+			out.WriteString(line + "\n")
+			if strings.Contains(line, markReached) {
+				o.reached = true
+				break
+			}
+			if strings.Contains(line, markNotReached) {
+				o.notReached = true
+				break
+			}
+		}
+		done <- o
+	}()
+	select {
+	case o := <-done:
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if o.reached {
+			return true, nil
+		}
+		if o.notReached {
+			return false, nil
+		}
+		return false, fmt.Errorf("the child ended without reaching its crash point:\n%s", out.String())
+	case <-time.After(childTimeout):
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return false, fmt.Errorf("the child did not reach its crash point in %s:\n%s", childTimeout, out.String())
+	}
+}
+
+// child is the run that the crash matrix kills: it starts the operation and
+// blocks at the point named in its environment.
+func (m Matrix[In, S, Out]) child(t *testing.T, p point) {
+	var env map[string]string
+	if err := json.Unmarshal([]byte(os.Getenv(envEnv)), &env); err != nil {
+		t.Fatalf("idemflowtest child: env: %v", err)
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv(envURL))
+	if err != nil {
+		t.Fatalf("idemflowtest child: %v", err)
+	}
+	op, err := m.Operation(pool, env)
+	if err != nil {
+		t.Fatalf("idemflowtest child: build the operation: %v", err)
+	}
+	cfg := engine.Config{}
+	if m.Config != nil {
+		cfg = *m.Config
+	}
+	cfg.Operations = []engine.Definition{op}
+	cfg.Lease = TestLease
+	cfg.Test.Hook = func(_ context.Context, ev engine.HookEvent) error {
+		if ev.Step == p.Step && ev.Point == p.Point {
+			fmt.Println(markReached)
+			_ = os.Stdout.Sync()
+			time.Sleep(time.Hour) // until SIGKILL
+		}
+		return nil
+	}
+	e, err := engine.New(pool, &cfg)
+	if err != nil {
+		t.Fatalf("idemflowtest child: %v", err)
+	}
+	// Workers too: a point after a retry handed to River is reached there.
+	if err := e.StartWorkers(ctx); err != nil {
+		t.Fatalf("idemflowtest child: %v", err)
+	}
+	started, err := engine.Start(ctx, e, op, scope, key, m.Input, nil)
+	if err != nil {
+		t.Fatalf("idemflowtest child: start: %v", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, waitTimeout)
+	defer cancel()
+	if _, err := started.Wait(wctx); err != nil {
+		t.Fatalf("idemflowtest child: wait: %v", err)
+	}
+	fmt.Println(markNotReached)
+}
+
+// withFault runs the operation with fault on the first attempt of step.
+func (m Matrix[In, S, Out]) withFault(t *testing.T, step string, fault Fault) Result {
+	t.Helper()
+	pool, run := m.prepare(t)
+	var once sync.Once
+	hook := func(_ context.Context, ev engine.HookEvent) error {
+		if ev.Step != step || ev.Attempt != 1 {
+			return nil
+		}
+		var err error
+		switch {
+		case fault == FaultError && ev.Point == engine.PointBefore:
+			err = errors.New("idemflowtest: injected failure of the call before it reached the service")
+		case fault == FaultLostResponse && ev.Point == engine.PointAfterEffect:
+			err = errors.New("idemflowtest: injected loss of the call's answer (connection reset)")
+		case fault == FaultTimeout && ev.Point == engine.PointAfterEffect:
+			err = fmt.Errorf("idemflowtest: injected timeout waiting for the call's answer: %w", context.DeadlineExceeded)
+		}
+		if err != nil {
+			injected := false
+			once.Do(func() { injected = true })
+			if injected {
+				return err
+			}
+		}
+		return nil
+	}
+	e, op := m.engine(t, pool, run, hook, true)
+	return m.finish(t, e, op, run, step+"/"+string(fault))
+}
+
+// report logs the table of results and fails t for each broken invariant,
+// when fail is set.
+func (m Matrix[In, S, Out]) report(t *testing.T, results []Result, fail bool) {
+	t.Helper()
+	if results == nil {
+		return // the child
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-36s %-10s %-12s %-7s %s\n", "point", "retry", "status", "parked", "invariants")
+	broken := 0
+	for _, r := range results {
+		verdict := "ok"
+		if r.Err != nil {
+			verdict = "BROKEN: " + r.Err.Error()
+			broken++
+		}
+		retry := "new"
+		if r.Found {
+			retry = "found"
+		}
+		fmt.Fprintf(&b, "%-36s %-10s %-12s %-7t %s\n", r.Point, retry, r.Status, r.Parked, verdict)
+	}
+	t.Logf("idemflowtest matrix, %d points, %d broken:\n%s", len(results), broken, b.String())
+	if fail && broken > 0 {
+		t.Errorf("idemflowtest: %d of %d points broke an invariant (see the table above)", broken, len(results))
+	}
+}
+
+// sortedLike orders results as the points were listed, baseline first.
+func sortedLike[P any](results []Result, base Result, points []P, name func(P) string) []Result {
+	by := make(map[string]Result, len(results))
+	for _, r := range results {
+		by[r.Point] = r
+	}
+	out := []Result{base}
+	for _, p := range points {
+		if r, ok := by[name(p)]; ok {
+			out = append(out, r)
+		}
+	}
+	return out
+}
