@@ -19,6 +19,8 @@
 -- which returns its newest version, to tell the failures apart and say how much
 -- is left. If that much fits after all (a failed refund gave its amount back in
 -- between), it fails with an ordinary error: the engine tries the step again.
+-- That is demo_check's, not idemflow_check's, which would fail the step for
+-- good.
 WITH taken AS (
     UPDATE demo_order AS o
     SET refunded = o.refunded + sqlc.arg(amount)::bigint
@@ -84,16 +86,31 @@ FROM failed AS f
 WHERE o.client = f.client AND o.order_id = f.order_id;
 
 -- name: RefundMarkSucceeded :exec
--- Marks a pending refund succeeded, and fails when it is not pending: the
--- finalize step sends it with engine.AtCommit, with its checkpoint and COMMIT,
--- so it must fail on its own rather than report no row.
+-- Marks a pending refund succeeded, and fails the step for good
+-- (idemflow_check) when it is not pending: the finalize step sends it with
+-- engine.AtCommit, with its checkpoint and COMMIT, so it must fail on its own
+-- rather than report no row. No retry would make the refund pending again:
+-- the only other statement that changes a recorded refund, the ledger's
+-- compensation, never runs past the provider step, and this one commits with
+-- its step's checkpoint, so it never runs twice. Finalize runs past that point of no return, so the engine parks the
+-- operation for an operator (engine.CodeFailedPastPivot) rather than retry it
+-- at the cap forever. The code is written here rather than passed from Go as
+-- RefundRecord's are: it never reaches a client, it only names the failure in
+-- the operator's reason.
+--
+-- It called demo_check (an ordinary error, retried) before idemflow_check
+-- existed. demo_check stays (workflows/refund/migrations/00003_check.sql):
+-- RefundRecord still calls it for the failure the engine must retry, and a
+-- binary older than this one, which calls it here, may still run during a
+-- deploy.
 WITH marked AS (
     UPDATE demo_refund
     SET status = 'succeeded', provider_refund_id = sqlc.arg(provider_refund_id)::text, updated_at = clock_timestamp()
     WHERE id = sqlc.arg(id)::text AND status = 'pending'
     RETURNING id
 )
-SELECT demo_check(EXISTS (SELECT 1 FROM marked), 'refund ' || sqlc.arg(id)::text || ' is not pending');
+SELECT idemflow_check(EXISTS (SELECT 1 FROM marked), 'refund_not_pending',
+                      format('refund %s is not pending', sqlc.arg(id)::text));
 
 -- name: RefundGet :one
 SELECT * FROM demo_refund WHERE client = @client AND id = @id;

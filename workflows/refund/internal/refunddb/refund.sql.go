@@ -129,7 +129,8 @@ WITH marked AS (
     WHERE id = $1::text AND status = 'pending'
     RETURNING id
 )
-SELECT demo_check(EXISTS (SELECT 1 FROM marked), 'refund ' || $1::text || ' is not pending')
+SELECT idemflow_check(EXISTS (SELECT 1 FROM marked), 'refund_not_pending',
+                      format('refund %s is not pending', $1::text))
 `
 
 type RefundMarkSucceededParams struct {
@@ -137,9 +138,23 @@ type RefundMarkSucceededParams struct {
 	ProviderRefundID string
 }
 
-// Marks a pending refund succeeded, and fails when it is not pending: the
-// finalize step sends it with engine.AtCommit, with its checkpoint and COMMIT,
-// so it must fail on its own rather than report no row.
+// Marks a pending refund succeeded, and fails the step for good
+// (idemflow_check) when it is not pending: the finalize step sends it with
+// engine.AtCommit, with its checkpoint and COMMIT, so it must fail on its own
+// rather than report no row. No retry would make the refund pending again:
+// the only other statement that changes a recorded refund, the ledger's
+// compensation, never runs past the provider step, and this one commits with
+// its step's checkpoint, so it never runs twice. Finalize runs past that point of no return, so the engine parks the
+// operation for an operator (engine.CodeFailedPastPivot) rather than retry it
+// at the cap forever. The code is written here rather than passed from Go as
+// RefundRecord's are: it never reaches a client, it only names the failure in
+// the operator's reason.
+//
+// It called demo_check (an ordinary error, retried) before idemflow_check
+// existed. demo_check stays (workflows/refund/migrations/00003_check.sql):
+// RefundRecord still calls it for the failure the engine must retry, and a
+// binary older than this one, which calls it here, may still run during a
+// deploy.
 func (q *Queries) RefundMarkSucceeded(ctx context.Context, db DBTX, arg RefundMarkSucceededParams) error {
 	_, err := db.Exec(ctx, refundMarkSucceeded, arg.ID, arg.ProviderRefundID)
 	return err
@@ -218,6 +233,8 @@ type RefundRecordParams struct {
 // which returns its newest version, to tell the failures apart and say how much
 // is left. If that much fits after all (a failed refund gave its amount back in
 // between), it fails with an ordinary error: the engine tries the step again.
+// That is demo_check's, not idemflow_check's, which would fail the step for
+// good.
 func (q *Queries) RefundRecord(ctx context.Context, db DBTX, arg RefundRecordParams) error {
 	_, err := db.Exec(ctx, refundRecord,
 		arg.OrderNotFoundCode,
