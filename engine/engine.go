@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -202,7 +203,13 @@ type Engine struct {
 	river   *river.Client[pgx.Tx]
 	cfg     Config
 	logger  *slog.Logger
-	defs    map[string]*opDef
+	// defs are the registered definitions by name and version; versions the
+	// versions of each name, ascending.
+	defs     map[defKey]*opDef
+	versions map[string][]int32
+	// waiting holds the ids of the operations this process has logged that it
+	// cannot run (their version is not registered here): logged once each.
+	waiting sync.Map
 
 	// baseCtx outlives the requests that start operations: a first attempt goes on
 	// when its caller stops waiting.
@@ -253,20 +260,29 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		control = pool
 	}
 	e := &Engine{
-		pool:    pool,
-		control: control,
-		store:   store.New(),
-		cfg:     c,
-		logger:  c.Logger,
-		defs:    make(map[string]*opDef, len(c.Operations)),
-		waiters: make(map[uuid.UUID][]chan *Info),
+		pool:     pool,
+		control:  control,
+		store:    store.New(),
+		cfg:      c,
+		logger:   c.Logger,
+		defs:     make(map[defKey]*opDef, len(c.Operations)),
+		versions: make(map[string][]int32),
+		waiters:  make(map[uuid.UUID][]chan *Info),
 	}
 	for _, op := range c.Operations {
 		d := op.definition()
-		if _, dup := e.defs[d.name]; dup {
-			return nil, fmt.Errorf("engine: %w: %q", ErrDuplicateOperation, d.name)
+		if _, dup := e.defs[d.key()]; dup {
+			return nil, fmt.Errorf("engine: %w: %q version %d", ErrDuplicateOperation, d.name, d.version)
 		}
-		e.defs[d.name] = d
+		for _, v := range e.versions[d.name] {
+			if other := e.defs[defKey{d.name, int(v)}]; slices.Equal(other.names, d.names) {
+				return nil, fmt.Errorf("engine: %w: %q versions %d and %d have the same steps %v; a new version is for a change of steps",
+					ErrDuplicateOperation, d.name, other.version, d.version, d.names)
+			}
+		}
+		e.defs[d.key()] = d
+		e.versions[d.name] = append(e.versions[d.name], int32(d.version))
+		slices.Sort(e.versions[d.name])
 	}
 	e.baseCtx, e.cancelBase = context.WithCancel(context.Background())
 
@@ -361,10 +377,32 @@ func (e *Engine) Registered(op Definition) bool {
 
 func (e *Engine) registered(d Definition) (*opDef, error) {
 	def := d.definition()
-	if e.defs[def.name] != def {
-		return nil, fmt.Errorf("engine: %w: %q", ErrNotRegistered, def.name)
+	if e.defs[def.key()] != def {
+		return nil, fmt.Errorf("engine: %w: %q version %d", ErrNotRegistered, def.name, def.version)
 	}
 	return def, nil
+}
+
+// defKey names a definition: an operation type's name and version.
+type defKey struct {
+	name    string
+	version int
+}
+
+func (d *opDef) key() defKey { return defKey{d.name, d.version} }
+
+// def returns the registered definition of name and version, or nil.
+func (e *Engine) def(name string, version int) *opDef { return e.defs[defKey{name, version}] }
+
+// logWaiting logs, once per operation in this process, that the operation
+// waits for a process that runs its version.
+func (e *Engine) logWaiting(ctx context.Context, id uuid.UUID, name string, version int) {
+	if _, seen := e.waiting.LoadOrStore(id, true); seen {
+		return
+	}
+	e.logger.WarnContext(ctx, "operation left alone: this process does not run its version; it waits for a process that does",
+		slog.String("operation_id", id.String()), slog.String("operation", name), slog.Int("version", version),
+		slog.Any("versions_here", e.versions[name]))
 }
 
 // isStopping reports whether Stop has been called.

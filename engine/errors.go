@@ -122,6 +122,10 @@ const (
 	// CodeDefinitionChanged (attention): this process's definition lacks a step
 	// that the operation still needs; it waits for a process that has it.
 	CodeDefinitionChanged = "definition_changed"
+	// CodeVersionNotRun (attention, as Get reports it in a process that does
+	// not run the operation's version; never stored): the operation waits for
+	// a process that runs its version.
+	CodeVersionNotRun = "version_not_run"
 )
 
 // serverFaultMessage is what a client is told of a server fault.

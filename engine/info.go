@@ -45,8 +45,10 @@ const (
 // Info is an operation as stored: its state, its stored answer and its steps.
 type Info struct {
 	ID uuid.UUID
-	// Name is the operation type's name.
-	Name string
+	// Name is the operation type's name, Version the version of its definition
+	// that the operation started on and runs on.
+	Name    string
+	Version int
 	// Scope and Key are the client scope and the client's idempotency key.
 	Scope  string
 	Key    string
@@ -149,7 +151,11 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 	for _, s := range steps {
 		byName[s.Name] = s
 	}
-	def := e.defs[rec.Name]
+	def := e.def(rec.Name, rec.Version)
+	if def == nil && rec.State == store.OperationInProgress && info.Attention == nil && len(e.versions[rec.Name]) > 0 {
+		info.Attention = &Attention{Code: CodeVersionNotRun, Reason: fmt.Sprintf(
+			"this process does not run version %d of %s (it runs %v): the operation waits for a process that does", rec.Version, rec.Name, e.versions[rec.Name])}
+	}
 	held := rec.State == store.OperationInProgress && rec.LockedBy != nil && rec.LockedUntil.After(time.Now())
 	sawUnfinished := false
 	for _, name := range rec.Steps {
@@ -201,6 +207,7 @@ func infoFromRecord(rec *store.Operation) *Info {
 	info := &Info{
 		ID:          rec.ID,
 		Name:        rec.Name,
+		Version:     rec.Version,
 		Scope:       rec.Scope,
 		Key:         rec.Key,
 		Status:      Status(rec.State),

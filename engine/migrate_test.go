@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/tern/v2/migrate"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
@@ -17,9 +18,15 @@ func TestMigrate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	// The test database comes migrated: take idemflow's latest migration back.
-	_, err := pool.Exec(ctx, `UPDATE idemflow_schema_version SET version = version - 1`)
+	// The test database comes migrated: take idemflow's latest migration back,
+	// by its own down section.
+	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
+	m, err := migrate.NewMigrator(ctx, conn.Conn(), "idemflow_schema_version")
+	require.NoError(t, err)
+	require.NoError(t, m.LoadMigrations(store.Migrations()))
+	require.NoError(t, m.MigrateTo(ctx, int32(len(m.Migrations)-1)))
+	conn.Release()
 
 	e, err := engine.New(pool, nil)
 	require.NoError(t, err)
@@ -27,12 +34,6 @@ func TestMigrate(t *testing.T) {
 	require.ErrorIs(t, err, store.ErrNotMigrated)
 	require.ErrorContains(t, err, "call engine.Migrate(ctx, pool) before StartWorkers")
 
-	// The migration's statements are idempotent only in its own transaction, so
-	// give the schema back as it was before it, then migrate.
-	_, err = pool.Exec(ctx, `ALTER TABLE idemflow_step DROP COLUMN compensations, DROP COLUMN resolved_by, DROP COLUMN last_cause;
-		ALTER TABLE idemflow_operation DROP COLUMN parked, DROP COLUMN attention, DROP COLUMN attention_code, DROP COLUMN key_secret;
-		CREATE INDEX idemflow_operation_lease ON idemflow_operation (locked_until) WHERE state = 'in_progress'`)
-	require.NoError(t, err)
 	require.NoError(t, engine.Migrate(ctx, pool, nil))
 	require.NoError(t, engine.Migrate(ctx, pool, nil))
 	require.NoError(t, store.CheckSchema(ctx, pool))

@@ -236,6 +236,11 @@ type OperationOpts struct {
 	// Retention is how long a finished operation of this type, and so its key and
 	// stored answer, is kept. Zero takes Config.Retention.
 	Retention time.Duration
+	// Version is the version of the operation type's definition, from 1 (zero
+	// means 1). An operation runs on the version it started with, always; a
+	// process may register several versions of one name (see the package
+	// documentation, "Versions").
+	Version int
 	// Unfingerprinted are top-level fields of the input (by their JSON names)
 	// that do not take part in its fingerprint: a Start under a held key whose
 	// input differs from the first only in these fields is the same start, not
@@ -252,6 +257,7 @@ type Operation[In, S, Out any] struct {
 	result    func(in In, state *S) (Out, error)
 	retry     RetryPolicy
 	retention time.Duration
+	version   int
 	ignore    []string
 	erased    *opDef
 }
@@ -284,6 +290,13 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 	}
 	if opts.Retention < 0 {
 		return nil, fmt.Errorf("engine: operation %q: retention must not be negative", name)
+	}
+	version := opts.Version
+	if version == 0 {
+		version = 1
+	}
+	if version < 0 {
+		return nil, fmt.Errorf("engine: operation %q: version must be at least 1", name)
 	}
 	for _, t := range []struct {
 		role string
@@ -324,6 +337,7 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 		result:    result,
 		retry:     opts.Retry.withDefaults(),
 		retention: opts.Retention,
+		version:   version,
 		ignore:    slices.Clone(opts.Unfingerprinted),
 	}
 	op.erased = op.erase()
@@ -332,6 +346,9 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 
 // Name returns the operation type's name.
 func (op *Operation[In, S, Out]) Name() string { return op.name }
+
+// Version returns the version of the operation type's definition.
+func (op *Operation[In, S, Out]) Version() int { return op.version }
 
 // Result decodes the result of a succeeded operation of this type.
 func (op *Operation[In, S, Out]) Result(info *Info) (Out, error) {
@@ -351,6 +368,7 @@ func (op *Operation[In, S, Out]) definition() *opDef { return op.erased }
 // Every *Operation is one.
 type Definition interface {
 	Name() string
+	Version() int
 	definition() *opDef
 }
 
@@ -358,6 +376,7 @@ type Definition interface {
 // the River workers work with.
 type opDef struct {
 	name      string
+	version   int
 	retention time.Duration
 	// ignore are the input's unfingerprinted fields.
 	ignore []string
@@ -416,6 +435,7 @@ func decodeStrict(raw []byte, v any) error {
 func (op *Operation[In, S, Out]) erase() *opDef {
 	d := &opDef{
 		name:      op.name,
+		version:   op.version,
 		retention: op.retention,
 		ignore:    op.ignore,
 		index:     make(map[string]int, len(op.steps)),

@@ -69,7 +69,7 @@ func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 	if reason == "" {
 		reason = "cancelled by an operator"
 	}
-	if def := e.defs[rec.Name]; def != nil {
+	if def := e.def(rec.Name, rec.Version); def != nil {
 		// Refused whoever holds it: a live run too only goes forward from here.
 		steps, err := e.store.StepListByOperation(ctx, e.pool, id)
 		if err != nil {
@@ -126,12 +126,18 @@ const (
 func (e *Engine) DeleteFinished(ctx context.Context, now *time.Time) (int, error) {
 	total := 0
 	var own []string
-	for name, def := range e.defs {
-		if def.retention == 0 {
+	for name, versions := range e.versions {
+		// One retention per name: the longest of its versions', so that no
+		// version's operations go before their time.
+		var retention time.Duration
+		for _, v := range versions {
+			retention = max(retention, e.def(name, int(v)).retention)
+		}
+		if retention == 0 {
 			continue
 		}
 		own = append(own, name)
-		n, err := e.deleteFinished(ctx, store.OperationDeleteFinishedParams{Now: now, Retention: def.retention, Name: name})
+		n, err := e.deleteFinished(ctx, store.OperationDeleteFinishedParams{Now: now, Retention: retention, Name: name})
 		total += n
 		if err != nil {
 			return total, err

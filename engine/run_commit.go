@@ -140,6 +140,7 @@ func (r *run) finish(ctx context.Context, tx *txn, state store.OperationState, r
 	info := &Info{
 		ID:          r.id,
 		Name:        r.def.name,
+		Version:     r.def.version,
 		Scope:       r.scope,
 		Key:         r.key,
 		Status:      Status(state),

@@ -220,6 +220,7 @@ func (p *prepared) insert(id uuid.UUID, secret []byte, lease time.Duration) *sto
 	return &store.OperationInsertParams{
 		ID:          id,
 		Name:        p.def.name,
+		Version:     p.def.version,
 		Scope:       p.scope,
 		Key:         p.key,
 		Steps:       p.def.names,

@@ -155,7 +155,7 @@ func reserve(t *testing.T, db store.DBTX, key string) store.OperationInsertParam
 	t.Helper()
 	run := uuid.New()
 	p := store.OperationInsertParams{
-		ID: uuid.Must(uuid.NewV7()), Name: "op", Scope: "s", Key: key, Steps: []string{"a"},
+		ID: uuid.Must(uuid.NewV7()), Name: "op", Version: 1, Scope: "s", Key: key, Steps: []string{"a"},
 		Input: json.RawMessage(`{}`), LockedBy: &run, Lease: time.Minute,
 	}
 	created, err := store.New().OperationInsert(context.Background(), db, p)

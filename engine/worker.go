@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -62,10 +64,18 @@ func (e *Engine) sweepLoop(ctx context.Context) {
 // Sweep hands every operation whose lease expired (its run crashed, or its River
 // job was lost) to a resume job, and returns when they are enqueued. Each process
 // with started workers calls it every SweepInterval; tests and operators may too.
+//
+// It sweeps the definitions that this process runs only, each in one indexed
+// range: an operation of a version that no definition here has is not touched,
+// however long it waits.
 func (e *Engine) Sweep(ctx context.Context) error {
-	expired, err := e.store.OperationListExpired(ctx, e.control, sweepBatch, nil)
-	if err != nil {
-		return fmt.Errorf("engine: sweep: %w", err)
+	var expired []store.ExpiredOperation
+	for _, k := range e.defKeys() {
+		found, err := e.store.OperationListExpired(ctx, e.control, k.name, k.version, sweepBatch, nil)
+		if err != nil {
+			return fmt.Errorf("engine: sweep: %w", err)
+		}
+		expired = append(expired, found...)
 	}
 	for _, op := range expired {
 		tx, err := e.control.Begin(ctx)
@@ -96,7 +106,9 @@ func (e *Engine) resume(ctx context.Context, id uuid.UUID, name string) error {
 	_, err := e.claimAndRun(ctx, id, name, nil)
 	switch {
 	case err == nil, errors.Is(err, errHandedOff), errors.Is(err, errLost), errors.Is(err, errNotClaimed),
-		errors.Is(err, errParked), errors.Is(err, errWaiting):
+		errors.Is(err, errParked), errors.Is(err, errWaiting), errors.Is(err, errVersionNotRun):
+		// errVersionNotRun: the job ends; the operation's lease runs out, and
+		// the sweeper of a process that runs its version takes it.
 		return nil
 	default:
 		return err
@@ -106,6 +118,25 @@ func (e *Engine) resume(ctx context.Context, id uuid.UUID, name string) error {
 // errNotClaimed: the operation is finished, parked, or a live run holds it.
 var errNotClaimed = errors.New("operation not claimed")
 
+// errVersionNotRun: the operation's version is not registered in this process,
+// which leaves it alone.
+var errVersionNotRun = fmt.Errorf("%w: this process does not run the operation's version", ErrNotRegistered)
+
+// defKeys returns the registered definitions, in a fixed order.
+func (e *Engine) defKeys() []defKey {
+	keys := make([]defKey, 0, len(e.defs))
+	for k := range e.defs {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b defKey) int {
+		if c := strings.Compare(a.name, b.name); c != 0 {
+			return c
+		}
+		return a.version - b.version
+	})
+	return keys
+}
+
 // errCannotCancel: Cancel would need the input or state of an operation whose
 // input or state does not decode.
 var errCannotCancel = errors.New("operation cannot be cancelled")
@@ -114,8 +145,8 @@ var errCannotCancel = errors.New("operation cannot be cancelled")
 // ends the operation failed with that error instead, after compensating, unless
 // it is past its point of no return (ErrPastPivot).
 func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, cancelWith *PermanentError) (*Info, error) {
-	def := e.defs[name]
-	if def == nil {
+	versions := e.versions[name]
+	if len(versions) == 0 {
 		// Another process may know the type; River retries the job.
 		return nil, fmt.Errorf("engine: run %s: %w: %q", id, ErrNotRegistered, name)
 	}
@@ -125,13 +156,21 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 	defer e.runs.Done()
 	runID := uuid.New()
 	leaseFrom := time.Now()
-	rec, err := e.store.OperationClaim(ctx, e.pool, id, runID, e.cfg.Lease, cancelWith != nil)
+	// Only an operation of a version this process runs is claimed: one of
+	// another is left exactly as it is.
+	rec, err := e.store.OperationClaim(ctx, e.pool, id, runID, e.cfg.Lease, cancelWith != nil, versions)
 	if errors.Is(err, store.ErrNotFound) {
+		if other, err := e.store.OperationGet(ctx, e.pool, id); err == nil && other.State == store.OperationInProgress &&
+			!slices.Contains(versions, int32(other.Version)) {
+			e.logWaiting(ctx, id, name, other.Version)
+			return nil, fmt.Errorf("engine: run %s: %w: %q version %d (this process runs %v)", id, errVersionNotRun, name, other.Version, versions)
+		}
 		return nil, errNotClaimed
 	}
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
+	def := e.def(name, rec.Version)
 	r := &run{
 		e:             e,
 		def:           def,

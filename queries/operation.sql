@@ -1,8 +1,8 @@
 -- name: OperationInsert :one
 -- The lease counts from the statement, not from the start of the caller's
 -- transaction, which may have begun long before.
-INSERT INTO idemflow_operation (id, name, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at)
-VALUES (@id, @name, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @key_secret, sqlc.narg('locked_by'), coalesce(sqlc.narg('now')::timestamptz, clock_timestamp()) + @lease::interval, coalesce(sqlc.narg('now')::timestamptz, now()))
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at)
+VALUES (@id, @name, @version, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @key_secret, sqlc.narg('locked_by'), coalesce(sqlc.narg('now')::timestamptz, clock_timestamp()) + @lease::interval, coalesce(sqlc.narg('now')::timestamptz, now()))
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING created_at;
 
@@ -13,8 +13,8 @@ RETURNING created_at;
 -- run. OperationInsert is the variant for a caller's own transaction.
 -- The lease counts from the statement (clock_timestamp), not from the start of
 -- its transaction.
-INSERT INTO idemflow_operation (id, name, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until)
-VALUES (@id, @name, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @key_secret, @locked_by, clock_timestamp() + @lease::interval);
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until)
+VALUES (@id, @name, @version, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @key_secret, @locked_by, clock_timestamp() + @lease::interval);
 
 -- name: OperationGetByKey :one
 SELECT * FROM idemflow_operation WHERE scope = @scope AND key = @key;
@@ -25,13 +25,15 @@ SELECT * FROM idemflow_operation WHERE id = @id;
 -- name: OperationClaim :one
 -- Takes the operation for a run when nobody holds it: it waits for a job
 -- (locked_by is null) or its holder's lease has expired. A parked operation is
--- taken only with parked: an operator's cancel.
+-- taken only with parked: an operator's cancel. Only an operation of one of
+-- versions is taken: the definitions that the claiming process runs.
 UPDATE idemflow_operation
 SET locked_by = @run_id,
     locked_until = coalesce(sqlc.narg('now')::timestamptz, now()) + @lease::interval,
     runs = runs + 1
 WHERE id = @id
   AND state = 'in_progress'
+  AND version = ANY (sqlc.arg(versions)::integer[])
   AND (locked_by IS NULL OR locked_until < coalesce(sqlc.narg('now')::timestamptz, now()))
   AND (NOT parked OR sqlc.arg(parked)::boolean)
 RETURNING *;
@@ -85,9 +87,13 @@ SET attention_code = @attention_code,
 WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
 
 -- name: OperationListExpired :many
--- Operations in progress whose holder stopped renewing its lease, oldest first.
-SELECT id, name FROM idemflow_operation
-WHERE state = 'in_progress' AND NOT parked
+-- Operations in progress of one definition (name, version) whose holder
+-- stopped renewing its lease, oldest first: one range of
+-- idemflow_operation_lease, so operations of other definitions (a version this
+-- process does not run) cost nothing however many wait.
+SELECT id, name, version FROM idemflow_operation
+WHERE name = @name AND version = @version
+  AND state = 'in_progress' AND NOT parked
   AND locked_until < coalesce(sqlc.narg('now')::timestamptz, now())
 ORDER BY locked_until
 LIMIT @max;
@@ -178,3 +184,17 @@ WITH fin AS (
 )
 SELECT idemflow_fence(EXISTS (SELECT 1 FROM fin)),
        (SELECT created_at FROM fin), (SELECT finished_at FROM fin);
+
+-- name: OperationListUnfinishedForCheck :many
+-- Every unfinished operation with its definition's name and version, its step
+-- list, whether it is failing (compensating), and its succeeded and compensated
+-- steps: what the pre-deploy check needs to tell whether a set of definitions
+-- could run it. Not for the request path: it reads every unfinished operation.
+SELECT o.id, o.name, o.version, o.steps, (o.error IS NOT NULL)::boolean AS failing,
+       coalesce(array_agg(s.name) FILTER (WHERE s.state = 'succeeded'), '{}')::text[] AS succeeded,
+       coalesce(array_agg(s.name) FILTER (WHERE s.state = 'compensated'), '{}')::text[] AS compensated
+FROM idemflow_operation AS o
+LEFT JOIN idemflow_step AS s ON s.operation_id = o.id
+WHERE o.state = 'in_progress'
+GROUP BY o.id
+ORDER BY o.created_at, o.id;

@@ -16,8 +16,10 @@ import (
 
 // OperationInsertParams are the fields of a new operation.
 type OperationInsertParams struct {
-	ID          uuid.UUID
-	Name        string
+	ID   uuid.UUID
+	Name string
+	// Version is the version of the definition the operation starts on, from 1.
+	Version     int
 	Scope       string
 	Key         string
 	Steps       []string
@@ -41,6 +43,7 @@ func (s *Store) OperationInsert(ctx context.Context, db DBTX, p OperationInsertP
 	_, err := s.q.OperationInsert(ctx, db, dbsqlc.OperationInsertParams{
 		ID:          pguuid.UUID(p.ID),
 		Name:        p.Name,
+		Version:     int32(p.Version),
 		Scope:       p.Scope,
 		Key:         p.Key,
 		Steps:       p.Steps,
@@ -68,6 +71,7 @@ func (s *Store) OperationReserve(ctx context.Context, db DBTX, p OperationInsert
 	err := s.q.OperationReserve(ctx, db, dbsqlc.OperationReserveParams{
 		ID:          pguuid.UUID(p.ID),
 		Name:        p.Name,
+		Version:     int32(p.Version),
 		Scope:       p.Scope,
 		Key:         p.Key,
 		Steps:       p.Steps,
@@ -105,8 +109,8 @@ func (s *Store) OperationGet(ctx context.Context, db DBTX, id uuid.UUID) (*Opera
 // waits for a job, or its holder's lease expired), and counts the run. A parked
 // operation is taken only when parked is true. It returns ErrNotFound when the
 // operation is finished, held by a live run, or parked (and parked is false).
-func (s *Store) OperationClaim(ctx context.Context, db DBTX, id, run uuid.UUID, lease time.Duration, parked bool) (*Operation, error) {
-	row, err := s.q.OperationClaim(ctx, db, dbsqlc.OperationClaimParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Lease: lease, Parked: parked})
+func (s *Store) OperationClaim(ctx context.Context, db DBTX, id, run uuid.UUID, lease time.Duration, parked bool, versions []int32) (*Operation, error) {
+	row, err := s.q.OperationClaim(ctx, db, dbsqlc.OperationClaimParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Lease: lease, Parked: parked, Versions: versions})
 	if err != nil {
 		return nil, mapErr("claim operation", err)
 	}
@@ -172,20 +176,22 @@ func (s *Store) OperationSetAttention(ctx context.Context, db DBTX, id, run uuid
 
 // ExpiredOperation names an operation in progress whose lease has expired.
 type ExpiredOperation struct {
-	ID   uuid.UUID
-	Name string
+	ID      uuid.UUID
+	Name    string
+	Version int
 }
 
-// OperationListExpired lists up to max operations in progress whose lease expired
-// before now (nil: the database's clock), oldest lease first.
-func (s *Store) OperationListExpired(ctx context.Context, db DBTX, max int, now *time.Time) ([]ExpiredOperation, error) {
-	rows, err := s.q.OperationListExpired(ctx, db, dbsqlc.OperationListExpiredParams{Max: int32(max), Now: now})
+// OperationListExpired lists up to max operations in progress of the
+// definition (name, version) whose lease expired before now (nil: the
+// database's clock), oldest lease first.
+func (s *Store) OperationListExpired(ctx context.Context, db DBTX, name string, version, max int, now *time.Time) ([]ExpiredOperation, error) {
+	rows, err := s.q.OperationListExpired(ctx, db, dbsqlc.OperationListExpiredParams{Name: name, Version: int32(version), Max: int32(max), Now: now})
 	if err != nil {
 		return nil, fmt.Errorf("store: list expired operations: %w", err)
 	}
 	out := make([]ExpiredOperation, len(rows))
 	for i, r := range rows {
-		out[i] = ExpiredOperation{ID: uuid.UUID(r.ID), Name: r.Name}
+		out[i] = ExpiredOperation{ID: uuid.UUID(r.ID), Name: r.Name, Version: int(r.Version)}
 	}
 	return out, nil
 }
@@ -204,6 +210,7 @@ func (s *Store) OperationExtendExpired(ctx context.Context, db DBTX, id uuid.UUI
 func operationFromRow(r *dbsqlc.IdemflowOperation) *Operation {
 	return &Operation{
 		ID:            uuid.UUID(r.ID),
+		Version:       int(r.Version),
 		Name:          r.Name,
 		Scope:         r.Scope,
 		Key:           r.Key,
@@ -317,6 +324,39 @@ func (s *Store) OperationList(ctx context.Context, db DBTX, state OperationState
 	out := make([]*Operation, len(rows))
 	for i, r := range rows {
 		out[i] = operationFromRow(r)
+	}
+	return out, nil
+}
+
+// UnfinishedOperation is an unfinished operation as the pre-deploy check sees
+// it.
+type UnfinishedOperation struct {
+	ID      uuid.UUID
+	Name    string
+	Version int
+	// Steps is the step list it started with.
+	Steps []string
+	// Failing is true while it compensates.
+	Failing bool
+	// Succeeded and Compensated are its steps in those states.
+	Succeeded   []string
+	Compensated []string
+}
+
+// OperationListUnfinished reads every unfinished operation with what the
+// pre-deploy check needs, oldest first. It reads them all: not for the request
+// path.
+func (s *Store) OperationListUnfinished(ctx context.Context, db DBTX) ([]UnfinishedOperation, error) {
+	rows, err := s.q.OperationListUnfinishedForCheck(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("store: list unfinished operations: %w", err)
+	}
+	out := make([]UnfinishedOperation, len(rows))
+	for i, r := range rows {
+		out[i] = UnfinishedOperation{
+			ID: uuid.UUID(r.ID), Name: r.Name, Version: int(r.Version), Steps: r.Steps,
+			Failing: r.Failing, Succeeded: r.Succeeded, Compensated: r.Compensated,
+		}
 	}
 	return out, nil
 }

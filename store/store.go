@@ -121,11 +121,13 @@ const (
 
 // Operation is a row of idemflow_operation.
 type Operation struct {
-	ID    uuid.UUID
-	Name  string
-	Scope string
-	Key   string
-	State OperationState
+	ID   uuid.UUID
+	Name string
+	// Version is the version of the definition the operation runs on.
+	Version int
+	Scope   string
+	Key     string
+	State   OperationState
 	// Steps is the step list the operation was started with.
 	Steps       []string
 	Input       json.RawMessage

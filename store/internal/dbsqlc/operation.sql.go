@@ -20,28 +20,32 @@ SET locked_by = $1,
     runs = runs + 1
 WHERE id = $4
   AND state = 'in_progress'
+  AND version = ANY ($5::integer[])
   AND (locked_by IS NULL OR locked_until < coalesce($2::timestamptz, now()))
-  AND (NOT parked OR $5::boolean)
-RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked
+  AND (NOT parked OR $6::boolean)
+RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version
 `
 
 type OperationClaimParams struct {
-	RunID  *pguuid.UUID
-	Now    *time.Time
-	Lease  time.Duration
-	ID     pguuid.UUID
-	Parked bool
+	RunID    *pguuid.UUID
+	Now      *time.Time
+	Lease    time.Duration
+	ID       pguuid.UUID
+	Versions []int32
+	Parked   bool
 }
 
 // Takes the operation for a run when nobody holds it: it waits for a job
 // (locked_by is null) or its holder's lease has expired. A parked operation is
-// taken only with parked: an operator's cancel.
+// taken only with parked: an operator's cancel. Only an operation of one of
+// versions is taken: the definitions that the claiming process runs.
 func (q *Queries) OperationClaim(ctx context.Context, db DBTX, arg OperationClaimParams) (*IdemflowOperation, error) {
 	row := db.QueryRow(ctx, operationClaim,
 		arg.RunID,
 		arg.Now,
 		arg.Lease,
 		arg.ID,
+		arg.Versions,
 		arg.Parked,
 	)
 	var i IdemflowOperation
@@ -65,6 +69,7 @@ func (q *Queries) OperationClaim(ctx context.Context, db DBTX, arg OperationClai
 		&i.AttentionCode,
 		&i.Attention,
 		&i.Parked,
+		&i.Version,
 	)
 	return &i, err
 }
@@ -228,7 +233,7 @@ func (q *Queries) OperationFinish(ctx context.Context, db DBTX, arg OperationFin
 }
 
 const operationGet = `-- name: OperationGet :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked FROM idemflow_operation WHERE id = $1
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version FROM idemflow_operation WHERE id = $1
 `
 
 func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*IdemflowOperation, error) {
@@ -254,12 +259,13 @@ func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*I
 		&i.AttentionCode,
 		&i.Attention,
 		&i.Parked,
+		&i.Version,
 	)
 	return &i, err
 }
 
 const operationGetByKey = `-- name: OperationGetByKey :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked FROM idemflow_operation WHERE scope = $1 AND key = $2
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version FROM idemflow_operation WHERE scope = $1 AND key = $2
 `
 
 type OperationGetByKeyParams struct {
@@ -290,13 +296,14 @@ func (q *Queries) OperationGetByKey(ctx context.Context, db DBTX, arg OperationG
 		&i.AttentionCode,
 		&i.Attention,
 		&i.Parked,
+		&i.Version,
 	)
 	return &i, err
 }
 
 const operationInsert = `-- name: OperationInsert :one
-INSERT INTO idemflow_operation (id, name, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at)
-VALUES ($1, $2, $3, $4, $5::text[], $6, $7, $8, $9, coalesce($10::timestamptz, clock_timestamp()) + $11::interval, coalesce($10::timestamptz, now()))
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at)
+VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8, $9, $10, coalesce($11::timestamptz, clock_timestamp()) + $12::interval, coalesce($11::timestamptz, now()))
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING created_at
 `
@@ -304,6 +311,7 @@ RETURNING created_at
 type OperationInsertParams struct {
 	ID          pguuid.UUID
 	Name        string
+	Version     int32
 	Scope       string
 	Key         string
 	Steps       []string
@@ -321,6 +329,7 @@ func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationIns
 	row := db.QueryRow(ctx, operationInsert,
 		arg.ID,
 		arg.Name,
+		arg.Version,
 		arg.Scope,
 		arg.Key,
 		arg.Steps,
@@ -337,7 +346,7 @@ func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationIns
 }
 
 const operationList = `-- name: OperationList :many
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked FROM idemflow_operation
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version FROM idemflow_operation
 WHERE state = $1
 ORDER BY created_at DESC
 LIMIT $2
@@ -378,6 +387,7 @@ func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListP
 			&i.AttentionCode,
 			&i.Attention,
 			&i.Parked,
+			&i.Version,
 		); err != nil {
 			return nil, err
 		}
@@ -390,26 +400,38 @@ func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListP
 }
 
 const operationListExpired = `-- name: OperationListExpired :many
-SELECT id, name FROM idemflow_operation
-WHERE state = 'in_progress' AND NOT parked
-  AND locked_until < coalesce($1::timestamptz, now())
+SELECT id, name, version FROM idemflow_operation
+WHERE name = $1 AND version = $2
+  AND state = 'in_progress' AND NOT parked
+  AND locked_until < coalesce($3::timestamptz, now())
 ORDER BY locked_until
-LIMIT $2
+LIMIT $4
 `
 
 type OperationListExpiredParams struct {
-	Now *time.Time
-	Max int32
+	Name    string
+	Version int32
+	Now     *time.Time
+	Max     int32
 }
 
 type OperationListExpiredRow struct {
-	ID   pguuid.UUID
-	Name string
+	ID      pguuid.UUID
+	Name    string
+	Version int32
 }
 
-// Operations in progress whose holder stopped renewing its lease, oldest first.
+// Operations in progress of one definition (name, version) whose holder
+// stopped renewing its lease, oldest first: one range of
+// idemflow_operation_lease, so operations of other definitions (a version this
+// process does not run) cost nothing however many wait.
 func (q *Queries) OperationListExpired(ctx context.Context, db DBTX, arg OperationListExpiredParams) ([]*OperationListExpiredRow, error) {
-	rows, err := db.Query(ctx, operationListExpired, arg.Now, arg.Max)
+	rows, err := db.Query(ctx, operationListExpired,
+		arg.Name,
+		arg.Version,
+		arg.Now,
+		arg.Max,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -417,7 +439,60 @@ func (q *Queries) OperationListExpired(ctx context.Context, db DBTX, arg Operati
 	var items []*OperationListExpiredRow
 	for rows.Next() {
 		var i OperationListExpiredRow
-		if err := rows.Scan(&i.ID, &i.Name); err != nil {
+		if err := rows.Scan(&i.ID, &i.Name, &i.Version); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const operationListUnfinishedForCheck = `-- name: OperationListUnfinishedForCheck :many
+SELECT o.id, o.name, o.version, o.steps, (o.error IS NOT NULL)::boolean AS failing,
+       coalesce(array_agg(s.name) FILTER (WHERE s.state = 'succeeded'), '{}')::text[] AS succeeded,
+       coalesce(array_agg(s.name) FILTER (WHERE s.state = 'compensated'), '{}')::text[] AS compensated
+FROM idemflow_operation AS o
+LEFT JOIN idemflow_step AS s ON s.operation_id = o.id
+WHERE o.state = 'in_progress'
+GROUP BY o.id
+ORDER BY o.created_at, o.id
+`
+
+type OperationListUnfinishedForCheckRow struct {
+	ID          pguuid.UUID
+	Name        string
+	Version     int32
+	Steps       []string
+	Failing     bool
+	Succeeded   []string
+	Compensated []string
+}
+
+// Every unfinished operation with its definition's name and version, its step
+// list, whether it is failing (compensating), and its succeeded and compensated
+// steps: what the pre-deploy check needs to tell whether a set of definitions
+// could run it. Not for the request path: it reads every unfinished operation.
+func (q *Queries) OperationListUnfinishedForCheck(ctx context.Context, db DBTX) ([]*OperationListUnfinishedForCheckRow, error) {
+	rows, err := db.Query(ctx, operationListUnfinishedForCheck)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*OperationListUnfinishedForCheckRow
+	for rows.Next() {
+		var i OperationListUnfinishedForCheckRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Name,
+			&i.Version,
+			&i.Steps,
+			&i.Failing,
+			&i.Succeeded,
+			&i.Compensated,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, &i)
@@ -543,13 +618,14 @@ func (q *Queries) OperationReopen(ctx context.Context, db DBTX, arg OperationReo
 }
 
 const operationReserve = `-- name: OperationReserve :exec
-INSERT INTO idemflow_operation (id, name, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until)
-VALUES ($1, $2, $3, $4, $5::text[], $6, $7, $8, $9, clock_timestamp() + $10::interval)
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until)
+VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8, $9, $10, clock_timestamp() + $11::interval)
 `
 
 type OperationReserveParams struct {
 	ID          pguuid.UUID
 	Name        string
+	Version     int32
 	Scope       string
 	Key         string
 	Steps       []string
@@ -570,6 +646,7 @@ func (q *Queries) OperationReserve(ctx context.Context, db DBTX, arg OperationRe
 	_, err := db.Exec(ctx, operationReserve,
 		arg.ID,
 		arg.Name,
+		arg.Version,
 		arg.Scope,
 		arg.Key,
 		arg.Steps,

@@ -75,6 +75,7 @@ type IdemflowOperation struct {
 	AttentionCode *string
 	Attention     *string
 	Parked        bool
+	Version       int32
 }
 
 type IdemflowStep struct {
