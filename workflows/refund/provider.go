@@ -1,22 +1,24 @@
 package refund
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
-	"unicode/utf8"
+
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/steps/httpstep"
 )
 
 // Provider is the payment provider that the refund operation's provider step
-// calls. ProviderClient is one.
+// calls. ProviderClient is one, over HTTP; the step makes its calls as an
+// idempotent HTTP call (steps/httpstep), and calls any other Provider (a test's
+// fake) through these methods, with the same rules.
 type Provider interface {
 	// Refund asks the provider to make the refund req under the idempotency key
 	// key, and returns the refund made. A provider that has made a refund under key
@@ -58,8 +60,9 @@ var ErrProviderDeclined = errors.New("refund: the provider declined the refund")
 type ProviderError struct {
 	// StatusCode is the answer's HTTP status.
 	StatusCode int
-	// Code and Message are from the answer's {"error": {"code", "message"}} body,
-	// when it has one; else Code is empty and Message holds the start of the body.
+	// Code and Message are from the answer's {"error": {"code", "message"}} body
+	// (or {"code", "message"}), when it has one; else Code is empty and Message
+	// holds the start of the body.
 	Code    string
 	Message string
 }
@@ -78,11 +81,14 @@ func (e *ProviderError) Is(target error) bool {
 	return target == ErrProviderDeclined && e.StatusCode == http.StatusPaymentRequired
 }
 
+// newProviderError returns an error answer of the provider as a ProviderError.
+func newProviderError(a httpstep.Answer) *ProviderError {
+	se := httpstep.NewStatusError(a)
+	return &ProviderError{StatusCode: se.StatusCode, Code: se.Code, Message: se.Message}
+}
+
 // DefaultProviderTimeout bounds each request of a ProviderClient whose HTTP is nil.
 const DefaultProviderTimeout = 10 * time.Second
-
-// maxAnswer bounds how much of an answer ProviderClient reads.
-const maxAnswer = 1 << 20
 
 // notFoundCode is the error code of the provider's 404 for a key under which it
 // made no refund.
@@ -92,7 +98,9 @@ const notFoundCode = "refund_not_found"
 // the demo's fake provider: POST {BaseURL}/refunds with an Idempotency-Key header,
 // 402 for a decline, and GET {BaseURL}/refunds/by-key/{key}, whose 404 with the
 // error code refund_not_found, and nothing else, means that no refund was made
-// under the key.
+// under the key. Its requests, the provider step's included, are httpstep
+// calls: bounded answers (1 MiB), the key on every request, the step's context
+// on the request.
 type ProviderClient struct {
 	// BaseURL is the provider's base URL, such as "http://127.0.0.1:8080/provider".
 	BaseURL string
@@ -124,97 +132,90 @@ var _ Provider = (*ProviderClient)(nil)
 // Refund implements Provider. Errors other than a decline are a *ProviderError
 // for an error answer, or the transport's error (a timeout, a refused connection).
 func (c *ProviderClient) Refund(ctx context.Context, key string, req ProviderRequest) (*ProviderRefund, error) {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return nil, fmt.Errorf("refund: encode provider request: %w", err)
-	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url("/refunds"), bytes.NewReader(body))
-	if err != nil {
-		return nil, fmt.Errorf("refund: provider request: %w", err)
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	hreq.Header.Set("Idempotency-Key", key)
-	ref, found, err := c.do(hreq)
-	if err != nil {
+	var ref ProviderRefund
+	if err := c.api().Run(ctx, engine.Attempt{Key: key}, req, &ref); err != nil {
 		return nil, err
 	}
-	if !found {
-		return nil, &ProviderError{StatusCode: http.StatusNotFound, Message: "the provider has no refunds endpoint"}
-	}
-	return ref, nil
+	return &ref, nil
 }
 
-// ByKey implements Provider.
+// ByKey implements Provider. A 404 that is not the provider's refund_not_found
+// (a wrong URL, a proxy's page) is a *ProviderError, never "none made".
 func (c *ProviderClient) ByKey(ctx context.Context, key string) (*ProviderRefund, bool, error) {
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url("/refunds/by-key/"+url.PathEscape(key)), nil)
-	if err != nil {
-		return nil, false, fmt.Errorf("refund: provider request: %w", err)
-	}
-	return c.do(hreq)
-}
-
-// do sends req and decodes a refund from a 2xx answer. A 404 answer gives false
-// and no error.
-func (c *ProviderClient) do(req *http.Request) (*ProviderRefund, bool, error) {
-	req.Header.Set("Accept", "application/json")
-	client := c.HTTP
-	if client == nil {
-		client = DefaultProviderHTTP
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, false, fmt.Errorf("refund: provider: %w", err)
-	}
-	defer func() {
-		// Drained so that the connection can serve the next request.
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxAnswer))
-		_ = resp.Body.Close()
-	}()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
-	if err != nil {
-		return nil, false, fmt.Errorf("refund: read provider answer: %w", err)
-	}
-	switch {
-	case resp.StatusCode == http.StatusNotFound && providerError(resp.StatusCode, raw).Code == notFoundCode:
-		return nil, false, nil
-	case resp.StatusCode < 200 || resp.StatusCode > 299:
-		// A 404 that is not the provider's "no refund under this key" (a wrong
-		// URL, a proxy's page) says nothing about the refund: it is an error,
-		// never "not made", or a lookup would let a refund be undone on it.
-		return nil, false, providerError(resp.StatusCode, raw)
-	}
 	var ref ProviderRefund
-	if err := json.Unmarshal(raw, &ref); err != nil {
-		return nil, false, fmt.Errorf("refund: decode provider answer: %w", err)
+	found, err := c.api().Find(ctx, engine.Attempt{Key: key}, ProviderRequest{}, &ref)
+	if se := (*httpstep.StatusError)(nil); errors.As(err, &se) {
+		return nil, false, &ProviderError{StatusCode: se.StatusCode, Code: se.Code, Message: se.Message}
 	}
-	if ref.ID == "" {
-		return nil, false, fmt.Errorf("refund: the provider answered %d without a refund id", resp.StatusCode)
+	if err != nil || !found {
+		return nil, false, err
 	}
 	return &ref, true, nil
+}
+
+// api is the provider's API as an httpstep call of the refund asked, whose
+// state is the refund made: what Refund and ByKey run.
+func (c *ProviderClient) api() httpstep.Call[ProviderRequest, ProviderRefund] {
+	return httpstep.Call[ProviderRequest, ProviderRefund]{
+		Client: c.client(),
+		RequestFunc: func(_ context.Context, _ engine.Attempt, req ProviderRequest, _ *ProviderRefund) (httpstep.Request, error) {
+			return c.refundRequest(req), nil
+		},
+		ClassifyFunc: func(a httpstep.Answer) error {
+			if a.Success() {
+				return nil
+			}
+			return newProviderError(a)
+		},
+		DecodeFunc: func(_ engine.Attempt, _ ProviderRequest, ref *ProviderRefund, a httpstep.Answer) error {
+			got, err := decodeProviderRefund(a)
+			if err != nil {
+				return err
+			}
+			*ref = *got
+			return nil
+		},
+		Lookup: byKeyLookup[ProviderRequest, ProviderRefund](c),
+	}
+}
+
+func (c *ProviderClient) client() *http.Client {
+	if c.HTTP == nil {
+		return DefaultProviderHTTP
+	}
+	return c.HTTP
+}
+
+// refundRequest is the request that asks the provider for the refund req.
+func (c *ProviderClient) refundRequest(req ProviderRequest) httpstep.Request {
+	return httpstep.Request{Method: http.MethodPost, URL: c.url("/refunds"), Body: req}
+}
+
+// byKeyLookup is the lookup of a refund by the key it was asked under: GET
+// /refunds/by-key/{key}, whose 404 means "none made" only with the code
+// refund_not_found.
+func byKeyLookup[In, S any](c *ProviderClient) *httpstep.Lookup[In, S] {
+	return &httpstep.Lookup[In, S]{
+		URLFunc: func(at engine.Attempt, _ In, _ *S) string {
+			return c.url("/refunds/by-key/" + url.PathEscape(at.Key))
+		},
+		NotFoundFunc: httpstep.HasCode(notFoundCode),
+	}
 }
 
 func (c *ProviderClient) url(path string) string {
 	return strings.TrimRight(c.BaseURL, "/") + path
 }
 
-func providerError(status int, raw []byte) *ProviderError {
-	var body struct {
-		Error struct {
-			Code    string `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
+// decodeProviderRefund reads the refund of a 2xx answer of the provider, a
+// refund POST's or a lookup's.
+func decodeProviderRefund(a httpstep.Answer) (*ProviderRefund, error) {
+	var ref ProviderRefund
+	if err := json.Unmarshal(a.Body, &ref); err != nil {
+		return nil, fmt.Errorf("refund: decode provider answer: %w", err)
 	}
-	if err := json.Unmarshal(raw, &body); err == nil && body.Error.Code != "" {
-		return &ProviderError{StatusCode: status, Code: body.Error.Code, Message: body.Error.Message}
+	if ref.ID == "" {
+		return nil, fmt.Errorf("refund: the provider answered %d without a refund id", a.StatusCode)
 	}
-	msg := strings.TrimSpace(string(raw))
-	if len(msg) > 200 {
-		cut := 200
-		for cut > 0 && !utf8.RuneStart(msg[cut]) {
-			cut-- // never half a character: the text is stored as the step's cause
-		}
-		msg = msg[:cut] + "..."
-	}
-	msg = strings.ToValidUTF8(msg, "\uFFFD")
-	return &ProviderError{StatusCode: status, Message: msg}
+	return &ref, nil
 }

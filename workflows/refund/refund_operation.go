@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 
 	"github.com/google/uuid"
 
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/internal/pguuid"
+	"github.com/idemflow/idemflow/steps/httpstep"
 	"github.com/idemflow/idemflow/workflows/refund/internal/refunddb"
 )
 
@@ -83,20 +85,96 @@ func (w *Workflows) reverseLedger(ctx context.Context, tx engine.Tx, _ engine.At
 	return nil
 }
 
-// callProvider is the step StepProvider.
+// callProvider is the step StepProvider. With a ProviderClient (the demo's,
+// and every test's) it is an idempotent HTTP call (providerCall, on httpstep):
+// the refund asked (refundAsked) under the step's derived key, the answer
+// classified (classifyRefund) and read into the state (decodeRefund); any
+// other Provider is called through its methods, with the same rules.
 func (w *Workflows) callProvider(ctx context.Context, at engine.Attempt, in RefundInput, s *RefundState) error {
-	ref, err := w.provider.Refund(ctx, at.Key, ProviderRequest{
-		OrderID:   in.OrderID,
-		Amount:    in.Amount,
-		Reference: s.RefundID,
-	})
+	if c, ok := w.provider.(*ProviderClient); ok {
+		return providerCall(c).Run(ctx, at, in, s)
+	}
+	ref, err := w.provider.Refund(ctx, at.Key, refundAsked(in, s))
 	if errors.Is(err, ErrProviderDeclined) {
-		return engine.Fail(CodeProviderDeclined, "the payment provider declined the refund")
+		return declined()
 	}
 	if err != nil {
 		return err
 	}
-	if ref == nil || ref.ID == "" {
+	return recordRefund(ref, in, s)
+}
+
+// lookupProvider asks the provider whether an earlier attempt of StepProvider,
+// whose answer was lost, made the refund: with a ProviderClient, a GET of the
+// refund made under the derived key, whose 404 means "none made" only with the
+// provider's own code refund_not_found.
+func (w *Workflows) lookupProvider(ctx context.Context, at engine.Attempt, in RefundInput, s *RefundState) (bool, error) {
+	if c, ok := w.provider.(*ProviderClient); ok {
+		return providerCall(c).Find(ctx, at, in, s)
+	}
+	ref, found, err := w.provider.ByKey(ctx, at.Key)
+	if err != nil || !found {
+		return false, err
+	}
+	if ref == nil {
+		return false, errors.New("the provider's lookup found no refund")
+	}
+	if err := recordRefund(ref, in, s); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// providerCall is StepProvider as an httpstep call of c: its Run is the step,
+// its Find the lookup.
+func providerCall(c *ProviderClient) httpstep.Call[RefundInput, RefundState] {
+	return httpstep.Call[RefundInput, RefundState]{
+		Client: c.client(),
+		RequestFunc: func(_ context.Context, _ engine.Attempt, in RefundInput, s *RefundState) (httpstep.Request, error) {
+			return c.refundRequest(refundAsked(in, s)), nil
+		},
+		ClassifyFunc: classifyRefund,
+		DecodeFunc:   decodeRefund,
+		Lookup:       byKeyLookup[RefundInput, RefundState](c),
+	}
+}
+
+// refundAsked is the refund that StepProvider asks of the provider: the
+// input's order and amount, with our refund's id as the reference.
+func refundAsked(in RefundInput, s *RefundState) ProviderRequest {
+	return ProviderRequest{OrderID: in.OrderID, Amount: in.Amount, Reference: s.RefundID}
+}
+
+// classifyRefund says what a provider's answer to the refund means: a 2xx is
+// the refund made, a 402 a decline, which fails the operation (and reverses
+// the ledger move); every other answer, a refusal included, is transient, as
+// Provider says of every error but a decline, and retried with the same key
+// after the answer's Retry-After when it has one.
+func classifyRefund(a httpstep.Answer) error {
+	if a.StatusCode == http.StatusPaymentRequired {
+		return declined()
+	}
+	err := httpstep.Classify(a)
+	if pe := (*engine.PermanentError)(nil); errors.As(err, &pe) {
+		return newProviderError(a)
+	}
+	return err
+}
+
+// decodeRefund reads the provider's refund, from the answer to the refund or
+// from the lookup, into the state, once it is the refund asked for (matches).
+func decodeRefund(_ engine.Attempt, in RefundInput, s *RefundState, a httpstep.Answer) error {
+	ref, err := decodeProviderRefund(a)
+	if err != nil {
+		return err
+	}
+	return recordRefund(ref, in, s)
+}
+
+// recordRefund puts the provider's refund ref in the state, once it is the
+// refund asked for.
+func recordRefund(ref *ProviderRefund, in RefundInput, s *RefundState) error {
+	if ref.ID == "" {
 		return errors.New("the provider answered a refund without an id")
 	}
 	if err := matches(ref, in); err != nil {
@@ -104,6 +182,10 @@ func (w *Workflows) callProvider(ctx context.Context, at engine.Attempt, in Refu
 	}
 	s.ProviderRefundID = ref.ID
 	return nil
+}
+
+func declined() error {
+	return engine.Fail(CodeProviderDeclined, "the payment provider declined the refund")
 }
 
 // matches halts the operation when the provider's refund under the derived key
@@ -117,23 +199,6 @@ func matches(ref *ProviderRefund, in RefundInput) error {
 			ref.ID, ref.OrderID, ref.Amount, in.OrderID, in.Amount))
 	}
 	return nil
-}
-
-// lookupProvider asks the provider whether an earlier attempt of StepProvider,
-// whose answer was lost, made the refund.
-func (w *Workflows) lookupProvider(ctx context.Context, at engine.Attempt, in RefundInput, s *RefundState) (bool, error) {
-	ref, found, err := w.provider.ByKey(ctx, at.Key)
-	if err != nil || !found {
-		return false, err
-	}
-	if ref == nil || ref.ID == "" {
-		return false, errors.New("the provider's lookup found a refund without an id")
-	}
-	if err := matches(ref, in); err != nil {
-		return false, err
-	}
-	s.ProviderRefundID = ref.ID
-	return true, nil
 }
 
 // finalize is the step StepFinalize. Its one write goes with the step's
