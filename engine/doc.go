@@ -128,11 +128,34 @@
 // never meets the old operation's records at a provider. Operations reserved
 // before that scheme keep their "idf1_" keys.
 //
-// # Versioning
+// # Versions
 //
-// An operation records the step list it was started with and is resumed by that
-// list. A process whose definition lacks a step that the operation still needs
-// never fails or compensates it: it leaves it in progress, needing attention
-// (CodeDefinitionChanged), for a process that has the step, trying again every
-// minute or lease.
+// An operation type has a name and a version (OperationOpts.Version, 1 by
+// default). A process registers any number of versions of a name in
+// Config.Operations; Start starts an operation on the version of the
+// *Operation it is given (start new ones on the newest), and the operation
+// records it and always runs on it, never on another. A process that does not
+// run an operation's version leaves it alone: it never claims it, fails it,
+// compensates it or runs any of its steps; its sweeper scans only the
+// definitions it has (one index range each, so operations waiting for another
+// version cost it nothing), it logs the operation once, and Get shows it
+// needing attention (CodeVersionNotRun). A process that runs the version
+// finishes it.
+//
+// Within a version, these changes are compatible and need no new version: a
+// step's body changed, its name and the shape of the state kept (the state
+// decodes strictly: a renamed field is not compatible); steps appended at the
+// end (an operation runs the step list it started with, so operations started
+// before finish without them); a step removed that every unfinished operation
+// has finished. Every other change (steps renamed, removed while operations
+// still need them, reordered, or a state that no longer decodes) needs a new
+// version. New refuses a version registered twice and two versions with the
+// same steps. A process whose definition of a version lacks a step that an
+// operation still needs leaves the operation in progress, needing attention
+// (CodeDefinitionChanged), for a process that has the step.
+//
+// Before a deploy, Check(ctx, pool, defs) with the new binary's definitions
+// lists the unfinished operations it could not run. To retire a version:
+// deploy with both versions, wait until Check with the new version alone
+// returns nothing, then deploy without the old one.
 package engine
