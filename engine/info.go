@@ -89,8 +89,11 @@ type Attention struct {
 }
 
 // NeedsAttention reports whether the operation is unfinished and waits for an
-// operator.
-func (i *Info) NeedsAttention() bool { return i.Attention != nil && i.Status == StatusInProgress }
+// operator. An operation that waits for a process that runs its version
+// (CodeVersionNotRun) waits for a deploy, not for an operator.
+func (i *Info) NeedsAttention() bool {
+	return i.Attention != nil && i.Attention.Code != CodeVersionNotRun && i.Status == StatusInProgress
+}
 
 // The values of StepInfo.ResolvedBy.
 const (

@@ -49,14 +49,37 @@ const sweepBatch = 100
 func (e *Engine) sweepLoop(ctx context.Context) {
 	t := time.NewTicker(e.cfg.SweepInterval)
 	defer t.Stop()
+	var lastNoticed time.Time
 	for {
 		if err := e.Sweep(ctx); err != nil && ctx.Err() == nil {
 			e.logger.WarnContext(ctx, "sweep failed; trying again at the next", slog.Any("error", err))
+		}
+		if time.Since(lastNoticed) >= e.cfg.Lease {
+			lastNoticed = time.Now()
+			e.noticeOtherVersions(ctx)
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// noticeOtherVersions, which the sweeper calls once a lease, logs, once each, the expired operations of the names
+// this process runs whose version it does not run: it leaves them alone, and
+// says so.
+func (e *Engine) noticeOtherVersions(ctx context.Context) {
+	for name, versions := range e.versions {
+		others, err := e.store.OperationListOtherVersions(ctx, e.control, name, versions, sweepBatch)
+		if err != nil {
+			if ctx.Err() == nil {
+				e.logger.WarnContext(ctx, "could not look for operations of other versions", slog.Any("error", err))
+			}
+			return
+		}
+		for _, op := range others {
+			e.logWaiting(ctx, op.ID, op.Name, op.Version)
 		}
 	}
 }

@@ -198,3 +198,14 @@ LEFT JOIN idemflow_step AS s ON s.operation_id = o.id
 WHERE o.state = 'in_progress'
 GROUP BY o.id
 ORDER BY o.created_at, o.id;
+
+-- name: OperationListOtherVersions :many
+-- Up to max operations in progress of name whose version is none of versions
+-- and whose lease expired: what a process that lacks their version logs, once
+-- each, that it leaves alone. Read only, once a lease, and in no order, so
+-- that it stops at the first max it finds in idemflow_operation_lease.
+SELECT id, version FROM idemflow_operation
+WHERE name = @name AND NOT (version = ANY (sqlc.arg(versions)::integer[]))
+  AND state = 'in_progress' AND NOT parked
+  AND locked_until < now()
+LIMIT @max;

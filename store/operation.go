@@ -360,3 +360,18 @@ func (s *Store) OperationListUnfinished(ctx context.Context, db DBTX) ([]Unfinis
 	}
 	return out, nil
 }
+
+// OperationListOtherVersions lists up to max operations in progress of name,
+// of none of versions, whose lease expired: the ones a process that runs
+// versions leaves alone. It returns their ids and versions.
+func (s *Store) OperationListOtherVersions(ctx context.Context, db DBTX, name string, versions []int32, max int) ([]ExpiredOperation, error) {
+	rows, err := s.q.OperationListOtherVersions(ctx, db, dbsqlc.OperationListOtherVersionsParams{Name: name, Versions: versions, Max: int32(max)})
+	if err != nil {
+		return nil, fmt.Errorf("store: list operations of other versions: %w", err)
+	}
+	out := make([]ExpiredOperation, len(rows))
+	for i, r := range rows {
+		out[i] = ExpiredOperation{ID: uuid.UUID(r.ID), Name: name, Version: int(r.Version)}
+	}
+	return out, nil
+}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/internal/demoapi"
+	"github.com/idemflow/idemflow/workflows/refund"
 )
 
 // config is the demo's configuration: each flag can also come from the environment
@@ -32,6 +33,7 @@ type config struct {
 	panics       *stepFault    // DEMO_PANIC
 	fails        *stepFault    // DEMO_FAIL
 	maxInFlight  int           // -max-in-flight, DEMO_MAX_IN_FLIGHT
+	versions     []int         // -refund-versions, DEMO_REFUND_VERSIONS
 	providerAddr string        // -provider-addr, DEMO_PROVIDER_ADDR
 }
 
@@ -88,6 +90,7 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	maxAttempts := fs.String("max-attempts", env("DEMO_MAX_ATTEMPTS", "10"), "attempts of a step that keeps failing transiently before the operation ends with a server fault (before the provider refunded) or needs attention (after) (DEMO_MAX_ATTEMPTS)")
 	retention := fs.String("retention", env("DEMO_RETENTION", "24h"), "how long a finished operation, its key and its stored answer are kept (DEMO_RETENTION)")
 	maxInFlight := fs.String("max-in-flight", env("DEMO_MAX_IN_FLIGHT", "1000"), "operations this process runs at once; beyond, a new keyed request answers 503 overloaded (DEMO_MAX_IN_FLIGHT)")
+	versions := fs.String("refund-versions", env("DEMO_REFUND_VERSIONS", "1"), "versions of the refund definition this process runs, comma-separated; new refunds start on the highest (DEMO_REFUND_VERSIONS)")
 	providerAddr := fs.String("provider-addr", env("DEMO_PROVIDER_ADDR", ""), "serve the fake provider on a listener of its own at this address instead of under /provider (DEMO_PROVIDER_ADDR)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -129,6 +132,9 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	}
 	if c.maxInFlight, err = strconv.Atoi(strings.TrimSpace(*maxInFlight)); err != nil || c.maxInFlight < 1 {
 		return nil, fmt.Errorf("-max-in-flight: %q is not a positive integer", *maxInFlight)
+	}
+	if c.versions, err = parseVersions(*versions); err != nil {
+		return nil, fmt.Errorf("-refund-versions: %w", err)
 	}
 	c.providerAddr = *providerAddr
 	if c.providerAddr != "" && c.providerURL != "" {
@@ -191,7 +197,7 @@ func parseClients(s string) ([]client, error) {
 	return out, nil
 }
 
-var crashSteps = []string{"ledger", "provider", "finalize", "record"}
+var crashSteps = []string{"ledger", "provider", "finalize", "receipt", "record"}
 
 // parseCrash reads DEMO_CRASH=<step>:<point>. Empty means no crash.
 func parseCrash(s string) (*crashPoint, error) {
@@ -217,4 +223,21 @@ func defaultDataDir(getenv func(string) string) (string, error) {
 		}
 	}
 	return filepath.Join(home, ".local", "share", "idemflow", "demo-pg"), nil
+}
+
+// parseVersions parses a comma-separated list of refund versions: each 1 or 2,
+// none twice.
+func parseVersions(s string) ([]int, error) {
+	var out []int
+	for _, part := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(part))
+		if err != nil || v != refund.RefundV1 && v != refund.RefundV2 {
+			return nil, fmt.Errorf("%q is not a version of the refund definition (1 or 2)", strings.TrimSpace(part))
+		}
+		if slices.Contains(out, v) {
+			return nil, fmt.Errorf("version %d given twice", v)
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }

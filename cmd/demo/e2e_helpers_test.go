@@ -505,6 +505,7 @@ type (
 		Amount           int64   `json:"amount"`
 		Status           string  `json:"status"`
 		ProviderRefundID *string `json:"providerRefundId"`
+		Receipt          *string `json:"receipt"`
 	}
 	account struct {
 		Account string `json:"account"`
@@ -513,6 +514,7 @@ type (
 	operation struct {
 		OperationID    string     `json:"operationId"`
 		Name           string     `json:"name"`
+		Version        int        `json:"version"`
 		Key            string     `json:"key"`
 		Status         string     `json:"status"`
 		NeedsAttention bool       `json:"needsAttention"`

@@ -331,7 +331,7 @@ func TestRefunds(t *testing.T) {
 		c := c.in(t)
 		r := c.get("/operations/" + opID)
 		requireStatus(t, r, http.StatusOK)
-		requireKeys(t, r.body, "operationId", "name", "key", "status", "needsAttention", "createdAt", "finishedAt", "steps")
+		requireKeys(t, r.body, "operationId", "name", "version", "key", "status", "needsAttention", "createdAt", "finishedAt", "steps")
 		op := decodeAs[operation](t, r)
 		require.Equal(t, opID, op.OperationID)
 		require.Equal(t, "refund", op.Name)

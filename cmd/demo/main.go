@@ -146,7 +146,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 			fmt.Fprintf(stdout, "fake payment provider listening on %s\n", providerURL)
 		}
 	}
-	wf, err := refund.New(&refund.ProviderClient{BaseURL: providerURL}, &refund.Config{Retry: retryPolicy(cfg)})
+	wf, err := refund.New(&refund.ProviderClient{BaseURL: providerURL}, &refund.Config{Retry: retryPolicy(cfg), RefundVersions: cfg.versions})
 	if err != nil {
 		return err
 	}

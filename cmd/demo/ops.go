@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -15,7 +17,8 @@ import (
 
 const opsUsage = `usage: demo ops [flags] list [in_progress|succeeded|failed]   (default failed)
        demo ops [flags] retry <operation id>
-       demo ops [flags] cancel <operation id> [reason]`
+       demo ops [flags] cancel <operation id> [reason]
+       demo ops [flags] check   (exit status 1 when a process with -refund-versions could not run some unfinished operation)`
 
 // runOps is the operator's command line: list operations by status, retry a
 // failed one (a running demo's workers pick it up), or cancel one that no live
@@ -23,7 +26,7 @@ const opsUsage = `usage: demo ops [flags] list [in_progress|succeeded|failed]   
 func runOps(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, logger *slog.Logger) int {
 	var flagArgs, rest []string
 	for i, a := range args {
-		if a == "list" || a == "retry" || a == "cancel" {
+		if a == "list" || a == "retry" || a == "cancel" || a == "check" {
 			flagArgs, rest = args[:i], args[i:]
 			break
 		}
@@ -38,6 +41,10 @@ func runOps(ctx context.Context, args []string, getenv func(string) string, stdo
 		return 2
 	}
 	if err := ops(ctx, cfg, rest, stdout, logger); err != nil {
+		if errors.Is(err, errUnrunnable) {
+			fmt.Fprintf(stderr, "demo ops check: %v\n", err)
+			return 1
+		}
 		fmt.Fprintf(stderr, "demo ops: %v\n", err)
 		return 1
 	}
@@ -58,7 +65,7 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 	if providerURL == "" {
 		providerURL = "http://" + cfg.addr + "/provider"
 	}
-	wf, err := refund.New(&refund.ProviderClient{BaseURL: providerURL}, &refund.Config{Retry: retryPolicy(cfg)})
+	wf, err := refund.New(&refund.ProviderClient{BaseURL: providerURL}, &refund.Config{Retry: retryPolicy(cfg), RefundVersions: cfg.versions})
 	if err != nil {
 		return err
 	}
@@ -94,6 +101,26 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 			fmt.Fprintln(stdout, line)
 		}
 		return nil
+	case "check":
+		found, err := e.Check(ctx)
+		if err != nil {
+			return err
+		}
+		n := 0
+		for _, u := range found {
+			for _, id := range u.IDs {
+				fmt.Fprintf(stdout, "%s %s %d\n", id, u.Name, u.Version)
+				n++
+			}
+		}
+		if n > 0 {
+			var why []string
+			for _, u := range found {
+				why = append(why, fmt.Sprintf("%d: %s", len(u.IDs), u.Reason()))
+			}
+			return fmt.Errorf("%w: %d unfinished operation(s) that refund versions %v could not run (%s)", errUnrunnable, n, cfg.versions, strings.Join(why, "; "))
+		}
+		return nil
 	case "retry", "cancel":
 		if len(args) < 2 {
 			return fmt.Errorf("%s needs an operation id\n%s", args[0], opsUsage)
@@ -121,3 +148,7 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 	}
 	return fmt.Errorf("unknown command %q\n%s", args[0], opsUsage)
 }
+
+// errUnrunnable is what demo ops check reports when it found operations that
+// the given versions could not run.
+var errUnrunnable = errors.New("not runnable")

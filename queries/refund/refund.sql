@@ -119,3 +119,18 @@ SELECT * FROM demo_refund WHERE client = @client AND id = @id;
 SELECT * FROM demo_refund
 WHERE client = @client AND order_id = @order_id
 ORDER BY created_at, id;
+
+-- name: RefundSetReceipt :exec
+-- Gives a succeeded refund its receipt number, once: the receipt step (version
+-- 2) sends it with engine.AtCommit, so it fails on its own, for good
+-- (idemflow_check), when the refund is not succeeded or has another receipt
+-- already; a retried step's transaction never committed, so its own receipt
+-- is never there.
+WITH given AS (
+    UPDATE demo_refund
+    SET receipt = sqlc.arg(receipt)::text, updated_at = clock_timestamp()
+    WHERE id = sqlc.arg(id)::text AND status = 'succeeded' AND receipt IS NULL
+    RETURNING id
+)
+SELECT idemflow_check(EXISTS (SELECT 1 FROM given), 'refund_receipt_refused',
+                      format('refund %s is not succeeded, or has a receipt already', sqlc.arg(id)::text));

@@ -54,6 +54,9 @@ type Refund struct {
 	// ProviderRefundID is the provider's id of the refund once it succeeded, nil
 	// (JSON null) before.
 	ProviderRefundID *string `json:"providerRefundId"`
+	// Receipt is the receipt number that version 2 gives a succeeded refund;
+	// absent for refunds of version 1.
+	Receipt *string `json:"receipt,omitempty"`
 }
 
 // Account is a ledger account of a client and its balance.
@@ -117,6 +120,7 @@ func GetRefund(ctx context.Context, db DBTX, client, refundID string) (*Refund, 
 		Amount:           row.Amount,
 		Status:           Status(row.Status),
 		ProviderRefundID: row.ProviderRefundID,
+		Receipt:          row.Receipt,
 	}, nil
 }
 

@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -25,7 +27,19 @@ const (
 	StepLedger   = "ledger"
 	StepProvider = "provider"
 	StepFinalize = "finalize"
+	// StepReceipt is the step that version 2 adds.
+	StepReceipt = "receipt"
 )
+
+// The versions of the refund operation's definition: version 1 runs ledger,
+// provider and finalize; version 2 adds receipt.
+const (
+	RefundV1 = 1
+	RefundV2 = 2
+)
+
+// ReceiptPrefix starts every receipt number.
+const ReceiptPrefix = "rc_"
 
 // The codes of the permanent errors (engine.PermanentError) that end the
 // operations. The demo answers them with 409, 404, 422, 402 and 400.
@@ -66,15 +80,23 @@ type Config struct {
 	// the engine's defaults (see engine.RetryPolicy); the demo's -retry-backoff
 	// sets Base.
 	Retry engine.RetryPolicy
+	// RefundVersions are the versions of the refund operation to define
+	// (RefundV1, RefundV2); nil means version 1 only. New refunds start on the
+	// highest.
+	RefundVersions []int
 }
 
 // Workflows holds the demo's operation types. Make it with New.
 type Workflows struct {
 	// Order records an order that a customer paid. Its result is the new Order.
 	Order *engine.Operation[OrderInput, OrderState, Order]
-	// Refund refunds part or all of an order through the provider. Its result is
-	// the succeeded Refund.
+	// Refund refunds part or all of an order through the provider, on the
+	// highest of Config.RefundVersions: the version new refunds start on. Its
+	// result is the succeeded Refund.
 	Refund *engine.Operation[RefundInput, RefundState, Refund]
+	// RefundVersions are the defined versions of the refund operation, by
+	// version; Refund is one of them.
+	RefundVersions map[int]*engine.Operation[RefundInput, RefundState, Refund]
 
 	provider Provider
 	q        *refunddb.Queries
@@ -101,20 +123,49 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 	if err != nil {
 		return nil, fmt.Errorf("refund: %w", err)
 	}
-	w.Refund, err = engine.NewOperation(RefundOperation, []engine.Step[RefundInput, RefundState]{
-		engine.TxStep(StepLedger, w.ledger).Compensate(w.reverseLedger),
-		engine.ExternalStep(StepProvider, w.callProvider).Lookup(w.lookupProvider),
-		engine.TxStep(StepFinalize, w.finalize),
-	}, refundResult, opts)
-	if err != nil {
-		return nil, fmt.Errorf("refund: %w", err)
+	versions := cfg.RefundVersions
+	if len(versions) == 0 {
+		versions = []int{RefundV1}
+	}
+	w.RefundVersions = make(map[int]*engine.Operation[RefundInput, RefundState, Refund], len(versions))
+	for _, v := range versions {
+		steps := []engine.Step[RefundInput, RefundState]{
+			engine.TxStep(StepLedger, w.ledger).Compensate(w.reverseLedger),
+			engine.ExternalStep(StepProvider, w.callProvider).Lookup(w.lookupProvider),
+			engine.TxStep(StepFinalize, w.finalize),
+		}
+		switch v {
+		case RefundV1:
+		case RefundV2:
+			steps = append(steps, engine.TxStep(StepReceipt, w.receipt))
+		default:
+			return nil, fmt.Errorf("refund: no version %d of the refund operation (there are 1 and 2)", v)
+		}
+		if _, dup := w.RefundVersions[v]; dup {
+			return nil, fmt.Errorf("refund: version %d given twice", v)
+		}
+		vopts := *opts
+		vopts.Version = v
+		op, err := engine.NewOperation(RefundOperation, steps, refundResult, &vopts)
+		if err != nil {
+			return nil, fmt.Errorf("refund: %w", err)
+		}
+		w.RefundVersions[v] = op
+		if w.Refund == nil || v > w.Refund.Version() {
+			w.Refund = op
+		}
 	}
 	return w, nil
 }
 
-// Operations returns both operation types, for engine.Config.Operations.
+// Operations returns the order operation and every defined version of the
+// refund operation, for engine.Config.Operations.
 func (w *Workflows) Operations() []engine.Definition {
-	return []engine.Definition{w.Order, w.Refund}
+	defs := []engine.Definition{w.Order}
+	for _, v := range slices.Sorted(maps.Keys(w.RefundVersions)) {
+		defs = append(defs, w.RefundVersions[v])
+	}
+	return defs
 }
 
 // newID returns prefix followed by 26 random base32 characters.

@@ -35,6 +35,9 @@ type RefundState struct {
 	RefundID string `json:"refundId"`
 	// ProviderRefundID is the provider's id of the refund, set by the provider step.
 	ProviderRefundID string `json:"providerRefundId"`
+	// Receipt is the refund's receipt number, set by the receipt step of
+	// version 2; empty in version 1.
+	Receipt string `json:"receipt,omitempty"`
 }
 
 // ledger is the step StepLedger. Its one statement, RefundRecord, takes the
@@ -215,16 +218,34 @@ func (w *Workflows) finalize(ctx context.Context, tx engine.Tx, _ engine.Attempt
 	return nil
 }
 
+// receipt is the step StepReceipt of version 2: it gives the succeeded refund
+// a receipt number. Its one write goes with the step's checkpoint and COMMIT
+// (engine.AtCommit), and fails on its own when the refund is not succeeded or
+// has a receipt.
+func (w *Workflows) receipt(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ RefundInput, s *RefundState) error {
+	number := newID(ReceiptPrefix)
+	err := w.q.RefundSetReceipt(ctx, engine.AtCommit(tx), refunddb.RefundSetReceiptParams{ID: s.RefundID, Receipt: number})
+	if err != nil {
+		return fmt.Errorf("give refund %s its receipt: %w", s.RefundID, err)
+	}
+	s.Receipt = number
+	return nil
+}
+
 func refundResult(in RefundInput, s *RefundState) (Refund, error) {
 	if s.RefundID == "" || s.ProviderRefundID == "" {
 		return Refund{}, fmt.Errorf("refund of order %s finished without its ids", in.OrderID)
 	}
 	providerID := s.ProviderRefundID
-	return Refund{
+	r := Refund{
 		RefundID:         s.RefundID,
 		OrderID:          in.OrderID,
 		Amount:           in.Amount,
 		Status:           StatusSucceeded,
 		ProviderRefundID: &providerID,
-	}, nil
+	}
+	if s.Receipt != "" {
+		r.Receipt = &s.Receipt
+	}
+	return r, nil
 }

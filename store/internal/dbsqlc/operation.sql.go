@@ -450,6 +450,49 @@ func (q *Queries) OperationListExpired(ctx context.Context, db DBTX, arg Operati
 	return items, nil
 }
 
+const operationListOtherVersions = `-- name: OperationListOtherVersions :many
+SELECT id, version FROM idemflow_operation
+WHERE name = $1 AND NOT (version = ANY ($2::integer[]))
+  AND state = 'in_progress' AND NOT parked
+  AND locked_until < now()
+LIMIT $3
+`
+
+type OperationListOtherVersionsParams struct {
+	Name     string
+	Versions []int32
+	Max      int32
+}
+
+type OperationListOtherVersionsRow struct {
+	ID      pguuid.UUID
+	Version int32
+}
+
+// Up to max operations in progress of name whose version is none of versions
+// and whose lease expired: what a process that lacks their version logs, once
+// each, that it leaves alone. Read only, once a lease, and in no order, so
+// that it stops at the first max it finds in idemflow_operation_lease.
+func (q *Queries) OperationListOtherVersions(ctx context.Context, db DBTX, arg OperationListOtherVersionsParams) ([]*OperationListOtherVersionsRow, error) {
+	rows, err := db.Query(ctx, operationListOtherVersions, arg.Name, arg.Versions, arg.Max)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*OperationListOtherVersionsRow
+	for rows.Next() {
+		var i OperationListOtherVersionsRow
+		if err := rows.Scan(&i.ID, &i.Version); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const operationListUnfinishedForCheck = `-- name: OperationListUnfinishedForCheck :many
 SELECT o.id, o.name, o.version, o.steps, (o.error IS NOT NULL)::boolean AS failing,
        coalesce(array_agg(s.name) FILTER (WHERE s.state = 'succeeded'), '{}')::text[] AS succeeded,

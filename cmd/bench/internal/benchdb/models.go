@@ -53,6 +53,7 @@ type DemoRefund struct {
 	ProviderRefundID *string
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
+	Receipt          *string
 }
 
 type IdemflowOperation struct {

@@ -26,4 +26,5 @@ type DemoRefund struct {
 	ProviderRefundID *string
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
+	Receipt          *string
 }

@@ -58,7 +58,7 @@ func (q *Queries) RefundFail(ctx context.Context, db DBTX, arg RefundFailParams)
 }
 
 const refundGet = `-- name: RefundGet :one
-SELECT id, client, order_id, amount, status, provider_refund_id, created_at, updated_at FROM demo_refund WHERE client = $1 AND id = $2
+SELECT id, client, order_id, amount, status, provider_refund_id, created_at, updated_at, receipt FROM demo_refund WHERE client = $1 AND id = $2
 `
 
 type RefundGetParams struct {
@@ -78,12 +78,13 @@ func (q *Queries) RefundGet(ctx context.Context, db DBTX, arg RefundGetParams) (
 		&i.ProviderRefundID,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Receipt,
 	)
 	return &i, err
 }
 
 const refundListByOrder = `-- name: RefundListByOrder :many
-SELECT id, client, order_id, amount, status, provider_refund_id, created_at, updated_at FROM demo_refund
+SELECT id, client, order_id, amount, status, provider_refund_id, created_at, updated_at, receipt FROM demo_refund
 WHERE client = $1 AND order_id = $2
 ORDER BY created_at, id
 `
@@ -111,6 +112,7 @@ func (q *Queries) RefundListByOrder(ctx context.Context, db DBTX, arg RefundList
 			&i.ProviderRefundID,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.Receipt,
 		); err != nil {
 			return nil, err
 		}
@@ -247,5 +249,31 @@ func (q *Queries) RefundRecord(ctx context.Context, db DBTX, arg RefundRecordPar
 		arg.MerchantAccount,
 		arg.CustomerAccountPrefix,
 	)
+	return err
+}
+
+const refundSetReceipt = `-- name: RefundSetReceipt :exec
+WITH given AS (
+    UPDATE demo_refund
+    SET receipt = $2::text, updated_at = clock_timestamp()
+    WHERE id = $1::text AND status = 'succeeded' AND receipt IS NULL
+    RETURNING id
+)
+SELECT idemflow_check(EXISTS (SELECT 1 FROM given), 'refund_receipt_refused',
+                      format('refund %s is not succeeded, or has a receipt already', $1::text))
+`
+
+type RefundSetReceiptParams struct {
+	ID      string
+	Receipt string
+}
+
+// Gives a succeeded refund its receipt number, once: the receipt step (version
+// 2) sends it with engine.AtCommit, so it fails on its own, for good
+// (idemflow_check), when the refund is not succeeded or has another receipt
+// already; a retried step's transaction never committed, so its own receipt
+// is never there.
+func (q *Queries) RefundSetReceipt(ctx context.Context, db DBTX, arg RefundSetReceiptParams) error {
+	_, err := db.Exec(ctx, refundSetReceipt, arg.ID, arg.Receipt)
 	return err
 }

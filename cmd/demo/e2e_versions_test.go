@@ -1,0 +1,103 @@
+package main
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/testdb"
+)
+
+// TestVersionsDeploy walks the deploy story of the refund's two versions: a
+// version-2 refund crashed in its receipt step is left alone by a demo that
+// runs version 1 only (in progress, 409 to the client, never failed or
+// compensated, whatever the lease), `demo ops check` names it for that demo's
+// versions and passes for 1,2, and a demo that runs both finishes it, with its
+// receipt; a version-1 refund resumed by that demo runs three steps.
+func TestVersionsDeploy(t *testing.T) {
+	t.Parallel()
+	dbURL := testdb.URL(t)
+	both := []string{"-refund-versions", "1,2"}
+
+	// A version-1 refund crashed in finalize, by a demo that runs version 1.
+	d := startDemo(t, dbURL, &demoOpts{crash: "finalize:before"})
+	c := d.client(t, tokenA)
+	c.createOrder("A-1", "cus_1", 5000)
+	keyV1 := newKey()
+	bodyV1 := map[string]any{"orderId": "A-1", "amount": 100}
+	_, err := c.send(http.MethodPost, "/refunds", keyV1, bodyV1)
+	require.Error(t, err)
+	require.Equal(t, crashExitCode, d.waitExit())
+
+	// A version-2 refund crashed in receipt, by a demo that runs both.
+	d = startDemo(t, dbURL, &demoOpts{crash: "receipt:before", args: both})
+	c = d.client(t, tokenA)
+	keyV2 := newKey()
+	bodyV2 := map[string]any{"orderId": "A-1", "amount": 200}
+	_, err = c.send(http.MethodPost, "/refunds", keyV2, bodyV2)
+	require.Error(t, err)
+	require.Equal(t, crashExitCode, d.waitExit())
+
+	// A demo of version 1 only: it finishes the version-1 refund and leaves
+	// the version-2 one alone, for several leases.
+	d = startDemo(t, dbURL, nil)
+	c = d.client(t, tokenA)
+	r := c.postUntilFinal("/refunds", keyV1, bodyV1)
+	requireStatus(t, r, http.StatusCreated)
+	ref := decodeAs[refundBody](t, r)
+	require.Nil(t, ref.Receipt, "a version-1 refund has no receipt")
+	opV1 := c.getOperation(r.header.Get("Operation-Id"))
+	require.Equal(t, 1, opV1.Version)
+	require.Len(t, opV1.Steps, 3)
+
+	time.Sleep(3 * time.Second) // three leases of 1 s, many sweeps
+	r = c.post("/refunds", keyV2, bodyV2)
+	requireError(t, r, http.StatusConflict, "request_in_progress")
+	idV2 := r.header.Get("Operation-Id")
+	opV2 := c.getOperation(idV2)
+	require.Equal(t, 2, opV2.Version)
+	require.Equal(t, "in_progress", opV2.Status)
+	require.Len(t, opV2.Steps, 4)
+	for _, st := range opV2.Steps[:3] {
+		require.Equal(t, "succeeded", st.Status, "step %s", st.Name)
+	}
+	require.Equal(t, "pending", opV2.Steps[3].Status)
+	require.Equal(t, 0, opV2.Steps[3].Attempts, "a version-1 demo ran the receipt step")
+	require.Contains(t, d.stderr.String(), "this process does not run its version")
+	require.Equal(t, 1, strings.Count(d.stderr.String(), idV2+" operation=refund version=2"), "logged once")
+	c.requireBooks(5000, 300)
+
+	check := demoOps(t, dbURL, "check")
+	require.Equal(t, 1, check.code, "check for version 1: %s %s", check.stdout, check.stderr)
+	require.Equal(t, idV2+" refund 2\n", check.stdout)
+	check = demoOps(t, dbURL, "-refund-versions", "1,2", "check")
+	require.Equal(t, 0, check.code, "check for 1,2: %s %s", check.stdout, check.stderr)
+	require.Empty(t, check.stdout)
+	d.stop()
+
+	// The deploy: a demo that runs both finishes the version-2 refund.
+	d = startDemo(t, dbURL, &demoOpts{args: both})
+	c = d.client(t, tokenA)
+	r = c.postUntilFinal("/refunds", keyV2, bodyV2)
+	requireStatus(t, r, http.StatusCreated)
+	ref = decodeAs[refundBody](t, r)
+	require.NotNil(t, ref.Receipt)
+	require.True(t, strings.HasPrefix(*ref.Receipt, "rc_"), *ref.Receipt)
+	require.Equal(t, ref.Receipt, c.getRefund(ref.RefundID).Receipt)
+	opV2 = c.getOperation(idV2)
+	require.Equal(t, "succeeded", opV2.Status)
+	require.Equal(t, 1, opV2.Steps[0].Attempts, "the ledger ran once")
+	require.Len(t, c.providerRefunds(), 2)
+	c.requireBooks(5000, 300)
+
+	// New refunds start on version 2.
+	r = c.postUntilFinal("/refunds", newKey(), map[string]any{"orderId": "A-1", "amount": 50})
+	requireStatus(t, r, http.StatusCreated)
+	require.Equal(t, 2, c.getOperation(r.header.Get("Operation-Id")).Version)
+	require.NotNil(t, decodeAs[refundBody](t, r).Receipt)
+	require.Equal(t, 0, demoOps(t, dbURL, "-refund-versions", "2", "check").code)
+	d.stop()
+}
