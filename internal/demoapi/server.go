@@ -280,6 +280,7 @@ func (s *server) listAccounts(w http.ResponseWriter, r *http.Request) {
 type operationBody struct {
 	OperationID uuid.UUID `json:"operationId"`
 	Name        string    `json:"name"`
+	Version     int       `json:"version"`
 	Key         string    `json:"key"`
 	Status      string    `json:"status"`
 	// NeedsAttention is true while the unfinished operation waits for an
@@ -322,7 +323,7 @@ func (s *server) getOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body := operationBody{
-		OperationID: info.ID, Name: info.Name, Key: info.Key, Status: string(info.Status),
+		OperationID: info.ID, Name: info.Name, Version: info.Version, Key: info.Key, Status: string(info.Status),
 		NeedsAttention: info.NeedsAttention(),
 		CreatedAt:      info.CreatedAt, FinishedAt: info.FinishedAt, Steps: []stepBody{},
 	}
