@@ -30,11 +30,16 @@
 // them is logged:
 //
 //	point                                retry      status       parked  invariants
-//	baseline                             found      succeeded    false   ok
-//	debit/before                         new        succeeded    false   ok
-//	debit/after-effect                   new        succeeded    false   ok
-//	bank/before                          found      succeeded    false   ok
-//	bank/after-effect                    found      succeeded    false   ok
+//	baseline                             new        succeeded    false   ok
+//	ledger/before                        new        succeeded    false   ok
+//	ledger/after-effect                  new        succeeded    false   ok
+//	provider/before                      found      succeeded    false   ok
+//	provider/after-effect                found      succeeded    false   ok
+//	finalize/before                      found      succeeded    false   ok
+//	...
+//
+// ("retry": whether the client's retry found the operation, its reservation
+// committed, or started it anew.)
 //
 // Matrix.Faults does the same in the test process for the faults of each
 // external step's first attempt: an error before the call, an answer lost
