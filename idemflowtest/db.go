@@ -99,3 +99,11 @@ func Wait(tb testing.TB, e *engine.Engine, s *engine.Started) *engine.Info {
 	require.NoError(tb, err)
 	return full
 }
+
+// ExamplePool returns a pool on a new database for an example function, which
+// has no testing.TB, named after name, and the function that closes the pool
+// and drops the database. It panics when the database cannot be made: an
+// example cannot fail otherwise.
+func ExamplePool(name string) (*pgxpool.Pool, func()) {
+	return testdb.ExamplePool(name)
+}

@@ -72,6 +72,10 @@ func (e *StatusError) Error() string {
 //		}
 //		return httpstep.Classify(a)
 //	}
+//
+// A refusal with the code CodeKeyReused halts the operation instead
+// (engine.Halt): the service holds another request under the derived key, which
+// may have been carried out, so undoing the steps before it would be a guess.
 func Classify(a Answer) error {
 	if a.Success() {
 		return nil
@@ -83,6 +87,12 @@ func Classify(a Answer) error {
 		}
 		if msg == "" {
 			msg = strings.TrimSpace(fmt.Sprintf("the service refused the request (%d %s", a.StatusCode, http.StatusText(a.StatusCode))) + ")"
+		}
+		if code == CodeKeyReused {
+			// The key was used before with another request, which may have
+			// been carried out: nothing says this one was not, so nothing may
+			// be undone on this answer. An operator decides.
+			return engine.Halt(code, "the service says this idempotency key was used for another request: "+msg)
 		}
 		pe := engine.Fail(code, msg)
 		pe.Cause = NewStatusError(a).Error()
@@ -214,3 +224,8 @@ func validCode(code string) bool {
 	}
 	return true
 }
+
+// CodeKeyReused is the code with which services (Stripe, and the fakes of
+// idemflowtest/fakeservice) refuse a request whose idempotency key another
+// request holds: Classify halts the operation on it.
+const CodeKeyReused = "idempotency_key_reused"

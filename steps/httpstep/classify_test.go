@@ -154,3 +154,15 @@ func TestHasCode(t *testing.T) {
 		require.Equal(t, want, notFound(httpstep.Answer{StatusCode: 404, Body: []byte(body)}), body)
 	}
 }
+
+// TestClassifyKeyReused: a refusal because the key holds another request halts
+// the operation: that request may have been carried out.
+func TestClassifyKeyReused(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{`{"code":"idempotency_key_reused"}`, `{"error":{"code":"idempotency_key_reused","message":"m"}}`} {
+		err := httpstep.Classify(httpstep.Answer{StatusCode: 422, Body: []byte(body)})
+		var halt *engine.HaltError
+		require.ErrorAs(t, err, &halt, body)
+		require.Equal(t, httpstep.CodeKeyReused, halt.Code)
+	}
+}

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/engine"
-	"github.com/idemflow/idemflow/internal/testdb"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/steps/httpstep"
 )
 
@@ -21,7 +21,7 @@ import (
 // derived key, finds the payment, and does not pay again.
 func ExampleStep() {
 	ctx := context.Background()
-	pool, cleanup := testdb.ExamplePool("example_httpstep")
+	pool, cleanup := idemflowtest.ExamplePool("example_httpstep")
 	defer cleanup()
 
 	// The provider: POST /payments pays once per Idempotency-Key; GET

@@ -9,8 +9,8 @@ import (
 	"os"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/idemflowtest/fakeservice"
-	"github.com/idemflow/idemflow/internal/testdb"
 	"github.com/idemflow/idemflow/workflows/payout"
 )
 
@@ -22,7 +22,7 @@ func newExample(name string, bank *fakeservice.Service) (*engine.Engine, *engine
 	ctx := context.Background()
 	// A migrated database (engine.Migrate's tables), as a service has after
 	// engine.Migrate at start.
-	pool, dropDB := testdb.ExamplePool(name)
+	pool, dropDB := idemflowtest.ExamplePool(name)
 	srv := httptest.NewServer(bank)
 	if err := payout.Migrate(ctx, pool); err != nil {
 		panic(err)
