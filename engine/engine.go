@@ -96,6 +96,9 @@ type Config struct {
 	// RetentionInterval is how often the leader runs the retention job. Defaults
 	// to 1 minute.
 	RetentionInterval time.Duration
+	// Observer, when not nil, is told what the engine does, for metrics and
+	// traces.
+	Observer *Observer
 	// Test holds knobs for tests and fault injection, which production code
 	// leaves zero.
 	Test TestConfig

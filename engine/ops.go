@@ -82,7 +82,7 @@ func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 		}
 	}
 	cancelled := &PermanentError{Code: CodeCancelled, Message: "the operation was cancelled by an operator", Cause: reason}
-	info, err := e.claimAndRun(ctx, id, rec.Name, cancelled)
+	info, err := e.claimAndRun(ctx, id, rec.Name, cancelled, false)
 	if errors.Is(err, errNotClaimed) {
 		return nil, fmt.Errorf("engine: cancel %s: %w", id, ErrRunning)
 	}

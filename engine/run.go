@@ -160,6 +160,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		close(r.local.done)
 	}
 	if info != nil {
+		r.observeFinished(ctx, info.Status)
 		r.e.notifyFinished(info)
 	}
 }
@@ -285,6 +286,9 @@ func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*In
 		undo()
 		return r.resultFailed(ctx, re.err)
 	}
+	if err == nil {
+		r.observeStep(ctx, st, attempt, started, StepSucceeded, nil)
+	}
 	return info, err
 }
 
@@ -313,6 +317,7 @@ func (r *run) lookup(ctx context.Context, st *stepDef, at Attempt) (bool, error)
 	if err != nil {
 		return false, fmt.Errorf("lookup: %w", err)
 	}
+	r.observeLookup(ctx, st, at.Number, found)
 	if found {
 		r.logger().InfoContext(ctx, "lookup found the earlier attempt; not calling again",
 			slog.String("step", st.name), slog.Int("attempt", at.Number))
@@ -363,6 +368,7 @@ func (r *run) externalSucceeded(ctx context.Context, i int, st *stepDef, attempt
 	if err := r.succeeded(i, st, attempt, started, resolvedBy); err != nil {
 		return r.parkUndecodable(ctx, err)
 	}
+	r.observeStep(ctx, st, attempt, started, StepSucceeded, nil)
 	if !last {
 		// Checkpointed with the next transaction, so that a first attempt commits
 		// once before its call and once after.

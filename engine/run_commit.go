@@ -94,6 +94,7 @@ func (r *run) commitEnd(ctx context.Context, tx *txn, end *store.StepCheckpointM
 		if r.local != nil {
 			r.local.reserved <- reservation{created: true}
 		}
+		r.observeStarted(ctx)
 	}
 	return nil
 }

@@ -38,6 +38,7 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 	var halt *HaltError
 	if errors.As(stepErr, &halt) {
 		log.WarnContext(ctx, "step halted the operation; it needs an operator", slog.String("code", halt.Code), slog.String("reason", halt.Message))
+		r.observeStep(ctx, st, attempt, started, StepFailed, stepErr)
 		return r.park(ctx, failure, halt.Code, fmt.Sprintf("step %s: %s", st.name, halt.Message))
 	}
 	var pe *PermanentError
@@ -46,14 +47,17 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 	if r.pastPivot() {
 		if permanent {
 			log.ErrorContext(ctx, "step failed for good after the point of no return; parking the operation", slog.String("error", stepErr.Error()))
+			r.observeStep(ctx, st, attempt, started, StepFailed, stepErr)
 			return r.park(ctx, failure, CodeFailedPastPivot,
 				fmt.Sprintf("step %s failed for good after the point of no return: %s", st.name, pe.Error()))
 		}
 		if attempt < policy.MaxAttempts {
 			log.InfoContext(ctx, "step failed; retrying later", slog.Any("error", stepErr))
+			r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
 			return r.retryLater(ctx, failure, backoff(policy, attempt, stepErr), nil)
 		}
 		log.WarnContext(ctx, "step keeps failing after the point of no return; retrying at the cap", slog.Any("error", stepErr))
+		r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
 		return r.retryLater(ctx, failure, policy.Cap, &attention{CodeRetryingPastPivot,
 			fmt.Sprintf("step %s has failed %d times after the point of no return; retried every %s until it succeeds", st.name, attempt, policy.Cap)})
 	}
@@ -64,17 +68,20 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 		// by the derived key, can tell before anything is undone.
 		if st.lookup == nil {
 			log.ErrorContext(ctx, "external step out of attempts, and no lookup can tell whether its call went through; parking the operation")
+			r.observeStep(ctx, st, attempt, started, StepFailed, stepErr)
 			return r.park(ctx, failure, CodeOutcomeUnknown,
 				fmt.Sprintf("step %s failed %d times and has no lookup: whether its call went through is unknown", st.name, attempt))
 		}
 		found, err := r.lookup(ctx, st, r.attempt(st, attempt))
 		if errors.As(err, &halt) {
 			failure.LastError, failure.LastCause = publicText(st.name, err), err.Error()
+			r.observeStep(ctx, st, attempt, started, StepFailed, stepErr)
 			return r.park(ctx, failure, halt.Code, fmt.Sprintf("step %s: %s", st.name, halt.Message))
 		}
 		if err != nil {
 			log.WarnContext(ctx, "external step out of attempts, and its lookup failed; retrying at the cap", slog.Any("error", err))
 			failure.LastCause = stepErr.Error() + "; " + err.Error()
+			r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
 			return r.retryLater(ctx, failure, policy.Cap, &attention{CodeOutcomeUnknown,
 				fmt.Sprintf("step %s failed %d times and its lookup fails: %s", st.name, attempt, err)})
 		}
@@ -89,10 +96,12 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 	if !permanent {
 		delay := backoff(policy, attempt, stepErr)
 		log.InfoContext(ctx, "step failed; retrying later", slog.Any("error", stepErr), slog.Duration("backoff", delay))
+		r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
 		return r.retryLater(ctx, failure, delay, nil)
 	}
 	pe = &PermanentError{Code: pe.Code, Message: pe.Message, Cause: pe.Cause, Details: pe.Details, Step: st.name, Fault: pe.ServerFault()}
 	log.InfoContext(ctx, "step failed permanently", slog.String("code", pe.Code), slog.String("error", pe.Error()))
+	r.observeStep(ctx, st, attempt, started, StepFailed, stepErr)
 	r.failure = pe
 	r.tries[st.name] = attempt
 	r.status[st.name] = store.StepFailed

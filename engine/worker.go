@@ -22,6 +22,9 @@ import (
 type resumeArgs struct {
 	OperationID uuid.UUID `json:"operation_id"`
 	Operation   string    `json:"operation"`
+	// Recovery is true for the sweeper's job: the run before it stopped
+	// renewing its lease.
+	Recovery bool `json:"recovery,omitempty"`
 }
 
 // Kind implements river.JobArgs.
@@ -35,7 +38,7 @@ type resumeWorker struct {
 // Work claims the operation and runs what is left of it. An operation that is
 // finished, or held by a live run, needs nothing from this job.
 func (w *resumeWorker) Work(ctx context.Context, job *river.Job[resumeArgs]) error {
-	return w.e.resume(ctx, job.Args.OperationID, job.Args.Operation)
+	return w.e.resume(ctx, job.Args.OperationID, job.Args.Operation, job.Args.Recovery)
 }
 
 // sweepBatch bounds the operations one sweep hands to workers.
@@ -107,7 +110,7 @@ func (e *Engine) Sweep(ctx context.Context) error {
 		}
 		ok, err := e.store.OperationExtendExpired(ctx, tx, op.ID, e.cfg.Lease, nil)
 		if err == nil && ok {
-			_, err = e.river.InsertTx(ctx, tx, resumeArgs{OperationID: op.ID, Operation: op.Name}, &river.InsertOpts{Queue: e.cfg.Queue})
+			_, err = e.river.InsertTx(ctx, tx, resumeArgs{OperationID: op.ID, Operation: op.Name, Recovery: true}, &river.InsertOpts{Queue: e.cfg.Queue})
 		}
 		if err == nil {
 			err = tx.Commit(ctx)
@@ -125,8 +128,9 @@ func (e *Engine) Sweep(ctx context.Context) error {
 }
 
 // resume claims an operation and runs it from its first unfinished step.
-func (e *Engine) resume(ctx context.Context, id uuid.UUID, name string) error {
-	_, err := e.claimAndRun(ctx, id, name, nil)
+// recovery says that the run before it stopped renewing its lease.
+func (e *Engine) resume(ctx context.Context, id uuid.UUID, name string, recovery bool) error {
+	_, err := e.claimAndRun(ctx, id, name, nil, recovery)
 	switch {
 	case err == nil, errors.Is(err, errHandedOff), errors.Is(err, errLost), errors.Is(err, errNotClaimed),
 		errors.Is(err, errParked), errors.Is(err, errWaiting), errors.Is(err, errVersionNotRun):
@@ -167,7 +171,7 @@ var errCannotCancel = errors.New("operation cannot be cancelled")
 // claimAndRun claims an operation and runs what is left of it; with cancel, it
 // ends the operation failed with that error instead, after compensating, unless
 // it is past its point of no return (ErrPastPivot).
-func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, cancelWith *PermanentError) (*Info, error) {
+func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, cancelWith *PermanentError, recovery bool) (*Info, error) {
 	versions := e.versions[name]
 	if len(versions) == 0 {
 		// Another process may know the type; River retries the job.
@@ -211,6 +215,9 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 		reserved:      true,
 		runs:          rec.Runs,
 		leaseFrom:     leaseFrom,
+	}
+	if recovery {
+		r.observeRecovered(ctx)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

@@ -209,3 +209,13 @@ WHERE name = @name AND NOT (version = ANY (sqlc.arg(versions)::integer[]))
   AND state = 'in_progress' AND NOT parked
   AND locked_until < now()
 LIMIT @max;
+
+-- name: OperationInProgressStats :many
+-- Per operation type, the operations in progress and the age of the oldest,
+-- by the database's clock: an index-only scan of idemflow_operation_in_progress.
+SELECT name, count(*)::bigint AS in_progress,
+       extract(epoch FROM now() - min(created_at))::float8 AS oldest_seconds
+FROM idemflow_operation
+WHERE state = 'in_progress'
+GROUP BY name
+ORDER BY name;

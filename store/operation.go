@@ -375,3 +375,25 @@ func (s *Store) OperationListOtherVersions(ctx context.Context, db DBTX, name st
 	}
 	return out, nil
 }
+
+// InProgressStat is, for one operation type, how many operations are in
+// progress and how old the oldest is.
+type InProgressStat struct {
+	Name       string
+	InProgress int64
+	Oldest     time.Duration
+}
+
+// OperationInProgressStats reads InProgressStat for every operation type with
+// operations in progress, in one index-only scan.
+func (s *Store) OperationInProgressStats(ctx context.Context, db DBTX) ([]InProgressStat, error) {
+	rows, err := s.q.OperationInProgressStats(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("store: operations in progress: %w", err)
+	}
+	out := make([]InProgressStat, len(rows))
+	for i, r := range rows {
+		out[i] = InProgressStat{Name: r.Name, InProgress: r.InProgress, Oldest: time.Duration(r.OldestSeconds * float64(time.Second))}
+	}
+	return out, nil
+}

@@ -301,6 +301,43 @@ func (q *Queries) OperationGetByKey(ctx context.Context, db DBTX, arg OperationG
 	return &i, err
 }
 
+const operationInProgressStats = `-- name: OperationInProgressStats :many
+SELECT name, count(*)::bigint AS in_progress,
+       extract(epoch FROM now() - min(created_at))::float8 AS oldest_seconds
+FROM idemflow_operation
+WHERE state = 'in_progress'
+GROUP BY name
+ORDER BY name
+`
+
+type OperationInProgressStatsRow struct {
+	Name          string
+	InProgress    int64
+	OldestSeconds float64
+}
+
+// Per operation type, the operations in progress and the age of the oldest,
+// by the database's clock: an index-only scan of idemflow_operation_in_progress.
+func (q *Queries) OperationInProgressStats(ctx context.Context, db DBTX) ([]*OperationInProgressStatsRow, error) {
+	rows, err := db.Query(ctx, operationInProgressStats)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*OperationInProgressStatsRow
+	for rows.Next() {
+		var i OperationInProgressStatsRow
+		if err := rows.Scan(&i.Name, &i.InProgress, &i.OldestSeconds); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const operationInsert = `-- name: OperationInsert :one
 INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at)
 VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8, $9, $10, coalesce($11::timestamptz, clock_timestamp()) + $12::interval, coalesce($11::timestamptz, now()))

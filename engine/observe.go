@@ -1,0 +1,130 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Observer is told what the engine does in this process, for metrics and
+// traces (Config.Observer). Every field is optional. The functions run on the
+// engine's hot path, in the goroutine of the run: keep them short, and never
+// block in them.
+type Observer struct {
+	// OperationStarted: this process reserved a key and starts the operation's
+	// first attempt (Start; not StartTx, whose reservation is the caller's).
+	OperationStarted func(ctx context.Context, op OperationEvent)
+	// OperationFinished: an operation ended here, succeeded or failed.
+	OperationFinished func(ctx context.Context, op OperationEvent, status Status)
+	// OperationRecovered: this process took an operation over after another
+	// run's lease expired (the sweeper's resume).
+	OperationRecovered func(ctx context.Context, op OperationEvent)
+	// StepAttempted: an attempt of a step ended here.
+	StepAttempted func(ctx context.Context, step StepEvent)
+	// LookedUp: a lookup asked, by derived key, whether an earlier attempt of
+	// an external step went through.
+	LookedUp func(ctx context.Context, step StepEvent, found bool)
+}
+
+// OperationEvent names the operation an Observer is told about.
+type OperationEvent struct {
+	ID uuid.UUID
+	// Name and Version are its definition's.
+	Name    string
+	Version int
+}
+
+// StepOutcome is how a step's attempt ended.
+type StepOutcome string
+
+// The outcomes of a step's attempt.
+const (
+	// StepSucceeded: the attempt succeeded (by its own call, or found by a
+	// lookup).
+	StepSucceeded StepOutcome = "succeeded"
+	// StepRetried: it failed transiently; another attempt follows.
+	StepRetried StepOutcome = "retried"
+	// StepFailed: it failed for good (the operation fails, or is parked).
+	StepFailed StepOutcome = "failed"
+	// StepPanicked: it panicked (and is retried as a transient failure).
+	StepPanicked StepOutcome = "panicked"
+)
+
+// StepEvent describes an attempt of a step.
+type StepEvent struct {
+	Operation OperationEvent
+	Step      string
+	// Attempt counts the step's attempts, from 1.
+	Attempt int
+	// Outcome and Duration are set for StepAttempted.
+	Outcome  StepOutcome
+	Duration time.Duration
+}
+
+func (r *run) opEvent() OperationEvent {
+	return OperationEvent{ID: r.id, Name: r.def.name, Version: r.def.version}
+}
+
+// observeStep tells the observer that an attempt of st, begun at started,
+// ended with outcome (StepPanicked instead when err is a panic).
+func (r *run) observeStep(ctx context.Context, st *stepDef, attempt int, started time.Time, outcome StepOutcome, err error) {
+	obs := r.e.cfg.Observer
+	if obs == nil || obs.StepAttempted == nil {
+		return
+	}
+	if pan := (*panicError)(nil); errors.As(err, &pan) {
+		outcome = StepPanicked
+	}
+	obs.StepAttempted(ctx, StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt, Outcome: outcome, Duration: time.Since(started)})
+}
+
+func (r *run) observeLookup(ctx context.Context, st *stepDef, attempt int, found bool) {
+	if obs := r.e.cfg.Observer; obs != nil && obs.LookedUp != nil {
+		obs.LookedUp(ctx, StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt}, found)
+	}
+}
+
+func (r *run) observeStarted(ctx context.Context) {
+	if obs := r.e.cfg.Observer; obs != nil && obs.OperationStarted != nil {
+		obs.OperationStarted(ctx, r.opEvent())
+	}
+}
+
+func (r *run) observeFinished(ctx context.Context, status Status) {
+	if obs := r.e.cfg.Observer; obs != nil && obs.OperationFinished != nil {
+		obs.OperationFinished(ctx, r.opEvent(), status)
+	}
+}
+
+func (r *run) observeRecovered(ctx context.Context) {
+	if obs := r.e.cfg.Observer; obs != nil && obs.OperationRecovered != nil {
+		obs.OperationRecovered(ctx, r.opEvent())
+	}
+}
+
+// InProgress is, for one operation type, how many of its operations are in
+// progress in the database and how old the oldest is.
+type InProgress struct {
+	Name   string
+	Count  int64
+	Oldest time.Duration
+}
+
+// InProgress reads, in one index-only scan, how many operations of each type
+// are in progress and the age of the oldest, by the database's clock: what
+// gauges of unfinished operations read on a timer (never per request). Types
+// with none are absent.
+func (e *Engine) InProgress(ctx context.Context) ([]InProgress, error) {
+	stats, err := e.store.OperationInProgressStats(ctx, e.control)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	out := make([]InProgress, len(stats))
+	for i, s := range stats {
+		out[i] = InProgress{Name: s.Name, Count: s.InProgress, Oldest: s.Oldest}
+	}
+	return out, nil
+}

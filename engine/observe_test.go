@@ -1,0 +1,135 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/testdb"
+)
+
+// recorder is an Observer that writes down what it is told.
+type recorder struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (r *recorder) add(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, fmt.Sprintf(format, args...))
+}
+
+func (r *recorder) observer() *engine.Observer {
+	return &engine.Observer{
+		OperationStarted: func(_ context.Context, op engine.OperationEvent) { r.add("started %s/%d", op.Name, op.Version) },
+		OperationFinished: func(_ context.Context, op engine.OperationEvent, s engine.Status) {
+			r.add("finished %s %s", op.Name, s)
+		},
+		OperationRecovered: func(_ context.Context, op engine.OperationEvent) { r.add("recovered %s", op.Name) },
+		StepAttempted: func(_ context.Context, s engine.StepEvent) {
+			if s.Duration < 0 {
+				panic("negative duration")
+			}
+			r.add("step %s %s #%d %s", s.Operation.Name, s.Step, s.Attempt, s.Outcome)
+		},
+		LookedUp: func(_ context.Context, s engine.StepEvent, found bool) {
+			r.add("lookup %s %s #%d %t", s.Operation.Name, s.Step, s.Attempt, found)
+		},
+	}
+}
+
+func (r *recorder) sorted() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := append([]string(nil), r.events...)
+	sort.Strings(out)
+	return out
+}
+
+// TestObserver: what the observer is told for known traffic.
+func TestObserver(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	var calls atomic.Int32
+	tx := func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }
+	op, err := engine.NewOperation("obs", []engine.Step[int, int]{
+		engine.TxStep("a", tx),
+		engine.ExternalStep("b", func(_ context.Context, _ engine.Attempt, in int, _ *int) error {
+			switch {
+			case in == 2:
+				return engine.Fail("no", "refused")
+			case in == 3 && calls.Add(1) == 1:
+				return errors.New("lost answer")
+			case in == 4:
+				panic("boom")
+			}
+			return nil
+		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return false, nil }).
+			Compensate(func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
+	}, func(in int, _ *int) (int, error) { return in, nil },
+		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond, MaxAttempts: 2}})
+	require.NoError(t, err)
+	rec := &recorder{}
+	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Observer: rec.observer()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
+
+	for in := 1; in <= 4; in++ {
+		s, err := engine.Start(ctx, e, op, "c", fmt.Sprint("k", in), in, nil)
+		require.NoError(t, err)
+		_, err = s.Wait(ctx)
+		require.NoError(t, err)
+	}
+	// A replay is not a start.
+	_, err = engine.Start(ctx, e, op, "c", "k1", 1, nil)
+	require.NoError(t, err)
+
+	require.Equal(t, []string{
+		"finished obs failed",    // 2: refused
+		"finished obs failed",    // 4: panicked twice, then no lookup found it
+		"finished obs succeeded", // 1
+		"finished obs succeeded", // 3
+		"lookup obs b #2 false",  // 3's second attempt asks first
+		"lookup obs b #2 false",  // 4's second attempt
+		"lookup obs b #2 false",  // 4, out of attempts: asked before compensating
+		"started obs/1", "started obs/1", "started obs/1", "started obs/1",
+		"step obs a #1 succeeded", "step obs a #1 succeeded", "step obs a #1 succeeded", "step obs a #1 succeeded",
+		"step obs b #1 failed",    // 2
+		"step obs b #1 panicked",  // 4
+		"step obs b #1 retried",   // 3
+		"step obs b #1 succeeded", // 1
+		"step obs b #2 panicked",  // 4
+		"step obs b #2 succeeded", // 3
+	}, rec.sorted())
+
+	// A recovery: an operation abandoned by another engine, taken over here.
+	v := &versioned{runs: map[uuid.UUID][]string{}}
+	abandoned := v.op(t, 1, "a", "b")
+	id := startAndAbandon(t, pool, abandoned, "k-abandoned", "b")
+	rec2 := &recorder{}
+	e2, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{abandoned}, Lease: time.Second,
+		SweepInterval: 20 * time.Millisecond, Observer: rec2.observer()})
+	require.NoError(t, err)
+	require.NoError(t, e2.StartWorkers(ctx))
+	t.Cleanup(func() { _ = e2.Stop(context.Background()) })
+	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err = e2.Wait(waitCtx, id)
+	require.NoError(t, err)
+	require.Equal(t, []string{"finished ver succeeded", "recovered ver", "step ver b #1 succeeded"}, rec2.sorted())
+
+	stats, err := e.InProgress(ctx)
+	require.NoError(t, err)
+	require.Empty(t, stats, "nothing is in progress")
+}
