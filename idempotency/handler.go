@@ -69,6 +69,35 @@ type Config struct {
 	// Logger receives the server faults the endpoints answer 500 for. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+	// ObserveFunc, when set, is told how each keyed request was answered, for
+	// metrics: operation is the endpoint's operation type. It runs in the
+	// request's goroutine: keep it short.
+	ObserveFunc func(ctx context.Context, operation string, outcome Outcome)
+}
+
+// Outcome is how an endpoint answered a keyed request (Config.ObserveFunc).
+type Outcome string
+
+// The outcomes of a keyed request.
+const (
+	// OutcomeCreated: the request started the operation and got its answer.
+	OutcomeCreated Outcome = "created"
+	// OutcomeReplayed: the operation had finished; its stored answer again.
+	OutcomeReplayed Outcome = "replayed"
+	// OutcomeInProgress: 409, the operation runs.
+	OutcomeInProgress Outcome = "in_progress"
+	// OutcomeAccepted: 202, the operation outlasted the wait.
+	OutcomeAccepted Outcome = "accepted"
+	// OutcomeMismatch: 422, the key holds another request.
+	OutcomeMismatch Outcome = "mismatch"
+	// OutcomeRejected: 400 or 413, the key not consumed.
+	OutcomeRejected Outcome = "rejected"
+)
+
+func (ep *endpoint[In, S, Out]) observe(ctx context.Context, o Outcome) {
+	if ep.cfg.ObserveFunc != nil {
+		ep.cfg.ObserveFunc(ctx, ep.op.Name(), o)
+	}
 }
 
 func (c Config) withDefaults() Config {
@@ -185,10 +214,12 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 			code = CodeKeyMissing
 		}
 		WriteError(w, http.StatusBadRequest, code, err.Error(), nil)
+		ep.observe(ctx, OutcomeRejected)
 		return
 	}
 	in, fp, ok := ep.readRequest(w, r)
 	if !ok {
+		ep.observe(ctx, OutcomeRejected)
 		return
 	}
 	log := ep.cfg.Logger.With(slog.String("operation", ep.op.Name()), slog.String("scope", scope), slog.String("key", key))
@@ -214,6 +245,7 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 		WriteError(w, http.StatusUnprocessableEntity, CodeKeyReused,
 			"this idempotency key was used for a different request; use a new key for a new request",
 			map[string]any{"mismatchedFields": reused.Fields})
+		ep.observe(ctx, OutcomeMismatch)
 		return
 	case errors.Is(err, engine.ErrStopped):
 		ep.unavailable(w, CodeServiceUnavailable, "the server is shutting down; retry with the same key")
@@ -222,6 +254,11 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 		ep.internalError(ctx, w, log, "start the operation", err)
 		return
 	case !started.Created:
+		if started.Existing.Status == engine.StatusInProgress {
+			ep.observe(ctx, OutcomeInProgress)
+		} else {
+			ep.observe(ctx, OutcomeReplayed)
+		}
 		ep.answerExisting(w, started.Existing)
 		return
 	}
@@ -248,9 +285,11 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 			Status      string `json:"status"`
 		}{started.ID.String(), string(engine.StatusInProgress)})
 		writeJSON(w, http.StatusAccepted, body)
+		ep.observe(ctx, OutcomeAccepted)
 		return
 	}
 	ep.answerFinished(w, info)
+	ep.observe(ctx, OutcomeCreated)
 }
 
 // readRequest reads and decodes the body and fingerprints the request. When the

@@ -503,3 +503,22 @@ func TestHandlerConfig(t *testing.T) {
 		})
 	}
 }
+
+// TestObserveFunc: how each keyed request was answered, as metrics see it.
+func TestObserveFunc(t *testing.T) {
+	t.Parallel()
+	h := setup(t, harnessOpts{wait: 50 * time.Millisecond})
+	body := `{"account":"acct-1","amount":100}`
+	h.do(t, request{body: body})
+	h.do(t, request{body: body})
+	h.do(t, request{body: `{"account":"acct-1","amount":5}`})
+	h.do(t, request{body: body, noKey: true})
+	h.do(t, request{body: `{"account":`, keys: []string{"key-2"}})
+	h.do(t, request{body: blockedBody, keys: []string{"key-3"}})
+	h.do(t, request{body: blockedBody, keys: []string{"key-3"}})
+	h.release()
+	require.Equal(t, []string{
+		"charge:created", "charge:replayed", "charge:mismatch", "charge:rejected", "charge:rejected",
+		"charge:accepted", "charge:in_progress",
+	}, h.observed())
+}

@@ -89,6 +89,15 @@ type harness struct {
 	gate    chan struct{}
 	release func()
 	flaky   atomic.Int32
+	// outcomes are what Config.ObserveFunc was told, in order.
+	mu       sync.Mutex
+	outcomes []string
+}
+
+func (h *harness) observed() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.outcomes...)
 }
 
 type harnessOpts struct {
@@ -141,6 +150,11 @@ func setup(t *testing.T, opts harnessOpts) *harness {
 		ScopeFunc:  bearerScope,
 		Wait:       cmp.Or(opts.wait, time.Minute),
 		RetryAfter: opts.retryAfter,
+		ObserveFunc: func(_ context.Context, op string, o idempotency.Outcome) {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			h.outcomes = append(h.outcomes, op+":"+string(o))
+		},
 	}, h.op, &idempotency.EndpointOpts[chargeIn]{
 		DecodeFunc:      decodeCharge,
 		Unfingerprinted: []string{"metadata"},
