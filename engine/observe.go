@@ -108,9 +108,11 @@ func (r *run) observeRecovered(ctx context.Context) {
 // InProgress is, for one operation type, how many of its operations are in
 // progress in the database and how old the oldest is.
 type InProgress struct {
-	Name   string
-	Count  int64
-	Oldest time.Duration
+	Name  string
+	Count int64
+	// NeedingAttention counts those that wait for an operator (Info.Attention).
+	NeedingAttention int64
+	Oldest           time.Duration
 }
 
 // InProgress reads, in one index-only scan, how many operations of each type
@@ -124,7 +126,7 @@ func (e *Engine) InProgress(ctx context.Context) ([]InProgress, error) {
 	}
 	out := make([]InProgress, len(stats))
 	for i, s := range stats {
-		out[i] = InProgress{Name: s.Name, Count: s.InProgress, Oldest: s.Oldest}
+		out[i] = InProgress{Name: s.Name, Count: s.InProgress, NeedingAttention: s.NeedingAttention, Oldest: s.Oldest}
 	}
 	return out, nil
 }

@@ -381,7 +381,9 @@ func (s *Store) OperationListOtherVersions(ctx context.Context, db DBTX, name st
 type InProgressStat struct {
 	Name       string
 	InProgress int64
-	Oldest     time.Duration
+	// NeedingAttention counts those that wait for an operator.
+	NeedingAttention int64
+	Oldest           time.Duration
 }
 
 // OperationInProgressStats reads InProgressStat for every operation type with
@@ -393,7 +395,8 @@ func (s *Store) OperationInProgressStats(ctx context.Context, db DBTX) ([]InProg
 	}
 	out := make([]InProgressStat, len(rows))
 	for i, r := range rows {
-		out[i] = InProgressStat{Name: r.Name, InProgress: r.InProgress, Oldest: time.Duration(r.OldestSeconds * float64(time.Second))}
+		out[i] = InProgressStat{Name: r.Name, InProgress: r.InProgress, NeedingAttention: r.NeedingAttention,
+			Oldest: time.Duration(r.OldestSeconds * float64(time.Second))}
 	}
 	return out, nil
 }

@@ -16,9 +16,11 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/cmd/bench/internal/benchdb"
+	"github.com/idemflow/idemflow/contrib/idemflowprom"
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idempotency"
 	"github.com/idemflow/idemflow/workflows/refund"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 const (
@@ -116,6 +118,16 @@ func (b *bench) runMode(ctx context.Context, mode string, round int) (*result, e
 
 	case modeEngine:
 		if e, err = b.newEnv(ctx, true, true); err != nil {
+			return nil, err
+		}
+		op = func(ctx context.Context, i int) error { return engineRefund(ctx, e, prefix, i) }
+
+	case modeMetrics:
+		m, err := idemflowprom.New(prometheus.NewRegistry(), nil)
+		if err != nil {
+			return nil, err
+		}
+		if e, err = b.newEnv(ctx, true, true, m.Observer()); err != nil {
 			return nil, err
 		}
 		op = func(ctx context.Context, i int) error { return engineRefund(ctx, e, prefix, i) }

@@ -36,7 +36,7 @@ type env struct {
 
 // newEnv opens a mode's pools and provider and, withEngine, its engine, whose
 // River workers (retries, resumes, the sweeper) run when workers is set.
-func (b *bench) newEnv(ctx context.Context, withEngine, workers bool) (_ *env, err error) {
+func (b *bench) newEnv(ctx context.Context, withEngine, workers bool, obs ...*engine.Observer) (_ *env, err error) {
 	e := &env{appCount: &counter{}, provCount: &counter{}, logger: b.quiet}
 	defer func() {
 		if err != nil {
@@ -65,7 +65,11 @@ func (b *bench) newEnv(ctx context.Context, withEngine, workers bool) (_ *env, e
 	if e.wf, err = refund.New(e.provider, nil); err != nil {
 		return e, err
 	}
-	if e.eng, err = engine.New(e.app, &engine.Config{Operations: e.wf.Operations(), Logger: b.quiet}); err != nil {
+	cfg := &engine.Config{Operations: e.wf.Operations(), Logger: b.quiet}
+	if len(obs) > 0 {
+		cfg.Observer = obs[0]
+	}
+	if e.eng, err = engine.New(e.app, cfg); err != nil {
 		return e, err
 	}
 	if workers {

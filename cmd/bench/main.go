@@ -57,10 +57,13 @@ import (
 )
 
 // The modes, in the order -mode all runs them.
-var allModes = []string{modeBaseline, modeEngine, modeHTTP, modeReplay}
+var allModes = []string{modeBaseline, modeEngine, modeMetrics, modeHTTP, modeReplay}
 
 const (
-	modeEngine   = "engine"
+	modeEngine = "engine"
+	// modeMetrics is modeEngine with the Prometheus adapter observing the
+	// engine (contrib/idemflowprom), on a registry of its own.
+	modeMetrics  = "metrics"
 	modeHTTP     = "http"
 	modeReplay   = "replay"
 	modeBaseline = "baseline"
@@ -115,7 +118,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	o := &options{databaseURL: getenv("DATABASE_URL")}
 	fs.IntVar(&o.n, "n", 2000, "operations per mode")
 	fs.IntVar(&o.c, "c", 32, "concurrency: operations in flight at once")
-	mode := fs.String("mode", "all", "engine, http, replay, baseline or all (a comma-separated list works too)")
+	mode := fs.String("mode", "all", "engine, metrics, http, replay, baseline or all (a comma-separated list works too)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per mode per line")
 	fs.IntVar(&o.rounds, "rounds", 1, "run the modes this many times, in turn (the order reversed every other round), and print the median of each mode with the per-round ratios to baseline: on a machine whose speed drifts, modes next to each other in time compare best")
 	fs.IntVar(&o.history, "history", 0, "before the modes, fill the database with this many finished refund operations (with their steps, orders and refunds), then VACUUM ANALYZE")
@@ -155,7 +158,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 				o.modes = append(o.modes, m)
 			}
 		default:
-			return nil, fmt.Errorf("-mode: %q is not one of engine, http, replay, baseline, all", m)
+			return nil, fmt.Errorf("-mode: %q is not one of engine, metrics, http, replay, baseline, all", m)
 		}
 	}
 	return o, nil

@@ -28,7 +28,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/idemflow/idemflow/contrib/idemflowprom"
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idempotency"
 	"github.com/idemflow/idemflow/internal/demoapi"
@@ -150,8 +153,14 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 	if err != nil {
 		return err
 	}
+	metrics, err := idemflowprom.New(prometheus.DefaultRegisterer, &idemflowprom.Opts{GaugeInterval: min(cfg.lease, 5*time.Second), Logger: logger})
+	if err != nil {
+		return err
+	}
+	metrics.Declare(wf.Operations()...)
 	e, err := engine.New(pool, &engine.Config{
 		Operations: wf.Operations(),
+		Observer:   metrics.Observer(),
 		Logger:     logger,
 		Lease:      cfg.lease,
 		// A crashed process's operations wait a lease, then at most a sweep.
@@ -168,9 +177,13 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 	if err := e.StartWorkers(ctx); err != nil {
 		return err
 	}
+	gaugeCtx, stopGauges := context.WithCancel(ctx)
+	defer stopGauges()
+	go metrics.Run(gaugeCtx, e)
 	srv, err := demoapi.New(&demoapi.Config{
 		Pool: pool, Health: control, Engine: e, Workflows: wf, Clients: apiClients(cfg.clients),
 		Wait: cfg.wait, Provider: providerHandler, Logger: logger,
+		Metrics: promhttp.Handler(), ObserveRequest: metrics.ObserveRequest,
 	})
 	if err != nil {
 		return err

@@ -37,7 +37,12 @@ type Config struct {
 	Wait time.Duration
 	// Provider, when not nil, is the fake provider, mounted under /provider.
 	Provider http.Handler
-	Logger   *slog.Logger
+	// Metrics, when not nil, serves GET /metrics, without authentication.
+	Metrics http.Handler
+	// ObserveRequest, when not nil, is told how each keyed request was
+	// answered (idempotency.Config.ObserveFunc).
+	ObserveRequest func(ctx context.Context, operation string, outcome idempotency.Outcome)
+	Logger         *slog.Logger
 }
 
 // Client is an API client and its bearer token.
@@ -66,8 +71,9 @@ func New(cfg *Config) (http.Handler, error) {
 	idem := &idempotency.Config{
 		Engine:    cfg.Engine,
 		ScopeFunc: func(r *http.Request) (string, error) { return clientOf(r), nil },
-		Wait:      cfg.Wait,
-		Logger:    cfg.Logger,
+		Wait:        cfg.Wait,
+		Logger:      cfg.Logger,
+		ObserveFunc: cfg.ObserveRequest,
 	}
 	orders, err := idempotency.Handler(idem, cfg.Workflows.Order, &idempotency.EndpointOpts[refund.OrderInput]{
 		DecodeFunc:      decodeOrder,
@@ -87,6 +93,9 @@ func New(cfg *Config) (http.Handler, error) {
 	}
 
 	s.mux.HandleFunc("GET /healthz", s.healthz)
+	if cfg.Metrics != nil {
+		s.mux.Handle("GET /metrics", cfg.Metrics)
+	}
 	if cfg.Provider != nil {
 		s.mux.Handle("/provider/", http.StripPrefix("/provider", cfg.Provider))
 	}

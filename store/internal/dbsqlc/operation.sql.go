@@ -303,6 +303,7 @@ func (q *Queries) OperationGetByKey(ctx context.Context, db DBTX, arg OperationG
 
 const operationInProgressStats = `-- name: OperationInProgressStats :many
 SELECT name, count(*)::bigint AS in_progress,
+       count(*) FILTER (WHERE attention_code IS NOT NULL)::bigint AS needing_attention,
        extract(epoch FROM now() - min(created_at))::float8 AS oldest_seconds
 FROM idemflow_operation
 WHERE state = 'in_progress'
@@ -311,13 +312,16 @@ ORDER BY name
 `
 
 type OperationInProgressStatsRow struct {
-	Name          string
-	InProgress    int64
-	OldestSeconds float64
+	Name             string
+	InProgress       int64
+	NeedingAttention int64
+	OldestSeconds    float64
 }
 
-// Per operation type, the operations in progress and the age of the oldest,
-// by the database's clock: an index-only scan of idemflow_operation_in_progress.
+// Per operation type, the operations in progress, how many of them need
+// attention, and the age of the oldest, by the database's clock: a scan of
+// idemflow_operation_in_progress, which reads the rows of unfinished
+// operations only.
 func (q *Queries) OperationInProgressStats(ctx context.Context, db DBTX) ([]*OperationInProgressStatsRow, error) {
 	rows, err := db.Query(ctx, operationInProgressStats)
 	if err != nil {
@@ -327,7 +331,12 @@ func (q *Queries) OperationInProgressStats(ctx context.Context, db DBTX) ([]*Ope
 	var items []*OperationInProgressStatsRow
 	for rows.Next() {
 		var i OperationInProgressStatsRow
-		if err := rows.Scan(&i.Name, &i.InProgress, &i.OldestSeconds); err != nil {
+		if err := rows.Scan(
+			&i.Name,
+			&i.InProgress,
+			&i.NeedingAttention,
+			&i.OldestSeconds,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, &i)

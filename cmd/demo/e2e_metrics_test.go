@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bufio"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/testdb"
+)
+
+// metricsOf reads GET /metrics (no authentication) into series → value.
+func metricsOf(t *testing.T, d *demo) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(d.base + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		require.NoError(t, err, line)
+		out[line[:i]] = v
+	}
+	return out
+}
+
+// TestMetrics: the metrics' values after known traffic: a refund, its replay,
+// a reused key, a refund whose provider call failed once, and, in a second
+// demo, the resume of a refund whose demo crashed.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	dbURL := testdb.URL(t)
+	d := startDemo(t, dbURL, nil)
+	c := d.client(t, tokenA)
+	c.createOrder("A-1", "cus_1", 5000)
+
+	key := newKey()
+	body := map[string]any{"orderId": "A-1", "amount": 100}
+	requireStatus(t, c.post("/refunds", key, body), http.StatusCreated)
+	requireStatus(t, c.post("/refunds", key, body), http.StatusCreated)
+	requireError(t, c.post("/refunds", key, map[string]any{"orderId": "A-1", "amount": 101}), http.StatusUnprocessableEntity, "idempotency_key_reused")
+	c.setFault("error", 1, 0)
+	requireStatus(t, c.postUntilFinal("/refunds", newKey(), map[string]any{"orderId": "A-1", "amount": 200}), http.StatusCreated)
+
+	m := metricsOf(t, d)
+	for series, want := range map[string]float64{
+		`idemflow_operations_started_total{operation="refund"}`:                                2,
+		`idemflow_operations_started_total{operation="order"}`:                                 1,
+		`idemflow_operations_finished_total{operation="refund",status="succeeded"}`:            2,
+		`idemflow_step_attempts_total{operation="refund",outcome="succeeded",step="ledger"}`:   2,
+		`idemflow_step_attempts_total{operation="refund",outcome="retried",step="provider"}`:   1,
+		`idemflow_step_attempts_total{operation="refund",outcome="succeeded",step="provider"}`: 2,
+		`idemflow_lookups_total{found="false",operation="refund",step="provider"}`:             1,
+		`idemflow_idempotency_requests_total{operation="refund",outcome="created"}`:            2,
+		`idemflow_idempotency_requests_total{operation="refund",outcome="replayed"}`:           1,
+		`idemflow_idempotency_requests_total{operation="refund",outcome="mismatch"}`:           1,
+		`idemflow_step_duration_seconds_count{operation="refund",step="finalize"}`:             2,
+	} {
+		require.Equal(t, want, m[series], series)
+	}
+	d.stop()
+
+	d = startDemo(t, dbURL, &demoOpts{crash: "finalize:before"})
+	c = d.client(t, tokenA)
+	crashKey := newKey()
+	crashBody := map[string]any{"orderId": "A-1", "amount": 300}
+	_, err := c.send(http.MethodPost, "/refunds", crashKey, crashBody)
+	require.Error(t, err)
+	require.Equal(t, crashExitCode, d.waitExit())
+
+	d = startDemo(t, dbURL, nil)
+	c = d.client(t, tokenA)
+	requireStatus(t, c.postUntilFinal("/refunds", crashKey, crashBody), http.StatusCreated)
+	m = metricsOf(t, d)
+	require.Equal(t, 1.0, m[`idemflow_recoveries_total{how="resumed",operation="refund"}`])
+	require.Equal(t, 1.0, m[`idemflow_operations_finished_total{operation="refund",status="succeeded"}`])
+	require.Equal(t, 0.0, m[`idemflow_operations_started_total{operation="refund"}`], "the resume reserved no key")
+	require.Contains(t, m, `idemflow_operations_in_progress{operation="refund"}`)
+	require.Contains(t, m, `idemflow_oldest_in_progress_seconds{operation="refund"}`)
+	d.stop()
+}

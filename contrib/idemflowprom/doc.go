@@ -1,0 +1,30 @@
+// Package idemflowprom exports an idemflow engine's metrics to Prometheus, with
+// the Prometheus client library. It is a module of its own, so that a service
+// that imports idemflow without it does not get the client library in its
+// module graph.
+//
+// New registers the metrics and returns a Metrics whose Observer goes into
+// engine.Config.Observer and whose ObserveRequest goes into
+// idempotency.Config.ObserveFunc; Run reads the gauges of unfinished
+// operations from the database on a timer (one index-only scan each time,
+// never per request):
+//
+//	m, err := idemflowprom.New(prometheus.DefaultRegisterer, nil)
+//	e, err := engine.New(pool, &engine.Config{Operations: ops, Observer: m.Observer()})
+//	go m.Run(ctx, e)
+//	http.Handle("/metrics", promhttp.Handler())
+//
+// The families, whose operation and step labels are names from the
+// definitions, never keys or ids:
+//
+//   - idemflow_operations_started_total{operation}
+//   - idemflow_operations_finished_total{operation,status}
+//   - idemflow_step_attempts_total{operation,step,outcome}
+//   - idemflow_step_duration_seconds{operation,step} (a histogram)
+//   - idemflow_recoveries_total{operation,how}
+//   - idemflow_lookups_total{operation,step,found}
+//   - idemflow_idempotency_requests_total{operation,outcome}
+//   - idemflow_operations_in_progress{operation}
+//   - idemflow_operations_needing_attention{operation}
+//   - idemflow_oldest_in_progress_seconds{operation}
+package idemflowprom

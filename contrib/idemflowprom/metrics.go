@@ -1,0 +1,192 @@
+package idemflowprom
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idempotency"
+)
+
+// Opts are the optional parts of New.
+type Opts struct {
+	// GaugeInterval is how often Run reads the gauges of unfinished
+	// operations. Defaults to 15 seconds.
+	GaugeInterval time.Duration
+	// Buckets are the step duration histogram's, in seconds. Defaults to
+	// prometheus.DefBuckets.
+	Buckets []float64
+	// Logger receives the gauge reads that failed. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Metrics are an engine's metrics, registered with a Prometheus registerer.
+type Metrics struct {
+	opts Opts
+
+	started    *prometheus.CounterVec
+	finished   *prometheus.CounterVec
+	attempts   *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
+	recoveries *prometheus.CounterVec
+	lookups    *prometheus.CounterVec
+	requests   *prometheus.CounterVec
+	inProgress *prometheus.GaugeVec
+	attention  *prometheus.GaugeVec
+	oldest     *prometheus.GaugeVec
+
+	// mu guards seen, the operation types the gauges reported last time: a
+	// type with nothing in progress any more is reported 0, not dropped.
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+// New registers the metrics with reg (prometheus.DefaultRegisterer, or a
+// registry of the service's own). opts may be nil.
+func New(reg prometheus.Registerer, opts *Opts) (*Metrics, error) {
+	o := Opts{}
+	if opts != nil {
+		o = *opts
+	}
+	if o.GaugeInterval <= 0 {
+		o.GaugeInterval = 15 * time.Second
+	}
+	if o.Buckets == nil {
+		o.Buckets = prometheus.DefBuckets
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	m := &Metrics{
+		opts: o,
+		started: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemflow_operations_started_total", Help: "Operations this process reserved a key for.",
+		}, []string{"operation"}),
+		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemflow_operations_finished_total", Help: "Operations that ended in this process, by status.",
+		}, []string{"operation", "status"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemflow_step_attempts_total", Help: "Step attempts that ended in this process, by outcome (succeeded, retried, failed, panicked).",
+		}, []string{"operation", "step", "outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "idemflow_step_duration_seconds", Help: "Durations of step attempts.", Buckets: o.Buckets,
+		}, []string{"operation", "step"}),
+		recoveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemflow_recoveries_total", Help: "Operations this process took over after another run's lease expired.",
+		}, []string{"operation", "how"}),
+		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemflow_lookups_total", Help: "Lookups by derived key, by whether they found the earlier attempt.",
+		}, []string{"operation", "step", "found"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemflow_idempotency_requests_total", Help: "Keyed requests, by how they were answered.",
+		}, []string{"operation", "outcome"}),
+		inProgress: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idemflow_operations_in_progress", Help: "Unfinished operations in the database.",
+		}, []string{"operation"}),
+		attention: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idemflow_operations_needing_attention", Help: "Unfinished operations that wait for an operator.",
+		}, []string{"operation"}),
+		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idemflow_oldest_in_progress_seconds", Help: "Age of the oldest unfinished operation (0 when none).",
+		}, []string{"operation"}),
+		seen: map[string]bool{},
+	}
+	for _, c := range []prometheus.Collector{m.started, m.finished, m.attempts, m.duration, m.recoveries, m.lookups, m.requests, m.inProgress, m.attention, m.oldest} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// Observer returns the engine.Observer that counts what the engine does, for
+// engine.Config.Observer.
+func (m *Metrics) Observer() *engine.Observer {
+	return &engine.Observer{
+		OperationStarted: func(_ context.Context, op engine.OperationEvent) {
+			m.started.WithLabelValues(op.Name).Inc()
+		},
+		OperationFinished: func(_ context.Context, op engine.OperationEvent, status engine.Status) {
+			m.finished.WithLabelValues(op.Name, string(status)).Inc()
+		},
+		OperationRecovered: func(_ context.Context, op engine.OperationEvent) {
+			m.recoveries.WithLabelValues(op.Name, "resumed").Inc()
+		},
+		StepAttempted: func(_ context.Context, s engine.StepEvent) {
+			m.attempts.WithLabelValues(s.Operation.Name, s.Step, string(s.Outcome)).Inc()
+			m.duration.WithLabelValues(s.Operation.Name, s.Step).Observe(s.Duration.Seconds())
+		},
+		LookedUp: func(_ context.Context, s engine.StepEvent, found bool) {
+			m.lookups.WithLabelValues(s.Operation.Name, s.Step, strconv.FormatBool(found)).Inc()
+		},
+	}
+}
+
+// ObserveRequest counts a keyed request: idempotency.Config.ObserveFunc.
+func (m *Metrics) ObserveRequest(_ context.Context, operation string, outcome idempotency.Outcome) {
+	m.requests.WithLabelValues(operation, string(outcome)).Inc()
+}
+
+// Declare reports operation types that nothing happened to yet, with zero
+// counts of operations started and in progress, so that their series exist
+// from the start (and a rate() over them is defined).
+func (m *Metrics) Declare(defs ...engine.Definition) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, d := range defs {
+		m.started.WithLabelValues(d.Name())
+		m.inProgress.WithLabelValues(d.Name()).Set(0)
+		m.attention.WithLabelValues(d.Name()).Set(0)
+		m.oldest.WithLabelValues(d.Name()).Set(0)
+		m.seen[d.Name()] = true
+	}
+}
+
+// Refresh reads the gauges of unfinished operations once.
+func (m *Metrics) Refresh(ctx context.Context, e *engine.Engine) error {
+	stats, err := e.InProgress(ctx)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := map[string]bool{}
+	for _, s := range stats {
+		m.inProgress.WithLabelValues(s.Name).Set(float64(s.Count))
+		m.attention.WithLabelValues(s.Name).Set(float64(s.NeedingAttention))
+		m.oldest.WithLabelValues(s.Name).Set(s.Oldest.Seconds())
+		now[s.Name] = true
+	}
+	for name := range m.seen {
+		if !now[name] {
+			m.inProgress.WithLabelValues(name).Set(0)
+			m.attention.WithLabelValues(name).Set(0)
+			m.oldest.WithLabelValues(name).Set(0)
+		}
+	}
+	for name := range now {
+		m.seen[name] = true
+	}
+	return nil
+}
+
+// Run refreshes the gauges every Opts.GaugeInterval until ctx ends.
+func (m *Metrics) Run(ctx context.Context, e *engine.Engine) {
+	t := time.NewTicker(m.opts.GaugeInterval)
+	defer t.Stop()
+	for {
+		if err := m.Refresh(ctx, e); err != nil && ctx.Err() == nil {
+			m.opts.Logger.WarnContext(ctx, "idemflowprom: could not read the operations in progress", slog.Any("error", err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,77 @@
+package idemflowprom_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/contrib/idemflowprom"
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
+	"github.com/idemflow/idemflow/idempotency"
+)
+
+// TestMetrics: the metrics' values after known traffic.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := idemflowtest.Pool(t, nil)
+	reg := prometheus.NewRegistry()
+	m, err := idemflowprom.New(reg, nil)
+	require.NoError(t, err)
+
+	var calls atomic.Int32
+	op, err := engine.NewOperation("pay", []engine.Step[int, int]{
+		engine.TxStep("debit", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
+		engine.ExternalStep("bank", func(_ context.Context, _ engine.Attempt, in int, _ *int) error {
+			if in == 2 && calls.Add(1) == 1 {
+				return errors.New("lost answer")
+			}
+			return nil
+		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return false, nil }),
+	}, func(in int, _ *int) (int, error) { return in, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond}})
+	require.NoError(t, err)
+	m.Declare(op)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Observer: m.Observer()}, op)
+
+	for _, in := range []int{1, 2} {
+		s, err := engine.Start(ctx, e, op, "c", fmt.Sprint("k", in), in, nil)
+		require.NoError(t, err)
+		idemflowtest.Wait(t, e, s)
+	}
+	m.ObserveRequest(ctx, "pay", idempotency.OutcomeReplayed)
+	require.NoError(t, m.Refresh(ctx, e))
+
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP idemflow_operations_started_total Operations this process reserved a key for.
+# TYPE idemflow_operations_started_total counter
+idemflow_operations_started_total{operation="pay"} 2
+# HELP idemflow_operations_finished_total Operations that ended in this process, by status.
+# TYPE idemflow_operations_finished_total counter
+idemflow_operations_finished_total{operation="pay",status="succeeded"} 2
+# HELP idemflow_step_attempts_total Step attempts that ended in this process, by outcome (succeeded, retried, failed, panicked).
+# TYPE idemflow_step_attempts_total counter
+idemflow_step_attempts_total{operation="pay",outcome="retried",step="bank"} 1
+idemflow_step_attempts_total{operation="pay",outcome="succeeded",step="bank"} 2
+idemflow_step_attempts_total{operation="pay",outcome="succeeded",step="debit"} 2
+# HELP idemflow_lookups_total Lookups by derived key, by whether they found the earlier attempt.
+# TYPE idemflow_lookups_total counter
+idemflow_lookups_total{found="false",operation="pay",step="bank"} 1
+# HELP idemflow_idempotency_requests_total Keyed requests, by how they were answered.
+# TYPE idemflow_idempotency_requests_total counter
+idemflow_idempotency_requests_total{operation="pay",outcome="replayed"} 1
+# HELP idemflow_operations_in_progress Unfinished operations in the database.
+# TYPE idemflow_operations_in_progress gauge
+idemflow_operations_in_progress{operation="pay"} 0
+`), "idemflow_operations_started_total", "idemflow_operations_finished_total", "idemflow_step_attempts_total", "idemflow_lookups_total",
+		"idemflow_idempotency_requests_total", "idemflow_operations_in_progress"))
+	require.Equal(t, 2, testutil.CollectAndCount(reg, "idemflow_step_duration_seconds"), "a histogram per step")
+}
