@@ -69,8 +69,8 @@ func New(cfg *Config) (http.Handler, error) {
 		s.digests = append(s.digests, sha256.Sum256([]byte(c.Token)))
 	}
 	idem := &idempotency.Config{
-		Engine:    cfg.Engine,
-		ScopeFunc: func(r *http.Request) (string, error) { return clientOf(r), nil },
+		Engine:      cfg.Engine,
+		ScopeFunc:   func(r *http.Request) (string, error) { return clientOf(r), nil },
 		Wait:        cfg.Wait,
 		Logger:      cfg.Logger,
 		ObserveFunc: cfg.ObserveRequest,
