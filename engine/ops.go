@@ -95,10 +95,45 @@ func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 	return info, nil
 }
 
-// List returns up to max operations with the given status, newest first, without
-// their steps: how an operator finds failed operations.
-func (e *Engine) List(ctx context.Context, status Status, max int) ([]*Info, error) {
-	recs, err := e.store.OperationList(ctx, e.pool, store.OperationState(status), max)
+// ListOpts select the operations that List returns; zero fields select all.
+type ListOpts struct {
+	// Status keeps operations in this status.
+	Status Status
+	// Name keeps operations of this type, Scope those of this client scope.
+	Name  string
+	Scope string
+	// OlderThan keeps operations created longer ago than this.
+	OlderThan time.Duration
+	// NeedsAttention keeps unfinished operations that wait for an operator.
+	NeedsAttention bool
+	// After pages on after this operation of a previous page (its last).
+	After *Info
+	// Max bounds the page; zero means 100.
+	Max int
+}
+
+// List returns operations, newest first, without their steps: for operators.
+// opts may be nil.
+func (e *Engine) List(ctx context.Context, opts *ListOpts) ([]*Info, error) {
+	o := ListOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	if o.Max <= 0 {
+		o.Max = 100
+	}
+	f := store.OperationFilter{
+		State: store.OperationState(o.Status), Name: o.Name, Scope: o.Scope,
+		NeedsAttention: o.NeedsAttention, Max: o.Max,
+	}
+	if o.OlderThan > 0 {
+		before := time.Now().Add(-o.OlderThan)
+		f.CreatedBefore = &before
+	}
+	if o.After != nil {
+		f.After = &store.OperationCursor{CreatedAt: o.After.CreatedAt, ID: o.After.ID}
+	}
+	recs, err := e.store.OperationList(ctx, e.pool, f)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}

@@ -99,7 +99,7 @@ func TestOperatorRetry(t *testing.T) {
 	require.NoError(t, err)
 	info := waitDone(t, e, s)
 	require.Equal(t, engine.CodeAttemptsExhausted, info.Error.Code)
-	failed, err := e.List(ctx, engine.StatusFailed, 10)
+	failed, err := e.List(ctx, &engine.ListOpts{Status: engine.StatusFailed, Max: 10})
 	require.NoError(t, err)
 	require.Len(t, failed, 1)
 	require.Equal(t, s.ID, failed[0].ID)

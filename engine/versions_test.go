@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -239,4 +240,48 @@ func TestVersionRegistration(t *testing.T) {
 	_, err = engine.Start(context.Background(), e, v2, "c", "k", 1, nil)
 	require.ErrorIs(t, err, engine.ErrNotRegistered)
 	require.ErrorContains(t, err, "version 2")
+}
+
+// TestListFilters: List's filters and paging.
+func TestListFilters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	v := &versioned{runs: map[uuid.UUID][]string{}}
+	v1 := v.op(t, 1, "a", "b")
+	other, err := engine.NewOperation("other", []engine.Step[int, int]{v.step("x")},
+		func(in int, _ *int) (int, error) { return in, nil }, nil)
+	require.NoError(t, err)
+	waiting := startAndAbandon(t, pool, v1, "waiting", "b")
+	e := versionEngine(t, pool, other)
+	var done []uuid.UUID
+	for i := range 3 {
+		s, err := engine.Start(ctx, e, other, fmt.Sprint("client-", i%2), fmt.Sprint("k", i), i, nil)
+		require.NoError(t, err)
+		_, err = s.Wait(ctx)
+		require.NoError(t, err)
+		done = append(done, s.ID)
+	}
+	ids := func(list []*engine.Info) []uuid.UUID {
+		var out []uuid.UUID
+		for _, i := range list {
+			out = append(out, i.ID)
+		}
+		return out
+	}
+	list := func(o *engine.ListOpts) []uuid.UUID {
+		got, err := e.List(ctx, o)
+		require.NoError(t, err)
+		return ids(got)
+	}
+	require.Equal(t, []uuid.UUID{done[2], done[1], done[0], waiting}, list(nil), "newest first")
+	require.Equal(t, []uuid.UUID{waiting}, list(&engine.ListOpts{Status: engine.StatusInProgress}))
+	require.Equal(t, []uuid.UUID{waiting}, list(&engine.ListOpts{Name: "ver"}))
+	require.Equal(t, []uuid.UUID{done[2], done[0]}, list(&engine.ListOpts{Scope: "client-0"}))
+	require.Equal(t, []uuid.UUID{done[2], done[1]}, list(&engine.ListOpts{Max: 2}))
+	page, err := e.List(ctx, &engine.ListOpts{Max: 2})
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{done[0], waiting}, list(&engine.ListOpts{Max: 2, After: page[1]}))
+	require.Empty(t, list(&engine.ListOpts{OlderThan: time.Hour}))
+	require.Empty(t, list(&engine.ListOpts{NeedsAttention: true}), "an operation whose run died waits for a sweeper, not an operator")
 }

@@ -141,10 +141,18 @@ WHERE id = sqlc.arg(id)
   AND (state = 'failed' OR state = 'in_progress' AND parked);
 
 -- name: OperationList :many
--- Operations in one state, newest first, for operators.
+-- Operations newest first, for operators, with optional filters: a state, a
+-- name, a scope, created before a time, needing attention; after, when set,
+-- pages on from the operation (created_at, id) of the previous page's last.
 SELECT * FROM idemflow_operation
-WHERE state = sqlc.arg(state)
-ORDER BY created_at DESC
+WHERE (sqlc.narg(state)::text IS NULL OR state = sqlc.narg(state)::text)
+  AND (sqlc.narg(name)::text IS NULL OR name = sqlc.narg(name)::text)
+  AND (sqlc.narg(scope)::text IS NULL OR scope = sqlc.narg(scope)::text)
+  AND (sqlc.narg(created_before)::timestamptz IS NULL OR created_at < sqlc.narg(created_before)::timestamptz)
+  AND (NOT sqlc.arg(needs_attention)::boolean OR (state = 'in_progress' AND attention_code IS NOT NULL))
+  AND (sqlc.narg(after_created)::timestamptz IS NULL
+       OR (created_at, id) < (sqlc.narg(after_created)::timestamptz, sqlc.narg(after_id)::uuid))
+ORDER BY created_at DESC, id DESC
 LIMIT sqlc.arg(max);
 
 -- name: OperationFinish :exec

@@ -315,9 +315,45 @@ func (s *Store) OperationReopen(ctx context.Context, db DBTX, id uuid.UUID, leas
 	return true, nil
 }
 
+// OperationFilter selects operations for OperationList; zero fields select
+// all.
+type OperationFilter struct {
+	State OperationState
+	Name  string
+	Scope string
+	// CreatedBefore, when set, keeps operations created before it.
+	CreatedBefore *time.Time
+	// NeedsAttention keeps unfinished operations that need attention.
+	NeedsAttention bool
+	// After, when set, pages on after this operation (newest first).
+	After *OperationCursor
+	Max   int
+}
+
+// OperationCursor is where a page of OperationList ended.
+type OperationCursor struct {
+	CreatedAt time.Time
+	ID        uuid.UUID
+}
+
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+
 // OperationList lists up to max operations in state, newest first.
-func (s *Store) OperationList(ctx context.Context, db DBTX, state OperationState, max int) ([]*Operation, error) {
-	rows, err := s.q.OperationList(ctx, db, dbsqlc.OperationListParams{State: string(state), Max: int32(max)})
+func (s *Store) OperationList(ctx context.Context, db DBTX, f OperationFilter) ([]*Operation, error) {
+	p := dbsqlc.OperationListParams{
+		State: nonEmpty(string(f.State)), Name: nonEmpty(f.Name), Scope: nonEmpty(f.Scope),
+		CreatedBefore: f.CreatedBefore, NeedsAttention: f.NeedsAttention, Max: int32(f.Max),
+	}
+	if f.After != nil {
+		p.AfterCreated, p.AfterID = &f.After.CreatedAt, pguuid.Ptr(&f.After.ID)
+	}
+	rows, err := s.q.OperationList(ctx, db, p)
 	if err != nil {
 		return nil, fmt.Errorf("store: list operations: %w", err)
 	}

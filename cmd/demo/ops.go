@@ -83,7 +83,7 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 		if len(args) > 1 {
 			status = engine.Status(args[1])
 		}
-		list, err := e.List(ctx, status, 100)
+		list, err := e.List(ctx, &engine.ListOpts{Status: status})
 		if err != nil {
 			return err
 		}

@@ -393,19 +393,42 @@ func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationIns
 
 const operationList = `-- name: OperationList :many
 SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version FROM idemflow_operation
-WHERE state = $1
-ORDER BY created_at DESC
-LIMIT $2
+WHERE ($1::text IS NULL OR state = $1::text)
+  AND ($2::text IS NULL OR name = $2::text)
+  AND ($3::text IS NULL OR scope = $3::text)
+  AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
+  AND (NOT $5::boolean OR (state = 'in_progress' AND attention_code IS NOT NULL))
+  AND ($6::timestamptz IS NULL
+       OR (created_at, id) < ($6::timestamptz, $7::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT $8
 `
 
 type OperationListParams struct {
-	State string
-	Max   int32
+	State          *string
+	Name           *string
+	Scope          *string
+	CreatedBefore  *time.Time
+	NeedsAttention bool
+	AfterCreated   *time.Time
+	AfterID        *pguuid.UUID
+	Max            int32
 }
 
-// Operations in one state, newest first, for operators.
+// Operations newest first, for operators, with optional filters: a state, a
+// name, a scope, created before a time, needing attention; after, when set,
+// pages on from the operation (created_at, id) of the previous page's last.
 func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListParams) ([]*IdemflowOperation, error) {
-	rows, err := db.Query(ctx, operationList, arg.State, arg.Max)
+	rows, err := db.Query(ctx, operationList,
+		arg.State,
+		arg.Name,
+		arg.Scope,
+		arg.CreatedBefore,
+		arg.NeedsAttention,
+		arg.AfterCreated,
+		arg.AfterID,
+		arg.Max,
+	)
 	if err != nil {
 		return nil, err
 	}
