@@ -210,6 +210,8 @@ type Engine struct {
 	// versions of each name, ascending.
 	defs     map[defKey]*opDef
 	versions map[string][]int32
+	// processID names this process's engine in idemflow_process.
+	processID uuid.UUID
 	// waiting holds the ids of the operations this process has logged that it
 	// cannot run (their version is not registered here): logged once each.
 	waiting sync.Map
@@ -263,14 +265,15 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		control = pool
 	}
 	e := &Engine{
-		pool:     pool,
-		control:  control,
-		store:    store.New(),
-		cfg:      c,
-		logger:   c.Logger,
-		defs:     make(map[defKey]*opDef, len(c.Operations)),
-		versions: make(map[string][]int32),
-		waiters:  make(map[uuid.UUID][]chan *Info),
+		pool:      pool,
+		control:   control,
+		store:     store.New(),
+		cfg:       c,
+		logger:    c.Logger,
+		processID: uuid.New(),
+		defs:      make(map[defKey]*opDef, len(c.Operations)),
+		versions:  make(map[string][]int32),
+		waiters:   make(map[uuid.UUID][]chan *Info),
 	}
 	for _, op := range c.Operations {
 		d := op.definition()
@@ -329,6 +332,9 @@ func (e *Engine) StartWorkers(ctx context.Context) error {
 		return fmt.Errorf("engine: start river: %w", err)
 	}
 	e.workers.Store(true)
+	if err := e.heartbeat(ctx); err != nil {
+		e.logger.WarnContext(ctx, "could not record this process for operators", slog.Any("error", err))
+	}
 	e.sweeps.Add(1)
 	go func() {
 		defer e.sweeps.Done()
@@ -360,6 +366,13 @@ func (e *Engine) Stop(ctx context.Context) error {
 	}
 	e.cancelBase()
 	e.sweeps.Wait()
+	if e.workers.Load() {
+		forgetCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		if err := e.store.ProcessDelete(forgetCtx, e.control, e.processID); err != nil {
+			e.logger.WarnContext(ctx, "could not forget this process; operators see it until it ages out", slog.Any("error", err))
+		}
+		cancel()
+	}
 	if riverErr != nil {
 		err = errors.Join(err, fmt.Errorf("engine: stop river: %w", riverErr),
 			e.river.StopAndCancel(context.WithoutCancel(ctx)))

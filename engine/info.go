@@ -170,6 +170,10 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 					si.DerivedKey = derivedKey(rec.ID, rec.KeySecret, rec.Name, rec.Scope, rec.Key, name)
 				}
 			}
+		} else if len(e.defs) == 0 {
+			// An Admin, which has no definitions, cannot tell which steps
+			// call out: an operator gets every step's key (see Admin.Get).
+			si.DerivedKey = derivedKey(rec.ID, rec.KeySecret, rec.Name, rec.Scope, rec.Key, name)
 		}
 		if s, ok := byName[name]; ok {
 			si.Attempts = s.Attempts

@@ -33,6 +33,8 @@ func TestMigrate(t *testing.T) {
 	err = e.StartWorkers(ctx)
 	require.ErrorIs(t, err, store.ErrNotMigrated)
 	require.ErrorContains(t, err, "call engine.Migrate(ctx, pool) before StartWorkers")
+	_, err = engine.NewAdmin(ctx, pool)
+	require.ErrorIs(t, err, engine.ErrNotMigrated, "an operator's handle creates nothing")
 
 	require.NoError(t, engine.Migrate(ctx, pool, nil))
 	require.NoError(t, engine.Migrate(ctx, pool, nil))

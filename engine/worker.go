@@ -60,6 +60,12 @@ func (e *Engine) sweepLoop(ctx context.Context) {
 		if time.Since(lastNoticed) >= e.cfg.Lease {
 			lastNoticed = time.Now()
 			e.noticeOtherVersions(ctx)
+			if err := e.heartbeat(ctx); err != nil && ctx.Err() == nil {
+				e.logger.WarnContext(ctx, "could not refresh this process for operators", slog.Any("error", err))
+			}
+		}
+		if err := e.serveOperators(ctx); err != nil && ctx.Err() == nil {
+			e.logger.WarnContext(ctx, "could not serve operators' requests; trying again at the next sweep", slog.Any("error", err))
 		}
 		select {
 		case <-ctx.Done():

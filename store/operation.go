@@ -343,8 +343,7 @@ func nonEmpty(s string) *string {
 	return &s
 }
 
-
-// OperationList lists up to max operations in state, newest first.
+// OperationList lists the operations that f selects, newest first, at most f.Max.
 func (s *Store) OperationList(ctx context.Context, db DBTX, f OperationFilter) ([]*Operation, error) {
 	p := dbsqlc.OperationListParams{
 		State: nonEmpty(string(f.State)), Name: nonEmpty(f.Name), Scope: nonEmpty(f.Scope),

@@ -141,7 +141,7 @@ func (b *bundle) operations(t *testing.T) int {
 	t.Helper()
 	n := 0
 	for _, s := range []engine.Status{engine.StatusInProgress, engine.StatusSucceeded, engine.StatusFailed} {
-		infos, err := b.engines[0].List(t.Context(), s, 10000)
+		infos, err := b.engines[0].List(t.Context(), &engine.ListOpts{Status: s, Max: 10000})
 		require.NoError(t, err)
 		n += len(infos)
 	}

@@ -79,6 +79,29 @@ type IdemflowOperation struct {
 	Version       int32
 }
 
+type IdemflowOperatorRequest struct {
+	ID          int64
+	OperationID pguuid.UUID
+	Action      string
+	Reason      string
+	RequestedAt time.Time
+	TakenBy     *pguuid.UUID
+	TakenAt     *time.Time
+	DoneAt      *time.Time
+	Outcome     *string
+	Message     *string
+}
+
+type IdemflowProcess struct {
+	ID          pguuid.UUID
+	Host        string
+	Pid         int32
+	Definitions []string
+	Lease       time.Duration
+	StartedAt   time.Time
+	SeenAt      time.Time
+}
+
 type IdemflowStep struct {
 	OperationID   pguuid.UUID
 	Name          string

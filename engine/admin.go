@@ -1,0 +1,271 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemflow/idemflow/store"
+)
+
+// Admin is an operator's handle on a database that idemflow runs in, for a
+// command or a page that has none of the service's definitions: it lists and
+// reads operations, checks the unfinished ones against the definitions of the
+// live processes, and asks those processes to retry or cancel one. It creates
+// nothing: NewAdmin refuses a database that is not migrated. Make one with
+// NewAdmin; it is safe for concurrent use.
+type Admin struct {
+	pool  *pgxpool.Pool
+	store *store.Store
+	// reader reads operations as an engine with no definitions does.
+	reader *Engine
+}
+
+// NewAdmin returns an Admin on pool's database, or an error when the database
+// lacks idemflow's tables (ErrNotMigrated is matched by it) or cannot be
+// reached.
+func NewAdmin(ctx context.Context, pool *pgxpool.Pool) (*Admin, error) {
+	if err := store.CheckSchema(ctx, pool); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	st := store.New()
+	return &Admin{pool: pool, store: st, reader: &Engine{pool: pool, control: pool, store: st}}, nil
+}
+
+// ErrNotMigrated is matched by the error of NewAdmin and StartWorkers for a
+// database without idemflow's tables, or with an older version of them.
+var ErrNotMigrated = store.ErrNotMigrated
+
+// List lists operations, as Engine.List does.
+func (a *Admin) List(ctx context.Context, opts *ListOpts) ([]*Info, error) {
+	return a.reader.List(ctx, opts)
+}
+
+// Get reads an operation with its steps. Without the definition, a step's Kind
+// is empty and its DerivedKey is given for every step.
+func (a *Admin) Get(ctx context.Context, id uuid.UUID) (*Info, error) { return a.reader.Get(ctx, id) }
+
+// Process is a live process that runs an engine with workers.
+type Process struct {
+	ID   uuid.UUID
+	Host string
+	PID  int
+	// Definitions are the definitions it runs.
+	Definitions []DefinitionName
+	StartedAt   time.Time
+	SeenAt      time.Time
+}
+
+// DefinitionName names a definition: an operation type's name and version.
+type DefinitionName struct {
+	Name    string
+	Version int
+}
+
+func (d DefinitionName) String() string { return d.Name + "@" + strconv.Itoa(d.Version) }
+
+func parseDefinitionName(s string) DefinitionName {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == '@' {
+			v, _ := strconv.Atoi(s[i+1:])
+			return DefinitionName{Name: s[:i], Version: v}
+		}
+	}
+	return DefinitionName{Name: s}
+}
+
+// Processes lists the live processes (seen within three of their leases)
+// that run workers, oldest first.
+func (a *Admin) Processes(ctx context.Context) ([]Process, error) {
+	rows, err := a.store.ProcessListLive(ctx, a.pool)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	out := make([]Process, len(rows))
+	for i, r := range rows {
+		p := Process{ID: r.ID, Host: r.Host, PID: r.PID, StartedAt: r.StartedAt, SeenAt: r.SeenAt}
+		for _, d := range r.Definitions {
+			p.Definitions = append(p.Definitions, parseDefinitionName(d))
+		}
+		out[i] = p
+	}
+	return out, nil
+}
+
+// Check returns the unfinished operations whose definition (name and version)
+// no live process runs: they wait until one does. (Whether a definition lacks
+// a step an operation needs takes the definitions themselves: see Check.)
+func (a *Admin) Check(ctx context.Context) ([]Unrunnable, error) {
+	procs, err := a.Processes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	live := map[DefinitionName]bool{}
+	for _, p := range procs {
+		for _, d := range p.Definitions {
+			live[d] = true
+		}
+	}
+	ops, err := a.store.OperationListUnfinished(ctx, a.pool)
+	if err != nil {
+		return nil, fmt.Errorf("engine: check: %w", err)
+	}
+	var out []Unrunnable
+	index := map[DefinitionName]int{}
+	for _, op := range ops {
+		d := DefinitionName{op.Name, op.Version}
+		if live[d] {
+			continue
+		}
+		i, ok := index[d]
+		if !ok {
+			i = len(out)
+			index[d] = i
+			out = append(out, Unrunnable{Name: op.Name, Version: op.Version})
+		}
+		out[i].IDs = append(out[i].IDs, op.ID)
+	}
+	return out, nil
+}
+
+// OperatorRequest is an operator's request to retry or cancel an operation, as
+// recorded in the database, and what became of it.
+type OperatorRequest struct {
+	ID          int64
+	OperationID uuid.UUID
+	// Action is "retry" or "cancel".
+	Action      string
+	Reason      string
+	RequestedAt time.Time
+	// Done is set once a process carried the request out; Outcome is then
+	// "done", "refused" (a refusal that changes nothing, such as a cancel past
+	// the point of no return) or "failed", and Message says what happened.
+	Done    *time.Time
+	Outcome string
+	Message string
+}
+
+// ErrPending is matched by the error of an Admin request that no live process
+// has carried out before ctx ended: it stays recorded, and a process that runs
+// the operation's definition carries it out when it comes.
+var ErrPending = errors.New("the request is recorded; no process has carried it out yet")
+
+// Reopen asks the live processes to reopen (retry) the failed or parked
+// operation id, and waits until one has, or ctx ends (ErrPending). The
+// request's outcome says what happened: "refused" for an operation that
+// neither failed nor is parked.
+func (a *Admin) Reopen(ctx context.Context, id uuid.UUID) (*OperatorRequest, error) {
+	return a.request(ctx, id, "retry", "")
+}
+
+// Cancel asks the live processes to cancel the operation id, as Engine.Cancel
+// does (refused past its point of no return), and waits until one has, or ctx
+// ends (ErrPending).
+func (a *Admin) Cancel(ctx context.Context, id uuid.UUID, reason string) (*OperatorRequest, error) {
+	return a.request(ctx, id, "cancel", reason)
+}
+
+func (a *Admin) request(ctx context.Context, id uuid.UUID, action, reason string) (*OperatorRequest, error) {
+	if _, err := a.store.OperationGet(ctx, a.pool, id); err != nil {
+		return nil, mapNotFound(err)
+	}
+	reqID, err := a.store.OperatorRequestInsert(ctx, a.pool, id, action, reason)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	delay := 20 * time.Millisecond
+	for {
+		r, err := a.store.OperatorRequestGet(context.WithoutCancel(ctx), a.pool, reqID)
+		if err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		req := &OperatorRequest{ID: r.ID, OperationID: r.OperationID, Action: r.Action, Reason: r.Reason,
+			RequestedAt: r.RequestedAt, Done: r.DoneAt, Outcome: r.Outcome, Message: r.Message}
+		if req.Done != nil {
+			return req, nil
+		}
+		select {
+		case <-ctx.Done():
+			return req, fmt.Errorf("engine: request %d: %w", reqID, ErrPending)
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 500*time.Millisecond)
+	}
+}
+
+// operatorBatch bounds the requests one sweep carries out.
+const operatorBatch = 10
+
+// definitionNames are this engine's definitions as the database records them.
+func (e *Engine) definitionNames() []string {
+	var out []string
+	for _, k := range e.defKeys() {
+		out = append(out, DefinitionName{k.name, k.version}.String())
+	}
+	return out
+}
+
+// heartbeat records this process, with its definitions, for operators.
+func (e *Engine) heartbeat(ctx context.Context) error {
+	host, _ := os.Hostname()
+	return e.store.ProcessUpsert(ctx, e.control, store.Process{
+		ID: e.processID, Host: host, PID: os.Getpid(), Definitions: e.definitionNames(), Lease: e.cfg.Lease,
+	})
+}
+
+// serveOperators carries out the operators' pending requests for operations
+// of this process's definitions.
+func (e *Engine) serveOperators(ctx context.Context) error {
+	if _, err := e.store.OperatorRequestFailUnknown(ctx, e.control); err != nil {
+		return err
+	}
+	reqs, err := e.store.OperatorRequestTake(ctx, e.control, e.processID, e.definitionNames(), e.cfg.Lease, operatorBatch)
+	if err != nil {
+		return err
+	}
+	for _, r := range reqs {
+		outcome, message := "done", ""
+		var err error
+		switch r.Action {
+		case "retry":
+			if err = e.Reopen(ctx, r.OperationID); err == nil {
+				message = "reopened; it runs again"
+			}
+		case "cancel":
+			var info *Info
+			if info, err = e.Cancel(ctx, r.OperationID, r.Reason); err == nil {
+				message = "cancelled: " + string(info.Status)
+			}
+		default:
+			err = fmt.Errorf("unknown action %q", r.Action)
+		}
+		if err != nil {
+			outcome, message = "failed", err.Error()
+			if refusal(err) {
+				outcome = "refused"
+			}
+		}
+		e.logger.InfoContext(ctx, "operator request carried out", slog.Int64("request", r.ID),
+			slog.String("operation_id", r.OperationID.String()), slog.String("action", r.Action),
+			slog.String("outcome", outcome), slog.String("message", message))
+		if err := e.store.OperatorRequestFinish(context.WithoutCancel(ctx), e.control, r.ID, e.processID, outcome, message); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// refusal reports whether err is an operator action refused by rule, which
+// changed nothing.
+func refusal(err error) bool {
+	return slices.ContainsFunc([]error{ErrPastPivot, ErrFinished, ErrNotFailed, ErrRunning, errCannotCancel, ErrNotFound},
+		func(target error) bool { return errors.Is(err, target) })
+}

@@ -1,0 +1,56 @@
+-- name: ProcessUpsert :exec
+-- Records, or refreshes, a process that runs workers and its definitions.
+INSERT INTO idemflow_process (id, host, pid, definitions, lease)
+VALUES (@id, @host, @pid, sqlc.arg(definitions)::text[], @lease::interval)
+ON CONFLICT (id) DO UPDATE SET seen_at = now();
+
+-- name: ProcessDelete :exec
+DELETE FROM idemflow_process WHERE id = @id;
+
+-- name: ProcessListLive :many
+-- The processes seen within three of their leases, and forgets the others.
+WITH gone AS (
+    DELETE FROM idemflow_process WHERE seen_at + 3 * lease < now()
+)
+SELECT id, host, pid, definitions, lease, started_at, seen_at FROM idemflow_process
+WHERE seen_at + 3 * lease >= now()
+ORDER BY started_at, id;
+
+-- name: OperatorRequestInsert :one
+INSERT INTO idemflow_operator_request (operation_id, action, reason)
+VALUES (@operation_id, @action, @reason)
+RETURNING id;
+
+-- name: OperatorRequestGet :one
+SELECT * FROM idemflow_operator_request WHERE id = @id;
+
+-- name: OperatorRequestTake :many
+-- Takes up to max pending requests for operations of the definitions given
+-- ('name@version'), for the process taken_by: ones nobody took, or whose
+-- taker has not finished them within lease.
+UPDATE idemflow_operator_request AS r
+SET taken_by = @taken_by, taken_at = now()
+FROM (
+    SELECT q.id FROM idemflow_operator_request AS q
+    JOIN idemflow_operation AS o ON o.id = q.operation_id
+    WHERE q.done_at IS NULL
+      AND (q.taken_at IS NULL OR q.taken_at < now() - @lease::interval)
+      AND (o.name || '@' || o.version) = ANY (sqlc.arg(definitions)::text[])
+    ORDER BY q.id
+    LIMIT @max
+    FOR UPDATE OF q SKIP LOCKED
+) AS t
+WHERE r.id = t.id
+RETURNING r.id, r.operation_id, r.action, r.reason;
+
+-- name: OperatorRequestFinish :exec
+UPDATE idemflow_operator_request
+SET done_at = now(), outcome = @outcome, message = @message
+WHERE id = @id AND taken_by = @taken_by AND done_at IS NULL;
+
+-- name: OperatorRequestFailUnknown :execrows
+-- Ends the pending requests for operations that do not exist.
+UPDATE idemflow_operator_request AS r
+SET done_at = now(), outcome = 'refused', message = 'no such operation'
+WHERE r.done_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM idemflow_operation AS o WHERE o.id = r.operation_id);
