@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/idemflow/idemflow/store"
 )
@@ -97,8 +98,12 @@ type Config struct {
 	// to 1 minute.
 	RetentionInterval time.Duration
 	// Observer, when not nil, is told what the engine does, for metrics and
-	// traces.
+	// traces (Observers combines several).
 	Observer *Observer
+	// RiverMiddleware is installed on the engine's River client (River's
+	// Config.Middleware): OpenTelemetry's for River jobs, for instance
+	// (rivercontrib's otelriver).
+	RiverMiddleware []rivertype.Middleware
 	// Test holds knobs for tests and fault injection, which production code
 	// leaves zero.
 	Test TestConfig
@@ -300,9 +305,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	rc, err := river.NewClient(riverpgxv5.New(control), &river.Config{
-		Logger:  c.Logger,
-		Queues:  map[string]river.QueueConfig{c.Queue: {MaxWorkers: c.MaxWorkers}},
-		Workers: workers,
+		Logger:     c.Logger,
+		Queues:     map[string]river.QueueConfig{c.Queue: {MaxWorkers: c.MaxWorkers}},
+		Workers:    workers,
+		Middleware: c.RiverMiddleware,
 		// The lease, not River's timeout, bounds a run: a long step renews its lease.
 		JobTimeout: -1,
 		PeriodicJobs: []*river.PeriodicJob{

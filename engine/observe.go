@@ -27,6 +27,115 @@ type Observer struct {
 	// LookedUp: a lookup asked, by derived key, whether an earlier attempt of
 	// an external step went through.
 	LookedUp func(ctx context.Context, step StepEvent, found bool)
+
+	// RunStarted: a run of the operation begins here (its first attempt, or a
+	// resume). The context it returns (a span's, say) is the run's: its
+	// steps, and the rest of the Observer's calls for the run, get it.
+	RunStarted func(ctx context.Context, op OperationEvent, resumed bool) context.Context
+	// RunEnded: the run ends; err is nil when it finished the operation, else
+	// why it stopped (handed to a retry, parked, stopped with the engine...).
+	RunEnded func(ctx context.Context, op OperationEvent, err error)
+	// StepStarted: an attempt of a step begins. The context it returns is the
+	// attempt's: the step's function gets it (an HTTP call made with it
+	// carries a span's context), and StepAttempted ends the attempt with it.
+	StepStarted func(ctx context.Context, step StepEvent) context.Context
+}
+
+// Observers combines observers into one that tells each, in order; nil ones
+// are left out.
+func Observers(obs ...*Observer) *Observer {
+	var list []*Observer
+	for _, o := range obs {
+		if o != nil {
+			list = append(list, o)
+		}
+	}
+	if len(list) == 1 {
+		return list[0]
+	}
+	return &Observer{
+		OperationStarted: func(ctx context.Context, op OperationEvent) {
+			for _, o := range list {
+				if o.OperationStarted != nil {
+					o.OperationStarted(ctx, op)
+				}
+			}
+		},
+		OperationFinished: func(ctx context.Context, op OperationEvent, s Status) {
+			for _, o := range list {
+				if o.OperationFinished != nil {
+					o.OperationFinished(ctx, op, s)
+				}
+			}
+		},
+		OperationRecovered: func(ctx context.Context, op OperationEvent) {
+			for _, o := range list {
+				if o.OperationRecovered != nil {
+					o.OperationRecovered(ctx, op)
+				}
+			}
+		},
+		StepAttempted: func(ctx context.Context, s StepEvent) {
+			for _, o := range list {
+				if o.StepAttempted != nil {
+					o.StepAttempted(ctx, s)
+				}
+			}
+		},
+		LookedUp: func(ctx context.Context, s StepEvent, found bool) {
+			for _, o := range list {
+				if o.LookedUp != nil {
+					o.LookedUp(ctx, s, found)
+				}
+			}
+		},
+		RunStarted: func(ctx context.Context, op OperationEvent, resumed bool) context.Context {
+			for _, o := range list {
+				if o.RunStarted != nil {
+					ctx = o.RunStarted(ctx, op, resumed)
+				}
+			}
+			return ctx
+		},
+		RunEnded: func(ctx context.Context, op OperationEvent, err error) {
+			for _, o := range list {
+				if o.RunEnded != nil {
+					o.RunEnded(ctx, op, err)
+				}
+			}
+		},
+		StepStarted: func(ctx context.Context, s StepEvent) context.Context {
+			for _, o := range list {
+				if o.StepStarted != nil {
+					ctx = o.StepStarted(ctx, s)
+				}
+			}
+			return ctx
+		},
+	}
+}
+
+// startRun tells the observer that the run begins, and returns its context.
+func (r *run) startRun(ctx context.Context) context.Context {
+	if obs := r.e.cfg.Observer; obs != nil && obs.RunStarted != nil {
+		return obs.RunStarted(ctx, r.opEvent(), r.resumed)
+	}
+	return ctx
+}
+
+func (r *run) endRun(ctx context.Context, err error) {
+	if obs := r.e.cfg.Observer; obs != nil && obs.RunEnded != nil {
+		obs.RunEnded(ctx, r.opEvent(), err)
+	}
+}
+
+// startStep tells the observer that attempt of st begins, and returns the
+// attempt's context.
+func (r *run) startStep(ctx context.Context, st *stepDef, attempt int) context.Context {
+	if obs := r.e.cfg.Observer; obs != nil && obs.StepStarted != nil {
+		return obs.StepStarted(ctx, StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt})
+	}
+	return ctx
 }
 
 // OperationEvent names the operation an Observer is told about.

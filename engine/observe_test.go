@@ -133,3 +133,49 @@ func TestObserver(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, stats, "nothing is in progress")
 }
+
+type spanKey struct{}
+
+// TestObserverContexts: a run's and a step attempt's contexts, as RunStarted
+// and StepStarted return them, reach the step's function and the observer's
+// later calls; Observers tells each of several.
+func TestObserverContexts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	var seen []string
+	var mu sync.Mutex
+	note := func(s string) { mu.Lock(); seen = append(seen, s); mu.Unlock() }
+	op, err := engine.NewOperation("ctx", []engine.Step[int, int]{
+		engine.ExternalStep("call", func(ctx context.Context, _ engine.Attempt, _ int, _ *int) error {
+			note(fmt.Sprint("step sees ", ctx.Value(spanKey{})))
+			return nil
+		}),
+	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
+	require.NoError(t, err)
+	tracer := &engine.Observer{
+		RunStarted: func(ctx context.Context, op engine.OperationEvent, resumed bool) context.Context {
+			return context.WithValue(ctx, spanKey{}, "run:"+op.Name)
+		},
+		StepStarted: func(ctx context.Context, s engine.StepEvent) context.Context {
+			return context.WithValue(ctx, spanKey{}, fmt.Sprint(ctx.Value(spanKey{}), "/step:", s.Step))
+		},
+		StepAttempted: func(ctx context.Context, s engine.StepEvent) {
+			note(fmt.Sprint("attempt ends in ", ctx.Value(spanKey{})))
+		},
+		RunEnded: func(ctx context.Context, op engine.OperationEvent, err error) {
+			note(fmt.Sprint("run ends in ", ctx.Value(spanKey{}), " err=", err))
+		},
+	}
+	rec := &recorder{}
+	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Observer: engine.Observers(tracer, nil, rec.observer())})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
+	s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+	require.NoError(t, err)
+	_, err = s.Wait(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == 3 }, 5*time.Second, 10*time.Millisecond)
+	require.Equal(t, []string{"step sees run:ctx/step:call", "attempt ends in run:ctx/step:call", "run ends in run:ctx err=<nil>"}, seen)
+	require.Contains(t, rec.sorted(), "step ctx call #1 succeeded", "the second observer is told too")
+}

@@ -100,6 +100,7 @@ func (r *run) execute(ctx context.Context) {
 	stopLease := r.keepLease(ctx)
 	defer stopLease()
 
+	ctx = r.startRun(ctx)
 	info, err := r.safeRunSteps(ctx)
 	r.end(ctx, info, err)
 }
@@ -163,6 +164,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		r.observeFinished(ctx, info.Status)
 		r.e.notifyFinished(info)
 	}
+	r.endRun(ctx, err)
 }
 
 func (r *run) isReserved() bool {
@@ -228,6 +230,7 @@ func (r *run) runSteps(ctx context.Context) (*Info, error) {
 func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*Info, error) {
 	attempt := r.tries[st.name] + 1
 	started := time.Now()
+	ctx = r.startStep(ctx, st, attempt)
 	var tx *txn
 	if last {
 		tx = r.beginLast(ctx)
@@ -334,6 +337,7 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 	}
 	attempt := r.tries[st.name] + 1
 	started := time.Now()
+	ctx = r.startStep(ctx, st, attempt)
 	at := r.attempt(st, attempt)
 	resolvedBy := "call"
 	err := protect(func() error {

@@ -230,6 +230,7 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 	r.cancelRun = cancel
 	stopLease := r.keepLease(ctx)
 	defer stopLease()
+	ctx = r.startRun(ctx)
 	// Read under the lease's watch: a run whose read waits past its lease stops.
 	recorded, err := e.store.StepListByOperation(ctx, e.pool, id)
 	if err != nil {
