@@ -133,7 +133,7 @@ func (r *run) endRun(ctx context.Context, err error) {
 // attempt's context.
 func (r *run) startStep(ctx context.Context, st *stepDef, attempt int) context.Context {
 	if obs := r.e.cfg.Observer; obs != nil && obs.StepStarted != nil {
-		return obs.StepStarted(ctx, StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt})
+		return obs.StepStarted(ctx, StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt, Key: r.attempt(st, attempt).Key})
 	}
 	return ctx
 }
@@ -168,6 +168,8 @@ type StepEvent struct {
 	Step      string
 	// Attempt counts the step's attempts, from 1.
 	Attempt int
+	// Key is the step's derived idempotency key (see Attempt.Key).
+	Key string
 	// Outcome and Duration are set for StepAttempted.
 	Outcome  StepOutcome
 	Duration time.Duration
@@ -187,12 +189,13 @@ func (r *run) observeStep(ctx context.Context, st *stepDef, attempt int, started
 	if pan := (*panicError)(nil); errors.As(err, &pan) {
 		outcome = StepPanicked
 	}
-	obs.StepAttempted(ctx, StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt, Outcome: outcome, Duration: time.Since(started)})
+	obs.StepAttempted(ctx, StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt, Key: r.attempt(st, attempt).Key,
+		Outcome: outcome, Duration: time.Since(started)})
 }
 
 func (r *run) observeLookup(ctx context.Context, st *stepDef, attempt int, found bool) {
 	if obs := r.e.cfg.Observer; obs != nil && obs.LookedUp != nil {
-		obs.LookedUp(ctx, StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt}, found)
+		obs.LookedUp(ctx, StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt, Key: r.attempt(st, attempt).Key}, found)
 	}
 }
 
