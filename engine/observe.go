@@ -217,18 +217,23 @@ func (r *run) observeRecovered(ctx context.Context) {
 	}
 }
 
-// InProgress is, for one operation type, how many of its operations are in
-// progress in the database and how old the oldest is.
+// InProgress is, for one operation type and version, how many of its
+// operations are in progress in the database and how old the oldest is.
 type InProgress struct {
-	Name  string
-	Count int64
+	Name    string
+	Version int
+	// Runnable is true when this process runs the version; false for
+	// operations that wait for a process that does.
+	Runnable bool
+	Count    int64
 	// NeedingAttention counts those that wait for an operator (Info.Attention).
 	NeedingAttention int64
 	Oldest           time.Duration
 }
 
-// InProgress reads, in one index-only scan, how many operations of each type
-// are in progress and the age of the oldest, by the database's clock: what
+// InProgress reads, in one scan of an index of unfinished operations, how many
+// operations of each type and version are in progress and the age of the
+// oldest, by the database's clock: what
 // gauges of unfinished operations read on a timer (never per request). Types
 // with none are absent.
 func (e *Engine) InProgress(ctx context.Context) ([]InProgress, error) {
@@ -238,7 +243,8 @@ func (e *Engine) InProgress(ctx context.Context) ([]InProgress, error) {
 	}
 	out := make([]InProgress, len(stats))
 	for i, s := range stats {
-		out[i] = InProgress{Name: s.Name, Count: s.InProgress, NeedingAttention: s.NeedingAttention, Oldest: s.Oldest}
+		out[i] = InProgress{Name: s.Name, Version: s.Version, Runnable: e.def(s.Name, s.Version) != nil,
+			Count: s.InProgress, NeedingAttention: s.NeedingAttention, Oldest: s.Oldest}
 	}
 	return out, nil
 }

@@ -124,6 +124,8 @@ func TestVersionLeftAlone(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, stats, 1)
 	require.Equal(t, "ver", stats[0].Name)
+	require.Equal(t, 2, stats[0].Version)
+	require.False(t, stats[0].Runnable, "a v1 process does not run it")
 	require.Equal(t, int64(1), stats[0].Count)
 	require.Greater(t, stats[0].Oldest, time.Second)
 	_, err = old.Cancel(ctx, id, "not here")

@@ -219,14 +219,14 @@ WHERE name = @name AND NOT (version = ANY (sqlc.arg(versions)::integer[]))
 LIMIT @max;
 
 -- name: OperationInProgressStats :many
--- Per operation type, the operations in progress, how many of them need
--- attention, and the age of the oldest, by the database's clock: a scan of
--- idemflow_operation_in_progress, which reads the rows of unfinished
+-- Per operation type and version, the operations in progress, how many of
+-- them need attention, and the age of the oldest, by the database's clock: a
+-- scan of idemflow_operation_in_progress, which reads the rows of unfinished
 -- operations only.
-SELECT name, count(*)::bigint AS in_progress,
+SELECT name, version, count(*)::bigint AS in_progress,
        count(*) FILTER (WHERE attention_code IS NOT NULL)::bigint AS needing_attention,
        extract(epoch FROM now() - min(created_at))::float8 AS oldest_seconds
 FROM idemflow_operation
 WHERE state = 'in_progress'
-GROUP BY name
-ORDER BY name;
+GROUP BY name, version
+ORDER BY name, version;

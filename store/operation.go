@@ -415,6 +415,7 @@ func (s *Store) OperationListOtherVersions(ctx context.Context, db DBTX, name st
 // progress and how old the oldest is.
 type InProgressStat struct {
 	Name       string
+	Version    int
 	InProgress int64
 	// NeedingAttention counts those that wait for an operator.
 	NeedingAttention int64
@@ -430,7 +431,7 @@ func (s *Store) OperationInProgressStats(ctx context.Context, db DBTX) ([]InProg
 	}
 	out := make([]InProgressStat, len(rows))
 	for i, r := range rows {
-		out[i] = InProgressStat{Name: r.Name, InProgress: r.InProgress, NeedingAttention: r.NeedingAttention,
+		out[i] = InProgressStat{Name: r.Name, Version: int(r.Version), InProgress: r.InProgress, NeedingAttention: r.NeedingAttention,
 			Oldest: time.Duration(r.OldestSeconds * float64(time.Second))}
 	}
 	return out, nil

@@ -65,6 +65,9 @@ func TestVersionsDeploy(t *testing.T) {
 		require.Equal(t, "succeeded", st.Status, "step %s", st.Name)
 	}
 	require.Equal(t, "pending", opV2.Steps[3].Status)
+	m := metricsOf(t, d)
+	require.Equal(t, 1.0, m[`idemflow_operations_waiting_for_version{operation="refund",version="2"}`])
+	require.Equal(t, 1.0, m[`idemflow_operations_in_progress{operation="refund"}`])
 	require.Equal(t, 0, opV2.Steps[3].Attempts, "a version-1 demo ran the receipt step")
 	require.Contains(t, d.stderr.String(), "this process does not run its version")
 	require.Equal(t, 1, strings.Count(d.stderr.String(), idV2+" operation=refund version=2"), "logged once")

@@ -27,4 +27,6 @@
 //   - idemflow_operations_in_progress{operation}
 //   - idemflow_operations_needing_attention{operation}
 //   - idemflow_oldest_in_progress_seconds{operation}
+//   - idemflow_operations_waiting_for_version{operation,version}: unfinished
+//     operations of a version this process does not run
 package idemflowprom

@@ -39,6 +39,7 @@ type Metrics struct {
 	inProgress *prometheus.GaugeVec
 	attention  *prometheus.GaugeVec
 	oldest     *prometheus.GaugeVec
+	waiting    *prometheus.GaugeVec
 
 	// mu guards seen, the operation types the gauges reported last time: a
 	// type with nothing in progress any more is reported 0, not dropped.
@@ -94,9 +95,12 @@ func New(reg prometheus.Registerer, opts *Opts) (*Metrics, error) {
 		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemflow_oldest_in_progress_seconds", Help: "Age of the oldest unfinished operation (0 when none).",
 		}, []string{"operation"}),
+		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idemflow_operations_waiting_for_version", Help: "Unfinished operations of a version this process does not run: they wait for a process that does.",
+		}, []string{"operation", "version"}),
 		seen: map[string]bool{},
 	}
-	for _, c := range []prometheus.Collector{m.started, m.finished, m.attempts, m.duration, m.recoveries, m.lookups, m.requests, m.inProgress, m.attention, m.oldest} {
+	for _, c := range []prometheus.Collector{m.started, m.finished, m.attempts, m.duration, m.recoveries, m.lookups, m.requests, m.inProgress, m.attention, m.oldest, m.waiting} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -155,12 +159,31 @@ func (m *Metrics) Refresh(ctx context.Context, e *engine.Engine) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := map[string]bool{}
+	type sums struct {
+		count, attention int64
+		oldest           time.Duration
+	}
+	byName := map[string]*sums{}
+	m.waiting.Reset()
 	for _, s := range stats {
-		m.inProgress.WithLabelValues(s.Name).Set(float64(s.Count))
-		m.attention.WithLabelValues(s.Name).Set(float64(s.NeedingAttention))
-		m.oldest.WithLabelValues(s.Name).Set(s.Oldest.Seconds())
-		now[s.Name] = true
+		t := byName[s.Name]
+		if t == nil {
+			t = &sums{}
+			byName[s.Name] = t
+		}
+		t.count += s.Count
+		t.attention += s.NeedingAttention
+		t.oldest = max(t.oldest, s.Oldest)
+		if !s.Runnable {
+			m.waiting.WithLabelValues(s.Name, strconv.Itoa(s.Version)).Set(float64(s.Count))
+		}
+	}
+	now := map[string]bool{}
+	for name, t := range byName {
+		m.inProgress.WithLabelValues(name).Set(float64(t.count))
+		m.attention.WithLabelValues(name).Set(float64(t.attention))
+		m.oldest.WithLabelValues(name).Set(t.oldest.Seconds())
+		now[name] = true
 	}
 	for name := range m.seen {
 		if !now[name] {

@@ -302,25 +302,26 @@ func (q *Queries) OperationGetByKey(ctx context.Context, db DBTX, arg OperationG
 }
 
 const operationInProgressStats = `-- name: OperationInProgressStats :many
-SELECT name, count(*)::bigint AS in_progress,
+SELECT name, version, count(*)::bigint AS in_progress,
        count(*) FILTER (WHERE attention_code IS NOT NULL)::bigint AS needing_attention,
        extract(epoch FROM now() - min(created_at))::float8 AS oldest_seconds
 FROM idemflow_operation
 WHERE state = 'in_progress'
-GROUP BY name
-ORDER BY name
+GROUP BY name, version
+ORDER BY name, version
 `
 
 type OperationInProgressStatsRow struct {
 	Name             string
+	Version          int32
 	InProgress       int64
 	NeedingAttention int64
 	OldestSeconds    float64
 }
 
-// Per operation type, the operations in progress, how many of them need
-// attention, and the age of the oldest, by the database's clock: a scan of
-// idemflow_operation_in_progress, which reads the rows of unfinished
+// Per operation type and version, the operations in progress, how many of
+// them need attention, and the age of the oldest, by the database's clock: a
+// scan of idemflow_operation_in_progress, which reads the rows of unfinished
 // operations only.
 func (q *Queries) OperationInProgressStats(ctx context.Context, db DBTX) ([]*OperationInProgressStatsRow, error) {
 	rows, err := db.Query(ctx, operationInProgressStats)
@@ -333,6 +334,7 @@ func (q *Queries) OperationInProgressStats(ctx context.Context, db DBTX) ([]*Ope
 		var i OperationInProgressStatsRow
 		if err := rows.Scan(
 			&i.Name,
+			&i.Version,
 			&i.InProgress,
 			&i.NeedingAttention,
 			&i.OldestSeconds,
