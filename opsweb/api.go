@@ -1,0 +1,404 @@
+package opsweb
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemflow/idemflow/engine"
+)
+
+// maxLimit bounds a page of the list.
+const maxLimit = 1000
+
+// maxReason bounds a cancel's reason, in bytes; maxActionBody the body of a
+// retry or a cancel.
+const (
+	maxReason     = 1000
+	maxActionBody = 16 << 10
+)
+
+// listItem is an operation of the list: the shape of the client API's
+// operation without its steps, plus the client.
+type listItem struct {
+	OperationID    uuid.UUID  `json:"operationId"`
+	Client         string     `json:"client"`
+	Name           string     `json:"name"`
+	Version        int        `json:"version"`
+	Key            string     `json:"key"`
+	Status         string     `json:"status"`
+	NeedsAttention bool       `json:"needsAttention"`
+	CreatedAt      time.Time  `json:"createdAt"`
+	FinishedAt     *time.Time `json:"finishedAt"`
+}
+
+func itemOf(info *engine.Info) listItem {
+	return listItem{
+		OperationID: info.ID, Client: info.Scope, Name: info.Name, Version: info.Version, Key: info.Key,
+		Status: string(info.Status), NeedsAttention: info.NeedsAttention(), CreatedAt: info.CreatedAt, FinishedAt: info.FinishedAt,
+	}
+}
+
+// operationBody is one operation, for operators.
+type operationBody struct {
+	listItem
+	// Parked: no run takes it up until an operator retries or cancels it.
+	Parked bool `json:"parked"`
+	// Attention is why the unfinished operation waits for an operator.
+	Attention *attentionBody `json:"attention"`
+	// Failure is the error that ended a failed operation.
+	Failure *failureBody    `json:"failure"`
+	Runs    int             `json:"runs"`
+	Result  json.RawMessage `json:"result"`
+	Steps   []stepBody      `json:"steps"`
+}
+
+type attentionBody struct {
+	Code   string `json:"code"`
+	Reason string `json:"reason"`
+}
+
+type failureBody struct {
+	Code string `json:"code"`
+	// Message is the client's text, Cause the operators'.
+	Message     string `json:"message"`
+	Cause       string `json:"cause,omitempty"`
+	Step        string `json:"step,omitempty"`
+	ServerFault bool   `json:"serverFault"`
+}
+
+type stepBody struct {
+	Name       string     `json:"name"`
+	Kind       string     `json:"kind,omitempty"`
+	Status     string     `json:"status"`
+	Attempts   int        `json:"attempts"`
+	DerivedKey string     `json:"derivedKey,omitempty"`
+	ResolvedBy string     `json:"resolvedBy,omitempty"`
+	StartedAt  *time.Time `json:"startedAt"`
+	FinishedAt *time.Time `json:"finishedAt"`
+	// LastError is the last failure's text for the client, LastCause the same
+	// failure for operators.
+	LastError *string `json:"lastError"`
+	LastCause *string `json:"lastCause"`
+}
+
+func operationOf(info *engine.Info) operationBody {
+	body := operationBody{listItem: itemOf(info), Parked: info.Parked, Runs: info.Runs, Result: info.Result, Steps: []stepBody{}}
+	if a := info.Attention; a != nil {
+		body.Attention = &attentionBody{Code: a.Code, Reason: a.Reason}
+	}
+	if f := info.Error; f != nil {
+		body.Failure = &failureBody{Code: f.Code, Message: f.Message, Cause: f.Cause, Step: f.Step, ServerFault: f.ServerFault()}
+	}
+	for _, st := range info.Steps {
+		sb := stepBody{
+			Name: st.Name, Kind: string(st.Kind), Status: string(st.Status), Attempts: st.Attempts,
+			DerivedKey: st.DerivedKey, ResolvedBy: st.ResolvedBy, StartedAt: st.StartedAt, FinishedAt: st.FinishedAt,
+		}
+		if st.LastError != "" {
+			sb.LastError = &st.LastError
+		}
+		if st.LastCause != "" {
+			sb.LastCause = &st.LastCause
+		}
+		body.Steps = append(body.Steps, sb)
+	}
+	return body
+}
+
+// listQuery is a list's filters, as the query string gives them.
+type listQuery struct {
+	opts  engine.ListOpts
+	limit int
+	// values are the filters as given, without after: what the next page's
+	// URL and the pages' form repeat.
+	values url.Values
+}
+
+// listParams are the query parameters of the list.
+var listParams = []string{"status", "name", "client", "olderThan", "needsAttention", "limit", "after"}
+
+// paramError is a query parameter or body field at fault.
+type paramError struct {
+	param, message string
+}
+
+// parseList reads the list's filters from q. strict refuses parameters that
+// the list does not know (the API's; the pages ignore them). after reads the
+// cursor's operation.
+func (h *handler) parseList(ctx context.Context, q url.Values, strict bool) (*listQuery, *paramError, error) {
+	if strict {
+		for name := range q {
+			if !slices.Contains(listParams, name) {
+				return nil, &paramError{name, "unknown query parameter " + strconv.Quote(name) + "; the list takes " + strings.Join(listParams, ", ")}, nil
+			}
+		}
+	}
+	lq := &listQuery{limit: 100, values: url.Values{}}
+	for _, name := range listParams {
+		if len(q[name]) > 1 {
+			return nil, &paramError{name, name + " is given more than once"}, nil
+		}
+		v := strings.TrimSpace(q.Get(name))
+		if v == "" {
+			continue
+		}
+		switch name {
+		case "status":
+			switch s := engine.Status(v); s {
+			case engine.StatusInProgress, engine.StatusSucceeded, engine.StatusFailed:
+				lq.opts.Status = s
+			default:
+				return nil, &paramError{name, "status is one of in_progress, succeeded, failed"}, nil
+			}
+		case "name":
+			lq.opts.Name = v
+		case "client":
+			lq.opts.Scope = v
+		case "olderThan":
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return nil, &paramError{name, "olderThan is a positive duration, such as 15m or 2h"}, nil
+			}
+			lq.opts.OlderThan = d
+		case "needsAttention":
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return nil, &paramError{name, "needsAttention is true or false"}, nil
+			}
+			lq.opts.NeedsAttention = b
+		case "limit":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > maxLimit {
+				return nil, &paramError{name, "limit is an integer from 1 to 1000"}, nil
+			}
+			lq.limit = n
+		case "after":
+			id, err := uuid.Parse(v)
+			if err != nil {
+				return nil, &paramError{name, "after is the id of the last operation of the previous page"}, nil
+			}
+			last, err := h.e.Get(ctx, id)
+			if errors.Is(err, engine.ErrNotFound) {
+				return nil, &paramError{name, "no operation " + id.String() + " (deleted since?): start again without after"}, nil
+			}
+			if err != nil {
+				return nil, nil, err
+			}
+			lq.opts.After = last
+			continue // not repeated: the next page has its own
+		}
+		lq.values.Set(name, v)
+	}
+	lq.opts.Max = lq.limit
+	return lq, nil, nil
+}
+
+// next returns the query of the page after list, or nil when list is the
+// last page.
+func (lq *listQuery) next(list []*engine.Info) url.Values {
+	if len(list) < lq.limit {
+		return nil
+	}
+	v := url.Values{}
+	for name, vs := range lq.values {
+		v[name] = vs
+	}
+	v.Set("after", list[len(list)-1].ID.String())
+	return v
+}
+
+// list reads the list that r asks for.
+func (h *handler) list(w http.ResponseWriter, r *http.Request, strict bool) (*listQuery, []*engine.Info, bool) {
+	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.ReadTimeout)
+	defer cancel()
+	lq, perr, err := h.parseList(ctx, r.URL.Query(), strict)
+	if err == nil && perr == nil {
+		var list []*engine.Info
+		if list, err = h.e.List(ctx, &lq.opts); err == nil {
+			return lq, list, true
+		}
+	}
+	if perr != nil {
+		h.fail(w, r, http.StatusBadRequest, "invalid_request", perr.message, perr.param)
+	} else {
+		h.internalError(w, r, err)
+	}
+	return nil, nil, false
+}
+
+func (h *handler) listAPI(w http.ResponseWriter, r *http.Request) {
+	lq, list, ok := h.list(w, r, true)
+	if !ok {
+		return
+	}
+	items := make([]listItem, len(list))
+	for i, info := range list {
+		items[i] = itemOf(info)
+	}
+	if next := lq.next(list); next != nil {
+		w.Header().Set("Link", "<"+h.cfg.APIPath+"/operations?"+next.Encode()+`>; rel="next"`)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"operations": items})
+}
+
+// get reads the operation of r's path, with its steps; it answers 404 and
+// returns false when there is none.
+func (h *handler) get(w http.ResponseWriter, r *http.Request) (*engine.Info, bool) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		h.fail(w, r, http.StatusNotFound, "operation_not_found", "no such operation", "")
+		return nil, false
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.ReadTimeout)
+	defer cancel()
+	info, err := h.e.Get(ctx, id)
+	if errors.Is(err, engine.ErrNotFound) {
+		h.fail(w, r, http.StatusNotFound, "operation_not_found", "no such operation", "")
+		return nil, false
+	}
+	if err != nil {
+		h.internalError(w, r, err)
+		return nil, false
+	}
+	return info, true
+}
+
+func (h *handler) operationAPI(w http.ResponseWriter, r *http.Request) {
+	info, ok := h.get(w, r)
+	if !ok {
+		return
+	}
+	w.Header().Set("Operation-Id", info.ID.String())
+	writeJSON(w, http.StatusOK, operationOf(info))
+}
+
+// action is what an operator does to an operation.
+type action string
+
+const (
+	actionRetry  action = "retry"
+	actionCancel action = "cancel"
+)
+
+// refusal is an action that the engine refused by rule, changing nothing.
+type refusal struct {
+	Status        int
+	Code, Message string
+}
+
+// act retries or cancels the operation id and returns it afterwards, with its
+// steps; a refusal when the engine refused (or there is no such operation).
+// The action is bounded by ActionTimeout and goes on if the client goes away.
+func (h *handler) act(r *http.Request, id uuid.UUID, a action, reason string) (*engine.Info, *refusal, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.cfg.ActionTimeout)
+	defer cancel()
+	var err error
+	if a == actionRetry {
+		err = h.e.Reopen(ctx, id)
+	} else {
+		_, err = h.e.Cancel(ctx, id, reason)
+	}
+	var ref *refusal
+	switch {
+	case err == nil:
+		h.cfg.Logger.InfoContext(ctx, "operator action", slog.String("action", string(a)), slog.String("operation_id", id.String()),
+			slog.String("reason", reason), slog.String("remote_addr", r.RemoteAddr))
+	case errors.Is(err, engine.ErrNotFound):
+		ref = &refusal{http.StatusNotFound, "operation_not_found", "no such operation"}
+	case errors.Is(err, engine.ErrNotFailed):
+		ref = &refusal{http.StatusConflict, "operation_not_failed", "only a failed or parked operation can be retried: this one has neither failed nor been parked"}
+	case errors.Is(err, engine.ErrFinished):
+		ref = &refusal{http.StatusConflict, "operation_finished", "the operation has finished: there is nothing to cancel"}
+	case errors.Is(err, engine.ErrRunning):
+		ref = &refusal{http.StatusConflict, "operation_running", "a live process holds the operation: try again once its lease expires"}
+	case errors.Is(err, engine.ErrPastPivot):
+		ref = &refusal{http.StatusConflict, "past_point_of_no_return", "the operation is past its point of no return (a step that cannot be undone has succeeded, or may have): it only goes forward, so it cannot be cancelled"}
+	default:
+		return nil, nil, err
+	}
+	if ref != nil {
+		h.cfg.Logger.InfoContext(ctx, "operator action refused", slog.String("action", string(a)), slog.String("operation_id", id.String()),
+			slog.String("code", ref.Code), slog.String("error", err.Error()))
+		return nil, ref, nil
+	}
+	info, err := h.e.Get(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	return info, nil, nil
+}
+
+func (h *handler) actionAPI(a action) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, err := uuid.Parse(r.PathValue("id"))
+		if err != nil {
+			h.fail(w, r, http.StatusNotFound, "operation_not_found", "no such operation", "")
+			return
+		}
+		var body struct {
+			Reason string `json:"reason"`
+		}
+		raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxActionBody))
+		if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
+			refuseBody(w)
+			h.fail(w, r, http.StatusRequestEntityTooLarge, "request_too_large", "the body is larger than 16 KiB", "")
+			return
+		}
+		if err != nil {
+			h.fail(w, r, http.StatusBadRequest, "invalid_request", "the body could not be read", "")
+			return
+		}
+		if len(strings.TrimSpace(string(raw))) > 0 {
+			dec := json.NewDecoder(strings.NewReader(string(raw)))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&body); err != nil || dec.More() {
+				h.fail(w, r, http.StatusBadRequest, "invalid_request", `the body is {"reason": "..."} (a cancel's, optional) or empty`, "")
+				return
+			}
+		}
+		if a == actionRetry && body.Reason != "" {
+			h.fail(w, r, http.StatusBadRequest, "invalid_request", "a retry takes no reason", "reason")
+			return
+		}
+		if len(body.Reason) > maxReason {
+			h.fail(w, r, http.StatusBadRequest, "invalid_request", "the reason is longer than 1000 bytes", "reason")
+			return
+		}
+		info, ref, err := h.act(r, id, a, strings.TrimSpace(body.Reason))
+		if err != nil {
+			h.internalError(w, r, err)
+			return
+		}
+		if ref != nil {
+			h.fail(w, r, ref.Status, ref.Code, ref.Message, "")
+			return
+		}
+		w.Header().Set("Operation-Id", info.ID.String())
+		writeJSON(w, http.StatusOK, operationOf(info))
+	}
+}
+
+// internalError answers an error the handler has no better answer for: 503
+// when the database did not answer, else 500 with the engine's text, which is
+// for operators, as the whole handler is.
+func (h *handler) internalError(w http.ResponseWriter, r *http.Request, err error) {
+	if engine.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded) {
+		h.cfg.Logger.WarnContext(r.Context(), "opsweb: the database did not answer", slog.String("path", r.URL.Path), slog.String("error", err.Error()))
+		w.Header().Set("Retry-After", "1")
+		h.fail(w, r, http.StatusServiceUnavailable, "service_unavailable", "the database is not available; try again", "")
+		return
+	}
+	h.cfg.Logger.ErrorContext(r.Context(), "opsweb: request failed", slog.String("path", r.URL.Path), slog.String("error", err.Error()))
+	h.fail(w, r, http.StatusInternalServerError, "internal_error", err.Error(), "")
+}

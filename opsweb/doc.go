@@ -1,0 +1,84 @@
+// Package opsweb is the operators' view of an engine over HTTP: server-rendered
+// pages and a JSON API that list operations, show one with every step, and
+// retry (Engine.Reopen) or cancel (Engine.Cancel) it. A service that embeds
+// idemflow mounts the one handler that New returns, behind its own
+// authentication:
+//
+//	ops, err := opsweb.New(e, &opsweb.Config{AuthFunc: opsweb.TokenAuth(adminToken)})
+//	mux.Handle("/ops", ops)
+//	mux.Handle("/ops/", ops)
+//
+// It uses the standard library only (html/template, net/http); the pages need
+// no front-end build and run no script at all.
+//
+// # Paths
+//
+// The pages live under Config.BasePath ("/ops" by default) and the JSON API
+// under Config.APIPath (BasePath+"/api" by default); mount the handler on
+// both, without http.StripPrefix: the pages' links and forms name full paths.
+//
+//	GET  {BasePath}                                the list, newest first, with filters
+//	GET  {BasePath}/operations/{id}                one operation and every step, with the forms
+//	POST {BasePath}/operations/{id}/retry          the retry button: 303 back to the operation
+//	POST {BasePath}/operations/{id}/cancel         the cancel button (form field "reason")
+//	GET  {APIPath}/operations                      {"operations": [...]}
+//	GET  {APIPath}/operations/{id}                 one operation with its steps
+//	POST {APIPath}/operations/{id}/retry           200 with the operation, reopened
+//	POST {APIPath}/operations/{id}/cancel          body {"reason": "..."} (optional); 200 with the operation, cancelled
+//
+// The list takes the query parameters status (in_progress, succeeded,
+// failed), name (the operation type), client (the scope), olderThan (a Go
+// duration: created longer ago than that), needsAttention (true: unfinished
+// operations that wait for an operator), limit (1 to 1000, default 100) and
+// after (the id of the last operation of the previous page). A full page
+// carries a Link header with rel="next", the URL of the next page. Each
+// operation of the list has operationId, client, name, version, key, status,
+// needsAttention, createdAt and finishedAt; one operation adds parked,
+// attention (code and reason, for operators), failure (the error that ended
+// it: the client's message and the operators' cause), runs, result and steps
+// (name, kind, status, attempts, derivedKey, resolvedBy, startedAt,
+// finishedAt, lastError for the client, lastCause for operators).
+//
+// # Errors
+//
+// The JSON API's errors are {"error": {"code": "...", "message": "..."}}, with
+// "param" naming the query parameter or field at fault. A page answers the
+// same JSON to a client that does not accept text/html, and an HTML page to a
+// browser.
+//
+//	400 invalid_request           a bad query parameter or body
+//	401 unauthenticated           Config.AuthFunc refused the request
+//	403 cross_origin_request      a state-changing request from another origin (see "Forgery")
+//	404 operation_not_found       no such operation (or not a UUID)
+//	404 not_found, 405 method_not_allowed
+//	409 operation_not_failed      retry of an operation that has neither failed nor been parked
+//	409 operation_finished        cancel of a finished operation
+//	409 operation_running         cancel of an operation that a live run holds: try again once its lease expires
+//	409 past_point_of_no_return   cancel of an operation whose step that cannot be undone has succeeded, or may have
+//	500 internal_error            anything else; the message is the engine's, for operators
+//	503 service_unavailable       the database did not answer in time (Retry-After: 1)
+//
+// # Authentication
+//
+// Config.AuthFunc sees every request before anything else happens; an error
+// answers 401 unauthenticated, with WWW-Authenticate: Basic on the pages so
+// that a browser asks for credentials, and nothing of the request is read.
+// TokenAuth is such a function for one shared secret, taken as HTTP Basic
+// authentication's password (any user name) or as a bearer token.
+//
+// # Forgery
+//
+// A browser sends HTTP Basic credentials with every request to the site,
+// whoever made the page that sends it, so the forms' POSTs must tell a form of
+// these pages from one of another site. The handler uses Go's
+// http.CrossOriginProtection, and no token: every POST, of the pages and of the
+// JSON API, whose Sec-Fetch-Site header (sent by every browser since 2023) says
+// it comes from another site, or, without that header, whose Origin names
+// another host than the request's Host, is refused with 403
+// cross_origin_request before it reaches the engine. Requests without either
+// header (curl, programs) are not a browser's and pass. GET and HEAD change
+// nothing. The pages also forbid being framed (Content-Security-Policy
+// frame-ancestors 'none', X-Frame-Options: DENY), so that another site cannot
+// trick an operator into pressing a button, allow no script at all and forms
+// only to this origin, and are never cached.
+package opsweb

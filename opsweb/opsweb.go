@@ -1,0 +1,283 @@
+package opsweb
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"log/slog"
+	"net/http"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/idemflow/idemflow/engine"
+)
+
+// The defaults of Config.
+const (
+	DefaultBasePath      = "/ops"
+	DefaultReadTimeout   = 8 * time.Second
+	DefaultActionTimeout = 15 * time.Second
+)
+
+// Config configures the handler of New.
+type Config struct {
+	// AuthFunc authenticates every request, before anything else is read: a
+	// nil error lets it through, any other answers 401 unauthenticated (its
+	// text is not shown). Required: operators' pages retry and cancel
+	// operations of every client. TokenAuth makes one for a shared secret.
+	AuthFunc func(r *http.Request) error
+	// BasePath is where the pages are: BasePath lists operations and
+	// BasePath+"/operations/{id}" shows one. An absolute, clean path without
+	// a trailing slash, not "/". Defaults to "/ops".
+	BasePath string
+	// APIPath is where the JSON API is: APIPath+"/operations" and below. The
+	// same rules as BasePath's, and another path. Defaults to BasePath+"/api".
+	APIPath string
+	// ReadTimeout bounds the database reads of a request: a database that
+	// does not answer by then gets 503 service_unavailable. Defaults to 8
+	// seconds.
+	ReadTimeout time.Duration
+	// ActionTimeout bounds a retry or a cancel, which may ask an outside
+	// service by derived key and run compensations; the action goes on if the
+	// client goes away meanwhile. Defaults to 15 seconds.
+	ActionTimeout time.Duration
+	// Logger receives a line per retry and cancel, and the errors the handler
+	// could not answer with. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() Config {
+	out := *c
+	if out.BasePath == "" {
+		out.BasePath = DefaultBasePath
+	}
+	if out.APIPath == "" {
+		out.APIPath = out.BasePath + "/api"
+	}
+	if out.ReadTimeout <= 0 {
+		out.ReadTimeout = DefaultReadTimeout
+	}
+	if out.ActionTimeout <= 0 {
+		out.ActionTimeout = DefaultActionTimeout
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out
+}
+
+func (c *Config) validate() error {
+	if c.AuthFunc == nil {
+		return errors.New("opsweb: Config.AuthFunc is required")
+	}
+	for _, p := range []struct{ name, value string }{{"BasePath", c.BasePath}, {"APIPath", c.APIPath}} {
+		if !strings.HasPrefix(p.value, "/") || p.value == "/" || path.Clean(p.value) != p.value ||
+			strings.ContainsAny(p.value, "{}?#% \t") {
+			return fmt.Errorf("opsweb: Config.%s %q is not an absolute, clean path without a trailing slash (such as /ops)", p.name, p.value)
+		}
+	}
+	if c.BasePath == c.APIPath {
+		return fmt.Errorf("opsweb: Config.BasePath and APIPath are both %q", c.BasePath)
+	}
+	return nil
+}
+
+// handler serves the pages and the JSON API.
+type handler struct {
+	e   *engine.Engine
+	cfg Config
+	// protected is the router behind the cross-origin protection.
+	protected http.Handler
+	pages     *template.Template
+}
+
+// New returns the operators' handler of e: the pages under cfg.BasePath and
+// the JSON API under cfg.APIPath (see the package documentation). cfg is
+// required, for its AuthFunc.
+func New(e *engine.Engine, cfg *Config) (http.Handler, error) {
+	if e == nil {
+		return nil, errors.New("opsweb: an engine is required")
+	}
+	if cfg == nil {
+		return nil, errors.New("opsweb: Config.AuthFunc is required")
+	}
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	pages, err := parsePages(c.BasePath)
+	if err != nil {
+		return nil, err
+	}
+	h := &handler{e: e, cfg: c, pages: pages}
+	mux, err := h.routes()
+	if err != nil {
+		return nil, err
+	}
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		refuseBody(w)
+		h.fail(w, r, http.StatusForbidden, "cross_origin_request",
+			"a request from another site may not change anything here: use this server's own pages", "")
+	}))
+	h.protected = cop.Handler(mux)
+	return h, nil
+}
+
+// routes registers the handler's paths, and reports as an error the panic of
+// a ServeMux whose patterns conflict (paths of Config that overlap).
+func (h *handler) routes() (mux *http.ServeMux, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			mux, err = nil, fmt.Errorf("opsweb: Config.BasePath %q and APIPath %q overlap: %v", h.cfg.BasePath, h.cfg.APIPath, v)
+		}
+	}()
+	mux = http.NewServeMux()
+	b, a := h.cfg.BasePath, h.cfg.APIPath
+	mux.HandleFunc("GET "+b, h.listPage)
+	mux.HandleFunc("GET "+b+"/{$}", h.listPage)
+	mux.HandleFunc("GET "+b+"/operations/{id}", h.operationPage)
+	mux.HandleFunc("POST "+b+"/operations/{id}/retry", h.actionPage(actionRetry))
+	mux.HandleFunc("POST "+b+"/operations/{id}/cancel", h.actionPage(actionCancel))
+	mux.HandleFunc("GET "+a+"/operations", h.listAPI)
+	mux.HandleFunc("GET "+a+"/operations/{id}", h.operationAPI)
+	mux.HandleFunc("POST "+a+"/operations/{id}/retry", h.actionAPI(actionRetry))
+	mux.HandleFunc("POST "+a+"/operations/{id}/cancel", h.actionAPI(actionCancel))
+	// Patterns without a method catch the other methods: 405, not 404.
+	for _, p := range []string{
+		b, b + "/{$}", b + "/operations/{id}", b + "/operations/{id}/retry", b + "/operations/{id}/cancel",
+		a + "/operations", a + "/operations/{id}", a + "/operations/{id}/retry", a + "/operations/{id}/cancel",
+	} {
+		mux.HandleFunc(p, h.methodNotAllowed)
+	}
+	mux.HandleFunc("/", h.notFound)
+	return mux, nil
+}
+
+// ServeHTTP authenticates the request, then routes it.
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := h.cfg.AuthFunc(r); err != nil {
+		refuseBody(w)
+		if !h.isAPI(r) {
+			w.Header().Set("WWW-Authenticate", `Basic realm="idemflow operations", charset="UTF-8"`)
+		}
+		h.fail(w, r, http.StatusUnauthorized, "unauthenticated", "the operators' pages need an operator's credentials", "")
+		return
+	}
+	h.protected.ServeHTTP(w, r)
+}
+
+// isAPI reports whether r is for the JSON API rather than the pages.
+func (h *handler) isAPI(r *http.Request) bool {
+	p := r.URL.Path
+	return p == h.cfg.APIPath || strings.HasPrefix(p, h.cfg.APIPath+"/")
+}
+
+func (h *handler) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
+	refuseBody(w)
+	h.fail(w, r, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed here", "")
+}
+
+func (h *handler) notFound(w http.ResponseWriter, r *http.Request) {
+	refuseBody(w)
+	h.fail(w, r, http.StatusNotFound, "not_found", "no such page", "")
+}
+
+// refuseBody closes the connection after an answer that does not read the
+// request's body, so that the server does not wait for it.
+func refuseBody(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
+}
+
+// fail answers an error: JSON for the API and for clients that do not accept
+// HTML, an HTML page for a browser on the pages.
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, status int, code, message, param string) {
+	if !h.isAPI(r) && acceptsHTML(r) {
+		h.render(w, r, status, "error", &errorPage{Status: status, StatusText: http.StatusText(status), Code: code, Message: message, Param: param})
+		return
+	}
+	type errorBody struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+		Param   string `json:"param,omitempty"`
+	}
+	writeJSON(w, status, map[string]errorBody{"error": {Code: code, Message: message, Param: param}})
+}
+
+// acceptsHTML reports whether the request's Accept header names text/html, as
+// a browser's navigation does.
+func acceptsHTML(r *http.Request) bool {
+	for _, v := range r.Header.Values("Accept") {
+		for _, part := range strings.Split(v, ",") {
+			media, _, _ := strings.Cut(part, ";")
+			if m := strings.ToLower(strings.TrimSpace(media)); m == "text/html" || m == "application/xhtml+xml" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		body = []byte(`{"error":{"code":"internal_error","message":"could not encode the answer"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// ErrUnauthenticated is the error of TokenAuth's function for a request
+// without the token.
+var ErrUnauthenticated = errors.New("opsweb: missing or wrong credentials")
+
+// TokenAuth returns an AuthFunc that accepts a request carrying token as the
+// password of HTTP Basic authentication, with any user name (what a browser
+// asks for), or as a bearer token (Authorization: Bearer <token>), compared in
+// constant time; anything else gets ErrUnauthenticated, a request with more
+// than one Authorization header included (which one counts would be anybody's
+// guess). An empty token accepts nothing.
+func TokenAuth(token string) func(r *http.Request) error {
+	want := sha256.Sum256([]byte(token))
+	return func(r *http.Request) error {
+		values := r.Header.Values("Authorization")
+		if token == "" || len(values) != 1 {
+			return ErrUnauthenticated
+		}
+		got, ok := bearerToken(values[0])
+		if !ok {
+			if _, password, basic := r.BasicAuth(); basic {
+				got, ok = password, true
+			}
+		}
+		sum := sha256.Sum256([]byte(got))
+		// Equal-length digests: as long whatever the credentials.
+		if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+			return ErrUnauthenticated
+		}
+		return nil
+	}
+}
+
+// bearerToken reads an Authorization header's credentials as RFC 6750 writes
+// them: the scheme "Bearer" in any case, spaces or tabs, then the token, with
+// no white space or control character inside.
+func bearerToken(h string) (string, bool) {
+	h = strings.Trim(h, " \t")
+	i := strings.IndexAny(h, " \t")
+	if i < 0 || !strings.EqualFold(h[:i], "Bearer") {
+		return "", false
+	}
+	token := strings.Trim(h[i:], " \t")
+	if token == "" || strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
+		return "", false
+	}
+	return token, true
+}

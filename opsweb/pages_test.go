@@ -1,0 +1,160 @@
+package opsweb_test
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/engine"
+)
+
+// requirePage requires an HTML page of status with the pages' headers: no
+// script allowed, nor anything else but the inline style, whose hash the
+// policy names.
+func requirePage(t *testing.T, r *response, status int) {
+	t.Helper()
+	require.Equal(t, status, r.status, "body %s", r.body)
+	require.Equal(t, "text/html; charset=utf-8", r.header.Get("Content-Type"))
+	require.Equal(t, "DENY", r.header.Get("X-Frame-Options"))
+	require.Equal(t, "no-store", r.header.Get("Cache-Control"))
+	csp := r.header.Get("Content-Security-Policy")
+	require.Contains(t, csp, "default-src 'none'")
+	require.Contains(t, csp, "frame-ancestors 'none'")
+	require.Contains(t, csp, "form-action 'self'")
+	require.NotContains(t, csp, "script-src")
+	require.NotContains(t, strings.ToLower(r.body), "<script")
+	m := regexp.MustCompile(`(?s)<style>(.*?)</style>`).FindAllStringSubmatch(r.body, -1)
+	require.Len(t, m, 1, "one inline style")
+	sum := sha256.Sum256([]byte(m[0][1]))
+	require.Contains(t, csp, "style-src 'sha256-"+base64.StdEncoding.EncodeToString(sum[:])+"'", "the policy allows the style as served")
+}
+
+func TestListPage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ok := b.start("client-a", "k-<b>ok</b>", modeOK)
+	failed := b.start("client-b", "k-fail", modeFail)
+	parked := b.start("client-a", "k-halt", modeHaltBefore)
+
+	r := b.browser(http.MethodGet, "/ops", nil)
+	requirePage(t, r, http.StatusOK)
+	for _, info := range []*engine.Info{ok, failed, parked} {
+		require.Contains(t, r.body, `<a href="/ops/operations/`+info.ID.String()+`">`+info.ID.String()+`</a>`)
+	}
+	require.Less(t, strings.Index(r.body, parked.ID.String()), strings.Index(r.body, ok.ID.String()), "newest first")
+	require.Contains(t, r.body, "k-&lt;b&gt;ok&lt;/b&gt;", "keys are escaped")
+	require.NotContains(t, r.body, "<b>ok</b>")
+	require.Contains(t, r.body, "limit_unknown", "why it needs attention")
+	require.Contains(t, r.body, `<form class="filters" method="get" action="/ops">`)
+	require.Regexp(t, `<td class="num"><a class="attention" href="/ops\?needsAttention=true&amp;name=payment">1</a></td>`, r.body, "the summary of what is in progress")
+
+	r = b.browser(http.MethodGet, "/ops?status=failed&name=&client=&olderThan=&limit=", nil)
+	requirePage(t, r, http.StatusOK)
+	require.Contains(t, r.body, failed.ID.String())
+	require.NotContains(t, r.body, ok.ID.String())
+	require.Contains(t, r.body, `<option value="failed" selected>`)
+
+	r = b.browser(http.MethodGet, "/ops?limit=2", nil)
+	requirePage(t, r, http.StatusOK)
+	require.NotContains(t, r.body, ok.ID.String())
+	next := regexp.MustCompile(`<a href="([^"]+)" rel="next">`).FindStringSubmatch(r.body)
+	require.NotNil(t, next, "a link to the next page")
+	r = b.browser(http.MethodGet, strings.ReplaceAll(next[1], "&amp;", "&"), nil)
+	requirePage(t, r, http.StatusOK)
+	require.Contains(t, r.body, ok.ID.String())
+	require.NotContains(t, r.body, parked.ID.String())
+
+	r = b.browser(http.MethodGet, "/ops?olderThan=soon", nil)
+	requirePage(t, r, http.StatusBadRequest)
+	require.Contains(t, r.body, "olderThan is a positive duration")
+
+	r = b.browser(http.MethodGet, "/ops/nothing", nil)
+	requirePage(t, r, http.StatusNotFound)
+	require.Contains(t, r.body, "not_found")
+	requireError(t, b.admin(http.MethodGet, "/ops/nothing", ""), http.StatusNotFound, "not_found")
+}
+
+func TestOperationPage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	failed := b.start("client-b", "k-fail", modeFail)
+	page := "/ops/operations/" + failed.ID.String()
+
+	r := b.browser(http.MethodGet, page, nil)
+	requirePage(t, r, http.StatusOK)
+	require.Contains(t, r.body, `<span id="status" class="status st-failed">failed</span>`)
+	rows := regexp.MustCompile(`<tr class="step st-[a-z_]+" id="step-([a-z]+)">`).FindAllStringSubmatch(r.body, -1)
+	require.Len(t, rows, 3, "every step")
+	require.Equal(t, []string{"reserve", "charge", "record"}, []string{rows[0][1], rows[1][1], rows[2][1]})
+	require.Contains(t, r.body, `<td class="mono derived-key">`+failed.Steps[1].DerivedKey+`</td>`)
+	require.Contains(t, r.body, "dial tcp 10.0.0.7:443", "the operators' cause")
+	require.Contains(t, r.body, engine.CodeAttemptsExhausted)
+	require.Contains(t, r.body, `<form method="post" action="`+page+`/retry">`)
+	require.NotContains(t, r.body, `/cancel">`, "a failed operation cannot be cancelled")
+	require.NotContains(t, r.body, `http-equiv="refresh"`)
+
+	// The retry button: 303 to the page, which follows the run.
+	b.healed.Store("k-fail", true)
+	r = b.browser(http.MethodPost, page+"/retry", url.Values{})
+	require.Equal(t, http.StatusSeeOther, r.status, r.body)
+	require.Equal(t, page+"?done=retried", r.header.Get("Location"))
+	r = b.browser(http.MethodGet, page+"?done=retried", nil)
+	requirePage(t, r, http.StatusOK)
+	require.Contains(t, r.body, "Reopened")
+	require.Equal(t, engine.StatusSucceeded, b.waitFor(failed.ID.String()).Status)
+	r = b.browser(http.MethodGet, page+"?done=retried", nil)
+	requirePage(t, r, http.StatusOK)
+	require.Contains(t, r.body, `<span id="status" class="status st-succeeded">succeeded</span>`)
+	require.NotContains(t, r.body, `http-equiv="refresh"`, "a finished operation is not reloaded")
+	require.NotContains(t, r.body, `<button`, "nothing to do")
+
+	// A refused retry: the page again, saying why.
+	r = b.browser(http.MethodPost, page+"/retry", url.Values{})
+	requirePage(t, r, http.StatusConflict)
+	require.Contains(t, r.body, "operation_not_failed")
+	// The same refusal for a program: JSON.
+	requireError(t, b.do(http.MethodPost, page+"/retry", "", "Authorization", basic("x", adminToken)), http.StatusConflict, "operation_not_failed")
+
+	r = b.browser(http.MethodGet, "/ops/operations/"+uuidString(), nil)
+	requirePage(t, r, http.StatusNotFound)
+	require.Contains(t, r.body, "operation_not_found")
+	requireError(t, b.admin(http.MethodGet, "/ops/operations/nope", ""), http.StatusNotFound, "operation_not_found")
+}
+
+func TestCancelPage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	past := b.start("client-a", "k-after", modeHaltAfter)
+	page := "/ops/operations/" + past.ID.String()
+
+	r := b.browser(http.MethodGet, page, nil)
+	requirePage(t, r, http.StatusOK)
+	require.Contains(t, r.body, "Needs attention: ledger_mismatch")
+	require.Contains(t, r.body, "Parked")
+	require.Contains(t, r.body, `<button type="submit" id="retry">`)
+	require.Contains(t, r.body, `<button type="submit" id="cancel">`)
+
+	r = b.browser(http.MethodPost, page+"/cancel", url.Values{"reason": {"try"}})
+	requirePage(t, r, http.StatusConflict)
+	require.Contains(t, r.body, "past_point_of_no_return")
+	require.Contains(t, r.body, `<span id="status" class="status st-in_progress">in_progress</span>`)
+
+	before := b.start("client-a", "k-before", modeHaltBefore)
+	page = "/ops/operations/" + before.ID.String()
+	r = b.browser(http.MethodPost, page+"/cancel", url.Values{"reason": {"  customer withdrew "}})
+	require.Equal(t, http.StatusSeeOther, r.status, r.body)
+	r = b.browser(http.MethodGet, r.header.Get("Location"), nil)
+	requirePage(t, r, http.StatusOK)
+	require.Contains(t, r.body, "Cancelled")
+	require.Contains(t, r.body, "customer withdrew")
+	require.Contains(t, r.body, `<span id="status" class="status st-failed">failed</span>`)
+
+	r = b.browser(http.MethodPost, page+"/cancel", url.Values{"reason": {strings.Repeat("x", 1001)}})
+	requirePage(t, r, http.StatusBadRequest)
+}
