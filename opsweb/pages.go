@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -159,9 +160,11 @@ type listPage struct {
 	Statuses       []statusOption
 	NeedsAttention bool
 	Summary        []engine.InProgress
-	Items          []*engine.Info
-	Next           string
-	Problem        string
+	// Names are the types of Summary, for the filter's suggestions.
+	Names   []string
+	Items   []*engine.Info
+	Next    string
+	Problem string
 }
 
 func (h *handler) listPage(w http.ResponseWriter, r *http.Request) {
@@ -179,6 +182,11 @@ func (h *handler) listPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	page.Summary = summary
+	for _, s := range summary {
+		if !slices.Contains(page.Names, s.Name) {
+			page.Names = append(page.Names, s.Name)
+		}
+	}
 	lq, perr, err := h.parseList(ctx, q, false)
 	switch {
 	case err != nil:
