@@ -35,6 +35,7 @@ type config struct {
 	maxInFlight  int           // -max-in-flight, DEMO_MAX_IN_FLIGHT
 	versions     []int         // -refund-versions, DEMO_REFUND_VERSIONS
 	providerAddr string        // -provider-addr, DEMO_PROVIDER_ADDR
+	adminToken   string        // -admin-token, DEMO_ADMIN_TOKEN
 }
 
 // stepFault is a fault that DEMO_PANIC or DEMO_FAIL injects: the step's first n
@@ -67,6 +68,10 @@ func apiClients(cs []client) []demoapi.Client {
 	return out
 }
 
+// defaultAdminToken is the operators' secret unless -admin-token says
+// otherwise.
+const defaultAdminToken = "demo-admin-token"
+
 var defaultClients = []client{{name: "merchant-a", token: "demo-token-a"}, {name: "merchant-b", token: "demo-token-b"}}
 
 // parseConfig reads the flags in args (without the program name) and the
@@ -92,6 +97,7 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	maxInFlight := fs.String("max-in-flight", env("DEMO_MAX_IN_FLIGHT", "1000"), "operations this process runs at once; beyond, a new keyed request answers 503 overloaded (DEMO_MAX_IN_FLIGHT)")
 	versions := fs.String("refund-versions", env("DEMO_REFUND_VERSIONS", "1"), "versions of the refund definition this process runs, comma-separated; new refunds start on the highest (DEMO_REFUND_VERSIONS)")
 	providerAddr := fs.String("provider-addr", env("DEMO_PROVIDER_ADDR", ""), "serve the fake provider on a listener of its own at this address instead of under /provider (DEMO_PROVIDER_ADDR)")
+	adminToken := fs.String("admin-token", env("DEMO_ADMIN_TOKEN", defaultAdminToken), "the operators' secret for /ops, /riverui/ and /admin: HTTP Basic's password (any user name) or a bearer token (DEMO_ADMIN_TOKEN)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -139,6 +145,15 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	c.providerAddr = *providerAddr
 	if c.providerAddr != "" && c.providerURL != "" {
 		return nil, errors.New("-provider-addr serves the fake provider, -provider-url names another: give one")
+	}
+	if c.adminToken = strings.TrimSpace(*adminToken); c.adminToken == "" ||
+		strings.ContainsFunc(c.adminToken, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
+		return nil, fmt.Errorf("-admin-token: %q is not a token of visible ASCII characters", *adminToken)
+	}
+	for _, cl := range c.clients {
+		if cl.token == c.adminToken {
+			return nil, fmt.Errorf("-admin-token: client %s has the same token; a client's token must not open /ops", cl.name)
+		}
 	}
 	if c.panics, err = parseStepFault(getenv("DEMO_PANIC")); err != nil {
 		return nil, fmt.Errorf("DEMO_PANIC: %w", err)

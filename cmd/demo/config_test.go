@@ -31,7 +31,17 @@ func TestParseConfig(t *testing.T) {
 			require.Equal(t, "/home/ann/.local/share/idemflow/demo-pg", c.dataDir)
 			require.Empty(t, c.providerURL)
 			require.Nil(t, c.crash)
+			require.Equal(t, "demo-admin-token", c.adminToken)
 		}},
+		{name: "AdminToken", env: map[string]string{"HOME": "/h", "DEMO_ADMIN_TOKEN": "ops-1"}, check: func(t *testing.T, c *config) {
+			require.Equal(t, "ops-1", c.adminToken)
+		}},
+		{name: "AdminTokenFlag", args: []string{"-admin-token", "ops-2"}, env: map[string]string{"HOME": "/h", "DEMO_ADMIN_TOKEN": "ops-1"}, check: func(t *testing.T, c *config) {
+			require.Equal(t, "ops-2", c.adminToken)
+		}},
+		{name: "AdminTokenWithSpace", args: []string{"-admin-token", "ops 2"}, wantErr: "-admin-token"},
+		{name: "AdminTokenBlank", args: []string{"-admin-token", "  "}, wantErr: "-admin-token"},
+		{name: "AdminTokenIsAClients", args: []string{"-clients", "a=x,b=y", "-admin-token", "y"}, wantErr: "client b has the same token"},
 		{name: "Environment", env: map[string]string{
 			"DEMO_ADDR": "127.0.0.1:9000", "DEMO_CLIENTS": "x=tx, y=ty", "DEMO_RETRY_BACKOFF": "100ms",
 			"DEMO_WAIT": "2s", "DEMO_LEASE": "3s", "DEMO_PROVIDER_URL": "http://p/", "XDG_DATA_HOME": "/xdg",

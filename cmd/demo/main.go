@@ -4,7 +4,8 @@
 //
 // Usage:
 //
-//	demo [flags]             serve the API (and the fake provider under /provider)
+//	demo [flags]             serve the API (and the fake provider under /provider),
+//	                         the operators' pages at /ops and River UI at /riverui/
 //	demo provider [flags]    serve the fake provider alone
 //	demo ops [flags] list|retry|cancel ...   an operator's view: list operations
 //	                         by status, retry a failed one, cancel a stuck one
@@ -30,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"riverqueue.com/riverui"
 
 	"github.com/idemflow/idemflow/contrib/idemflowprom"
 	"github.com/idemflow/idemflow/engine"
@@ -102,6 +104,8 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 	for _, c := range cfg.clients {
 		fmt.Fprintf(stdout, "  %s  %s\n", c.name, c.token)
 	}
+	fmt.Fprintln(stdout, "Operators (/ops, /riverui/, /admin; HTTP Basic with any user name and the token as password, or Authorization: Bearer <token>):")
+	fmt.Fprintf(stdout, "  admin token  %s\n", cfg.adminToken)
 	pool, stopDB, err := openDatabase(ctx, cfg, logger)
 	if err != nil {
 		return err
@@ -180,10 +184,22 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 	gaugeCtx, stopGauges := context.WithCancel(ctx)
 	defer stopGauges()
 	go metrics.Run(gaugeCtx, e)
+	riverUI, err := riverui.NewHandler(&riverui.HandlerOpts{
+		Endpoints: riverui.NewEndpoints(e.River(), nil),
+		Logger:    logger,
+		Prefix:    "/riverui",
+	})
+	if err != nil {
+		return fmt.Errorf("river ui: %w", err)
+	}
+	if err := riverUI.Start(ctx); err != nil {
+		return fmt.Errorf("river ui: %w", err)
+	}
 	srv, err := demoapi.New(&demoapi.Config{
 		Pool: pool, Health: control, Engine: e, Workflows: wf, Clients: apiClients(cfg.clients),
 		Wait: cfg.wait, Provider: providerHandler, Logger: logger,
 		Metrics: promhttp.Handler(), ObserveRequest: metrics.ObserveRequest,
+		AdminToken: cfg.adminToken, RiverUI: riverUI,
 	})
 	if err != nil {
 		return err

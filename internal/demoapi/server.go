@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idempotency"
+	"github.com/idemflow/idemflow/opsweb"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 
@@ -42,7 +43,16 @@ type Config struct {
 	// ObserveRequest, when not nil, is told how each keyed request was
 	// answered (idempotency.Config.ObserveFunc).
 	ObserveRequest func(ctx context.Context, operation string, outcome idempotency.Outcome)
-	Logger         *slog.Logger
+	// AdminToken, when not empty, is the operators' secret: it serves the
+	// operators' pages (opsweb) at /ops and their JSON API under /admin, and
+	// RiverUI under /riverui/, to requests that carry it as HTTP Basic
+	// authentication's password (any user name) or as a bearer token. No
+	// client's token may be it.
+	AdminToken string
+	// RiverUI, when not nil (and AdminToken set), is River UI's handler, with
+	// the prefix /riverui, served behind the admin token.
+	RiverUI http.Handler
+	Logger  *slog.Logger
 }
 
 // Client is an API client and its bearer token.
@@ -92,6 +102,11 @@ func New(cfg *Config) (http.Handler, error) {
 		return nil, err
 	}
 
+	if cfg.AdminToken != "" {
+		if err := s.operators(); err != nil {
+			return nil, err
+		}
+	}
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	if cfg.Metrics != nil {
 		s.mux.Handle("GET /metrics", cfg.Metrics)
@@ -151,6 +166,46 @@ func methodNotAllowed(w http.ResponseWriter, r *http.Request) {
 func notFound(w http.ResponseWriter, _ *http.Request) {
 	idempotency.RefuseBody(w) // the body, if any, is not read
 	idempotency.WriteError(w, http.StatusNotFound, "not_found", "no such endpoint", nil)
+}
+
+// operators mounts the operators' pages at /ops, their JSON API under /admin
+// and River UI under /riverui/, each behind the admin token.
+func (s *server) operators() error {
+	for _, c := range s.cfg.Clients {
+		if c.Token == s.cfg.AdminToken {
+			return fmt.Errorf("demoapi: client %s's token is the admin token: a client's token must not be enough for /ops", c.Name)
+		}
+	}
+	auth := opsweb.TokenAuth(s.cfg.AdminToken)
+	ops, err := opsweb.New(s.cfg.Engine, &opsweb.Config{
+		AuthFunc: auth, BasePath: "/ops", APIPath: "/admin", ReadTimeout: readTimeout, Logger: s.cfg.Logger,
+	})
+	if err != nil {
+		return err
+	}
+	s.mux.Handle("/ops", ops)
+	s.mux.Handle("/ops/", ops)
+	s.mux.Handle("/admin/", ops)
+	if s.cfg.RiverUI != nil {
+		// River UI's own API changes jobs (retry, cancel, delete): the same
+		// protection against other sites' forms as the pages'.
+		cop := http.NewCrossOriginProtection()
+		cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			idempotency.RefuseBody(w)
+			idempotency.WriteError(w, http.StatusForbidden, "cross_origin_request", "a request from another site may not change anything here", nil)
+		}))
+		riverUI := cop.Handler(s.cfg.RiverUI)
+		s.mux.Handle("/riverui/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if auth(r) != nil {
+				idempotency.RefuseBody(w)
+				w.Header().Set("WWW-Authenticate", `Basic realm="idemflow operations", charset="UTF-8"`)
+				idempotency.WriteError(w, http.StatusUnauthorized, "unauthenticated", "River UI needs the admin token", nil)
+				return
+			}
+			riverUI.ServeHTTP(w, r)
+		}))
+	}
+	return nil
 }
 
 // authenticated answers 401 unless the request carries a known client's bearer
