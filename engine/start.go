@@ -147,10 +147,17 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	r.state = state
+	// The run keeps the caller's values (a request's span, say), not its
+	// cancellation: it goes on when the caller stops waiting, and stops with
+	// the engine.
+	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
+	stopWithEngine := context.AfterFunc(e.baseCtx, cancelRun)
 	go func() {
 		defer e.runs.Done()
 		defer e.inFlight.Add(-1)
-		r.execute(e.baseCtx)
+		defer cancelRun()
+		defer stopWithEngine()
+		r.execute(runCtx)
 	}()
 
 	select {

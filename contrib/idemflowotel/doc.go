@@ -20,10 +20,9 @@
 //
 // Observer gives each run of an operation a span, idemflow.run/NAME, a child
 // of the span in the context the run begins with: a resume's is River's work
-// span (see RiverMiddleware). A first attempt runs on a context of the
-// engine's own, which outlives the request that started it and, in this
-// version of the engine, keeps none of the values of Start's context: its run
-// is the root of a trace of its own, not the request's child. Under a run,
+// span (see RiverMiddleware). A first attempt's run keeps the values of
+// Start's context, not its cancellation, so it is the request's child even
+// when it outlasts the request. Under a run,
 // each attempt of a step has a span,
 // idemflow.step/STEP, and the step's function gets the attempt's context, so
 // that what it calls with that context (an HTTP request through Transport, a
