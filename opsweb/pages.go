@@ -217,10 +217,20 @@ type operationPage struct {
 	Problem   *refusal
 }
 
-// doneMessages are the flashes of ?done= after an action.
-var doneMessages = map[string]string{
-	"retried":   "Reopened: a worker runs it again. This page reloads until it ends or waits again.",
-	"cancelled": "Cancelled: its succeeded steps were undone, last first.",
+// doneMessage is the flash of ?done= after an action, for the operation as it
+// is now.
+func doneMessage(done string, info *engine.Info) string {
+	switch {
+	case done == "cancelled":
+		return "Cancelled: its succeeded steps were undone, last first."
+	case done != "retried":
+		return ""
+	case info.Parked:
+		return "Reopened, and parked again: see why below."
+	case info.Status == engine.StatusInProgress:
+		return "Reopened: a worker runs it again. This page reloads until the run ends or waits."
+	}
+	return "Reopened: the new run " + string(info.Status) + "."
 }
 
 func (h *handler) operationPage(w http.ResponseWriter, r *http.Request) {
@@ -230,7 +240,7 @@ func (h *handler) operationPage(w http.ResponseWriter, r *http.Request) {
 	}
 	done := r.URL.Query().Get("done")
 	page := h.newOperationPage(info)
-	page.Flash = doneMessages[done]
+	page.Flash = doneMessage(done, info)
 	if done == "retried" && info.Status == engine.StatusInProgress && !info.Parked {
 		page.Refresh = 1 // follow the run the operator asked for
 	}

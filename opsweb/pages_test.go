@@ -111,6 +111,7 @@ func TestOperationPage(t *testing.T) {
 	r = b.browser(http.MethodGet, page+"?done=retried", nil)
 	requirePage(t, r, http.StatusOK)
 	require.Contains(t, r.body, `<span id="status" class="status st-succeeded">succeeded</span>`)
+	require.Contains(t, r.body, "Reopened: the new run succeeded.")
 	require.NotContains(t, r.body, `http-equiv="refresh"`, "a finished operation is not reloaded")
 	require.NotContains(t, r.body, `<button`, "nothing to do")
 
