@@ -30,6 +30,7 @@ func TestStartTx(t *testing.T) {
 		require.True(t, started.Created)
 		info := waitDone(t, e, started)
 		require.Equal(t, engine.StatusSucceeded, info.Status)
+		require.Equal(t, 1, info.Runs, "the job's run is the first")
 		require.Equal(t, books{ledgerRows: 2, payouts: 1, payoutCalls: 1, finals: 1}, readBooks(t, b.pool))
 	})
 

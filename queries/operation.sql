@@ -1,8 +1,10 @@
 -- name: OperationInsert :one
 -- The lease counts from the statement, not from the start of the caller's
 -- transaction, which may have begun long before.
-INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at)
-VALUES (@id, @name, @version, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @key_secret, sqlc.narg('locked_by'), coalesce(sqlc.narg('now')::timestamptz, clock_timestamp()) + @lease::interval, coalesce(sqlc.narg('now')::timestamptz, now()))
+-- Without locked_by, its runs start at 0: the River job's claim counts the first.
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at, runs)
+VALUES (@id, @name, @version, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @key_secret, sqlc.narg('locked_by'), coalesce(sqlc.narg('now')::timestamptz, clock_timestamp()) + @lease::interval, coalesce(sqlc.narg('now')::timestamptz, now()),
+        CASE WHEN sqlc.narg('locked_by')::uuid IS NULL THEN 0 ELSE 1 END)
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING created_at;
 

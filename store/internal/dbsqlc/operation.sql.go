@@ -350,8 +350,9 @@ func (q *Queries) OperationInProgressStats(ctx context.Context, db DBTX) ([]*Ope
 }
 
 const operationInsert = `-- name: OperationInsert :one
-INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at)
-VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8, $9, $10, coalesce($11::timestamptz, clock_timestamp()) + $12::interval, coalesce($11::timestamptz, now()))
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at, runs)
+VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8, $9, $10, coalesce($11::timestamptz, clock_timestamp()) + $12::interval, coalesce($11::timestamptz, now()),
+        CASE WHEN $10::uuid IS NULL THEN 0 ELSE 1 END)
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING created_at
 `
@@ -373,6 +374,7 @@ type OperationInsertParams struct {
 
 // The lease counts from the statement, not from the start of the caller's
 // transaction, which may have begun long before.
+// Without locked_by, its runs start at 0: the River job's claim counts the first.
 func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationInsertParams) (time.Time, error) {
 	row := db.QueryRow(ctx, operationInsert,
 		arg.ID,
