@@ -104,6 +104,13 @@ type Config struct {
 	// Config.Middleware): OpenTelemetry's for River jobs, for instance
 	// (rivercontrib's otelriver).
 	RiverMiddleware []rivertype.Middleware
+	// RiverWorkers, when set, adds the application's workers to the engine's
+	// River client (river.AddWorker), and RiverQueues its queues, beside the
+	// engine's own (Queue): one client, so that River's leader, which discards
+	// stuck jobs of kinds it has no worker for, knows the application's too
+	// (entry/riverjob's consumers, say).
+	RiverWorkers func(workers *river.Workers) error
+	RiverQueues  map[string]river.QueueConfig
 	// Test holds knobs for tests and fault injection, which production code
 	// leaves zero.
 	Test TestConfig
@@ -304,9 +311,21 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err := river.AddWorkerSafely(workers, &retentionWorker{e: e}); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
+	if c.RiverWorkers != nil {
+		if err := c.RiverWorkers(workers); err != nil {
+			return nil, fmt.Errorf("engine: the application's River workers: %w", err)
+		}
+	}
+	queues := map[string]river.QueueConfig{c.Queue: {MaxWorkers: c.MaxWorkers}}
+	for name, q := range c.RiverQueues {
+		if name == c.Queue {
+			return nil, fmt.Errorf("engine: RiverQueues: %q is the engine's own queue (Config.Queue)", name)
+		}
+		queues[name] = q
+	}
 	rc, err := river.NewClient(riverpgxv5.New(control), &river.Config{
 		Logger:     c.Logger,
-		Queues:     map[string]river.QueueConfig{c.Queue: {MaxWorkers: c.MaxWorkers}},
+		Queues:     queues,
 		Workers:    workers,
 		Middleware: c.RiverMiddleware,
 		// The lease, not River's timeout, bounds a run: a long step renews its lease.
