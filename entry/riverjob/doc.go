@@ -96,11 +96,13 @@
 // leader that has no worker for a job's kind discards the job instead of
 // retrying it: if the engine's client leads when a consumer's job is stuck,
 // the message is lost to the consumer (the job ends discarded; River keeps it
-// for a week, and river.Client.JobRetry brings it back). Until the engine's
-// client can carry the application's workers, give the consumer's client a
-// River schema of its own (River's Config.Schema, migrated with rivermigrate
-// and its Config.Schema): its leader is then one of its own clients, which
-// know its kinds, and the job's completion still commits with the engine's
+// for a week, and river.Client.JobRetry brings it back). So run the
+// consumer's worker on the engine's own client: engine.Config.RiverWorkers
+// adds it (river.AddWorker) and engine.Config.RiverQueues its queue, and the
+// leader, whichever process it is in, knows its kind. Alternatively give the
+// consumer's client a River schema of its own (River's Config.Schema, migrated
+// with rivermigrate and its Config.Schema): its leader is then one of its own
+// clients, and the job's completion still commits with the engine's
 // reservation, one transaction across both schemas. A rejected job is not
 // affected: it is cancelled whoever leads.
 package riverjob
