@@ -3,8 +3,9 @@ package main
 // The operators' pages in a real browser: headless Chromium, driven over its
 // DevTools protocol, finds a failed refund on /ops, opens it, sees its three
 // steps and the provider step's derived key, presses Retry, and watches the
-// page follow the run until the refund succeeds. Screenshots go to the test's
-// artifact directory (kept with go test -artifacts).
+// page follow the run until the refund succeeds; River UI shows the job that
+// ran it. Screenshots go to the test's artifact directory (kept with go test
+// -artifacts -outputdir DIR).
 
 import (
 	"context"
@@ -146,6 +147,12 @@ func TestOperatorsBrowser(t *testing.T) {
 	require.Equal(t, "call", text(ctx, t, "#step-provider td:nth-child(7)"))
 	require.Contains(t, text(ctx, t, "p.flash.ok"), "Reopened")
 	screenshot(ctx, t, filepath.Join(shots, "3-operation-retried.png"))
+
+	// River UI, behind the same token, shows the job that ran the retry.
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(d.base+"/riverui/jobs?state=completed"),
+		chromedp.WaitVisible(`//*[contains(text(), "idemflow_resume")]`)))
+	require.Contains(t, text(ctx, t, "body"), id, "the resume job names the operation")
+	screenshot(ctx, t, filepath.Join(shots, "4-riverui-completed-jobs.png"))
 
 	// The client sees the new run's answer, and the provider refunded once.
 	r = c.postUntilFinal("/refunds", key, body)
