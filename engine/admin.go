@@ -206,7 +206,7 @@ const operatorBatch = 10
 
 // definitionNames are this engine's definitions as the database records them.
 func (e *Engine) definitionNames() []string {
-	var out []string
+	out := []string{} // never NULL in the database
 	for _, k := range e.defKeys() {
 		out = append(out, DefinitionName{k.name, k.version}.String())
 	}
