@@ -79,6 +79,15 @@ func TestVersionsDeploy(t *testing.T) {
 	check = demoOps(t, dbURL, "-refund-versions", "1,2", "check")
 	require.Equal(t, 0, check.code, "check for 1,2: %s %s", check.stdout, check.stderr)
 	require.Empty(t, check.stdout)
+	// The idemflow command's show and processes, through demo ops.
+	shown := demoOps(t, dbURL, "show", idV2)
+	require.Equal(t, 0, shown.code, shown.stderr)
+	require.Contains(t, shown.stdout, "version 2")
+	require.Contains(t, shown.stdout, "receipt")
+	procs := demoOps(t, dbURL, "processes")
+	require.Equal(t, 0, procs.code, procs.stderr)
+	require.Contains(t, procs.stdout, "refund@1")
+	require.NotContains(t, procs.stdout, "refund@2")
 	d.stop()
 
 	// The deploy: a demo that runs both finishes the version-2 refund.

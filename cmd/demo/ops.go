@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 
 	"github.com/google/uuid"
 
+	"github.com/idemflow/idemflow/cmd/internal/opscli"
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
@@ -18,7 +20,10 @@ import (
 const opsUsage = `usage: demo ops [flags] list [in_progress|succeeded|failed]   (default failed)
        demo ops [flags] retry <operation id>
        demo ops [flags] cancel <operation id> [reason]
-       demo ops [flags] check   (exit status 1 when a process with -refund-versions could not run some unfinished operation)`
+       demo ops [flags] check   (exit status 1 when a process with -refund-versions could not run some unfinished operation)
+       demo ops [flags] show <operation id>
+       demo ops [flags] processes
+(show and processes are the idemflow command's, which any service can use: go run ./cmd/idemflow)`
 
 // runOps is the operator's command line: list operations by status, retry a
 // failed one (a running demo's workers pick it up), or cancel one that no live
@@ -26,7 +31,7 @@ const opsUsage = `usage: demo ops [flags] list [in_progress|succeeded|failed]   
 func runOps(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, logger *slog.Logger) int {
 	var flagArgs, rest []string
 	for i, a := range args {
-		if a == "list" || a == "retry" || a == "cancel" || a == "check" {
+		if a == "list" || a == "retry" || a == "cancel" || a == "check" || a == "show" || a == "processes" {
 			flagArgs, rest = args[:i], args[i:]
 			break
 		}
@@ -99,6 +104,14 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 				}
 			}
 			fmt.Fprintln(stdout, line)
+		}
+		return nil
+	case "show", "processes":
+		// The idemflow command's, on the demo's database: it needs none of
+		// the demo's definitions.
+		args := append([]string{"-database-url", pool.Config().ConnString()}, args...)
+		if code := opscli.Run(ctx, args, func(string) string { return "" }, stdout, os.Stderr); code != 0 {
+			return fmt.Errorf("%s: exit status %d", args[2], code)
 		}
 		return nil
 	case "check":

@@ -1,0 +1,261 @@
+// Package opscli is the operator's command for any service that runs
+// idemflow (cmd/idemflow, and demo ops for what it shares): it needs only the database's URL, none of the service's
+// definitions, and creates nothing in the database.
+//
+//	idemflow [-database-url URL] list [-status S] [-name N] [-scope C] [-attention] [-older-than D] [-limit N]
+//	idemflow [-database-url URL] show <operation id>
+//	idemflow [-database-url URL] processes
+//	idemflow [-database-url URL] check
+//	idemflow [-database-url URL] retry <operation id>
+//	idemflow [-database-url URL] cancel <operation id> [reason]
+//
+// list, show, processes and check read. check lists the unfinished operations
+// whose definition no live process runs, and exits 1 when there is any. retry
+// and cancel record a request in the database that a live process running the
+// operation's definition carries out (within a sweep); the command waits for it
+// (-wait) and says what happened: exit 0 when it was done, 1 when it was
+// refused (a cancel past the point of no return, say) or failed, 3 when no
+// process carried it out in time (the request stays, and is carried out when a
+// process that runs the definition comes). The URL defaults to DATABASE_URL.
+package opscli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemflow/idemflow/engine"
+)
+
+const usage = `usage: idemflow [-database-url URL] [-wait D] <command> [args]
+commands:
+  list [-status S] [-name N] [-scope C] [-attention] [-older-than D] [-limit N]
+  show <operation id>
+  processes
+  check       (exit 1 when an unfinished operation's definition runs in no live process)
+  retry <operation id>
+  cancel <operation id> [reason]`
+
+// Exit statuses.
+const (
+	exitOK      = 0
+	exitRefused = 1
+	exitUsage   = 2
+	exitPending = 3
+)
+
+// Run runs the command line args (without the program's name) and returns the
+// exit status: 0 done, 1 refused or failed, 2 a usage error, 3 a request that no
+// live process carried out in time. getenv reads DATABASE_URL.
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("idemflow", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprintln(stderr, usage) }
+	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "the service's database (DATABASE_URL)")
+	wait := fs.Duration("wait", 30*time.Second, "how long retry and cancel wait for a live process to carry them out")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if fs.NArg() == 0 || *dbURL == "" {
+		fmt.Fprintln(stderr, usage)
+		if *dbURL == "" {
+			fmt.Fprintln(stderr, "idemflow: no database: give -database-url or DATABASE_URL")
+		}
+		return exitUsage
+	}
+	pool, err := pgxpool.New(ctx, *dbURL)
+	if err != nil {
+		fmt.Fprintf(stderr, "idemflow: %v\n", err)
+		return exitUsage
+	}
+	defer pool.Close()
+	admin, err := engine.NewAdmin(ctx, pool)
+	if err != nil {
+		fmt.Fprintf(stderr, "idemflow: %v\n", err)
+		return exitRefused
+	}
+	cmd, rest := fs.Arg(0), fs.Args()[1:]
+	c := &commands{admin: admin, stdout: stdout, stderr: stderr, wait: *wait}
+	switch cmd {
+	case "list":
+		return c.list(ctx, rest)
+	case "show":
+		return c.show(ctx, rest)
+	case "processes":
+		return c.processes(ctx)
+	case "check":
+		return c.check(ctx)
+	case "retry", "cancel":
+		return c.request(ctx, cmd, rest)
+	}
+	fmt.Fprintf(stderr, "idemflow: unknown command %q\n%s\n", cmd, usage)
+	return exitUsage
+}
+
+type commands struct {
+	admin          *engine.Admin
+	stdout, stderr io.Writer
+	wait           time.Duration
+}
+
+func (c *commands) fail(err error) int {
+	fmt.Fprintf(c.stderr, "idemflow: %v\n", err)
+	return exitRefused
+}
+
+func (c *commands) list(ctx context.Context, args []string) int {
+	fs := flag.NewFlagSet("idemflow list", flag.ContinueOnError)
+	fs.SetOutput(c.stderr)
+	status := fs.String("status", "", "in_progress, succeeded or failed")
+	name := fs.String("name", "", "operation type")
+	scope := fs.String("scope", "", "client scope")
+	attention := fs.Bool("attention", false, "only unfinished operations that wait for an operator")
+	older := fs.Duration("older-than", 0, "only operations created longer ago")
+	limit := fs.Int("limit", 100, "at most this many, newest first")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	list, err := c.admin.List(ctx, &engine.ListOpts{Status: engine.Status(*status), Name: *name, Scope: *scope,
+		NeedsAttention: *attention, OlderThan: *older, Max: *limit})
+	if err != nil {
+		return c.fail(err)
+	}
+	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "ID\tNAME\tVERSION\tSTATUS\tSCOPE/KEY\tCREATED\tNOTE")
+	for _, i := range list {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s/%s\t%s\t%s\n", i.ID, i.Name, i.Version, i.Status, i.Scope, i.Key,
+			i.CreatedAt.UTC().Format(time.RFC3339), note(i))
+	}
+	_ = w.Flush()
+	return exitOK
+}
+
+// note says in a few words what an operator should know of i.
+func note(i *engine.Info) string {
+	var parts []string
+	if i.Error != nil {
+		parts = append(parts, i.Error.Code+": "+i.Error.Error())
+	}
+	if i.Attention != nil && i.Status == engine.StatusInProgress {
+		parts = append(parts, "needs attention: "+i.Attention.Code+": "+i.Attention.Reason)
+	}
+	if i.Parked {
+		parts = append(parts, "(parked: retry or cancel it)")
+	}
+	return strings.Join(parts, " ")
+}
+
+func (c *commands) operationID(args []string) (uuid.UUID, bool) {
+	if len(args) == 0 {
+		fmt.Fprintln(c.stderr, "idemflow: an operation id is required")
+		return uuid.Nil, false
+	}
+	id, err := uuid.Parse(args[0])
+	if err != nil {
+		fmt.Fprintf(c.stderr, "idemflow: %q is not an operation id\n", args[0])
+		return uuid.Nil, false
+	}
+	return id, true
+}
+
+func (c *commands) show(ctx context.Context, args []string) int {
+	id, ok := c.operationID(args)
+	if !ok {
+		return exitUsage
+	}
+	i, err := c.admin.Get(ctx, id)
+	if err != nil {
+		return c.fail(err)
+	}
+	fmt.Fprintf(c.stdout, "operation %s\n  name %s, version %d, %s, key %s/%s, runs %d\n  created %s",
+		i.ID, i.Name, i.Version, i.Status, i.Scope, i.Key, i.Runs, i.CreatedAt.UTC().Format(time.RFC3339))
+	if i.FinishedAt != nil {
+		fmt.Fprintf(c.stdout, ", finished %s", i.FinishedAt.UTC().Format(time.RFC3339))
+	}
+	fmt.Fprintln(c.stdout)
+	if n := note(i); n != "" {
+		fmt.Fprintf(c.stdout, "  %s\n", n)
+	}
+	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "  STEP\tSTATUS\tATTEMPTS\tRESOLVED BY\tDERIVED KEY\tLAST CAUSE")
+	for _, s := range i.Steps {
+		fmt.Fprintf(w, "  %s\t%s\t%d\t%s\t%s\t%s\n", s.Name, s.Status, s.Attempts, s.ResolvedBy, s.DerivedKey, s.LastCause)
+	}
+	_ = w.Flush()
+	return exitOK
+}
+
+func (c *commands) processes(ctx context.Context) int {
+	procs, err := c.admin.Processes(ctx)
+	if err != nil {
+		return c.fail(err)
+	}
+	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "ID\tHOST\tPID\tSTARTED\tSEEN\tDEFINITIONS")
+	for _, p := range procs {
+		var defs []string
+		for _, d := range p.Definitions {
+			defs = append(defs, d.String())
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", p.ID, p.Host, p.PID, p.StartedAt.UTC().Format(time.RFC3339),
+			p.SeenAt.UTC().Format(time.RFC3339), strings.Join(defs, ","))
+	}
+	_ = w.Flush()
+	return exitOK
+}
+
+func (c *commands) check(ctx context.Context) int {
+	found, err := c.admin.Check(ctx)
+	if err != nil {
+		return c.fail(err)
+	}
+	n := 0
+	for _, u := range found {
+		for _, id := range u.IDs {
+			fmt.Fprintf(c.stdout, "%s %s %d\n", id, u.Name, u.Version)
+			n++
+		}
+	}
+	if n > 0 {
+		fmt.Fprintf(c.stderr, "idemflow check: %d unfinished operation(s) whose definition no live process runs\n", n)
+		return exitRefused
+	}
+	return exitOK
+}
+
+func (c *commands) request(ctx context.Context, action string, args []string) int {
+	id, ok := c.operationID(args)
+	if !ok {
+		return exitUsage
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.wait)
+	defer cancel()
+	var req *engine.OperatorRequest
+	var err error
+	if action == "retry" {
+		req, err = c.admin.Reopen(ctx, id)
+	} else {
+		req, err = c.admin.Cancel(ctx, id, strings.Join(args[1:], " "))
+	}
+	switch {
+	case errors.Is(err, engine.ErrPending):
+		fmt.Fprintf(c.stderr, "idemflow: request %d to %s %s is recorded, but no live process carried it out within %s; it will be when a process that runs the operation's definition does (idemflow processes)\n",
+			req.ID, action, id, c.wait)
+		return exitPending
+	case err != nil:
+		return c.fail(err)
+	}
+	fmt.Fprintf(c.stdout, "request %d: %s %s: %s: %s\n", req.ID, action, id, req.Outcome, req.Message)
+	if req.Outcome != "done" {
+		return exitRefused
+	}
+	return exitOK
+}

@@ -1,0 +1,168 @@
+package opscli
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
+	"github.com/idemflow/idemflow/internal/testdb"
+)
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func idemflow(t *testing.T, dbURL string, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := Run(t.Context(), append([]string{"-database-url", dbURL, "-wait", "10s"}, args...), func(string) string { return "" }, &out, &errOut)
+	return result{code, out.String(), errOut.String()}
+}
+
+// TestCommand runs the command, which knows no definition, against a service's
+// database while a process of the service runs.
+func TestCommand(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := idemflowtest.DatabaseURL(t)
+	var fail atomic.Bool
+	fail.Store(true)
+	op, err := engine.NewOperation("payout", []engine.Step[int, int]{
+		engine.TxStep("debit", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }).
+			Compensate(func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
+		engine.ExternalStep("bank", func(context.Context, engine.Attempt, int, *int) error {
+			if fail.Load() {
+				return engine.Fail("declined", "the bank declined")
+			}
+			return nil
+		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return false, nil }),
+	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
+	require.NoError(t, err)
+	// The service's process, on the database the command is given.
+	e := idemflowtest.Engine(t, openPool(t, dbURL), nil, op)
+	s, err := engine.Start(ctx, e, op, "merchant-a", "payout-1", 30, nil)
+	require.NoError(t, err)
+	info := idemflowtest.Wait(t, e, s)
+	require.Equal(t, engine.StatusFailed, info.Status)
+
+	r := idemflow(t, dbURL, "list", "-status", "failed")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, s.ID.String())
+	require.Contains(t, r.stdout, "declined")
+
+	r = idemflow(t, dbURL, "show", s.ID.String())
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "bank")
+	require.Contains(t, r.stdout, engine.DerivedKeyPrefix)
+
+	r = idemflow(t, dbURL, "processes")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "payout@1")
+
+	r = idemflow(t, dbURL, "check")
+	require.Equal(t, 0, r.code, r.stdout+r.stderr)
+
+	// A cancel of a finished operation is refused by the live process; a
+	// retry reopens it, and it succeeds this time.
+	r = idemflow(t, dbURL, "cancel", s.ID.String(), "no")
+	require.Equal(t, 1, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, "refused")
+	fail.Store(false)
+	r = idemflow(t, dbURL, "retry", s.ID.String())
+	require.Equal(t, 0, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, ": done: reopened")
+	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	got, err := e.Wait(waitCtx, s.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, got.Status)
+
+	r = idemflow(t, dbURL, "show", "not-an-id")
+	require.Equal(t, 2, r.code)
+	r = idemflow(t, dbURL, "bogus")
+	require.Equal(t, 2, r.code)
+}
+
+// TestCommandCreatesNothing: pointed at a database without idemflow's tables,
+// the command says so and creates none.
+func TestCommandCreatesNothing(t *testing.T) {
+	t.Parallel()
+	dbURL := emptyDatabase(t)
+	r := idemflow(t, dbURL, "list")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "not migrated")
+	conn, err := pgx.Connect(t.Context(), dbURL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var tables int
+	require.NoError(t, conn.QueryRow(t.Context(), "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").Scan(&tables))
+	require.Zero(t, tables)
+}
+
+// TestCommandPending: a request for an operation whose definition no live
+// process runs stays recorded, and the command says so (exit 3).
+func TestCommandPending(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := idemflowtest.DatabaseURL(t)
+	p := openPool(t, dbURL)
+	op, err := engine.NewOperation("transfer", []engine.Step[int, int]{
+		engine.TxStep("move", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return engine.Fail("no", "no") }),
+	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
+	require.NoError(t, err)
+	e, err := engine.New(p, &engine.Config{Operations: []engine.Definition{op}}) // no workers: not a live process
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
+	s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+	require.NoError(t, err)
+	_, err = s.Wait(ctx)
+	require.NoError(t, err)
+
+	var out, errOut bytes.Buffer
+	code := Run(t.Context(), []string{"-database-url", dbURL, "-wait", "300ms", "retry", s.ID.String()}, func(string) string { return "" }, &out, &errOut)
+	require.Equal(t, 3, code, out.String()+errOut.String())
+	require.Contains(t, errOut.String(), "no live process carried it out")
+}
+
+func openPool(t *testing.T, dbURL string) *pgxpool.Pool {
+	t.Helper()
+	p, err := pgxpool.New(t.Context(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return p
+}
+
+// emptyDatabase makes a database with no tables at all on the test server.
+func emptyDatabase(t *testing.T) string {
+	t.Helper()
+	admin := testdb.AdminURL(t)
+	conn, err := pgx.Connect(t.Context(), admin)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	name := "idemflow_cmd_empty_" + strings.ToLower(rand.Text())
+	_, err = conn.Exec(t.Context(), "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE template0")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), admin)
+		if err == nil {
+			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+			_ = c.Close(context.Background())
+		}
+	})
+	u, err := url.Parse(admin)
+	require.NoError(t, err)
+	u.Path = "/" + name
+	return u.String()
+}
