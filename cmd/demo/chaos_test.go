@@ -1022,7 +1022,12 @@ func (r *chaosRun) checkDatabase() {
 
 	type opRow struct{ id, state string }
 	ops := map[[2]string]opRow{}
-	rows, err := conn.Query(ctx, "SELECT scope, key, id::text, state FROM idemflow_operation")
+	// The clients' operations, not those of the provider's webhooks.
+	clientNames := make([]string, len(chaosClients))
+	for i, c := range chaosClients {
+		clientNames[i] = c.name
+	}
+	rows, err := conn.Query(ctx, "SELECT scope, key, id::text, state FROM idemflow_operation WHERE scope = ANY($1)", clientNames)
 	require.NoError(t, err)
 	for rows.Next() {
 		var scope, key string

@@ -28,6 +28,7 @@ type config struct {
 	dataDir      string        // -data-dir, DEMO_DATA_DIR
 	databaseURL  string        // DATABASE_URL
 	crash        *crashPoint   // DEMO_CRASH
+	entry        entryConfig   // -webhook-secret, -webhook-url, -queue-duplicates, -settlement-interval (entrypoints.go)
 	maxAttempts  int           // -max-attempts, DEMO_MAX_ATTEMPTS
 	retention    time.Duration // -retention, DEMO_RETENTION
 	panics       *stepFault    // DEMO_PANIC
@@ -94,6 +95,7 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	dataDir := fs.String("data-dir", env("DEMO_DATA_DIR", ""), "data directory of the private PostgreSQL cluster used when DATABASE_URL is unset (DEMO_DATA_DIR); default: $XDG_DATA_HOME/idemflow/demo-pg")
 	maxAttempts := fs.String("max-attempts", env("DEMO_MAX_ATTEMPTS", "10"), "attempts of a step that keeps failing transiently before the operation ends with a server fault (before the provider refunded) or needs attention (after) (DEMO_MAX_ATTEMPTS)")
 	retention := fs.String("retention", env("DEMO_RETENTION", "24h"), "how long a finished operation, its key and its stored answer are kept (DEMO_RETENTION)")
+	entryFlags := defineEntryFlags(fs, env)
 	maxInFlight := fs.String("max-in-flight", env("DEMO_MAX_IN_FLIGHT", "1000"), "operations this process runs at once; beyond, a new keyed request answers 503 overloaded (DEMO_MAX_IN_FLIGHT)")
 	versions := fs.String("refund-versions", env("DEMO_REFUND_VERSIONS", "1"), "versions of the refund definition this process runs, comma-separated; new refunds start on the highest (DEMO_REFUND_VERSIONS)")
 	providerAddr := fs.String("provider-addr", env("DEMO_PROVIDER_ADDR", ""), "serve the fake provider on a listener of its own at this address instead of under /provider (DEMO_PROVIDER_ADDR)")
@@ -135,6 +137,9 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	}
 	if c.retention, err = parsePositiveDuration(*retention); err != nil {
 		return nil, fmt.Errorf("-retention: %w", err)
+	}
+	if c.entry, err = entryFlags.parse(c.retention); err != nil {
+		return nil, err
 	}
 	if c.maxInFlight, err = strconv.Atoi(strings.TrimSpace(*maxInFlight)); err != nil || c.maxInFlight < 1 {
 		return nil, fmt.Errorf("-max-in-flight: %q is not a positive integer", *maxInFlight)
@@ -212,7 +217,7 @@ func parseClients(s string) ([]client, error) {
 	return out, nil
 }
 
-var crashSteps = []string{"ledger", "provider", "finalize", "receipt", "record"}
+var crashSteps = append([]string{"ledger", "provider", "finalize", "receipt", "record"}, entryCrashSteps...)
 
 // parseCrash reads DEMO_CRASH=<step>:<point>. Empty means no crash.
 func parseCrash(s string) (*crashPoint, error) {

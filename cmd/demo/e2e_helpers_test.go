@@ -506,6 +506,9 @@ type (
 		Status           string  `json:"status"`
 		ProviderRefundID *string `json:"providerRefundId"`
 		Receipt          *string `json:"receipt"`
+		// ProviderConfirmed is GET /refunds/{id}'s: the provider's webhook
+		// event was applied.
+		ProviderConfirmed bool `json:"providerConfirmed"`
 	}
 	account struct {
 		Account string `json:"account"`

@@ -156,8 +156,15 @@ func TestOperators(t *testing.T) {
 			Operations []listed `json:"operations"`
 		}](t, r)
 		clients := map[string]int{}
+		newest := ""
 		for _, op := range list.Operations {
 			require.Nil(t, op.Steps, "no steps in the list")
+			if op.Client == webhookScope {
+				continue // the provider's webhook about the succeeded refund
+			}
+			if newest == "" {
+				newest = op.OperationID
+			}
 			clients[op.Client]++
 		}
 		raw := decodeAs[struct {
@@ -167,7 +174,7 @@ func TestOperators(t *testing.T) {
 			requireKeys(t, op, "operationId", "client", "name", "version", "key", "status", "needsAttention", "createdAt", "finishedAt")
 		}
 		require.Equal(t, map[string]int{"merchant-a": 2, "merchant-b": 2}, clients, "orders and refunds of both clients")
-		require.Equal(t, failedID, list.Operations[0].OperationID, "newest first")
+		require.Equal(t, failedID, newest, "newest first")
 
 		r = d.admin(t, http.MethodGet, "/admin/operations?status=failed&name=refund&limit=10", "")
 		failed := decodeAs[struct {

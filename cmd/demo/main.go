@@ -130,10 +130,11 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 	providerURL := cfg.providerURL
 	var providerHandler http.Handler
 	if providerURL == "" {
-		p, err := fakeprovider.New(pool, &fakeprovider.Config{Logger: logger})
+		p, err := fakeprovider.New(pool, providerConfig(cfg, "http://"+ln.Addr().String(), logger))
 		if err != nil {
 			return err
 		}
+		defer runWebhooks(ctx, p)()
 		if cfg.providerAddr == "" {
 			providerURL = "http://" + ln.Addr().String() + "/provider"
 			providerHandler = p.Handler()
@@ -184,6 +185,11 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 	gaugeCtx, stopGauges := context.WithCancel(ctx)
 	defer stopGauges()
 	go metrics.Run(gaugeCtx, e)
+	entry, stopEntry, err := startEntryPoints(ctx, cfg, pool, e, wf, logger)
+	if err != nil {
+		return err
+	}
+	defer stopEntry()
 	riverUI, err := riverui.NewHandler(&riverui.HandlerOpts{
 		Endpoints: riverui.NewEndpoints(e.River(), nil),
 		Logger:    logger,
@@ -199,7 +205,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		Pool: pool, Health: control, Engine: e, Workflows: wf, Clients: apiClients(cfg.clients),
 		Wait: cfg.wait, Provider: providerHandler, Logger: logger,
 		Metrics: promhttp.Handler(), ObserveRequest: metrics.ObserveRequest,
-		AdminToken: cfg.adminToken, RiverUI: riverUI,
+		AdminToken: cfg.adminToken, RiverUI: riverUI, EntryPoints: entry,
 	})
 	if err != nil {
 		return err
@@ -239,10 +245,11 @@ func serveProvider(ctx context.Context, cfg *config, logger *slog.Logger, stdout
 	if err := fakeprovider.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	p, err := fakeprovider.New(pool, &fakeprovider.Config{Logger: logger})
+	p, err := fakeprovider.New(pool, providerConfig(cfg, "", logger))
 	if err != nil {
 		return err
 	}
+	defer runWebhooks(ctx, p)()
 	mux := http.NewServeMux()
 	mux.Handle("/provider/", http.StripPrefix("/provider", p.Handler()))
 	mux.Handle("/", p.Handler())

@@ -38,6 +38,9 @@ type Config struct {
 	Wait time.Duration
 	// Provider, when not nil, is the fake provider, mounted under /provider.
 	Provider http.Handler
+	// EntryPoints, when not nil, serves the ways in beyond the clients' keyed
+	// requests: the provider's webhooks, the queue, settlements.
+	EntryPoints *EntryPoints
 	// Metrics, when not nil, serves GET /metrics, without authentication.
 	Metrics http.Handler
 	// ObserveRequest, when not nil, is told how each keyed request was
@@ -120,6 +123,11 @@ func New(cfg *Config) (http.Handler, error) {
 	s.mux.Handle("GET /refunds/{refundId}", s.authenticated(bounded(s.getRefund)))
 	s.mux.Handle("GET /accounts", s.authenticated(bounded(s.listAccounts)))
 	s.mux.Handle("GET /operations/{operationId}", s.authenticated(bounded(s.getOperation)))
+	if cfg.EntryPoints != nil {
+		if err := s.entryPoints(); err != nil {
+			return nil, err
+		}
+	}
 	// Patterns without a method catch the other methods, so that even a 405 is
 	// a JSON error.
 	for _, path := range []string{"/healthz", "/orders", "/orders/{orderId}", "/refunds", "/refunds/{refundId}", "/accounts", "/operations/{operationId}"} {

@@ -50,6 +50,21 @@ type Config struct {
 	// Logger receives a line per refund request and per change of the faults.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
+	// WebhookURL, when set, is where the provider sends a webhook event for
+	// every refund it makes (see the package documentation, "Webhooks"),
+	// from RunWebhooks. Empty: the provider makes no events.
+	WebhookURL string
+	// WebhookSecret signs the webhooks (entry/webhook's scheme, in the header
+	// Provider-Signature). Required with WebhookURL.
+	WebhookSecret []byte
+	// WebhookRetryBase and WebhookRetryCap bound the backoff between the
+	// attempts of an event that got no 2xx: the base, doubled after each
+	// failure, at most the cap. Default to DefaultWebhookRetryBase and
+	// DefaultWebhookRetryCap.
+	WebhookRetryBase time.Duration
+	WebhookRetryCap  time.Duration
+	// WebhookTimeout bounds one delivery. Defaults to DefaultWebhookTimeout.
+	WebhookTimeout time.Duration
 }
 
 // Server is the fake payment provider. Make one with New; it is safe for
@@ -60,6 +75,14 @@ type Server struct {
 	q      *providerdb.Queries
 	logger *slog.Logger
 	mux    *http.ServeMux
+
+	webhookURL                        string
+	webhookSecret                     []byte
+	webhookRetryBase, webhookRetryCap time.Duration
+	webhookTimeout                    time.Duration
+	webhookClient                     *http.Client
+	// kick wakes this process's RunWebhooks when a refund made an event.
+	kick chan struct{}
 }
 
 // New returns a provider that keeps its state in pool's database, which Migrate
@@ -75,16 +98,21 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	s := &Server{pool: pool, q: providerdb.New(), logger: logger, mux: http.NewServeMux()}
+	s := &Server{pool: pool, q: providerdb.New(), logger: logger, mux: http.NewServeMux(), kick: make(chan struct{}, 1)}
+	if err := s.configureWebhooks(cfg); err != nil {
+		return nil, err
+	}
 	s.mux.HandleFunc("POST /refunds", s.createRefund)
 	s.mux.HandleFunc("GET /refunds", s.listRefunds)
 	s.mux.HandleFunc("GET /refunds/by-key/{key...}", s.getRefundByKey)
 	s.mux.HandleFunc("POST /faults", s.setFault)
 	s.mux.HandleFunc("DELETE /faults", s.clearFaults)
+	s.mux.HandleFunc("GET /webhooks", s.listWebhooks)
+	s.mux.HandleFunc("POST /webhooks/redeliver", s.redeliver)
 	// Every answer is JSON, a wrong method's and an unknown path's too. (A
 	// caller must not take this 404 for "no refund under this key": that one
 	// has the code refund_not_found.)
-	for _, path := range []string{"/refunds", "/refunds/by-key/{key...}", "/faults"} {
+	for _, path := range []string{"/refunds", "/refunds/by-key/{key...}", "/faults", "/webhooks", "/webhooks/redeliver"} {
 		s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "", r.Method+" is not allowed here")
 		})
@@ -202,16 +230,28 @@ func (s *Server) createRefund(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	ref, err := s.q.RefundUpsert(ctx, s.pool, providerdb.RefundUpsertParams{
+	params := providerdb.RefundUpsertParams{
 		ID:             IDPrefix + rand.Text(),
 		IdempotencyKey: key,
 		OrderID:        req.OrderID,
 		Amount:         req.Amount,
 		Reference:      req.Reference,
-	})
+	}
+	if s.webhooksOn() {
+		id, body, err := newEvent(params.ID, key, req)
+		if err != nil {
+			s.internalError(ctx, w, err)
+			return
+		}
+		params.EventID, params.EventType, params.EventBody = &id, EventRefundSucceeded, body
+	}
+	ref, err := s.q.RefundUpsert(ctx, s.pool, params)
 	if err != nil {
 		s.internalError(ctx, w, err)
 		return
+	}
+	if ref.EventMade {
+		s.wake()
 	}
 	log = log.With(slog.String("provider_refund_id", ref.ID), slog.Int("requests", int(ref.Requests)))
 	if ref.Requests > 1 && (ref.OrderID != req.OrderID || ref.Amount != req.Amount) {

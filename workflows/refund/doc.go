@@ -9,7 +9,7 @@
 //
 // # Operations
 //
-// New returns both operation types; give Workflows.Operations to engine.Config.
+// New returns the operation types; give Workflows.Operations to engine.Config.
 //
 // The order operation (OrderOperation) records an order in one transactional step,
 // "record": it fails with CodeOrderExists when the client has an order of that id,
@@ -37,6 +37,22 @@
 //     through.
 //  3. "finalize" (transactional): marks the refund succeeded with the provider's
 //     refund id, in one statement sent with the checkpoint and COMMIT too.
+//
+// # Webhooks
+//
+// The provider tells of every refund it makes with a webhook event, delivered
+// at least once, and often before the refund's finalize step has recorded the
+// provider's id: its answer and its event leave the provider together. The
+// provider event operation (ProviderEventOperation), keyed by the event's id,
+// applies an event in one transactional step, "confirm": it records the event
+// (demo_provider_event, once per id) and confirms the refund with that provider
+// refund id. The event and the refund meet in one row per provider refund id
+// (demo_refund_confirmation), which the confirm step and the refund's finalize
+// step each write their half of with INSERT ... ON CONFLICT DO UPDATE: the
+// second writer waits for the first one's commit and then sees its half, so the
+// one that comes second confirms the refund, once, whichever it is and however
+// they race. An event for a refund that is not finalized yet (or never will be
+// here) is kept until it is. GetRefund says whether the refund is confirmed.
 //
 // # Ledger
 //

@@ -57,6 +57,10 @@ type Refund struct {
 	// Receipt is the receipt number that version 2 gives a succeeded refund;
 	// absent for refunds of version 1.
 	Receipt *string `json:"receipt,omitempty"`
+	// ProviderConfirmed says whether the provider's webhook event about the
+	// refund was applied to it. GetRefund sets it; the refund operation's
+	// result, stored and replayed as it was, has none.
+	ProviderConfirmed *bool `json:"providerConfirmed,omitempty"`
 }
 
 // Account is a ledger account of a client and its balance.
@@ -107,20 +111,26 @@ func GetOrder(ctx context.Context, db DBTX, client, orderID string) (*Order, err
 // GetRefund reads the client's refund refundID. It returns ErrRefundNotFound when
 // the client has no such refund.
 func GetRefund(ctx context.Context, db DBTX, client, refundID string) (*Refund, error) {
-	row, err := refunddb.New().RefundGet(ctx, db, refunddb.RefundGetParams{Client: client, ID: refundID})
+	q := refunddb.New()
+	row, err := q.RefundGet(ctx, db, refunddb.RefundGetParams{Client: client, ID: refundID})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrRefundNotFound
 	}
 	if err != nil {
 		return nil, fmt.Errorf("refund: get refund: %w", err)
 	}
+	confirmed, err := q.RefundConfirmed(ctx, db, row.ID)
+	if err != nil {
+		return nil, fmt.Errorf("refund: get refund's confirmation: %w", err)
+	}
 	return &Refund{
-		RefundID:         row.ID,
-		OrderID:          row.OrderID,
-		Amount:           row.Amount,
-		Status:           Status(row.Status),
-		ProviderRefundID: row.ProviderRefundID,
-		Receipt:          row.Receipt,
+		RefundID:          row.ID,
+		OrderID:           row.OrderID,
+		Amount:            row.Amount,
+		Status:            Status(row.Status),
+		ProviderRefundID:  row.ProviderRefundID,
+		Receipt:           row.Receipt,
+		ProviderConfirmed: &confirmed,
 	}, nil
 }
 

@@ -97,6 +97,9 @@ type Workflows struct {
 	// RefundVersions are the defined versions of the refund operation, by
 	// version; Refund is one of them.
 	RefundVersions map[int]*engine.Operation[RefundInput, RefundState, Refund]
+	// ProviderEvent applies a provider's webhook event: it confirms the
+	// refund the event names (see the package documentation, "Webhooks").
+	ProviderEvent *engine.Operation[ProviderEventInput, ProviderEventState, ProviderEventResult]
 
 	provider Provider
 	q        *refunddb.Queries
@@ -121,6 +124,9 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 		engine.TxStep(StepRecord, w.recordOrder),
 	}, orderResult, opts)
 	if err != nil {
+		return nil, fmt.Errorf("refund: %w", err)
+	}
+	if w.ProviderEvent, err = w.newProviderEvent(opts); err != nil {
 		return nil, fmt.Errorf("refund: %w", err)
 	}
 	versions := cfg.RefundVersions
@@ -158,10 +164,11 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 	return w, nil
 }
 
-// Operations returns the order operation and every defined version of the
-// refund operation, for engine.Config.Operations.
+// Operations returns the order operation, every defined version of the
+// refund operation and the provider event operation, for
+// engine.Config.Operations.
 func (w *Workflows) Operations() []engine.Definition {
-	defs := []engine.Definition{w.Order}
+	defs := []engine.Definition{w.Order, w.ProviderEvent}
 	for _, v := range slices.Sorted(maps.Keys(w.RefundVersions)) {
 		defs = append(defs, w.RefundVersions[v])
 	}

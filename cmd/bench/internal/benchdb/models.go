@@ -44,6 +44,16 @@ type DemoOrder struct {
 	Refunded   int64
 }
 
+type DemoProviderEvent struct {
+	EventID          string
+	Type             string
+	ProviderRefundID string
+	OrderID          string
+	Amount           int64
+	OperationID      pguuid.UUID
+	ReceivedAt       time.Time
+}
+
 type DemoRefund struct {
 	ID               string
 	Client           string
@@ -54,6 +64,13 @@ type DemoRefund struct {
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
 	Receipt          *string
+}
+
+type DemoRefundConfirmation struct {
+	ProviderRefundID string
+	RefundID         *string
+	EventID          *string
+	ConfirmedAt      *time.Time
 }
 
 type IdemflowOperation struct {

@@ -24,3 +24,15 @@ type ProviderRefund struct {
 	Requests       int32
 	CreatedAt      time.Time
 }
+
+type ProviderWebhookEvent struct {
+	ID            string
+	RefundID      string
+	Type          string
+	Body          string
+	Deliveries    int32
+	Failures      int32
+	DeliveredAt   *time.Time
+	NextAttemptAt time.Time
+	CreatedAt     time.Time
+}

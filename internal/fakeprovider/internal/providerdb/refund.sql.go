@@ -7,6 +7,7 @@ package providerdb
 
 import (
 	"context"
+	"time"
 )
 
 const refundGetByKey = `-- name: RefundGetByKey :one
@@ -99,11 +100,22 @@ func (q *Queries) RefundListPage(ctx context.Context, db DBTX, arg RefundListPag
 }
 
 const refundUpsert = `-- name: RefundUpsert :one
-INSERT INTO provider.refund (id, idempotency_key, order_id, amount, reference)
-VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (idempotency_key) DO UPDATE
-SET requests = provider.refund.requests + 1
-RETURNING id, idempotency_key, order_id, amount, reference, requests, created_at
+WITH ref AS (
+    INSERT INTO provider.refund (id, idempotency_key, order_id, amount, reference)
+    VALUES ($1, $2, $3, $4, $5)
+    ON CONFLICT (idempotency_key) DO UPDATE
+    SET requests = provider.refund.requests + 1
+    RETURNING id, idempotency_key, order_id, amount, reference, requests, created_at
+), event AS (
+    INSERT INTO provider.webhook_event (id, refund_id, type, body)
+    SELECT $6::text, ref.id, $7::text, $8::text
+    FROM ref
+    WHERE ref.requests = 1 AND $6::text IS NOT NULL
+    RETURNING id
+)
+SELECT ref.id, ref.idempotency_key, ref.order_id, ref.amount, ref.reference, ref.requests, ref.created_at,
+       (SELECT count(*) FROM event) > 0 AS event_made
+FROM ref
 `
 
 type RefundUpsertParams struct {
@@ -112,19 +124,39 @@ type RefundUpsertParams struct {
 	OrderID        string
 	Amount         int64
 	Reference      string
+	EventID        *string
+	EventType      string
+	EventBody      string
+}
+
+type RefundUpsertRow struct {
+	ID             string
+	IdempotencyKey string
+	OrderID        string
+	Amount         int64
+	Reference      string
+	Requests       int32
+	CreatedAt      time.Time
+	EventMade      bool
 }
 
 // Makes the refund asked for under an idempotency key, or, when the key has one
 // already, counts the request against it and answers that refund unchanged.
-func (q *Queries) RefundUpsert(ctx context.Context, db DBTX, arg RefundUpsertParams) (*ProviderRefund, error) {
+// A refund made here (its first request) gets its webhook event in the same
+// statement, when event_id is not null: the event's body names the refund's
+// id, which is the one given here only on the first request.
+func (q *Queries) RefundUpsert(ctx context.Context, db DBTX, arg RefundUpsertParams) (*RefundUpsertRow, error) {
 	row := db.QueryRow(ctx, refundUpsert,
 		arg.ID,
 		arg.IdempotencyKey,
 		arg.OrderID,
 		arg.Amount,
 		arg.Reference,
+		arg.EventID,
+		arg.EventType,
+		arg.EventBody,
 	)
-	var i ProviderRefund
+	var i RefundUpsertRow
 	err := row.Scan(
 		&i.ID,
 		&i.IdempotencyKey,
@@ -133,6 +165,7 @@ func (q *Queries) RefundUpsert(ctx context.Context, db DBTX, arg RefundUpsertPar
 		&i.Reference,
 		&i.Requests,
 		&i.CreatedAt,
+		&i.EventMade,
 	)
 	return &i, err
 }

@@ -129,7 +129,14 @@ WITH marked AS (
     UPDATE demo_refund
     SET status = 'succeeded', provider_refund_id = $2::text, updated_at = clock_timestamp()
     WHERE id = $1::text AND status = 'pending'
-    RETURNING id
+    RETURNING id, provider_refund_id
+), met AS (
+    INSERT INTO demo_refund_confirmation AS c (provider_refund_id, refund_id)
+    SELECT m.provider_refund_id, m.id FROM marked AS m
+    ON CONFLICT (provider_refund_id) DO UPDATE
+    SET refund_id = excluded.refund_id,
+        confirmed_at = CASE WHEN c.event_id IS NULL THEN NULL
+                            ELSE coalesce(c.confirmed_at, clock_timestamp()) END
 )
 SELECT idemflow_check(EXISTS (SELECT 1 FROM marked), 'refund_not_pending',
                       format('refund %s is not pending', $1::text))
@@ -157,6 +164,10 @@ type RefundMarkSucceededParams struct {
 // RefundRecord still calls it for the failure the engine must retry, and a
 // binary older than this one, which calls it here, may still run during a
 // deploy.
+//
+// met writes the refund's half of its confirmation (see ProviderEventRecord):
+// when the provider's event about the refund came first, and was kept, the
+// refund is confirmed here.
 func (q *Queries) RefundMarkSucceeded(ctx context.Context, db DBTX, arg RefundMarkSucceededParams) error {
 	_, err := db.Exec(ctx, refundMarkSucceeded, arg.ID, arg.ProviderRefundID)
 	return err
