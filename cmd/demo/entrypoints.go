@@ -8,14 +8,21 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/entry/riverjob"
 	"github.com/idemflow/idemflow/internal/demoapi"
 	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/workflows/refund"
@@ -28,9 +35,23 @@ const defaultWebhookSecret = "demo-webhook-secret"
 // webhookTimeout bounds a delivery of the fake provider's webhooks.
 const webhookTimeout = 5 * time.Second
 
-// entryCrashSteps are the steps of the entry points' operations that
-// DEMO_CRASH, DEMO_PANIC and DEMO_FAIL may name: the provider event's confirm.
-var entryCrashSteps = []string{refund.StepConfirm}
+// stepConsume names the queue consumer's work for DEMO_CRASH, DEMO_PANIC and
+// DEMO_FAIL: a job's delivery of a queued order, in the transaction that
+// starts its operation and completes the job. "before" is before that
+// transaction; "after-effect" is after the operation's start, before the
+// commit. An attempt is the job's (River's).
+const stepConsume = "consume"
+
+// entryCrashSteps are the steps of the entry points that DEMO_CRASH,
+// DEMO_PANIC and DEMO_FAIL may name: the provider event's confirm, and the
+// queue's consume.
+var entryCrashSteps = []string{refund.StepConfirm, stepConsume}
+
+// orderQueueWorkers is how many queued orders a process consumes at once.
+const orderQueueWorkers = 10
+
+// maxQueueDuplicates bounds -queue-duplicates.
+const maxQueueDuplicates = 100
 
 // entryConfig is the entry points' part of the configuration.
 type entryConfig struct {
@@ -40,11 +61,14 @@ type entryConfig struct {
 	// webhookURL is where the fake provider sends its webhooks: -webhook-url,
 	// by default this demo's own /webhooks/provider (none for "demo provider").
 	webhookURL string
+	// queueDuplicates is -queue-duplicates: the extra copies of every queued
+	// message.
+	queueDuplicates int
 }
 
 // entryFlags are the entry points' flags, as given.
 type entryFlags struct {
-	webhookSecret, webhookURL *string
+	webhookSecret, webhookURL, queueDuplicates *string
 }
 
 // defineEntryFlags defines the entry points' flags on fs, with the defaults
@@ -55,6 +79,8 @@ func defineEntryFlags(fs *flag.FlagSet, env func(key, def string) string) *entry
 			"the secret the provider signs its webhooks with; several, comma-separated, are all accepted, and the provider signs with the first: a rotation (DEMO_WEBHOOK_SECRET)"),
 		webhookURL: fs.String("webhook-url", env("DEMO_WEBHOOK_URL", ""),
 			"where the fake provider sends its webhooks (DEMO_WEBHOOK_URL); default: this demo's /webhooks/provider, and none for demo provider"),
+		queueDuplicates: fs.String("queue-duplicates", env("DEMO_QUEUE_DUPLICATES", "0"),
+			"how many extra copies of every queued message the queue delivers, at once (DEMO_QUEUE_DUPLICATES)"),
 	}
 }
 
@@ -69,6 +95,11 @@ func (f *entryFlags) parse(_ time.Duration) (entryConfig, error) {
 		c.webhookSecrets = append(c.webhookSecrets, []byte(s))
 	}
 	c.webhookURL = strings.TrimSpace(*f.webhookURL)
+	n, err := strconv.Atoi(strings.TrimSpace(*f.queueDuplicates))
+	if err != nil || n < 0 || n > maxQueueDuplicates {
+		return c, fmt.Errorf("-queue-duplicates: %q is not an integer from 0 to %d", *f.queueDuplicates, maxQueueDuplicates)
+	}
+	c.queueDuplicates = n
 	return c, nil
 }
 
@@ -104,6 +135,96 @@ func runWebhooks(ctx context.Context, p *fakeprovider.Server) (stop func()) {
 
 // startEntryPoints starts what the entry points run in the background, and
 // returns the API's part of them and a function that stops the rest.
-func startEntryPoints(_ context.Context, cfg *config, _ *pgxpool.Pool, _ *engine.Engine, _ *refund.Workflows, _ *slog.Logger) (*demoapi.EntryPoints, func(), error) {
-	return &demoapi.EntryPoints{WebhookSecrets: cfg.entry.webhookSecrets}, func() {}, nil
+func startEntryPoints(_ context.Context, cfg *config, _ *pgxpool.Pool, e *engine.Engine, _ *refund.Workflows, _ *slog.Logger) (*demoapi.EntryPoints, func(), error) {
+	return &demoapi.EntryPoints{
+		WebhookSecrets:  cfg.entry.webhookSecrets,
+		Queue:           e.River(),
+		QueueDuplicates: cfg.entry.queueDuplicates,
+	}, func() {}, nil
+}
+
+// orderConsumer is the queue's consumer: entry/riverjob's worker of the queued
+// orders, on the engine's own River client (engine.Config.RiverWorkers), so
+// that River's leader, whichever process it is, knows the jobs' kind and
+// retries a stuck one rather than discard it. The engine's client is made by
+// engine.New, before there is an engine to make riverjob's worker with, so
+// the client gets this worker, which hands each job to riverjob's once bind
+// has made it (before StartWorkers).
+type orderConsumer struct {
+	river.WorkerDefaults[refund.QueueOrderArgs]
+	cfg *config
+	wf  *refund.Workflows
+	w   atomic.Pointer[riverjob.Worker[refund.QueueOrderArgs, refund.OrderInput, refund.OrderState, refund.Order]]
+}
+
+func newOrderConsumer(cfg *config, wf *refund.Workflows) *orderConsumer {
+	return &orderConsumer{cfg: cfg, wf: wf}
+}
+
+// addWorker is engine.Config.RiverWorkers.
+func (c *orderConsumer) addWorker(workers *river.Workers) error {
+	return river.AddWorkerSafely(workers, c)
+}
+
+// queues is engine.Config.RiverQueues.
+func (c *orderConsumer) queues() map[string]river.QueueConfig {
+	return map[string]river.QueueConfig{refund.OrderQueue: {MaxWorkers: orderQueueWorkers}}
+}
+
+// bind makes riverjob's worker on e.
+func (c *orderConsumer) bind(e *engine.Engine, pool *pgxpool.Pool) error {
+	w, err := riverjob.New(e, pool, c.wf.Order, c.config())
+	if err != nil {
+		return fmt.Errorf("the queue's consumer: %w", err)
+	}
+	c.w.Store(w)
+	return nil
+}
+
+// Work implements river.Worker.
+func (c *orderConsumer) Work(ctx context.Context, job *river.Job[refund.QueueOrderArgs]) error {
+	w := c.w.Load()
+	if w == nil {
+		return errors.New("the queue's consumer is not ready") // retried by River
+	}
+	return w.Work(ctx, job)
+}
+
+// config is workflows/refund's consumer configuration with the demo's fault
+// injection at stepConsume.
+func (c *orderConsumer) config() *riverjob.Config[refund.QueueOrderArgs, refund.OrderInput] {
+	rc := c.wf.OrderConsumer()
+	crash, panics, fails := c.cfg.crash, c.cfg.panics, c.cfg.fails
+	at := func(point string, job *river.Job[refund.QueueOrderArgs]) bool {
+		return crash != nil && crash.step == stepConsume && crash.point == point && job.Attempt == 1
+	}
+	message, started := rc.MessageFunc, rc.StartedFunc
+	rc.MessageFunc = func(job *river.Job[refund.QueueOrderArgs]) (riverjob.Message[refund.OrderInput], error) {
+		if panics != nil && panics.step == stepConsume && job.Attempt <= panics.n {
+			panic(fmt.Sprintf("DEMO_PANIC: injected panic in attempt %d of %s", job.Attempt, stepConsume))
+		}
+		if fails != nil && fails.step == stepConsume && job.Attempt <= fails.n {
+			return riverjob.Message[refund.OrderInput]{}, errInjected
+		}
+		if at("before", job) {
+			crashNow(stepConsume, "before", fmt.Sprintf("message %s", job.Args.MessageID))
+		}
+		return message(job)
+	}
+	rc.StartedFunc = func(ctx context.Context, tx pgx.Tx, job *river.Job[refund.QueueOrderArgs], s *engine.Started) error {
+		if err := started(ctx, tx, job, s); err != nil {
+			return err
+		}
+		if at("after-effect", job) {
+			crashNow(stepConsume, "after-effect", fmt.Sprintf("message %s (operation %s reserved, not committed)", job.Args.MessageID, s.ID))
+		}
+		return nil
+	}
+	return rc
+}
+
+// crashNow is DEMO_CRASH's exit, outside the engine's hook.
+func crashNow(step, point, what string) {
+	fmt.Fprintf(os.Stderr, "DEMO_CRASH: exiting with status %d at %s:%s of %s\n", crashExitCode, step, point, what)
+	os.Exit(crashExitCode)
 }

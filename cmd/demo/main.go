@@ -163,6 +163,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		return err
 	}
 	metrics.Declare(wf.Operations()...)
+	consumer := newOrderConsumer(cfg, wf)
 	e, err := engine.New(pool, &engine.Config{
 		Operations: wf.Operations(),
 		Observer:   metrics.Observer(),
@@ -175,8 +176,14 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		Test:              engine.TestConfig{Hook: faultHook(cfg)},
 		ControlPool:       control,
 		MaxInFlight:       cfg.maxInFlight,
+		// The queue's consumer, on the engine's River client.
+		RiverWorkers: consumer.addWorker,
+		RiverQueues:  consumer.queues(),
 	})
 	if err != nil {
+		return err
+	}
+	if err := consumer.bind(e, pool); err != nil {
 		return err
 	}
 	if err := e.StartWorkers(ctx); err != nil {

@@ -2,15 +2,29 @@ package demoapi
 
 import (
 	"errors"
+	"net/http"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/idemflow/idemflow/workflows/refund"
 )
 
 // EntryPoints configures the demo's ways in beyond the clients' keyed
-// requests: the provider's webhooks (POST /webhooks/provider).
+// requests: the provider's webhooks (POST /webhooks/provider) and the queue of
+// orders (POST /queue/orders, GET /queue/orders/{messageId}).
 type EntryPoints struct {
 	// WebhookSecrets are the secrets the provider's webhooks may be signed
 	// with, all accepted at once: the current one and, during a rotation, the
 	// old one. Required.
 	WebhookSecrets [][]byte
+	// Queue is the River client that queued orders are inserted with: the
+	// engine's (Engine.River), which runs their consumer (entry/riverjob's
+	// worker, workflows/refund's OrderConsumer). Nil: no queue endpoints.
+	Queue *river.Client[pgx.Tx]
+	// QueueDuplicates is how many copies of every message the queue delivers
+	// besides the message itself, at once, on purpose.
+	QueueDuplicates int
 }
 
 // entryPoints mounts the endpoints of Config.EntryPoints.
@@ -25,8 +39,23 @@ func (s *server) entryPoints() error {
 	}
 	// The provider signs its webhooks: no bearer token.
 	s.mux.Handle("POST /webhooks/provider", webhooks)
-	for _, path := range []string{"/webhooks/provider"} {
+	paths := []string{"/webhooks/provider"}
+	if ep.Queue != nil {
+		if ep.QueueDuplicates < 0 {
+			return errors.New("demoapi: EntryPoints.QueueDuplicates is negative")
+		}
+		s.mux.Handle("POST /queue/orders", s.authenticated(http.HandlerFunc(s.enqueueOrder)))
+		s.mux.Handle("GET /queue/orders/{messageId}", s.authenticated(bounded(s.getQueueMessage)))
+		paths = append(paths, "/queue/orders", "/queue/orders/{messageId}")
+	}
+	for _, path := range paths {
 		s.mux.HandleFunc(path, methodNotAllowed)
 	}
 	return nil
+}
+
+// ownsScope reports whether the operations of scope belong to client: those
+// under its own keys, and those of its queued messages.
+func ownsScope(client, scope string) bool {
+	return scope == client || scope == refund.QueueScope(client)
 }

@@ -386,7 +386,7 @@ func (s *server) getOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info, err := s.cfg.Engine.Get(r.Context(), id)
-	if errors.Is(err, engine.ErrNotFound) || err == nil && info.Scope != clientOf(r) {
+	if errors.Is(err, engine.ErrNotFound) || err == nil && !ownsScope(clientOf(r), info.Scope) {
 		notFound()
 		return
 	}

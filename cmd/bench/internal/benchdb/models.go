@@ -54,6 +54,17 @@ type DemoProviderEvent struct {
 	ReceivedAt       time.Time
 }
 
+type DemoQueueMessage struct {
+	Client      string
+	MessageID   string
+	Status      string
+	Deliveries  int32
+	OperationID *pguuid.UUID
+	Error       *string
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
 type DemoRefund struct {
 	ID               string
 	Client           string

@@ -6,6 +6,8 @@ package refunddb
 
 import (
 	"time"
+
+	"github.com/idemflow/idemflow/internal/pguuid"
 )
 
 type DemoOrder struct {
@@ -15,6 +17,17 @@ type DemoOrder struct {
 	Amount     int64
 	CreatedAt  time.Time
 	Refunded   int64
+}
+
+type DemoQueueMessage struct {
+	Client      string
+	MessageID   string
+	Status      string
+	Deliveries  int32
+	OperationID *pguuid.UUID
+	Error       *string
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
 }
 
 type DemoRefund struct {
