@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"riverqueue.com/riverui"
 
+	"github.com/idemflow/idemflow/contrib/idemflowotel"
 	"github.com/idemflow/idemflow/contrib/idemflowprom"
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idempotency"
@@ -154,7 +155,16 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 			fmt.Fprintf(stdout, "fake payment provider listening on %s\n", providerURL)
 		}
 	}
-	wf, err := refund.New(&refund.ProviderClient{BaseURL: providerURL}, &refund.Config{Retry: retryPolicy(cfg), RefundVersions: cfg.versions})
+	tp, stopTraces, err := tracing(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = stopTraces(context.WithoutCancel(ctx)) }()
+	providerClient := &refund.ProviderClient{BaseURL: providerURL}
+	if tp != nil {
+		providerClient.HTTP = &http.Client{Transport: idemflowotel.Transport(tp, refund.DefaultProviderHTTP.Transport), Timeout: refund.DefaultProviderHTTP.Timeout}
+	}
+	wf, err := refund.New(providerClient, &refund.Config{Retry: retryPolicy(cfg), RefundVersions: cfg.versions})
 	if err != nil {
 		return err
 	}
@@ -165,10 +175,11 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 	metrics.Declare(wf.Operations()...)
 	consumer := newOrderConsumer(cfg, wf)
 	e, err := engine.New(pool, &engine.Config{
-		Operations: wf.Operations(),
-		Observer:   metrics.Observer(),
-		Logger:     logger,
-		Lease:      cfg.lease,
+		Operations:      wf.Operations(),
+		Observer:        engine.Observers(metrics.Observer(), idemflowotel.Observer(tp, nil)),
+		RiverMiddleware: idemflowotel.RiverMiddleware(tp),
+		Logger:          logger,
+		Lease:           cfg.lease,
 		// A crashed process's operations wait a lease, then at most a sweep.
 		SweepInterval:     min(engine.DefaultSweepInterval, cfg.lease/3),
 		Retention:         cfg.retention,
@@ -218,7 +229,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		return err
 	}
 	limit := demoapi.DefaultMaxConns()
-	httpServer := demoapi.NewHTTPServer(srv, cfg.wait, idempotency.DefaultReserveTimeout, demoapi.NewConnLimiter(limit, max(limit/4, 64)))
+	httpServer := demoapi.NewHTTPServer(idemflowotel.Handler(tp, srv), cfg.wait, idempotency.DefaultReserveTimeout, demoapi.NewConnLimiter(limit, max(limit/4, 64)))
 	httpServer.ErrorLog = slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- httpServer.Serve(ln) }()
