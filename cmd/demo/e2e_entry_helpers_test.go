@@ -139,3 +139,18 @@ func eventually(t *testing.T, cond func() bool, msg string, args ...any) {
 	t.Helper()
 	require.Eventually(t, cond, finalTimeout, pollInterval, append([]any{msg}, args...)...)
 }
+
+// awaitWebhooks waits until every webhook event the fake provider made so
+// far got its 2xx from the demo: until then one may start an operation.
+func awaitWebhooks(t *testing.T, c *apiClient) {
+	t.Helper()
+	c = c.in(t)
+	eventually(t, func() bool {
+		for _, ev := range c.providerWebhooks() {
+			if !ev.Delivered {
+				return false
+			}
+		}
+		return true
+	}, "every webhook delivered")
+}

@@ -31,6 +31,7 @@ func TestWebhooks(t *testing.T) {
 		requireStatus(t, r, http.StatusCreated)
 		ref := decodeAs[refundBody](t, r)
 		eventually(t, func() bool { return c.getRefund(ref.RefundID).ProviderConfirmed }, "the refund is confirmed")
+		awaitWebhooks(t, c) // the provider records the 2xx after it got it
 
 		events := c.providerWebhooks()
 		require.Len(t, events, 1)
@@ -209,6 +210,7 @@ func TestWebhooks(t *testing.T) {
 		requireStatus(t, r, http.StatusCreated)
 		ref := decodeAs[refundBody](t, r)
 		eventually(t, func() bool { return c.getRefund(ref.RefundID).ProviderConfirmed }, "the event delivered again confirmed the refund")
+		awaitWebhooks(t, c)
 		events := c.providerWebhooks()
 		require.Len(t, events, 1)
 		require.True(t, events[0].Delivered)

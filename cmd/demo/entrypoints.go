@@ -23,6 +23,7 @@ import (
 
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/entry/riverjob"
+	"github.com/idemflow/idemflow/entry/schedule"
 	"github.com/idemflow/idemflow/internal/demoapi"
 	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/workflows/refund"
@@ -43,9 +44,9 @@ const webhookTimeout = 5 * time.Second
 const stepConsume = "consume"
 
 // entryCrashSteps are the steps of the entry points that DEMO_CRASH,
-// DEMO_PANIC and DEMO_FAIL may name: the provider event's confirm, and the
-// queue's consume.
-var entryCrashSteps = []string{refund.StepConfirm, stepConsume}
+// DEMO_PANIC and DEMO_FAIL may name: the provider event's confirm, the
+// queue's consume, and the settlement's settle.
+var entryCrashSteps = []string{refund.StepConfirm, stepConsume, refund.StepSettle}
 
 // orderQueueWorkers is how many queued orders a process consumes at once.
 const orderQueueWorkers = 10
@@ -64,11 +65,15 @@ type entryConfig struct {
 	// queueDuplicates is -queue-duplicates: the extra copies of every queued
 	// message.
 	queueDuplicates int
+	// settlementInterval is -settlement-interval: the period of the
+	// settlements every process fires; 0 fires none (POST /admin/settlements
+	// still does).
+	settlementInterval time.Duration
 }
 
 // entryFlags are the entry points' flags, as given.
 type entryFlags struct {
-	webhookSecret, webhookURL, queueDuplicates *string
+	webhookSecret, webhookURL, queueDuplicates, settlementInterval *string
 }
 
 // defineEntryFlags defines the entry points' flags on fs, with the defaults
@@ -81,11 +86,14 @@ func defineEntryFlags(fs *flag.FlagSet, env func(key, def string) string) *entry
 			"where the fake provider sends its webhooks (DEMO_WEBHOOK_URL); default: this demo's /webhooks/provider, and none for demo provider"),
 		queueDuplicates: fs.String("queue-duplicates", env("DEMO_QUEUE_DUPLICATES", "0"),
 			"how many extra copies of every queued message the queue delivers, at once (DEMO_QUEUE_DUPLICATES)"),
+		settlementInterval: fs.String("settlement-interval", env("DEMO_SETTLEMENT_INTERVAL", "0"),
+			"how often every process settles each client's merchant balance, whole seconds; 0: never on its own (DEMO_SETTLEMENT_INTERVAL)"),
 	}
 }
 
-// parse checks the entry points' flags.
-func (f *entryFlags) parse(_ time.Duration) (entryConfig, error) {
+// parse checks the entry points' flags; retention is -retention's, which the
+// settlements' slots must fit twice (see entry/schedule, "Retention").
+func (f *entryFlags) parse(retention time.Duration) (entryConfig, error) {
 	var c entryConfig
 	for _, s := range strings.Split(*f.webhookSecret, ",") {
 		s = strings.TrimSpace(s)
@@ -100,6 +108,18 @@ func (f *entryFlags) parse(_ time.Duration) (entryConfig, error) {
 		return c, fmt.Errorf("-queue-duplicates: %q is not an integer from 0 to %d", *f.queueDuplicates, maxQueueDuplicates)
 	}
 	c.queueDuplicates = n
+	if s := strings.TrimSpace(*f.settlementInterval); s != "0" {
+		d, err := time.ParseDuration(s)
+		switch {
+		case err != nil:
+			return c, fmt.Errorf("-settlement-interval: %w", err)
+		case d < time.Second || d%time.Second != 0:
+			return c, fmt.Errorf("-settlement-interval: %s is not 0 or a positive whole number of seconds", s)
+		case d*schedule.MinRetentionPeriods > retention:
+			return c, fmt.Errorf("-settlement-interval: %s is more than half of -retention (%s): a slot's key would be deleted while the slot could still be fired", s, retention)
+		}
+		c.settlementInterval = d
+	}
 	return c, nil
 }
 
@@ -135,12 +155,38 @@ func runWebhooks(ctx context.Context, p *fakeprovider.Server) (stop func()) {
 
 // startEntryPoints starts what the entry points run in the background, and
 // returns the API's part of them and a function that stops the rest.
-func startEntryPoints(_ context.Context, cfg *config, _ *pgxpool.Pool, e *engine.Engine, _ *refund.Workflows, _ *slog.Logger) (*demoapi.EntryPoints, func(), error) {
-	return &demoapi.EntryPoints{
+func startEntryPoints(ctx context.Context, cfg *config, _ *pgxpool.Pool, e *engine.Engine, wf *refund.Workflows, logger *slog.Logger) (*demoapi.EntryPoints, func(), error) {
+	ep := &demoapi.EntryPoints{
 		WebhookSecrets:  cfg.entry.webhookSecrets,
 		Queue:           e.River(),
 		QueueDuplicates: cfg.entry.queueDuplicates,
-	}, func() {}, nil
+	}
+	if cfg.entry.settlementInterval == 0 {
+		return ep, func() {}, nil
+	}
+	clients := make([]string, len(cfg.clients))
+	for i, c := range cfg.clients {
+		clients[i] = c.name
+	}
+	runner, err := schedule.Every(e, wf.Settlement, schedule.Config[refund.SettlementInput]{
+		Period:     cfg.entry.settlementInterval,
+		ScopesFunc: func(context.Context, time.Time) ([]string, error) { return clients, nil },
+		InputFunc: func(client string, slot time.Time) refund.SettlementInput {
+			return refund.SettlementInput{Client: client, Slot: slot}
+		},
+		Retention: cfg.retention,
+		Logger:    logger,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("settlements: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = runner.Run(ctx) })
+	return ep, func() {
+		cancel()
+		wg.Wait()
+	}, nil
 }
 
 // orderConsumer is the queue's consumer: entry/riverjob's worker of the queued

@@ -371,6 +371,9 @@ type effects struct {
 // that a request could add to.
 func takeEffects(t *testing.T, dbURL string, a, b *apiClient) effects {
 	t.Helper()
+	// The provider's webhooks about the refunds made so far, which come on
+	// their own, have come.
+	awaitWebhooks(t, a)
 	ctx := t.Context()
 	conn, err := pgx.Connect(ctx, dbURL)
 	require.NoError(t, err)

@@ -11,8 +11,9 @@ import (
 )
 
 // EntryPoints configures the demo's ways in beyond the clients' keyed
-// requests: the provider's webhooks (POST /webhooks/provider) and the queue of
-// orders (POST /queue/orders, GET /queue/orders/{messageId}).
+// requests: the provider's webhooks (POST /webhooks/provider), the queue of
+// orders (POST /queue/orders, GET /queue/orders/{messageId}), and settlements
+// (GET /settlements, and POST /admin/settlements behind Config.AdminToken).
 type EntryPoints struct {
 	// WebhookSecrets are the secrets the provider's webhooks may be signed
 	// with, all accepted at once: the current one and, during a rotation, the
@@ -47,6 +48,13 @@ func (s *server) entryPoints() error {
 		s.mux.Handle("POST /queue/orders", s.authenticated(http.HandlerFunc(s.enqueueOrder)))
 		s.mux.Handle("GET /queue/orders/{messageId}", s.authenticated(bounded(s.getQueueMessage)))
 		paths = append(paths, "/queue/orders", "/queue/orders/{messageId}")
+	}
+	s.mux.Handle("GET /settlements", s.authenticated(bounded(s.listSettlements)))
+	paths = append(paths, "/settlements")
+	if s.cfg.AdminToken != "" {
+		s.mux.Handle("POST /admin/settlements", s.adminOnly(http.HandlerFunc(s.fireSettlements)))
+		// Behind the token even for a wrong method, as all of /admin.
+		s.mux.Handle("/admin/settlements", s.adminOnly(http.HandlerFunc(methodNotAllowed)))
 	}
 	for _, path := range paths {
 		s.mux.HandleFunc(path, methodNotAllowed)

@@ -54,13 +54,37 @@
 // they race. An event for a refund that is not finalized yet (or never will be
 // here) is kept until it is. GetRefund says whether the refund is confirmed.
 //
+// # Queue
+//
+// Orders may also arrive as queued messages: EnqueueOrder records a message
+// and inserts its River job (QueueOrderArgs) in the caller's transaction, and
+// OrderConsumer configures entry/riverjob's worker, which starts the order
+// operation keyed by the message's id in the client's QueueScope, in the
+// transaction that completes the job, and counts the delivery in the
+// message's record (GetQueueMessage) in that transaction too. A delivery again
+// finds the operation; one with another body is rejected.
+//
+// # Settlements
+//
+// The settlement operation (SettlementOperation) moves a client's whole
+// merchant balance to the account PayoutAccount(slot), where the slot is the
+// start of the settlement's period, keyed by entry/schedule's slot key in the
+// client's scope, in one transactional step, "settle": after an advisory lock
+// that serialises the client's settlements, one statement reads the
+// merchant's balance, records the settlement (demo_settlement, unique per
+// client and slot, so that a slot run again after the engine's retention
+// deleted its operation fails with CodeSettlementExists instead of paying
+// twice) and moves the balance. A balance that is not positive settles 0.
+// ListSettlements reads a client's settlements.
+//
 // # Ledger
 //
 // Every move of money is two ledger entries, written by one statement, whose
 // amounts sum to zero: the account paid from goes down, the account paid to goes
-// up. A client's accounts are "merchant" and "customer:<customerId>" for each of
-// its customers, so a client's balances always sum to zero, and its merchant
-// balance equals its orders less its refunds that are pending or succeeded.
+// up. A client's accounts are "merchant", "customer:<customerId>" for each of
+// its customers and "payout:<slot>" for each settlement, so a client's balances
+// always sum to zero, and its merchant balance equals its orders less its
+// refunds that are pending or succeeded, less what settlements paid out.
 //
 // # Provider
 //

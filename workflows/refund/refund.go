@@ -100,6 +100,10 @@ type Workflows struct {
 	// ProviderEvent applies a provider's webhook event: it confirms the
 	// refund the event names (see the package documentation, "Webhooks").
 	ProviderEvent *engine.Operation[ProviderEventInput, ProviderEventState, ProviderEventResult]
+	// Settlement moves a client's whole merchant balance to the payout account
+	// of a slot, once per (client, slot) (see the package documentation,
+	// "Settlements").
+	Settlement *engine.Operation[SettlementInput, SettlementState, Settlement]
 
 	provider Provider
 	q        *refunddb.Queries
@@ -127,6 +131,9 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 		return nil, fmt.Errorf("refund: %w", err)
 	}
 	if w.ProviderEvent, err = w.newProviderEvent(opts); err != nil {
+		return nil, fmt.Errorf("refund: %w", err)
+	}
+	if w.Settlement, err = w.newSettlement(opts); err != nil {
 		return nil, fmt.Errorf("refund: %w", err)
 	}
 	versions := cfg.RefundVersions
@@ -165,10 +172,10 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 }
 
 // Operations returns the order operation, every defined version of the
-// refund operation and the provider event operation, for
-// engine.Config.Operations.
+// refund operation, the provider event operation and the settlement
+// operation, for engine.Config.Operations.
 func (w *Workflows) Operations() []engine.Definition {
-	defs := []engine.Definition{w.Order, w.ProviderEvent}
+	defs := []engine.Definition{w.Order, w.ProviderEvent, w.Settlement}
 	for _, v := range slices.Sorted(maps.Keys(w.RefundVersions)) {
 		defs = append(defs, w.RefundVersions[v])
 	}

@@ -84,6 +84,14 @@ type DemoRefundConfirmation struct {
 	ConfirmedAt      *time.Time
 }
 
+type DemoSettlement struct {
+	Client      string
+	Slot        time.Time
+	Amount      int64
+	OperationID pguuid.UUID
+	CreatedAt   time.Time
+}
+
 type IdemflowOperation struct {
 	ID            pguuid.UUID
 	Name          string
