@@ -71,7 +71,12 @@ var chaosClients = []struct{ name, token string }{{"merchant-a", tokenA}, {"merc
 //     under idempotency keys, retry each key after cut connections, server errors
 //     and short client timeouts until its final answer, resend a key
 //     concurrently, with only metadata changed (the same request), and with a
-//     different amount (which must get 422 idempotency_key_reused).
+//     different amount (which must get 422 idempotency_key_reused);
+//   - the entry points beyond HTTP (chaos_entry_test.go): queued orders, each
+//     delivered twice and sent again by its producer until consumed; the
+//     provider's webhook for every refund, and every event redelivered once or
+//     twice at once every few seconds; a settlement every 2 seconds, fired by
+//     both demos.
 //
 // When the faults stop, every key must reach its final answer within
 // chaosRecovery. Then the books are checked, over HTTP and in the database: every
@@ -79,9 +84,11 @@ var chaosClients = []struct{ name, token string }{{"merchant-a", tokenA}, {"merc
 // 201 names exactly one succeeded refund; the provider made exactly one refund
 // per succeeded refund, none for a failed one, never two under one derived key;
 // per order, refunded = the sum of its succeeded refunds <= its amount; each
-// client's balances sum to zero, the merchant's = orders - refunds, each
-// customer's = its refunds - its orders; every order and refund moved money once
-// (a declined refund once, and once back); no operation is left in progress.
+// client's balances sum to zero, the merchant's plus what settlements paid out =
+// orders - refunds, each customer's = its refunds - its orders; every order and
+// refund moved money once (a declined refund once, and once back); no operation
+// is left in progress; every webhook event was delivered and applied once, and
+// every succeeded refund confirmed; every settlement moved its amount once.
 //
 // The test prints a report: operations, retries, kills, provider faults, database
 // restarts, database proxy faults, duplicates found, operations lost, the longest
@@ -268,7 +275,7 @@ func (r *chaosRun) spawn() *demo {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = stdoutLog.Close() })
 
-	cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-retry-backoff", "50ms", "-wait", "2s", "-lease", "1s")
+	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-retry-backoff", "50ms", "-wait", "2s", "-lease", "1s"}, chaosEntryArgs...)...)
 	cmd.Env = append(demoEnviron(), "DATABASE_URL="+r.demoURL)
 	// Every demo but one in four also injects step faults of its own, in every
 	// operation it runs: panics before and at the provider call, and a finalize
@@ -360,6 +367,7 @@ func (r *chaosRun) start() {
 		rng := rand.New(rand.NewPCG(r.seed, uint64(w)+1))
 		r.workers.Go(func() { r.work(w, rng) })
 	}
+	r.workers.Go(r.redeliverWebhooks)
 }
 
 // inject injects faults for d, at random, then stops them and clears the
@@ -587,6 +595,10 @@ func (r *chaosRun) send(ctx context.Context, base, method, path, token, key stri
 func (r *chaosRun) work(w int, rng *rand.Rand) {
 	for n := 0; !r.stopping.Load() && r.ctx.Err() == nil; n++ {
 		client := rng.IntN(len(chaosClients))
+		if rng.IntN(chaosQueueOneIn) == 0 {
+			r.queueOrder(w, n, client, rng)
+			continue
+		}
 		o := &chaosKey{
 			client: client, path: "/orders", key: newKey(),
 			orderID:    fmt.Sprintf("C%d-%d", w, n),
@@ -855,7 +867,7 @@ func (r *chaosRun) check() {
 	books := map[[2]string]*orderBook{} // (client, order id)
 	var refunds []*chaosKey
 	for _, k := range r.keys {
-		if k.path == "/orders" {
+		if k.path != "/refunds" { // an order, by POST /orders or queued
 			books[[2]string{chaosClients[k.client].name, k.orderID}] = &orderBook{key: k, succeeded: map[string]int64{}}
 		} else {
 			refunds = append(refunds, k)
@@ -963,15 +975,17 @@ func (r *chaosRun) check() {
 	for i, c := range clients {
 		accounts := c.accounts()
 		var total int64
+		paid := paidOut(accounts) // by settlements, from the merchant account
 		for _, a := range accounts {
 			total += a.Balance
 			want, ok := customers[i][a.Account]
 			switch {
 			case a.Account == "merchant":
-				if a.Balance != orderTotals[i]-refundTotals[i] {
-					r.broken(a.Balance < orderTotals[i]-refundTotals[i], false, "%s: merchant balance %d, want orders %d - refunds %d",
-						chaosClients[i].name, a.Balance, orderTotals[i], refundTotals[i])
+				if a.Balance+paid != orderTotals[i]-refundTotals[i] {
+					r.broken(a.Balance+paid < orderTotals[i]-refundTotals[i], false, "%s: merchant balance %d and %d paid out, want orders %d - refunds %d",
+						chaosClients[i].name, a.Balance, paid, orderTotals[i], refundTotals[i])
 				}
+			case strings.HasPrefix(a.Account, "payout:"):
 			case !ok || a.Balance != want:
 				r.broken(false, false, "%s: %s balance %d, want %d", chaosClients[i].name, a.Account, a.Balance, want)
 			}
@@ -982,6 +996,7 @@ func (r *chaosRun) check() {
 	}
 
 	r.checkDatabase()
+	r.checkEntryPoints()
 }
 
 // derivedKeys returns the derived key of the provider step of every refund, by
@@ -1022,12 +1037,13 @@ func (r *chaosRun) checkDatabase() {
 
 	type opRow struct{ id, state string }
 	ops := map[[2]string]opRow{}
-	// The clients' operations, not those of the provider's webhooks.
-	clientNames := make([]string, len(chaosClients))
-	for i, c := range chaosClients {
-		clientNames[i] = c.name
+	// The clients' operations, under their keys and their message ids; not
+	// those of the provider's webhooks or of settlements (checkEntryPoints).
+	var scopes []string
+	for _, c := range chaosClients {
+		scopes = append(scopes, c.name, "queue:"+c.name)
 	}
-	rows, err := conn.Query(ctx, "SELECT scope, key, id::text, state FROM idemflow_operation WHERE scope = ANY($1)", clientNames)
+	rows, err := conn.Query(ctx, "SELECT scope, key, id::text, state FROM idemflow_operation WHERE scope = ANY($1) AND name <> 'settlement'", scopes)
 	require.NoError(t, err)
 	for rows.Next() {
 		var scope, key string
@@ -1049,7 +1065,7 @@ func (r *chaosRun) checkDatabase() {
 		r.broken(len(ops) > len(r.keys), len(ops) < len(r.keys), "%d operations for %d keys", len(ops), len(r.keys))
 	}
 	for _, k := range r.keys {
-		op, ok := ops[[2]string{chaosClients[k.client].name, k.key}]
+		op, ok := ops[[2]string{k.scope(), k.key}]
 		want := "failed"
 		if k.final.status == http.StatusCreated {
 			want = "succeeded"
@@ -1096,7 +1112,7 @@ func (r *chaosRun) report() {
 	var longest, longestAfterEvent time.Duration
 	var longestKey, longestEventKey *chaosKey
 	for _, k := range r.keys {
-		if k.path == "/orders" {
+		if k.path != "/refunds" {
 			orders++
 		} else {
 			refunds++
@@ -1158,6 +1174,7 @@ func (r *chaosRun) report() {
 		fmt.Sprintf("  step faults:        demos started with none %d, %s %d, %s %d, %s %d", r.stepFaults[""],
 			chaosStepFaults[1], r.stepFaults[chaosStepFaults[1]], chaosStepFaults[2], r.stepFaults[chaosStepFaults[2]],
 			chaosStepFaults[3], r.stepFaults[chaosStepFaults[3]]),
+		r.entryReport(),
 		fmt.Sprintf("  duplicates found:   %d", r.dups),
 		fmt.Sprintf("  operations lost:    %d", r.lost),
 		fmt.Sprintf("  longest recovery:   %s from the first request to the final answer (%s); %s from a kill, restart, reset or stall to the final answer of a key it interrupted (%s); %d keys interrupted",
