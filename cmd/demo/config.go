@@ -206,6 +206,10 @@ func parseClients(s string) ([]client, error) {
 		switch {
 		case !ok || name == "" || token == "":
 			return nil, fmt.Errorf("%q is not name=token", part)
+		case strings.Contains(name, ":"):
+			// The entry points' scopes are "webhook:..." and "queue:<client>":
+			// a client's scope must never be one of them.
+			return nil, fmt.Errorf("client %q: a client's name has no ':'", name)
 		case names[name]:
 			return nil, fmt.Errorf("client %q is named twice", name)
 		case tokens[token]:

@@ -67,6 +67,7 @@ func TestParseConfig(t *testing.T) {
 		{name: "ClientWithoutToken", args: []string{"-clients", "a="}, wantErr: "not name=token"},
 		{name: "DuplicateClient", args: []string{"-clients", "a=1,a=2"}, wantErr: "named twice"},
 		{name: "SharedToken", args: []string{"-clients", "a=1,b=1"}, wantErr: "share the token"},
+		{name: "ClientNameWithColon", args: []string{"-clients", "queue:a=1"}, wantErr: "no ':'"},
 		{name: "CrashUnknownStep", env: map[string]string{"DEMO_CRASH": "refund:before"}, wantErr: "DEMO_CRASH"},
 		{name: "CrashUnknownPoint", env: map[string]string{"DEMO_CRASH": "ledger:after"}, wantErr: "DEMO_CRASH"},
 		{name: "StrayArgument", args: []string{"extra"}, wantErr: "unexpected argument"},
