@@ -111,6 +111,12 @@ type Config struct {
 	// (entry/riverjob's consumers, say).
 	RiverWorkers func(workers *river.Workers) error
 	RiverQueues  map[string]river.QueueConfig
+	// RiverRescueStuckJobsAfter is how long a River job may stay running
+	// before River's leader takes it for stuck (its process died) and runs it
+	// again (River's Config.RescueStuckJobsAfter; zero: River's hour). The
+	// engine's own jobs are safe to run twice (a run claims its operation);
+	// make the application's (RiverWorkers) so too, as entry/riverjob's are.
+	RiverRescueStuckJobsAfter time.Duration
 	// Test holds knobs for tests and fault injection, which production code
 	// leaves zero.
 	Test TestConfig
@@ -328,6 +334,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		Queues:     queues,
 		Workers:    workers,
 		Middleware: c.RiverMiddleware,
+		// Zero keeps River's default.
+		RescueStuckJobsAfter: c.RiverRescueStuckJobsAfter,
 		// The lease, not River's timeout, bounds a run: a long step renews its lease.
 		JobTimeout: -1,
 		PeriodicJobs: []*river.PeriodicJob{

@@ -190,6 +190,9 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		// The queue's consumer, on the engine's River client.
 		RiverWorkers: consumer.addWorker,
 		RiverQueues:  consumer.queues(),
+		// A delivery cut by a crash is delivered again after this, not River's
+		// hour: riverjob's consumer, and the engine's jobs, are safe to run twice.
+		RiverRescueStuckJobsAfter: max(2*cfg.lease, 10*time.Second),
 	})
 	if err != nil {
 		return err

@@ -90,7 +90,8 @@
 // # Stuck jobs
 //
 // A job whose process died during Work stays running until River's leader
-// rescues it (River's Config.RescueStuckJobsAfter, an hour by default) and
+// rescues it (River's Config.RescueStuckJobsAfter, an hour by default;
+// engine.Config.RiverRescueStuckJobsAfter sets it for the engine's client) and
 // retries it. The leader is one of the clients of the database and River
 // schema that are eligible to lead, and the engine's client always is. A
 // leader that has no worker for a job's kind discards the job instead of
