@@ -33,7 +33,10 @@ type Observer struct {
 	// steps, and the rest of the Observer's calls for the run, get it.
 	RunStarted func(ctx context.Context, op OperationEvent, resumed bool) context.Context
 	// RunEnded: the run ends; err is nil when it finished the operation, else
-	// why it stopped (handed to a retry, parked, stopped with the engine...).
+	// why it stopped: ErrHandedOff, ErrParked, ErrKeyTaken or ErrWaiting when
+	// the run did not fail (a retry, an operator, another run carry the
+	// operation on), context.Canceled when the engine stopped, anything else
+	// when the run failed itself (a lost lease, a database error).
 	RunEnded func(ctx context.Context, op OperationEvent, err error)
 	// StepStarted: an attempt of a step begins. The context it returns is the
 	// attempt's: the step's function gets it (an HTTP call made with it

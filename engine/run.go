@@ -14,13 +14,16 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// Reasons a run ends without finishing its operation. None of them is a failure of
-// the operation: another run carries it on, or an operator does.
+// Reasons a run ends without finishing its operation (the exported ones are
+// what Observer.RunEnded gets, to tell them from failures). None of them is a
+// failure of the operation: another run carries it on, or an operator does.
 var (
-	// errKeyTaken: the reservation found the key already taken.
-	errKeyTaken = errors.New("idempotency key already taken")
-	// errHandedOff: the run scheduled a River job to carry on after a backoff.
-	errHandedOff = errors.New("handed off to a river job")
+	// ErrKeyTaken is what Observer.RunEnded gets for a first attempt whose
+	// reservation found the key already taken (Start returns that operation).
+	ErrKeyTaken = errors.New("idempotency key already taken")
+	// ErrHandedOff is what Observer.RunEnded gets for a run that scheduled a
+	// River job to carry the operation on after a backoff.
+	ErrHandedOff = errors.New("handed off to a river job")
 	// errRetryNow: the run waited out a short backoff itself; the step runs again.
 	errRetryNow = errors.New("retry the step now")
 	// errLost: another run recorded the work first; this run's lease had expired.
@@ -28,11 +31,13 @@ var (
 	// errLeaseExpiring: the run could not renew its lease and stopped before it
 	// ran out, so that no other run takes the operation over while it works.
 	errLeaseExpiring = errors.New("lease could not be renewed; stopped before it ran out")
-	// errParked: the run parked the operation for an operator.
-	errParked = errors.New("parked for an operator")
-	// errWaiting: this process cannot run the operation (its definition lacks a
-	// step the operation needs); the run handed it back for another process.
-	errWaiting = errors.New("waiting for a process that can run it")
+	// ErrParked is what Observer.RunEnded gets for a run that parked the
+	// operation for an operator.
+	ErrParked = errors.New("parked for an operator")
+	// ErrWaiting is what Observer.RunEnded gets for a run that handed the
+	// operation back because this process's definition lacks a step the
+	// operation needs, for a process that has it.
+	ErrWaiting = errors.New("waiting for a process that can run it")
 )
 
 // run is one attempt at an operation by one process: the first attempt, or a
@@ -126,7 +131,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		if r.e.logger.Enabled(ctx, slog.LevelDebug) {
 			r.logger().DebugContext(ctx, "operation finished", slog.String("status", string(info.Status)), slog.Int("runs", info.Runs))
 		}
-	case errors.Is(err, errKeyTaken), errors.Is(err, errHandedOff), errors.Is(err, errParked), errors.Is(err, errWaiting),
+	case errors.Is(err, ErrKeyTaken), errors.Is(err, ErrHandedOff), errors.Is(err, ErrParked), errors.Is(err, ErrWaiting),
 		errors.Is(err, errCannotCancel): // handed back as it was
 	case errors.Is(err, errLost):
 		r.logger().WarnContext(ctx, "run stopped: another run took the operation over")
@@ -152,7 +157,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 				err = fmt.Errorf("%w: %w", cause, err)
 			}
 			res := reservation{err: err}
-			if errors.Is(err, errKeyTaken) {
+			if errors.Is(err, ErrKeyTaken) {
 				res = r.existing(ctx)
 			}
 			r.local.reserved <- res

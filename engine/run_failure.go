@@ -175,7 +175,7 @@ func (r *run) park(ctx context.Context, failure *store.StepRecordFailureParams, 
 		return nil, err
 	}
 	r.logger().WarnContext(ctx, "operation parked; it needs an operator (retry or cancel)", slog.String("code", code), slog.String("reason", reason))
-	return nil, errParked
+	return nil, ErrParked
 }
 
 // parkUndecodable parks the operation because its state did not survive a
@@ -206,7 +206,7 @@ func (r *run) handOff(ctx context.Context, tx *txn, delay time.Duration) error {
 		return err
 	}
 	r.e.handedToRiver(ctx)
-	return errHandedOff
+	return ErrHandedOff
 }
 
 // compensate undoes the succeeded steps after a permanent failure, last first,
@@ -366,11 +366,11 @@ func (r *run) compensationFailed(ctx context.Context, st *stepDef, failure *stor
 	}
 	delay := backoff(st.retry, n, compErr)
 	log.WarnContext(ctx, "compensation failed; retrying later", slog.Any("error", compErr), slog.Duration("backoff", delay))
-	if err := r.handOff(ctx, tx, delay); !errors.Is(err, errHandedOff) {
+	if err := r.handOff(ctx, tx, delay); !errors.Is(err, ErrHandedOff) {
 		r.failureStored = stored
 		return nil, err
 	}
-	return nil, errHandedOff
+	return nil, ErrHandedOff
 }
 
 // resultFailed ends the operation failed with the result function's error,

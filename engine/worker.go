@@ -138,8 +138,8 @@ func (e *Engine) Sweep(ctx context.Context) error {
 func (e *Engine) resume(ctx context.Context, id uuid.UUID, name string, recovery bool) error {
 	_, err := e.claimAndRun(ctx, id, name, nil, recovery)
 	switch {
-	case err == nil, errors.Is(err, errHandedOff), errors.Is(err, errLost), errors.Is(err, errNotClaimed),
-		errors.Is(err, errParked), errors.Is(err, errWaiting), errors.Is(err, errVersionNotRun):
+	case err == nil, errors.Is(err, ErrHandedOff), errors.Is(err, errLost), errors.Is(err, errNotClaimed),
+		errors.Is(err, ErrParked), errors.Is(err, ErrWaiting), errors.Is(err, errVersionNotRun):
 		// errVersionNotRun: the job ends; the operation's lease runs out, and
 		// the sweeper of a process that runs its version takes it.
 		return nil
@@ -247,13 +247,13 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 		case cancelWith != nil && r.failure != nil && r.undecodable != nil:
 			// Compensating already, and its compensations need the state.
 			r.giveBack(ctx, rec)
-			r.end(ctx, nil, errHandedOff)
+			r.end(ctx, nil, ErrHandedOff)
 			return nil, fmt.Errorf("engine: cancel %s: %w: it is compensating, and its input or state does not decode: %w", id, errCannotCancel, r.undecodable)
 		case cancelWith != nil && r.failure == nil:
 			r.logger().InfoContext(ctx, "cancelling operation", slog.Int("run", rec.Runs))
 			if err := r.mayCancel(ctx); err != nil {
 				r.giveBack(ctx, rec)
-				r.end(ctx, nil, errHandedOff) // handed back, nothing to log
+				r.end(ctx, nil, ErrHandedOff) // handed back, nothing to log
 				return nil, err
 			}
 			r.failure = cancelWith
@@ -421,8 +421,8 @@ func (r *run) waitForDefinition(ctx context.Context, rec *store.Operation, missi
 	if !ok {
 		return errLost
 	}
-	if err := r.handOff(ctx, tx, max(r.e.cfg.Lease, time.Minute)); !errors.Is(err, errHandedOff) {
+	if err := r.handOff(ctx, tx, max(r.e.cfg.Lease, time.Minute)); !errors.Is(err, ErrHandedOff) {
 		return err
 	}
-	return errWaiting
+	return ErrWaiting
 }

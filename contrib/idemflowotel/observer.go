@@ -219,19 +219,6 @@ func (t *tracer) lookedUp(ctx context.Context, s engine.StepEvent, found bool) {
 	}
 }
 
-// endReasons are the texts of the errors with which the engine ends a run that
-// did not fail, by reason. The engine exports none of them (Observer.RunEnded
-// only documents them), so they are told by their text, the one place this
-// package does so: TestRunEndReasons pins each against a real engine, so that
-// a change of the engine's wording fails the tests rather than turns a retry
-// into an error in every trace.
-var endReasons = map[string]string{
-	"handed off to a river job":             ReasonHandedOff,
-	"parked for an operator":                ReasonParked,
-	"idempotency key already taken":         ReasonKeyTaken,
-	"waiting for a process that can run it": ReasonWaiting,
-}
-
 // runEnd classifies the error a run ended with: a reason when the run ended
 // without finishing the operation and without failing, failed when err is a
 // failure of the run's (a lost lease, a database error, a panic of the
@@ -243,29 +230,15 @@ func runEnd(err error) (reason string, failed bool) {
 	if errors.Is(err, context.Canceled) {
 		return ReasonStopped, false
 	}
-	if reason := findReason(err); reason != "" {
-		return reason, false
-	}
-	return "", true
-}
-
-// findReason walks err's tree for one of endReasons.
-func findReason(err error) string {
-	if err == nil {
-		return ""
-	}
-	if reason, ok := endReasons[err.Error()]; ok {
-		return reason
-	}
-	switch u := err.(type) {
-	case interface{ Unwrap() error }:
-		return findReason(u.Unwrap())
-	case interface{ Unwrap() []error }:
-		for _, e := range u.Unwrap() {
-			if reason := findReason(e); reason != "" {
-				return reason
-			}
+	for target, reason := range map[error]string{
+		engine.ErrHandedOff: ReasonHandedOff,
+		engine.ErrParked:    ReasonParked,
+		engine.ErrKeyTaken:  ReasonKeyTaken,
+		engine.ErrWaiting:   ReasonWaiting,
+	} {
+		if errors.Is(err, target) {
+			return reason, false
 		}
 	}
-	return ""
+	return "", true
 }
