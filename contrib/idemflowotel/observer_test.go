@@ -341,8 +341,8 @@ func TestRunUnderParentSpan(t *testing.T) {
 }
 
 // TestRunEndReasons: the runs that end without finishing their operation, and
-// without failing, are Unset with their reason. This pins the engine's texts
-// that the package tells them by.
+// without failing, are Unset with their reason (the engine's ErrParked,
+// ErrKeyTaken...).
 func TestRunEndReasons(t *testing.T) {
 	t.Parallel()
 
