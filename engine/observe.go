@@ -173,9 +173,11 @@ type StepEvent struct {
 	Attempt int
 	// Key is the step's derived idempotency key (see Attempt.Key).
 	Key string
-	// Outcome and Duration are set for StepAttempted.
+	// Outcome and Duration are set for StepAttempted, and Err, for an attempt
+	// that did not succeed, is why (for operators: it may name internals).
 	Outcome  StepOutcome
 	Duration time.Duration
+	Err      error
 }
 
 func (r *run) opEvent() OperationEvent {
@@ -193,7 +195,7 @@ func (r *run) observeStep(ctx context.Context, st *stepDef, attempt int, started
 		outcome = StepPanicked
 	}
 	obs.StepAttempted(ctx, StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt, Key: r.attempt(st, attempt).Key,
-		Outcome: outcome, Duration: time.Since(started)})
+		Outcome: outcome, Duration: time.Since(started), Err: err})
 }
 
 func (r *run) observeLookup(ctx context.Context, st *stepDef, attempt int, found bool) {

@@ -199,9 +199,13 @@ func (t *tracer) stepAttempted(ctx context.Context, s engine.StepEvent) {
 	}
 	st.span.SetAttributes(attrStepOutcome.String(string(s.Outcome)))
 	if s.Outcome != engine.StepSucceeded {
-		// The engine does not tell the attempt's error (StepEvent has none):
-		// the outcome says how it failed.
-		st.span.SetStatus(codes.Error, "attempt "+string(s.Outcome))
+		desc := "attempt " + string(s.Outcome)
+		if s.Err != nil {
+			// For operators, as traces are: it may name internals.
+			st.span.RecordError(s.Err)
+			desc += ": " + s.Err.Error()
+		}
+		st.span.SetStatus(codes.Error, desc)
 	}
 	st.span.End()
 	if st.run != nil && st.run.open == st {

@@ -234,15 +234,16 @@ func TestObserver(t *testing.T) {
 			"idemflow.step.derived_key": key,
 		})
 		require.Equal(t, codes.Error, bank[0].Status.Code)
-		require.Equal(t, "attempt retried", bank[0].Status.Description)
+		require.Equal(t, "attempt retried: answer lost", bank[0].Status.Description)
+		require.Len(t, bank[0].Events, 1, "the error, recorded")
 		requireAttrs(t, bank[1], map[string]any{
 			"idemflow.step.name": "bank", "idemflow.step.attempt": int64(2), "idemflow.step.outcome": "succeeded",
 			"idemflow.step.derived_key": key,
 		})
 		require.Equal(t, codes.Unset, bank[1].Status.Code)
 
-		// The second attempt asked the lookup first.
-		require.Empty(t, bank[0].Events)
+		// The first attempt's error is recorded; the second asked the lookup first.
+		require.Equal(t, "exception", bank[0].Events[0].Name)
 		require.Len(t, bank[1].Events, 1)
 		ev := bank[1].Events[0]
 		require.Equal(t, idemflowotel.LookupEventName, ev.Name)
