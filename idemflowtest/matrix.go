@@ -144,23 +144,13 @@ func (m Matrix[In, S, Out]) crashResults(t *testing.T, fail bool) []Result {
 		return nil
 	}
 	base, points := m.baseline(t)
-	results := []Result{base}
-	var mu sync.Mutex
-	t.Run("crash", func(t *testing.T) {
-		for _, p := range points {
-			t.Run(p.name(), func(t *testing.T) {
-				t.Parallel()
-				r := m.crashAt(t, p)
-				if fail && r.Err != nil {
-					t.Errorf("a crash at %s broke an invariant: %v", p.name(), r.Err)
-				}
-				mu.Lock()
-				results = append(results, r)
-				mu.Unlock()
-			})
-		}
-	})
-	return sortedLike(results, base, points, func(p point) string { return p.name() })
+	names := make([]string, len(points))
+	for i, p := range points {
+		names[i] = p.name()
+	}
+	return append([]Result{base}, runPoints(t, "crash", names, fail, func(t *testing.T, i int) Result {
+		return m.crashAt(t, points[i])
+	})...)
 }
 
 // Faults runs the operation once without a fault, to learn its external steps,
@@ -199,25 +189,35 @@ func (m Matrix[In, S, Out]) faultResults(t *testing.T, fail bool) []Result {
 			faults = append(faults, faultPoint{s, f})
 		}
 	}
-	results := []Result{base}
-	var mu sync.Mutex
-	t.Run("fault", func(t *testing.T) {
-		for _, fp := range faults {
-			name := fp.step + "/" + string(fp.fault)
+	names := make([]string, len(faults))
+	for i, fp := range faults {
+		names[i] = fp.step + "/" + string(fp.fault)
+	}
+	return append([]Result{base}, runPoints(t, "fault", names, fail, func(t *testing.T, i int) Result {
+		return m.withFault(t, faults[i].step, faults[i].fault)
+	})...)
+}
+
+// runPoints runs run for each of names, as parallel subtests of a subtest
+// named group, and returns their results in the order of names. With fail, a
+// point whose invariants broke fails its subtest.
+func runPoints(t *testing.T, group string, names []string, fail bool, run func(t *testing.T, i int) Result) []Result {
+	t.Helper()
+	results := make([]Result, len(names))
+	t.Run(group, func(t *testing.T) {
+		for i, name := range names {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
-				r := m.withFault(t, fp.step, fp.fault)
+				r := run(t, i)
 				r.Point = name
 				if fail && r.Err != nil {
 					t.Errorf("%s broke an invariant: %v", name, r.Err)
 				}
-				mu.Lock()
-				results = append(results, r)
-				mu.Unlock()
+				results[i] = r
 			})
 		}
 	})
-	return sortedLike(results, base, faults, func(fp faultPoint) string { return fp.step + "/" + string(fp.fault) })
+	return results
 }
 
 // point is a moment at which the first run was seen.
@@ -248,7 +248,7 @@ func (m Matrix[In, S, Out]) baseline(t *testing.T) (Result, []point) {
 	}
 	var res Result
 	t.Run("baseline", func(t *testing.T) {
-		pool, run := m.prepare(t)
+		_, pool, run := m.prepare(t)
 		e, op := m.engine(t, pool, run, hook, true)
 		res = m.finish(t, e, op, run, "baseline")
 		if res.Err != nil {
@@ -276,7 +276,7 @@ func (m Matrix[In, S, Out]) baseline(t *testing.T) (Result, []point) {
 }
 
 // prepare makes a run's database and runs Setup on it.
-func (m Matrix[In, S, Out]) prepare(t *testing.T) (*pgxpool.Pool, *Run) {
+func (m Matrix[In, S, Out]) prepare(t *testing.T) (string, *pgxpool.Pool, *Run) {
 	t.Helper()
 	url := DatabaseURL(t)
 	pool := openPool(t, url, nil)
@@ -284,7 +284,7 @@ func (m Matrix[In, S, Out]) prepare(t *testing.T) (*pgxpool.Pool, *Run) {
 	if run == nil || run.Check == nil {
 		t.Fatal("idemflowtest: Setup returned no Run with a Check")
 	}
-	return pool, run
+	return url, pool, run
 }
 
 // engine makes the operation and an engine for it with hook.
@@ -340,12 +340,7 @@ func (m Matrix[In, S, Out]) finish(t *testing.T, e *engine.Engine, op *engine.Op
 // crashAt runs the operation in a child killed at p, then resumes and checks it.
 func (m Matrix[In, S, Out]) crashAt(t *testing.T, p point) Result {
 	t.Helper()
-	url := DatabaseURL(t)
-	pool := openPool(t, url, nil)
-	run := m.Setup(t, pool)
-	if run == nil || run.Check == nil {
-		t.Fatal("idemflowtest: Setup returned no Run with a Check")
-	}
+	url, pool, run := m.prepare(t)
 	env, err := json.Marshal(run.Env)
 	if err != nil {
 		t.Fatalf("idemflowtest: encode Env: %v", err)
@@ -481,7 +476,7 @@ func (m Matrix[In, S, Out]) child(t *testing.T, p point) {
 // withFault runs the operation with fault on the first attempt of step.
 func (m Matrix[In, S, Out]) withFault(t *testing.T, step string, fault Fault) Result {
 	t.Helper()
-	pool, run := m.prepare(t)
+	_, pool, run := m.prepare(t)
 	var once sync.Once
 	hook := func(_ context.Context, ev engine.HookEvent) error {
 		if ev.Step != step || ev.Attempt != 1 {
@@ -535,19 +530,4 @@ func (m Matrix[In, S, Out]) report(t *testing.T, results []Result, fail bool) {
 	if fail && broken > 0 {
 		t.Errorf("idemflowtest: %d of %d points broke an invariant (see the table above)", broken, len(results))
 	}
-}
-
-// sortedLike orders results as the points were listed, baseline first.
-func sortedLike[P any](results []Result, base Result, points []P, name func(P) string) []Result {
-	by := make(map[string]Result, len(results))
-	for _, r := range results {
-		by[r.Point] = r
-	}
-	out := []Result{base}
-	for _, p := range points {
-		if r, ok := by[name(p)]; ok {
-			out = append(out, r)
-		}
-	}
-	return out
 }
