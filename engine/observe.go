@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
@@ -121,14 +122,14 @@ func Observers(obs ...*Observer) *Observer {
 // startRun tells the observer that the run begins, and returns its context.
 func (r *run) startRun(ctx context.Context) context.Context {
 	if obs := r.e.cfg.Observer; obs != nil && obs.RunStarted != nil {
-		return obs.RunStarted(ctx, r.opEvent(), r.resumed)
+		return r.observedCtx(ctx, "RunStarted", func() context.Context { return obs.RunStarted(ctx, r.opEvent(), r.resumed) })
 	}
 	return ctx
 }
 
 func (r *run) endRun(ctx context.Context, err error) {
 	if obs := r.e.cfg.Observer; obs != nil && obs.RunEnded != nil {
-		obs.RunEnded(ctx, r.opEvent(), err)
+		r.observed(ctx, "RunEnded", func() { obs.RunEnded(ctx, r.opEvent(), err) })
 	}
 }
 
@@ -136,7 +137,9 @@ func (r *run) endRun(ctx context.Context, err error) {
 // attempt's context.
 func (r *run) startStep(ctx context.Context, st *stepDef, attempt int) context.Context {
 	if obs := r.e.cfg.Observer; obs != nil && obs.StepStarted != nil {
-		return obs.StepStarted(ctx, StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt, Key: r.attempt(st, attempt).Key})
+		return r.observedCtx(ctx, "StepStarted", func() context.Context {
+			return obs.StepStarted(ctx, StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt, Key: r.attempt(st, attempt).Key})
+		})
 	}
 	return ctx
 }
@@ -194,31 +197,33 @@ func (r *run) observeStep(ctx context.Context, st *stepDef, attempt int, started
 	if pan := (*panicError)(nil); errors.As(err, &pan) {
 		outcome = StepPanicked
 	}
-	obs.StepAttempted(ctx, StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt, Key: r.attempt(st, attempt).Key,
-		Outcome: outcome, Duration: time.Since(started), Err: err})
+	ev := StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt, Key: r.attempt(st, attempt).Key,
+		Outcome: outcome, Duration: time.Since(started), Err: err}
+	r.observed(ctx, "StepAttempted", func() { obs.StepAttempted(ctx, ev) })
 }
 
 func (r *run) observeLookup(ctx context.Context, st *stepDef, attempt int, found bool) {
 	if obs := r.e.cfg.Observer; obs != nil && obs.LookedUp != nil {
-		obs.LookedUp(ctx, StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt, Key: r.attempt(st, attempt).Key}, found)
+		ev := StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt, Key: r.attempt(st, attempt).Key}
+		r.observed(ctx, "LookedUp", func() { obs.LookedUp(ctx, ev, found) })
 	}
 }
 
 func (r *run) observeStarted(ctx context.Context) {
 	if obs := r.e.cfg.Observer; obs != nil && obs.OperationStarted != nil {
-		obs.OperationStarted(ctx, r.opEvent())
+		r.observed(ctx, "OperationStarted", func() { obs.OperationStarted(ctx, r.opEvent()) })
 	}
 }
 
 func (r *run) observeFinished(ctx context.Context, status Status) {
 	if obs := r.e.cfg.Observer; obs != nil && obs.OperationFinished != nil {
-		obs.OperationFinished(ctx, r.opEvent(), status)
+		r.observed(ctx, "OperationFinished", func() { obs.OperationFinished(ctx, r.opEvent(), status) })
 	}
 }
 
 func (r *run) observeRecovered(ctx context.Context) {
 	if obs := r.e.cfg.Observer; obs != nil && obs.OperationRecovered != nil {
-		obs.OperationRecovered(ctx, r.opEvent())
+		r.observed(ctx, "OperationRecovered", func() { obs.OperationRecovered(ctx, r.opEvent()) })
 	}
 }
 
@@ -252,4 +257,27 @@ func (e *Engine) InProgress(ctx context.Context) ([]InProgress, error) {
 			Count: s.InProgress, NeedingAttention: s.NeedingAttention, Oldest: s.Oldest}
 	}
 	return out, nil
+}
+
+// observed calls an Observer's function, containing its panic: an observer's
+// bug is logged, never a run's failure or the process's end.
+func (r *run) observed(ctx context.Context, what string, call func()) {
+	defer func() {
+		if v := recover(); v != nil {
+			r.logger().ErrorContext(ctx, "observer panicked; ignored", slog.String("call", what), slog.Any("panic", v))
+		}
+	}()
+	call()
+}
+
+// observedCtx is observed for a call that returns the context to go on with:
+// ctx itself when it panicked.
+func (r *run) observedCtx(ctx context.Context, what string, call func() context.Context) (out context.Context) {
+	out = ctx
+	r.observed(ctx, what, func() {
+		if c := call(); c != nil {
+			out = c
+		}
+	})
+	return out
 }

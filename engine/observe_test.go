@@ -179,3 +179,35 @@ func TestObserverContexts(t *testing.T) {
 	require.Equal(t, []string{"step sees run:ctx/step:call", "attempt ends in run:ctx/step:call", "run ends in run:ctx err=<nil>"}, seen)
 	require.Contains(t, rec.sorted(), "step ctx call #1 succeeded", "the second observer is told too")
 }
+
+// TestObserverPanics: an observer that panics in every call changes nothing of
+// the run: the operation succeeds, and the process lives.
+func TestObserverPanics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	op, err := engine.NewOperation("panicky", []engine.Step[int, int]{
+		engine.TxStep("a", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
+		engine.ExternalStep("b", func(context.Context, engine.Attempt, int, *int) error { return nil }),
+	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
+	require.NoError(t, err)
+	boom := func() { panic("observer bug") }
+	obs := &engine.Observer{
+		OperationStarted:   func(context.Context, engine.OperationEvent) { boom() },
+		OperationFinished:  func(context.Context, engine.OperationEvent, engine.Status) { boom() },
+		OperationRecovered: func(context.Context, engine.OperationEvent) { boom() },
+		StepAttempted:      func(context.Context, engine.StepEvent) { boom() },
+		LookedUp:           func(context.Context, engine.StepEvent, bool) { boom() },
+		RunStarted:         func(context.Context, engine.OperationEvent, bool) context.Context { panic("observer bug") },
+		RunEnded:           func(context.Context, engine.OperationEvent, error) { boom() },
+		StepStarted:        func(context.Context, engine.StepEvent) context.Context { panic("observer bug") },
+	}
+	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Observer: obs})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
+	s, err := engine.Start(ctx, e, op, "c", "k", 3, nil)
+	require.NoError(t, err)
+	info, err := s.Wait(ctx)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, info.Status)
+}

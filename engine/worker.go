@@ -83,9 +83,9 @@ func (e *Engine) noticeOtherVersions(ctx context.Context) {
 		others, err := e.store.OperationListOtherVersions(ctx, e.control, name, versions, sweepBatch)
 		if err != nil {
 			if ctx.Err() == nil {
-				e.logger.WarnContext(ctx, "could not look for operations of other versions", slog.Any("error", err))
+				e.logger.WarnContext(ctx, "could not look for operations of other versions", slog.String("operation", name), slog.Any("error", err))
 			}
-			return
+			continue // the other names still get their look
 		}
 		for _, op := range others {
 			e.logWaiting(ctx, op.ID, op.Name, op.Version)
