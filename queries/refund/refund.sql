@@ -124,7 +124,12 @@ SELECT idemflow_check(EXISTS (SELECT 1 FROM marked), 'refund_not_pending',
                       format('refund %s is not pending', sqlc.arg(id)::text));
 
 -- name: RefundGet :one
-SELECT * FROM demo_refund WHERE client = @client AND id = @id;
+-- The refund, and whether the provider's event about it was applied.
+SELECT r.*, EXISTS (
+    SELECT 1 FROM demo_refund_confirmation AS c WHERE c.refund_id = r.id AND c.confirmed_at IS NOT NULL
+) AS confirmed
+FROM demo_refund AS r
+WHERE r.client = @client AND r.id = @id;
 
 -- name: RefundListByOrder :many
 SELECT * FROM demo_refund

@@ -111,17 +111,12 @@ func GetOrder(ctx context.Context, db DBTX, client, orderID string) (*Order, err
 // GetRefund reads the client's refund refundID. It returns ErrRefundNotFound when
 // the client has no such refund.
 func GetRefund(ctx context.Context, db DBTX, client, refundID string) (*Refund, error) {
-	q := refunddb.New()
-	row, err := q.RefundGet(ctx, db, refunddb.RefundGetParams{Client: client, ID: refundID})
+	row, err := refunddb.New().RefundGet(ctx, db, refunddb.RefundGetParams{Client: client, ID: refundID})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrRefundNotFound
 	}
 	if err != nil {
 		return nil, fmt.Errorf("refund: get refund: %w", err)
-	}
-	confirmed, err := q.RefundConfirmed(ctx, db, row.ID)
-	if err != nil {
-		return nil, fmt.Errorf("refund: get refund's confirmation: %w", err)
 	}
 	return &Refund{
 		RefundID:          row.ID,
@@ -130,7 +125,7 @@ func GetRefund(ctx context.Context, db DBTX, client, refundID string) (*Refund, 
 		Status:            Status(row.Status),
 		ProviderRefundID:  row.ProviderRefundID,
 		Receipt:           row.Receipt,
-		ProviderConfirmed: &confirmed,
+		ProviderConfirmed: &row.Confirmed,
 	}, nil
 }
 

@@ -7,6 +7,7 @@ package refunddb
 
 import (
 	"context"
+	"time"
 
 	"github.com/idemflow/idemflow/internal/pguuid"
 )
@@ -58,7 +59,11 @@ func (q *Queries) RefundFail(ctx context.Context, db DBTX, arg RefundFailParams)
 }
 
 const refundGet = `-- name: RefundGet :one
-SELECT id, client, order_id, amount, status, provider_refund_id, created_at, updated_at, receipt FROM demo_refund WHERE client = $1 AND id = $2
+SELECT r.id, r.client, r.order_id, r.amount, r.status, r.provider_refund_id, r.created_at, r.updated_at, r.receipt, EXISTS (
+    SELECT 1 FROM demo_refund_confirmation AS c WHERE c.refund_id = r.id AND c.confirmed_at IS NOT NULL
+) AS confirmed
+FROM demo_refund AS r
+WHERE r.client = $1 AND r.id = $2
 `
 
 type RefundGetParams struct {
@@ -66,9 +71,23 @@ type RefundGetParams struct {
 	ID     string
 }
 
-func (q *Queries) RefundGet(ctx context.Context, db DBTX, arg RefundGetParams) (*DemoRefund, error) {
+type RefundGetRow struct {
+	ID               string
+	Client           string
+	OrderID          string
+	Amount           int64
+	Status           string
+	ProviderRefundID *string
+	CreatedAt        time.Time
+	UpdatedAt        time.Time
+	Receipt          *string
+	Confirmed        bool
+}
+
+// The refund, and whether the provider's event about it was applied.
+func (q *Queries) RefundGet(ctx context.Context, db DBTX, arg RefundGetParams) (*RefundGetRow, error) {
 	row := db.QueryRow(ctx, refundGet, arg.Client, arg.ID)
-	var i DemoRefund
+	var i RefundGetRow
 	err := row.Scan(
 		&i.ID,
 		&i.Client,
@@ -79,6 +98,7 @@ func (q *Queries) RefundGet(ctx context.Context, db DBTX, arg RefundGetParams) (
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.Receipt,
+		&i.Confirmed,
 	)
 	return &i, err
 }
