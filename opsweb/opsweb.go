@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/bearer"
 )
 
 // The defaults of Config.
@@ -251,7 +252,7 @@ func TokenAuth(token string) func(r *http.Request) error {
 		if token == "" || len(values) != 1 {
 			return ErrUnauthenticated
 		}
-		got, ok := bearerToken(values[0])
+		got, ok := bearer.Token(values[0])
 		if !ok {
 			if _, password, basic := r.BasicAuth(); basic {
 				got, ok = password, true
@@ -264,20 +265,4 @@ func TokenAuth(token string) func(r *http.Request) error {
 		}
 		return nil
 	}
-}
-
-// bearerToken reads an Authorization header's credentials as RFC 6750 writes
-// them: the scheme "Bearer" in any case, spaces or tabs, then the token, with
-// no white space or control character inside.
-func bearerToken(h string) (string, bool) {
-	h = strings.Trim(h, " \t")
-	i := strings.IndexAny(h, " \t")
-	if i < 0 || !strings.EqualFold(h[:i], "Bearer") {
-		return "", false
-	}
-	token := strings.Trim(h[i:], " \t")
-	if token == "" || strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
-		return "", false
-	}
-	return token, true
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idempotency"
+	"github.com/idemflow/idemflow/internal/bearer"
 	"github.com/idemflow/idemflow/opsweb"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
@@ -233,7 +234,7 @@ func (s *server) authenticated(next http.Handler) http.Handler {
 			return
 		}
 		name := ""
-		if token, ok := bearerToken(strings.Join(values, "")); ok {
+		if token, ok := bearer.Token(strings.Join(values, "")); ok {
 			sum := sha256.Sum256([]byte(token))
 			for i, c := range s.cfg.Clients {
 				// Equal-length digests: the comparison takes as long whatever
@@ -249,23 +250,6 @@ func (s *server) authenticated(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), clientKey{}, name)))
 	})
-}
-
-// bearerToken reads an Authorization header's credentials as RFC 9110 and
-// RFC 6750 write them: the scheme "Bearer", in any case, one or more spaces or
-// tabs, then the token (token68: no white space inside); spaces and tabs around
-// it are allowed, no other white space.
-func bearerToken(h string) (string, bool) {
-	h = strings.Trim(h, " \t")
-	i := strings.IndexAny(h, " \t")
-	if i < 0 || !strings.EqualFold(h[:i], "Bearer") {
-		return "", false
-	}
-	token := strings.Trim(h[i:], " \t")
-	if token == "" || strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
-		return "", false
-	}
-	return token, true
 }
 
 func clientOf(r *http.Request) string {

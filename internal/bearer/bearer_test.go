@@ -1,4 +1,4 @@
-package demoapi
+package bearer
 
 import (
 	"testing"
@@ -6,9 +6,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestBearerToken: the scheme in any case, spaces or tabs around and before
+// TestToken: the scheme in any case, spaces or tabs around and before
 // the token, no other white space, nothing after it.
-func TestBearerToken(t *testing.T) {
+func TestToken(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
 		header, token string
@@ -32,7 +32,7 @@ func TestBearerToken(t *testing.T) {
 		{"Bearer tok\r\n", "", false},
 		{"Bearer t\x00k", "", false},
 	} {
-		token, ok := bearerToken(tt.header)
+		token, ok := Token(tt.header)
 		require.Equal(t, tt.ok, ok, "%q", tt.header)
 		require.Equal(t, tt.token, token, "%q", tt.header)
 	}
