@@ -103,12 +103,20 @@ var ErrNotMigrated = errors.New("store: the database is not migrated")
 
 // CheckSchema returns an error matching ErrNotMigrated, saying what is missing,
 // when the database lacks migrations of idemflow's or River's that this build
-// has. It takes no lock and writes nothing.
+// has. It takes no lock and writes nothing. It reads on a connection of its
+// own without pool's statement and lock timeouts, as migrations run: another
+// process that is migrating at the same moment holds locks on the version
+// tables, and the check waits for it (ctx bounds the wait) rather than fail.
 func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	files, err := migrate.FindMigrations(Migrations())
 	if err != nil {
 		return fmt.Errorf("store: migrations: %w", err)
 	}
+	pool, err = unbounded(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	defer pool.Close()
 	// Read as it is: tern's NewMigrator would create the table.
 	var current int32
 	if err := pool.QueryRow(ctx, "SELECT version FROM "+pgx.Identifier{versionTable(migrationSet)}.Sanitize()).Scan(&current); err != nil {
