@@ -212,7 +212,9 @@ func (c Call[In, S]) withDefaults() Call[In, S] {
 // refused connection, a timeout) or an answer that cannot be read, or is over
 // MaxBody, is a transient failure; a request that cannot be made (a body that does not
 // encode, a bad URL) is a permanent one (engine.Permanent), after which the
-// engine asks the lookup before anything is undone.
+// engine asks the lookup before anything is undone. A refusal (engine.Fail) of
+// a repeated attempt of a call without a Lookup halts the operation instead
+// (engine.Halt): an earlier attempt may have gone through.
 func (c Call[In, S]) Run(ctx context.Context, at engine.Attempt, in In, s *S) error {
 	if err := c.validate(); err != nil {
 		return fmt.Errorf("httpstep: %s", err)
@@ -231,6 +233,14 @@ func (c Call[In, S]) Run(ctx context.Context, at engine.Attempt, in In, s *S) er
 		return err
 	}
 	if err := c.ClassifyFunc(a); err != nil {
+		var pe *engine.PermanentError
+		if at.Number > 1 && c.Lookup == nil && errors.As(err, &pe) && !pe.ServerFault() {
+			// An earlier attempt's answer may have been lost after the call
+			// went through, and without a lookup nothing can tell: a refusal
+			// now (the account drained by that call, say) is no proof that
+			// nothing was done, so nothing may be undone on it.
+			return engine.Halt(pe.Code, "the service refused a repeated attempt, and without a lookup nothing tells whether an earlier one went through: "+pe.Message)
+		}
 		return err
 	}
 	return c.decode(c.DecodeFunc, at, in, s, a)

@@ -698,3 +698,50 @@ func TestStepPanicsOnAnInvalidCall(t *testing.T) {
 	}
 	require.NotPanics(t, func() { httpstep.Step("pay", httpstep.Call[payIn, payState]{RequestFunc: request}) })
 }
+
+// TestRunRefusedAfterAnEarlierAttempt: without a lookup, a refusal of a
+// repeated attempt halts instead of failing (which would compensate): the
+// earlier attempt may have gone through. With a lookup, or on a first attempt,
+// it is the refusal it says.
+func TestRunRefusedAfterAnEarlierAttempt(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		_, _ = w.Write([]byte(`{"code":"insufficient_funds","message":"the account cannot pay it"}`))
+	}))
+	t.Cleanup(srv.Close)
+	call := httpstep.Call[payIn, payState]{
+		RequestFunc: func(context.Context, engine.Attempt, payIn, *payState) (httpstep.Request, error) {
+			return httpstep.Request{URL: srv.URL + "/payments", Body: map[string]int{"amount": 1}}, nil
+		},
+	}
+	withLookup := call
+	withLookup.Lookup = &httpstep.Lookup[payIn, payState]{
+		URLFunc: func(engine.Attempt, payIn, *payState) string { return srv.URL + "/by-key" },
+	}
+	for _, tt := range []struct {
+		name    string
+		call    httpstep.Call[payIn, payState]
+		attempt int
+		halt    bool
+	}{
+		{"FirstAttempt", call, 1, false},
+		{"RepeatedWithoutLookup", call, 2, true},
+		{"RepeatedWithLookup", withLookup, 2, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := tt.call.Run(t.Context(), engine.Attempt{Key: "k", Number: tt.attempt}, payIn{}, &payState{})
+			var halt *engine.HaltError
+			var pe *engine.PermanentError
+			if tt.halt {
+				require.ErrorAs(t, err, &halt)
+				require.Equal(t, "insufficient_funds", halt.Code)
+			} else {
+				require.ErrorAs(t, err, &pe)
+				require.Equal(t, "insufficient_funds", pe.Code)
+			}
+		})
+	}
+}
