@@ -266,6 +266,6 @@ func (e *Engine) serveOperators(ctx context.Context) error {
 // refusal reports whether err is an operator action refused by rule, which
 // changed nothing.
 func refusal(err error) bool {
-	return slices.ContainsFunc([]error{ErrPastPivot, ErrFinished, ErrNotFailed, ErrRunning, errCannotCancel, ErrNotFound},
+	return slices.ContainsFunc([]error{ErrPastPivot, ErrFinished, ErrNotFailed, ErrCompensated, ErrRunning, errCannotCancel, ErrNotFound},
 		func(target error) bool { return errors.Is(err, target) })
 }

@@ -88,7 +88,8 @@
 // Some operations can go neither forward nor back without a person: a step
 // returned a HaltError (a provider's answer that does not match the request), a
 // permanent failure after the pivot, an outcome nobody can tell, an input or
-// state that no longer decodes. Those are parked: in progress, needing
+// state that no longer decodes, a compensation that failed for good (the
+// operation is half undone; a reopen goes on compensating). Those are parked: in progress, needing
 // attention, left alone by every run until an operator reopens (Engine.Reopen)
 // or cancels (Engine.Cancel) them. A client retrying its key meanwhile gets the
 // operation in progress.

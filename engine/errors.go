@@ -38,6 +38,11 @@ var (
 	// ErrNotFailed is returned by Reopen for an operation that has neither failed
 	// nor been parked.
 	ErrNotFailed = errors.New("operation has not failed and is not parked")
+	// ErrCompensated is returned by Reopen, changing nothing, for an operation
+	// that would go forward although a step of it that calls out was
+	// compensated: its call, made again under the same derived key, would be
+	// answered with the one that was undone.
+	ErrCompensated = errors.New("a step that calls out was compensated")
 	// ErrFinished is returned by Cancel for an operation that has finished.
 	ErrFinished = errors.New("operation has finished")
 	// ErrPastPivot is returned by Cancel for an operation past its point of no
@@ -92,7 +97,10 @@ const (
 	// CodeAttemptsExhausted: a step failed transiently more often than its retry
 	// policy allows. A server fault.
 	CodeAttemptsExhausted = "attempts_exhausted"
-	// CodeCompensationFailed: a compensation failed for good. A server fault.
+	// CodeCompensationFailed: a compensation failed for good, and the
+	// operation, half undone, is parked for an operator (whose retry goes on
+	// compensating). Operations that ended failed with it before version 0.2
+	// keep it as their error's code, a server fault.
 	CodeCompensationFailed = "compensation_failed"
 	// CodeResultFailed: the operation's result function returned an error. A
 	// server fault.

@@ -1718,34 +1718,86 @@ func TestDerivedKeyAfterRetention(t *testing.T) {
 
 // TestCompensationRetriesBoundedAcrossRuns: a compensation that keeps failing
 // transiently is retried while the compensated step's policy allows, then
-// ends the operation failed with CodeCompensationFailed, "so that it is
-// visible rather than retried forever" (run.compensationFailed). Every retry
-// of a compensation is a River job, so the bound must hold across runs.
-//
-// It fails today: compensationFailed counts the attempts in run.tries, which
-// each run loads from the step's row (the step's own attempts, 1 here) and no
-// compensation failure updates, so every run counts 2 and hands off again,
-// forever (MaxAttempts >= 3), at the same backoff.
+// parks the operation, half undone, for an operator, "rather than retrying
+// forever" (run.compensationFailed). Every retry of a compensation is a River
+// job, so the bound must hold across runs. The operator's retry, once the
+// cause is mended, goes on compensating: it does not run the operation
+// forward, and its error stays the step's.
 func TestCompensationRetriesBoundedAcrossRuns(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := fsPool(t)
 	const maxAttempts = 3
+	var broken atomic.Bool
+	broken.Store(true)
 	f := &fsFlow{pool: pool, lookup: true, retry: engine.RetryPolicy{Base: 5 * time.Millisecond, MaxAttempts: maxAttempts},
-		payFault:  func(int) (bool, error) { return false, engine.Fail("declined", "the provider declined the payment") },
-		undoFault: func(int) error { return errors.New("ledger unavailable") },
+		payFault: func(int) (bool, error) { return false, engine.Fail("declined", "the provider declined the payment") },
+		undoFault: func(int) error {
+			if broken.Load() {
+				return errors.New("ledger unavailable")
+			}
+			return nil
+		},
 	}
 	op := f.op(t, "undo_fails")
 	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
 	fsHurry(t, pool)
 	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 	require.NoError(t, err)
-	// Until it finishes, or the compensation has run more often than allowed.
-	info := fsAwait(t, e, s.ID, "finished, or compensated too often", func(i *engine.Info) bool {
-		return i.Status != engine.StatusInProgress || f.debitUndos.Load() > maxAttempts
+	// Until it stops, or the compensation has run more often than allowed.
+	info := fsAwait(t, e, s.ID, "parked, finished, or compensated too often", func(i *engine.Info) bool {
+		return i.Parked || i.Status != engine.StatusInProgress || f.debitUndos.Load() > maxAttempts
 	})
-	require.Equal(t, engine.StatusFailed, info.Status, "still in progress after %d attempts of the compensation (MaxAttempts %d)", f.debitUndos.Load(), maxAttempts)
-	require.Equal(t, engine.CodeCompensationFailed, info.Error.Code)
-	require.LessOrEqual(t, f.debitUndos.Load(), int32(maxAttempts))
+	require.Equal(t, engine.StatusInProgress, info.Status, "a half-undone operation answered (after %d attempts of the compensation, MaxAttempts %d)", f.debitUndos.Load(), maxAttempts)
+	require.True(t, info.Parked)
+	require.True(t, info.NeedsAttention())
+	require.Equal(t, engine.CodeCompensationFailed, info.Attention.Code)
+	require.Contains(t, info.Attention.Reason, "debit")
+	require.Equal(t, int32(maxAttempts), f.debitUndos.Load())
 	require.Equal(t, fsBooks{debits: 1}, fsReadBooks(t, pool), "a failed compensation writes nothing")
+	fsNoMoreRuns(t, e, pool, s.ID)
+	require.Equal(t, int32(maxAttempts), f.debitUndos.Load(), "a parked operation was compensated again")
+
+	broken.Store(false)
+	require.NoError(t, e.Reopen(ctx, s.ID))
+	done := fsWait(t, e, s.ID)
+	require.Equal(t, engine.StatusFailed, done.Status)
+	require.Equal(t, "declined", done.Error.Code, "the reopened operation lost its error")
+	require.Equal(t, int32(1), f.payCalls.Load(), "the reopened operation ran forward")
+	require.Equal(t, fsBooks{debits: 1, reversals: 1}, fsReadBooks(t, pool))
+	require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusFailed, engine.StepStatusSkipped}, fsStatuses(fsGet(t, e, s.ID)))
+}
+
+// TestReopenRefusesCompensatedCall: an operation whose external step was
+// compensated is not run forward again: under the same derived key its call
+// would be answered with the one that was undone, and the step would read as
+// done. Reopen refuses, changing nothing; a new key asks again.
+func TestReopenRefusesCompensatedCall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := fsPool(t)
+	f := &fsFlow{pool: pool, lookup: true, undoablePay: true, retry: engine.RetryPolicy{Base: 5 * time.Millisecond, MaxAttempts: 3},
+		bookFault: func(int) error { return engine.Fail("closed", "the books are closed") },
+	}
+	op := f.op(t, "undo_call")
+	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
+	require.NoError(t, err)
+	failed := fsWait(t, e, s.ID)
+	require.Equal(t, engine.StatusFailed, failed.Status)
+	require.Equal(t, "closed", failed.Error.Code)
+	require.Equal(t, int32(1), f.payUndos.Load())
+	before := fsStatuses(fsGet(t, e, s.ID))
+	require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusCompensated, engine.StepStatusFailed}, before)
+
+	err = e.Reopen(ctx, s.ID)
+	require.ErrorIs(t, err, engine.ErrCompensated)
+	require.Contains(t, err.Error(), "pay")
+	fsNoMoreRuns(t, e, pool, s.ID)
+	after := fsGet(t, e, s.ID)
+	require.Equal(t, engine.StatusFailed, after.Status)
+	require.Equal(t, "closed", after.Error.Code)
+	require.Equal(t, before, fsStatuses(after))
+	require.Equal(t, int32(1), f.payCalls.Load())
+	require.Equal(t, fsBooks{debits: 1, reversals: 1, payments: 1, requests: 1}, fsReadBooks(t, pool))
 }

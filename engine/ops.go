@@ -15,22 +15,41 @@ import (
 
 // Reopen gives a failed or parked operation another run, for an operator who has
 // mended the cause: the operation is in progress again, no longer needing
-// attention, its failed, compensated and retrying steps run again (external ones
-// with the same derived keys, asking their lookups first), its succeeded steps
-// stay done, and a River job runs it. A failed operation's stored answer is
-// replaced by the new run's. It returns ErrNotFailed when the operation has
-// neither failed nor been parked.
+// attention, and a River job runs it. A failed operation, or one parked on its
+// way forward, goes forward: its failed, compensated and retrying steps run
+// again (external ones with the same derived keys, asking their lookups
+// first), its succeeded steps stay done, and its stored answer is replaced by
+// the new run's. An operation parked while it was compensating (a
+// compensation failed for good) goes on compensating: its error stays, and
+// its compensations get their attempts again.
+//
+// It returns ErrNotFailed when the operation has neither failed nor been
+// parked, and ErrCompensated, changing nothing, when it would go forward
+// although a step that calls out was compensated: run again under the same
+// derived key, that call would be answered with the one that was undone, and
+// the step would read as done. Such an operation is over; a new one, under a
+// new key, asks again.
 func (e *Engine) Reopen(ctx context.Context, id uuid.UUID) error {
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("engine: retry: %w", err)
 	}
 	defer rollback(ctx, tx)
-	rec, err := e.store.OperationGet(ctx, tx, id)
+	rec, err := e.store.OperationGetForUpdate(ctx, tx, id)
 	if err != nil {
 		return mapNotFound(err)
 	}
-	ok, err := e.store.OperationReopen(ctx, tx, id, e.cfg.Lease)
+	compensating := rec.State == store.OperationInProgress && len(rec.Error) > 0
+	if !compensating {
+		steps, err := e.store.StepListByOperation(ctx, tx, id)
+		if err != nil {
+			return fmt.Errorf("engine: retry: %w", err)
+		}
+		if name := e.compensatedCall(rec, steps); name != "" {
+			return fmt.Errorf("engine: retry %s: %w: step %s", id, ErrCompensated, name)
+		}
+	}
+	ok, err := e.store.OperationReopen(ctx, tx, id, e.cfg.Lease, compensating)
 	if err != nil {
 		return fmt.Errorf("engine: retry: %w", err)
 	}
@@ -43,9 +62,32 @@ func (e *Engine) Reopen(ctx context.Context, id uuid.UUID) error {
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("engine: retry: %w", err)
 	}
-	e.logger.InfoContext(ctx, "operation reopened by an operator",
-		slog.String("operation_id", id.String()), slog.String("operation", rec.Name))
+	msg := "operation reopened by an operator"
+	if compensating {
+		msg = "operation reopened by an operator; it goes on compensating"
+	}
+	e.logger.InfoContext(ctx, msg, slog.String("operation_id", id.String()), slog.String("operation", rec.Name))
 	return nil
+}
+
+// compensatedCall returns the first compensated step of rec that calls out,
+// or that this process cannot tell does not (its definition lacks it): "" when
+// there is none.
+func (e *Engine) compensatedCall(rec *store.Operation, steps []store.Step) string {
+	def := e.def(rec.Name, rec.Version)
+	for _, st := range steps {
+		if st.State != store.StepCompensated {
+			continue
+		}
+		if def == nil {
+			return st.Name
+		}
+		i, ok := def.index[st.Name]
+		if !ok || def.steps[i].kind == StepKindExternal {
+			return st.Name
+		}
+	}
+	return ""
 }
 
 // Cancel ends an operation in progress that no live run holds (it waits for a

@@ -331,8 +331,8 @@ func (r *run) recordFailure(ctx context.Context, tx *txn, failure *store.StepRec
 }
 
 // compensationFailed retries a compensation later, or, once the failed step's
-// retry policy is spent, ends the operation failed with the compensation's error
-// so that it is visible rather than retried forever.
+// retry policy is spent (or the compensation failed permanently), parks the
+// operation for an operator, half undone, rather than retrying forever.
 func (r *run) compensationFailed(ctx context.Context, st *stepDef, failure *store.StepRecordFailureParams, compErr error) (*Info, error) {
 	if cause := context.Cause(ctx); cause != nil {
 		return nil, cause
@@ -359,10 +359,25 @@ func (r *run) compensationFailed(ctx context.Context, st *stepDef, failure *stor
 	r.compensations[st.name] = n
 	var pe *PermanentError
 	if errors.As(compErr, &pe) || n >= st.retry.MaxAttempts {
-		log.ErrorContext(ctx, "compensation failed for good", slog.Any("error", compErr))
-		r.failure = fault(CodeCompensationFailed, r.failure.Step,
-			fmt.Sprintf("compensation of step %s failed: %s (after: %s)", st.name, compErr, r.failure.Error()))
-		return r.commitFailure(ctx, tx)
+		// Half undone: what this compensation undoes stands, and so do the
+		// steps before it, whose compensations would undo what it may rely on.
+		// An answer now would tell the client the operation is over; it stops
+		// for an operator instead, whose retry goes on compensating.
+		log.ErrorContext(ctx, "compensation failed for good; parking the operation", slog.Any("error", compErr))
+		ok, err := r.e.store.OperationPark(ctx, tx, r.id, r.runID, CodeCompensationFailed,
+			fmt.Sprintf("compensation of step %s failed for good after %d attempts: %s; it and the compensations of the steps before it have not run (undoing after: %s)",
+				st.name, n, publicText(st.name, compErr), r.failure.Error()))
+		if err != nil {
+			return nil, runError(err)
+		}
+		if !ok {
+			return nil, errLost
+		}
+		if err := r.commit(ctx, tx); err != nil {
+			r.failureStored = stored
+			return nil, err
+		}
+		return nil, ErrParked
 	}
 	delay := backoff(st.retry, n, compErr)
 	log.WarnContext(ctx, "compensation failed; retrying later", slog.Any("error", compErr), slog.Duration("backoff", delay))

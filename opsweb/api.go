@@ -318,6 +318,8 @@ func (h *handler) act(r *http.Request, id uuid.UUID, a action, reason string) (*
 		ref = &refusal{http.StatusNotFound, "operation_not_found", "no such operation"}
 	case errors.Is(err, engine.ErrNotFailed):
 		ref = &refusal{http.StatusConflict, "operation_not_failed", "only a failed or parked operation can be retried: this one has neither failed nor been parked"}
+	case errors.Is(err, engine.ErrCompensated):
+		ref = &refusal{http.StatusConflict, "operation_compensated", "a step of the operation that calls out was compensated: run again under the same derived key, its call would be answered with the one that was undone, so it cannot be retried; start a new operation under a new key"}
 	case errors.Is(err, engine.ErrFinished):
 		ref = &refusal{http.StatusConflict, "operation_finished", "the operation has finished: there is nothing to cancel"}
 	case errors.Is(err, engine.ErrRunning):

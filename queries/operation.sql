@@ -133,10 +133,19 @@ WHERE id IN (
     FOR UPDATE SKIP LOCKED
 );
 
+-- name: OperationGetForUpdate :one
+-- The operation, locked until the transaction ends: an operator's retry
+-- decides on what it reads, and nothing may change it meanwhile.
+SELECT * FROM idemflow_operation WHERE id = @id FOR UPDATE;
+
 -- name: OperationReopen :execrows
--- Gives a failed or parked operation back to the runs, for an operator's retry.
+-- Gives a failed or parked operation back to the runs, for an operator's
+-- retry. With keep_error, a parked operation that was compensating keeps its
+-- error, so that its next run goes on with the compensations.
 UPDATE idemflow_operation
-SET state = 'in_progress', result = NULL, error = NULL, finished_at = NULL,
+SET state = 'in_progress', result = NULL,
+    error = CASE WHEN sqlc.arg(keep_error)::boolean THEN error END,
+    finished_at = NULL,
     attention_code = NULL, attention = NULL, parked = false,
     locked_by = NULL, locked_until = now() + sqlc.arg(lease)::interval
 WHERE id = sqlc.arg(id)

@@ -105,6 +105,16 @@ func (s *Store) OperationGet(ctx context.Context, db DBTX, id uuid.UUID) (*Opera
 	return operationFromRow(row), nil
 }
 
+// OperationGetForUpdate reads an operation and locks its row until db's
+// transaction ends.
+func (s *Store) OperationGetForUpdate(ctx context.Context, db DBTX, id uuid.UUID) (*Operation, error) {
+	row, err := s.q.OperationGetForUpdate(ctx, db, pguuid.UUID(id))
+	if err != nil {
+		return nil, mapErr("get operation", err)
+	}
+	return operationFromRow(row), nil
+}
+
 // OperationClaim takes an operation in progress for run when nobody holds it (it
 // waits for a job, or its holder's lease expired), and counts the run. A parked
 // operation is taken only when parked is true. It returns ErrNotFound when the
@@ -295,19 +305,25 @@ type Beginner interface {
 }
 
 // OperationReopen gives a failed or parked operation back to the runs: in
-// progress again, its answer and attention cleared, its unsucceeded steps
-// forgotten so that they run again, waiting for a job. It returns false when the
-// operation is neither failed nor parked.
-func (s *Store) OperationReopen(ctx context.Context, db DBTX, id uuid.UUID, lease time.Duration) (bool, error) {
-	n, err := s.q.OperationReopen(ctx, db, dbsqlc.OperationReopenParams{ID: pguuid.UUID(id), Lease: lease})
+// progress again, its answer and attention cleared, waiting for a job, and its
+// succeeded steps' compensations given their attempts again. Going forward
+// (compensating false), its error is cleared and its unsucceeded steps are
+// forgotten so that they run again; compensating, a parked operation keeps
+// its error and its failed and compensated steps, so that its next run goes
+// on undoing the rest. It returns false when the operation is neither failed
+// nor parked.
+func (s *Store) OperationReopen(ctx context.Context, db DBTX, id uuid.UUID, lease time.Duration, compensating bool) (bool, error) {
+	n, err := s.q.OperationReopen(ctx, db, dbsqlc.OperationReopenParams{ID: pguuid.UUID(id), Lease: lease, KeepError: compensating})
 	if err != nil {
 		return false, fmt.Errorf("store: reopen operation: %w", err)
 	}
 	if n == 0 {
 		return false, nil
 	}
-	if err := s.q.StepDeleteUnsucceeded(ctx, db, pguuid.UUID(id)); err != nil {
-		return false, fmt.Errorf("store: reopen operation: %w", err)
+	if !compensating {
+		if err := s.q.StepDeleteUnsucceeded(ctx, db, pguuid.UUID(id)); err != nil {
+			return false, fmt.Errorf("store: reopen operation: %w", err)
+		}
 	}
 	if err := s.q.StepResetSucceeded(ctx, db, pguuid.UUID(id)); err != nil {
 		return false, fmt.Errorf("store: reopen operation: %w", err)

@@ -301,6 +301,40 @@ func (q *Queries) OperationGetByKey(ctx context.Context, db DBTX, arg OperationG
 	return &i, err
 }
 
+const operationGetForUpdate = `-- name: OperationGetForUpdate :one
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version FROM idemflow_operation WHERE id = $1 FOR UPDATE
+`
+
+// The operation, locked until the transaction ends: an operator's retry
+// decides on what it reads, and nothing may change it meanwhile.
+func (q *Queries) OperationGetForUpdate(ctx context.Context, db DBTX, id pguuid.UUID) (*IdemflowOperation, error) {
+	row := db.QueryRow(ctx, operationGetForUpdate, id)
+	var i IdemflowOperation
+	err := row.Scan(
+		&i.ID,
+		&i.Name,
+		&i.Scope,
+		&i.Key,
+		&i.State,
+		&i.Steps,
+		&i.Input,
+		&i.Fingerprint,
+		&i.Result,
+		&i.Error,
+		&i.Runs,
+		&i.LockedBy,
+		&i.LockedUntil,
+		&i.CreatedAt,
+		&i.FinishedAt,
+		&i.KeySecret,
+		&i.AttentionCode,
+		&i.Attention,
+		&i.Parked,
+		&i.Version,
+	)
+	return &i, err
+}
+
 const operationInProgressStats = `-- name: OperationInProgressStats :many
 SELECT name, version, count(*)::bigint AS in_progress,
        count(*) FILTER (WHERE attention_code IS NOT NULL)::bigint AS needing_attention,
@@ -712,21 +746,26 @@ func (q *Queries) OperationRenewLease(ctx context.Context, db DBTX, arg Operatio
 
 const operationReopen = `-- name: OperationReopen :execrows
 UPDATE idemflow_operation
-SET state = 'in_progress', result = NULL, error = NULL, finished_at = NULL,
+SET state = 'in_progress', result = NULL,
+    error = CASE WHEN $1::boolean THEN error END,
+    finished_at = NULL,
     attention_code = NULL, attention = NULL, parked = false,
-    locked_by = NULL, locked_until = now() + $1::interval
-WHERE id = $2
+    locked_by = NULL, locked_until = now() + $2::interval
+WHERE id = $3
   AND (state = 'failed' OR state = 'in_progress' AND parked)
 `
 
 type OperationReopenParams struct {
-	Lease time.Duration
-	ID    pguuid.UUID
+	KeepError bool
+	Lease     time.Duration
+	ID        pguuid.UUID
 }
 
-// Gives a failed or parked operation back to the runs, for an operator's retry.
+// Gives a failed or parked operation back to the runs, for an operator's
+// retry. With keep_error, a parked operation that was compensating keeps its
+// error, so that its next run goes on with the compensations.
 func (q *Queries) OperationReopen(ctx context.Context, db DBTX, arg OperationReopenParams) (int64, error) {
-	result, err := db.Exec(ctx, operationReopen, arg.Lease, arg.ID)
+	result, err := db.Exec(ctx, operationReopen, arg.KeepError, arg.Lease, arg.ID)
 	if err != nil {
 		return 0, err
 	}
