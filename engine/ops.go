@@ -193,15 +193,32 @@ const (
 	retentionBatchTimeout = 5 * time.Second
 )
 
-// DeleteFinished deletes the operations that finished longer ago than their
-// retention (OperationOpts.Retention, else Config.Retention) before now (nil:
-// the database's clock, as the retention job uses), in batches, and returns how
-// many it deleted. Operations in progress are never
-// deleted; rows of the application that name an operation are not touched. A key
-// whose operation was deleted is free: a request that uses it again starts a new
-// operation. The retention job calls it; tests and operators may too.
+// retention is how long an operation of def is kept once it finished.
+func (e *Engine) retention(def *opDef) time.Duration {
+	if def.retention > 0 {
+		return def.retention
+	}
+	return e.cfg.Retention
+}
+
+// DeleteFinished deletes the finished operations whose retention has passed
+// before now (nil: the database's clock, as the retention job uses), in
+// batches, and returns how many it deleted. An operation's retention is the
+// one of the process that finished it (its OperationOpts.Retention, else
+// Config.Retention), stored with it then: a later deploy that shortens the
+// retention, or a process that does not run the type, never frees its key
+// early. Operations that finished before store migration 00009 have none
+// stored, and go by this process's retention for their type (its
+// Config.Retention for a type it does not run). Operations in progress are
+// never deleted; rows of the application that name an operation are not
+// touched. A key whose operation was deleted is free: a request that uses it
+// again starts a new operation. The retention job calls it; tests and
+// operators may too.
 func (e *Engine) DeleteFinished(ctx context.Context, now *time.Time) (int, error) {
-	total := 0
+	total, err := e.deleteFinished(ctx, store.OperationDeleteFinishedParams{Now: now, Expired: true})
+	if err != nil {
+		return total, err
+	}
 	var own []string
 	for name, versions := range e.versions {
 		// One retention per name: the longest of its versions', so that no

@@ -90,6 +90,60 @@ func TestDeleteFinishedPerTypeRetention(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// TestRetentionStoredAtFinish: an operation is kept for the retention of the
+// process that finished it, stored with it then. Another process (one that
+// does not run the type, or a later deploy with a shorter retention) never
+// frees its key earlier.
+func TestRetentionStoredAtFinish(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setupPool(t)
+	b := &bundle{pool: pool}
+	long := b.transferOp(t, engine.RetryPolicy{})
+	short, err := engine.NewOperation("short", []engine.Step[int, int]{
+		engine.TxStep("only", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
+	}, func(in int, s *int) (int, error) { return in, nil }, &engine.OperationOpts{Retention: time.Hour})
+	require.NoError(t, err)
+	e := newEngine(t, pool, long, short)
+	s1, err := engine.Start(ctx, e, long, "c", "long", transferIn{From: "a", To: "b", Amount: 1}, nil)
+	require.NoError(t, err)
+	waitDone(t, e, s1)
+	s2, err := engine.Start(ctx, e, short, "c", "short", 1, nil)
+	require.NoError(t, err)
+	waitDone(t, e, s2)
+
+	// A process that runs neither type, and keeps what it finishes a minute.
+	other, err := engine.New(pool, &engine.Config{Retention: time.Minute})
+	require.NoError(t, err)
+	n, err := other.DeleteFinished(ctx, ptr(time.Now().Add(30*time.Minute)))
+	require.NoError(t, err)
+	require.Zero(t, n, "deleted by another process's retention")
+
+	// A later deploy of the type with a minute's retention.
+	shorter, err := engine.NewOperation("short", []engine.Step[int, int]{
+		engine.TxStep("only", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
+	}, func(in int, s *int) (int, error) { return in, nil }, &engine.OperationOpts{Retention: time.Minute})
+	require.NoError(t, err)
+	deployed, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{shorter}, Retention: time.Minute})
+	require.NoError(t, err)
+	n, err = deployed.DeleteFinished(ctx, ptr(time.Now().Add(30*time.Minute)))
+	require.NoError(t, err)
+	require.Zero(t, n, "deleted by a retention shortened after it finished")
+
+	// Past the hour: the short one goes, whoever deletes; the long one stays
+	// its 24 hours.
+	n, err = other.DeleteFinished(ctx, ptr(time.Now().Add(2*time.Hour)))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	_, err = e.Get(ctx, s2.ID)
+	require.ErrorIs(t, err, engine.ErrNotFound)
+	_, err = e.Get(ctx, s1.ID)
+	require.NoError(t, err)
+	n, err = deployed.DeleteFinished(ctx, ptr(time.Now().Add(25*time.Hour)))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+}
+
 func TestOperatorRetry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -131,7 +131,7 @@ func (r *run) commitFailure(ctx context.Context, tx *txn) (*Info, error) {
 }
 
 func (r *run) finish(ctx context.Context, tx *txn, state store.OperationState, result, errRaw []byte) (*Info, error) {
-	end := &store.StepCheckpointManyParams{Finish: true, State: state, Result: result, Error: errRaw, Finished: &store.Finished{}}
+	end := &store.StepCheckpointManyParams{Finish: true, State: state, Result: result, Error: errRaw, Retention: r.e.retention(r.def), Finished: &store.Finished{}}
 	if err := r.commitEnd(ctx, tx, end); err != nil {
 		return nil, err
 	}

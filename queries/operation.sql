@@ -117,18 +117,33 @@ UPDATE idemflow_operation
 SET error = @error
 WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
 
+-- name: OperationDeleteExpired :execrows
+-- Deletes up to max finished operations (their steps go with them) whose
+-- expiry, set when they finished, has passed by the database's clock. Rows
+-- that another sweep holds are skipped, not waited for.
+DELETE FROM idemflow_operation
+WHERE id IN (
+    SELECT o.id FROM idemflow_operation o
+    WHERE o.state <> 'in_progress'
+      AND o.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
+    ORDER BY o.expires_at
+    LIMIT sqlc.arg(max)
+    FOR UPDATE SKIP LOCKED
+);
+
 -- name: OperationDeleteFinished :execrows
--- Deletes up to max finished operations (their steps go with them) that finished
--- longer than retention ago, by the database's clock: of one type when name is given, else of every type but
+-- Deletes up to max finished operations without an expiry (they finished
+-- before store migration 00009) that finished longer than retention ago, by
+-- the database's clock: of one type when name is given, else of every type but
 -- those excluded. Rows that another sweep holds are skipped, not waited for.
 DELETE FROM idemflow_operation
 WHERE id IN (
     SELECT o.id FROM idemflow_operation o
     WHERE o.state <> 'in_progress'
+      AND o.expires_at IS NULL
       AND o.finished_at < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg(retention)::interval
       AND (sqlc.narg(name)::text IS NULL OR o.name = sqlc.narg(name)::text)
       AND NOT (o.name = ANY (sqlc.arg(exclude)::text[]))
-    ORDER BY o.finished_at
     LIMIT sqlc.arg(max)
     FOR UPDATE SKIP LOCKED
 );
@@ -145,7 +160,7 @@ SELECT * FROM idemflow_operation WHERE id = @id FOR UPDATE;
 UPDATE idemflow_operation
 SET state = 'in_progress', result = NULL,
     error = CASE WHEN sqlc.arg(keep_error)::boolean THEN error END,
-    finished_at = NULL,
+    finished_at = NULL, expires_at = NULL,
     attention_code = NULL, attention = NULL, parked = false,
     locked_by = NULL, locked_until = now() + sqlc.arg(lease)::interval
 WHERE id = sqlc.arg(id)
@@ -173,7 +188,8 @@ LIMIT sqlc.arg(max);
 -- raises SQLSTATE IF001, aborting the transaction, when run_id no longer holds
 -- the operation in progress, and a unique violation when another run recorded
 -- one of the steps first. Its row carries the operation's created_at and
--- finished_at, for the Info of a run that finished it.
+-- finished_at, for the Info of a run that finished it. Its key may be deleted
+-- once retention has passed.
 WITH fin AS (
     UPDATE idemflow_operation
     SET state = sqlc.arg(state)::text,
@@ -183,7 +199,8 @@ WITH fin AS (
         attention = NULL,
         parked = false,
         locked_by = NULL,
-        finished_at = coalesce(sqlc.narg(now)::timestamptz, now())
+        finished_at = coalesce(sqlc.narg(now)::timestamptz, now()),
+        expires_at = coalesce(sqlc.narg(now)::timestamptz, now()) + sqlc.arg(retention)::interval
     WHERE id = sqlc.arg(operation_id)::uuid
       AND locked_by = sqlc.arg(run_id)::uuid
       AND state = 'in_progress'

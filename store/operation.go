@@ -254,6 +254,11 @@ func (s *Store) OperationSetError(ctx context.Context, db DBTX, id, run uuid.UUI
 
 // OperationDeleteFinishedParams select finished operations to delete.
 type OperationDeleteFinishedParams struct {
+	// Expired selects the operations whose expiry (set when they finished)
+	// has passed; Retention, Name and Exclude are then unused. Else the
+	// operations without an expiry (finished before store migration 00009)
+	// are selected by Retention, Name and Exclude.
+	Expired bool
 	// Retention: operations that finished longer ago than it are deleted.
 	Retention time.Duration
 	// Now overrides the database's clock, for tests. Nil means now().
@@ -288,6 +293,10 @@ func (s *Store) OperationDeleteFinished(ctx context.Context, db Beginner, p Oper
 			}
 		}
 		var err error
+		if p.Expired {
+			n, err = s.q.OperationDeleteExpired(ctx, tx, dbsqlc.OperationDeleteExpiredParams{Now: p.Now, Max: int32(p.Max)})
+			return err
+		}
 		n, err = s.q.OperationDeleteFinished(ctx, tx, dbsqlc.OperationDeleteFinishedParams{
 			Now: p.Now, Retention: p.Retention, Name: name, Exclude: exclude, Max: int32(p.Max),
 		})

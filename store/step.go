@@ -115,12 +115,14 @@ func (s *Store) StepCompensated(ctx context.Context, db DBTX, operationID uuid.U
 type StepCheckpointManyParams struct {
 	OperationID uuid.UUID
 	Steps       []StepCheckpointParams
-	// Finish ends the operation in State with Result or Error, fenced by Run.
-	Finish bool
-	Run    uuid.UUID
-	State  OperationState
-	Result json.RawMessage
-	Error  json.RawMessage
+	// Finish ends the operation in State with Result or Error, fenced by Run;
+	// its key may be deleted once Retention has passed.
+	Finish    bool
+	Retention time.Duration
+	Run       uuid.UUID
+	State     OperationState
+	Result    json.RawMessage
+	Error     json.RawMessage
 	// Finished, when not nil and db is a Queue, receives the finished
 	// operation's timestamps from the database once the batch's results are
 	// read.
@@ -186,6 +188,7 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 			State:       string(p.State),
 			Result:      nullJSON(p.Result),
 			Error:       nullJSON(p.Error),
+			Retention:   p.Retention,
 			Names:       cols.names,
 			Positions:   cols.positions,
 			Attempts:    cols.attempts,

@@ -32,6 +32,7 @@ type IdemflowOperation struct {
 	Attention     *string
 	Parked        bool
 	Version       int32
+	ExpiresAt     *time.Time
 }
 
 type IdemflowOperatorRequest struct {

@@ -23,7 +23,7 @@ WHERE id = $4
   AND version = ANY ($5::integer[])
   AND (locked_by IS NULL OR locked_until < coalesce($2::timestamptz, now()))
   AND (NOT parked OR $6::boolean)
-RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version
+RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at
 `
 
 type OperationClaimParams struct {
@@ -70,8 +70,37 @@ func (q *Queries) OperationClaim(ctx context.Context, db DBTX, arg OperationClai
 		&i.Attention,
 		&i.Parked,
 		&i.Version,
+		&i.ExpiresAt,
 	)
 	return &i, err
+}
+
+const operationDeleteExpired = `-- name: OperationDeleteExpired :execrows
+DELETE FROM idemflow_operation
+WHERE id IN (
+    SELECT o.id FROM idemflow_operation o
+    WHERE o.state <> 'in_progress'
+      AND o.expires_at < coalesce($1::timestamptz, now())
+    ORDER BY o.expires_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+`
+
+type OperationDeleteExpiredParams struct {
+	Now *time.Time
+	Max int32
+}
+
+// Deletes up to max finished operations (their steps go with them) whose
+// expiry, set when they finished, has passed by the database's clock. Rows
+// that another sweep holds are skipped, not waited for.
+func (q *Queries) OperationDeleteExpired(ctx context.Context, db DBTX, arg OperationDeleteExpiredParams) (int64, error) {
+	result, err := db.Exec(ctx, operationDeleteExpired, arg.Now, arg.Max)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const operationDeleteFinished = `-- name: OperationDeleteFinished :execrows
@@ -79,10 +108,10 @@ DELETE FROM idemflow_operation
 WHERE id IN (
     SELECT o.id FROM idemflow_operation o
     WHERE o.state <> 'in_progress'
+      AND o.expires_at IS NULL
       AND o.finished_at < coalesce($1::timestamptz, now()) - $2::interval
       AND ($3::text IS NULL OR o.name = $3::text)
       AND NOT (o.name = ANY ($4::text[]))
-    ORDER BY o.finished_at
     LIMIT $5
     FOR UPDATE SKIP LOCKED
 )
@@ -96,8 +125,9 @@ type OperationDeleteFinishedParams struct {
 	Max       int32
 }
 
-// Deletes up to max finished operations (their steps go with them) that finished
-// longer than retention ago, by the database's clock: of one type when name is given, else of every type but
+// Deletes up to max finished operations without an expiry (they finished
+// before store migration 00009) that finished longer than retention ago, by
+// the database's clock: of one type when name is given, else of every type but
 // those excluded. Rows that another sweep holds are skipped, not waited for.
 func (q *Queries) OperationDeleteFinished(ctx context.Context, db DBTX, arg OperationDeleteFinishedParams) (int64, error) {
 	result, err := db.Exec(ctx, operationDeleteFinished,
@@ -170,21 +200,22 @@ WITH fin AS (
         attention = NULL,
         parked = false,
         locked_by = NULL,
-        finished_at = coalesce($4::timestamptz, now())
-    WHERE id = $5::uuid
-      AND locked_by = $6::uuid
+        finished_at = coalesce($4::timestamptz, now()),
+        expires_at = coalesce($4::timestamptz, now()) + $5::interval
+    WHERE id = $6::uuid
+      AND locked_by = $7::uuid
       AND state = 'in_progress'
     RETURNING id, created_at, finished_at
 ), ins AS (
     INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, resolved_by, started_at, finished_at)
     SELECT fin.id,
-           unnest($7::text[]),
-           unnest($8::integer[]),
-           'succeeded',
+           unnest($8::text[]),
            unnest($9::integer[]),
-           unnest($10::text[])::json,
-           nullif(unnest($11::text[]), ''),
-           unnest($12::timestamptz[]),
+           'succeeded',
+           unnest($10::integer[]),
+           unnest($11::text[])::json,
+           nullif(unnest($12::text[]), ''),
+           unnest($13::timestamptz[]),
            fin.finished_at
     FROM fin
 )
@@ -197,6 +228,7 @@ type OperationFinishParams struct {
 	Result      []byte
 	Error       json.RawMessage
 	Now         *time.Time
+	Retention   time.Duration
 	OperationID pguuid.UUID
 	RunID       pguuid.UUID
 	Names       []string
@@ -213,13 +245,15 @@ type OperationFinishParams struct {
 // raises SQLSTATE IF001, aborting the transaction, when run_id no longer holds
 // the operation in progress, and a unique violation when another run recorded
 // one of the steps first. Its row carries the operation's created_at and
-// finished_at, for the Info of a run that finished it.
+// finished_at, for the Info of a run that finished it. Its key may be deleted
+// once retention has passed.
 func (q *Queries) OperationFinish(ctx context.Context, db DBTX, arg OperationFinishParams) error {
 	_, err := db.Exec(ctx, operationFinish,
 		arg.State,
 		arg.Result,
 		arg.Error,
 		arg.Now,
+		arg.Retention,
 		arg.OperationID,
 		arg.RunID,
 		arg.Names,
@@ -233,7 +267,7 @@ func (q *Queries) OperationFinish(ctx context.Context, db DBTX, arg OperationFin
 }
 
 const operationGet = `-- name: OperationGet :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version FROM idemflow_operation WHERE id = $1
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at FROM idemflow_operation WHERE id = $1
 `
 
 func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*IdemflowOperation, error) {
@@ -260,12 +294,13 @@ func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*I
 		&i.Attention,
 		&i.Parked,
 		&i.Version,
+		&i.ExpiresAt,
 	)
 	return &i, err
 }
 
 const operationGetByKey = `-- name: OperationGetByKey :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version FROM idemflow_operation WHERE scope = $1 AND key = $2
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at FROM idemflow_operation WHERE scope = $1 AND key = $2
 `
 
 type OperationGetByKeyParams struct {
@@ -297,12 +332,13 @@ func (q *Queries) OperationGetByKey(ctx context.Context, db DBTX, arg OperationG
 		&i.Attention,
 		&i.Parked,
 		&i.Version,
+		&i.ExpiresAt,
 	)
 	return &i, err
 }
 
 const operationGetForUpdate = `-- name: OperationGetForUpdate :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version FROM idemflow_operation WHERE id = $1 FOR UPDATE
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at FROM idemflow_operation WHERE id = $1 FOR UPDATE
 `
 
 // The operation, locked until the transaction ends: an operator's retry
@@ -331,6 +367,7 @@ func (q *Queries) OperationGetForUpdate(ctx context.Context, db DBTX, id pguuid.
 		&i.Attention,
 		&i.Parked,
 		&i.Version,
+		&i.ExpiresAt,
 	)
 	return &i, err
 }
@@ -430,7 +467,7 @@ func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationIns
 }
 
 const operationList = `-- name: OperationList :many
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version FROM idemflow_operation
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at FROM idemflow_operation
 WHERE ($1::text IS NULL OR state = $1::text)
   AND ($2::text IS NULL OR name = $2::text)
   AND ($3::text IS NULL OR scope = $3::text)
@@ -495,6 +532,7 @@ func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListP
 			&i.Attention,
 			&i.Parked,
 			&i.Version,
+			&i.ExpiresAt,
 		); err != nil {
 			return nil, err
 		}
@@ -748,7 +786,7 @@ const operationReopen = `-- name: OperationReopen :execrows
 UPDATE idemflow_operation
 SET state = 'in_progress', result = NULL,
     error = CASE WHEN $1::boolean THEN error END,
-    finished_at = NULL,
+    finished_at = NULL, expires_at = NULL,
     attention_code = NULL, attention = NULL, parked = false,
     locked_by = NULL, locked_until = now() + $2::interval
 WHERE id = $3
