@@ -232,6 +232,7 @@ func (e *Engine) serveOperators(ctx context.Context) error {
 		return err
 	}
 	for _, r := range reqs {
+		stopRenewing := e.keepRequest(ctx, r.ID)
 		outcome, message := "done", ""
 		var err error
 		switch r.Action {
@@ -253,6 +254,7 @@ func (e *Engine) serveOperators(ctx context.Context) error {
 				outcome = "refused"
 			}
 		}
+		stopRenewing()
 		e.logger.InfoContext(ctx, "operator request carried out", slog.Int64("request", r.ID),
 			slog.String("operation_id", r.OperationID.String()), slog.String("action", r.Action),
 			slog.String("outcome", outcome), slog.String("message", message))
@@ -261,6 +263,34 @@ func (e *Engine) serveOperators(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// keepRequest keeps request id taken by this process, renewing it every
+// third of a lease, until the returned function is called: a cancel whose
+// compensations outlast a lease is not taken again by another process, which
+// would find the operation running and record the request refused.
+func (e *Engine) keepRequest(ctx context.Context, id int64) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(e.cfg.Lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := e.store.OperatorRequestRenew(ctx, e.control, id, e.processID); err != nil && ctx.Err() == nil {
+					e.logger.WarnContext(ctx, "could not renew an operator request; another process may take it", slog.Int64("request", id), slog.Any("error", err))
+				}
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // refusal reports whether err is an operator action refused by rule, which

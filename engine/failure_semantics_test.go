@@ -1801,3 +1801,88 @@ func TestReopenRefusesCompensatedCall(t *testing.T) {
 	require.Equal(t, int32(1), f.payCalls.Load())
 	require.Equal(t, fsBooks{debits: 1, reversals: 1, payments: 1, requests: 1}, fsReadBooks(t, pool))
 }
+
+// TestRefusedCancelKeepsBackoff: a cancel refused after it claimed the
+// operation (the lookup found the pivot's call went through) hands it back
+// waiting out its backoff as before, not to the next sweep: the step is not
+// tried again early.
+func TestRefusedCancelKeepsBackoff(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := fsPool(t)
+	f := &fsFlow{pool: pool, lookup: true, retry: engine.RetryPolicy{Base: time.Hour, Cap: time.Hour, MaxAttempts: 5},
+		// The provider records the payment, and the answer is lost.
+		payFault: func(int) (bool, error) { return true, errors.New("connection reset") },
+	}
+	op := f.op(t, "cancel_backoff")
+	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
+	require.NoError(t, err)
+	fsAwait(t, e, s.ID, "waiting out its backoff", func(i *engine.Info) bool {
+		return len(i.Steps) == 3 && i.Steps[1].Status == engine.StepStatusRunning && i.Steps[1].Attempts == 1
+	})
+	leftUntil := func() time.Time {
+		var until time.Time
+		require.NoError(t, pool.QueryRow(ctx, `SELECT locked_until FROM idemflow_operation WHERE id = $1`, s.ID).Scan(&until))
+		return until
+	}
+	before := leftUntil()
+	require.Greater(t, time.Until(before), 50*time.Minute)
+
+	_, err = e.Cancel(ctx, s.ID, "give up")
+	require.ErrorIs(t, err, engine.ErrPastPivot)
+	require.Equal(t, int32(1), f.lookups.Load())
+	require.WithinDuration(t, before, leftUntil(), time.Second, "the refused cancel moved the operation's wait")
+	jobs := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'idemflow_resume'`).Scan(&n))
+		return n
+	}
+	n := jobs()
+	for range 3 {
+		require.NoError(t, e.Sweep(ctx))
+	}
+	require.Equal(t, n, jobs(), "a sweep enqueued a resume job for the operation")
+	require.Equal(t, int32(1), f.payCalls.Load(), "the step was tried again before its backoff")
+	require.Equal(t, int32(1), f.lookups.Load())
+}
+
+// TestAdminCancelOutlastsLease: a cancel request whose compensation takes
+// longer than a lease stays with the process carrying it out: another
+// process does not take it again, find the operation running, and record it
+// refused while it is being cancelled.
+func TestAdminCancelOutlastsLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := fsPool(t)
+	const lease = 300 * time.Millisecond
+	f := &fsFlow{pool: pool, lookup: true, retry: engine.RetryPolicy{Base: time.Hour, Cap: time.Hour, MaxAttempts: 5},
+		payFault: func(int) (bool, error) { return false, errors.New("connection refused") },
+		undoFault: func(int) error {
+			time.Sleep(4 * lease)
+			return nil
+		},
+	}
+	op := f.op(t, "cancel_slow")
+	cfg := engine.Config{Operations: []engine.Definition{op}, Lease: lease}
+	e := fsEngine(t, pool, cfg, true)
+	fsEngine(t, pool, cfg, true)
+	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
+	require.NoError(t, err)
+	fsAwait(t, e, s.ID, "waiting out its backoff", func(i *engine.Info) bool {
+		return len(i.Steps) == 3 && i.Steps[1].Attempts == 1
+	})
+
+	admin, err := engine.NewAdmin(ctx, pool)
+	require.NoError(t, err)
+	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := admin.Cancel(waitCtx, s.ID, "give up")
+	require.NoError(t, err)
+	require.Equal(t, "done", req.Outcome, req.Message)
+	info := fsGet(t, e, s.ID)
+	require.Equal(t, engine.StatusFailed, info.Status)
+	require.Equal(t, engine.CodeCancelled, info.Error.Code)
+	require.Equal(t, int32(1), f.debitUndos.Load())
+	require.Equal(t, fsBooks{debits: 1, reversals: 1}, fsReadBooks(t, pool))
+}

@@ -124,7 +124,7 @@ func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 		}
 	}
 	cancelled := &PermanentError{Code: CodeCancelled, Message: "the operation was cancelled by an operator", Cause: reason}
-	info, err := e.claimAndRun(ctx, id, rec.Name, cancelled, false)
+	info, err := e.claimAndRun(ctx, id, rec.Name, &cancelling{err: cancelled, leftUntil: rec.LockedUntil}, false)
 	if errors.Is(err, errNotClaimed) {
 		return nil, fmt.Errorf("engine: cancel %s: %w", id, ErrRunning)
 	}

@@ -77,6 +77,9 @@ type run struct {
 	// goes on without them.
 	undecodable error
 	resumed     bool
+	// leftUntil is when the operation that Cancel claimed was left alone
+	// until, to give it back so.
+	leftUntil time.Time
 	// runs counts the runs of the operation, this one included.
 	runs int
 

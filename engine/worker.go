@@ -174,10 +174,14 @@ func (e *Engine) defKeys() []defKey {
 // input or state does not decode.
 var errCannotCancel = errors.New("operation cannot be cancelled")
 
-// claimAndRun claims an operation and runs what is left of it; with cancel, it
+// claimAndRun claims an operation and runs what is left of it; with cancelReq, it
 // ends the operation failed with that error instead, after compensating, unless
 // it is past its point of no return (ErrPastPivot).
-func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, cancelWith *PermanentError, recovery bool) (*Info, error) {
+func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, cancelReq *cancelling, recovery bool) (*Info, error) {
+	var cancelWith *PermanentError
+	if cancelReq != nil {
+		cancelWith = cancelReq.err
+	}
 	versions := e.versions[name]
 	if len(versions) == 0 {
 		// Another process may know the type; River retries the job.
@@ -221,6 +225,9 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 		reserved:      true,
 		runs:          rec.Runs,
 		leaseFrom:     leaseFrom,
+	}
+	if cancelReq != nil {
+		r.leftUntil = cancelReq.leftUntil
 	}
 	if recovery {
 		r.observeRecovered(ctx)
@@ -324,15 +331,26 @@ func (r *run) mayCancel(ctx context.Context) error {
 	return nil
 }
 
+// cancelling is what Cancel asks of claimAndRun: to end the operation with
+// err, and, if it may not, to leave it alone again until leftUntil, its lease
+// as Cancel read it before claiming.
+type cancelling struct {
+	err       *PermanentError
+	leftUntil time.Time
+}
+
 // giveBack hands an operation that Cancel claimed but may not cancel back as
-// it was: parked again, or released for the sweeper.
+// it was: parked again, or released for the sweeper at the time it was left
+// alone until.
 func (r *run) giveBack(ctx context.Context, rec *store.Operation) {
 	ctx = context.WithoutCancel(ctx)
 	var err error
 	if rec.Parked {
 		_, err = r.e.store.OperationPark(ctx, r.e.pool, r.id, r.runID, rec.AttentionCode, rec.Attention)
 	} else {
-		_, _, err = r.e.store.OperationRelease(ctx, r.e.pool, r.id, r.runID, 0, 0)
+		// Left alone until it was before: an operation waiting out a backoff
+		// for its River job is not swept up early.
+		_, err = r.e.store.OperationGiveBack(ctx, r.e.pool, r.id, r.runID, r.leftUntil)
 	}
 	if err != nil {
 		r.logger().WarnContext(ctx, "could not hand the operation back; it resumes once its lease expires", slog.Any("error", err))

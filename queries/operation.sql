@@ -58,6 +58,15 @@ SET locked_by = NULL,
 WHERE id = @id AND locked_by = @run_id AND state = 'in_progress'
 RETURNING (now() + sqlc.arg(delay)::interval)::timestamptz AS run_at;
 
+-- name: OperationGiveBack :execrows
+-- Hands back an operation that run_id claimed and did nothing with, left
+-- alone until what it was before (or now, if that has passed): the sweeper
+-- takes it up then, not at once.
+UPDATE idemflow_operation
+SET locked_by = NULL,
+    locked_until = greatest(@locked_until::timestamptz, now())
+WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
+
 -- name: OperationFence :exec
 -- Raises SQLSTATE IF001, aborting the transaction, unless run_id holds the
 -- operation in progress, and keeps it so until the transaction ends: the row

@@ -43,6 +43,14 @@ FROM (
 WHERE r.id = t.id
 RETURNING r.id, r.operation_id, r.action, r.reason;
 
+-- name: OperatorRequestRenew :exec
+-- Keeps a request that taken_by is carrying out taken, so that no other
+-- process takes it again meanwhile (a cancel's compensations may take
+-- longer than a lease).
+UPDATE idemflow_operator_request
+SET taken_at = now()
+WHERE id = @id AND taken_by = @taken_by AND done_at IS NULL;
+
 -- name: OperatorRequestFinish :exec
 UPDATE idemflow_operator_request
 SET done_at = now(), outcome = @outcome, message = @message

@@ -105,6 +105,17 @@ func (s *Store) OperationGet(ctx context.Context, db DBTX, id uuid.UUID) (*Opera
 	return operationFromRow(row), nil
 }
 
+// OperationGiveBack hands back an operation that run claimed and did nothing
+// with, left alone until lockedUntil (or now, if that has passed). It returns
+// false when run no longer holds it.
+func (s *Store) OperationGiveBack(ctx context.Context, db DBTX, id, run uuid.UUID, lockedUntil time.Time) (bool, error) {
+	n, err := s.q.OperationGiveBack(ctx, db, dbsqlc.OperationGiveBackParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), LockedUntil: lockedUntil})
+	if err != nil {
+		return false, fmt.Errorf("store: give back operation: %w", err)
+	}
+	return n == 1, nil
+}
+
 // OperationGetForUpdate reads an operation and locks its row until db's
 // transaction ends.
 func (s *Store) OperationGetForUpdate(ctx context.Context, db DBTX, id uuid.UUID) (*Operation, error) {

@@ -114,6 +114,15 @@ func (s *Store) OperatorRequestTake(ctx context.Context, db DBTX, takenBy uuid.U
 	return out, nil
 }
 
+// OperatorRequestRenew keeps request id taken by takenBy while it carries it
+// out.
+func (s *Store) OperatorRequestRenew(ctx context.Context, db DBTX, id int64, takenBy uuid.UUID) error {
+	if err := s.q.OperatorRequestRenew(ctx, db, dbsqlc.OperatorRequestRenewParams{ID: id, TakenBy: pguuid.Ptr(&takenBy)}); err != nil {
+		return fmt.Errorf("store: renew operator request: %w", err)
+	}
+	return nil
+}
+
 // OperatorRequestFinish records what became of request id.
 func (s *Store) OperatorRequestFinish(ctx context.Context, db DBTX, id int64, takenBy uuid.UUID, outcome, message string) error {
 	err := s.q.OperatorRequestFinish(ctx, db, dbsqlc.OperatorRequestFinishParams{

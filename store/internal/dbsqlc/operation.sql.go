@@ -372,6 +372,30 @@ func (q *Queries) OperationGetForUpdate(ctx context.Context, db DBTX, id pguuid.
 	return &i, err
 }
 
+const operationGiveBack = `-- name: OperationGiveBack :execrows
+UPDATE idemflow_operation
+SET locked_by = NULL,
+    locked_until = greatest($1::timestamptz, now())
+WHERE id = $2 AND locked_by = $3 AND state = 'in_progress'
+`
+
+type OperationGiveBackParams struct {
+	LockedUntil time.Time
+	ID          pguuid.UUID
+	RunID       *pguuid.UUID
+}
+
+// Hands back an operation that run_id claimed and did nothing with, left
+// alone until what it was before (or now, if that has passed): the sweeper
+// takes it up then, not at once.
+func (q *Queries) OperationGiveBack(ctx context.Context, db DBTX, arg OperationGiveBackParams) (int64, error) {
+	result, err := db.Exec(ctx, operationGiveBack, arg.LockedUntil, arg.ID, arg.RunID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const operationInProgressStats = `-- name: OperationInProgressStats :many
 SELECT name, version, count(*)::bigint AS in_progress,
        count(*) FILTER (WHERE attention_code IS NOT NULL)::bigint AS needing_attention,

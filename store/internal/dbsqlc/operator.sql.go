@@ -92,6 +92,25 @@ func (q *Queries) OperatorRequestInsert(ctx context.Context, db DBTX, arg Operat
 	return id, err
 }
 
+const operatorRequestRenew = `-- name: OperatorRequestRenew :exec
+UPDATE idemflow_operator_request
+SET taken_at = now()
+WHERE id = $1 AND taken_by = $2 AND done_at IS NULL
+`
+
+type OperatorRequestRenewParams struct {
+	ID      int64
+	TakenBy *pguuid.UUID
+}
+
+// Keeps a request that taken_by is carrying out taken, so that no other
+// process takes it again meanwhile (a cancel's compensations may take
+// longer than a lease).
+func (q *Queries) OperatorRequestRenew(ctx context.Context, db DBTX, arg OperatorRequestRenewParams) error {
+	_, err := db.Exec(ctx, operatorRequestRenew, arg.ID, arg.TakenBy)
+	return err
+}
+
 const operatorRequestTake = `-- name: OperatorRequestTake :many
 UPDATE idemflow_operator_request AS r
 SET taken_by = $1, taken_at = now()
