@@ -183,6 +183,13 @@ func HasCode(code string) func(Answer) bool {
 	}
 }
 
+// AnyNotFound is a Lookup.NotFoundFunc that takes every 404 as the service's
+// "no call under this key", for a service whose 404 says nothing more. A 404
+// from a wrong URL or a proxy then reads as "not made" too, and lets the
+// engine undo the steps before the call although it may have gone through:
+// prefer HasCode when the service sends a code.
+func AnyNotFound(Answer) bool { return true }
+
 // str returns the string that raw holds, or "" when it holds none.
 func str(raw json.RawMessage) string {
 	var s string

@@ -64,8 +64,8 @@
 // A 2xx is the call found: it is decoded into the state as the call's answer
 // would have been (Lookup.DecodeFunc, by default Call.DecodeFunc), and the step
 // succeeds without calling again. A 404 is the call not made, and the attempt
-// calls; with NotFoundFunc only a 404 that is the service's own "not found"
-// counts, since a 404 from a wrong URL or a proxy says nothing about the call.
+// calls, but only a 404 that NotFoundFunc (required) says is the service's own
+// "not found": a 404 from a wrong URL or a proxy says nothing about the call.
 // Every other answer is an error, and never a permanent one: the engine
 // compensates an external step only after its lookup said "not made", so a
 // lookup that cannot tell leaves the money where it is.

@@ -138,8 +138,9 @@ type Lookup[In, S any] struct {
 	// NotFoundFunc reports whether a 404 answer is the service's own "no call
 	// under this key". Only then is the call taken as not made: any other 404
 	// (a wrong URL, a proxy's page) is an error, or a lookup would have steps
-	// undone although the call went through. Nil takes every 404 as not made;
-	// HasCode makes one from the service's error code.
+	// undone although the call went through. Required: HasCode makes one from
+	// the service's error code; AnyNotFound takes every 404 as not made, for a
+	// service that says nothing more.
 	NotFoundFunc func(a Answer) bool
 	// DecodeFunc reads a 2xx answer, the call found, into the state; its error
 	// is the lookup's. Defaults to Call.DecodeFunc.
@@ -173,6 +174,8 @@ func (c Call[In, S]) validate() error {
 		return errors.New("a RequestFunc is required")
 	case c.Lookup != nil && c.Lookup.URLFunc == nil:
 		return errors.New("a Lookup needs a URLFunc")
+	case c.Lookup != nil && c.Lookup.NotFoundFunc == nil:
+		return errors.New("a Lookup needs a NotFoundFunc: only it can tell the service's own 404 (no call under the key) from a wrong URL's, which says nothing of the call (httpstep.HasCode, or httpstep.AnyNotFound)")
 	case c.MaxBody < 0:
 		return errors.New("MaxBody must not be negative")
 	}
@@ -250,7 +253,7 @@ func (c Call[In, S]) Run(ctx context.Context, at engine.Attempt, in In, s *S) er
 // It GETs Lookup.URLFunc's URL, with at.Key in the key header too. A 2xx is the
 // call found: Lookup.DecodeFunc reads it into the state, CheckFunc compares it
 // with the input, and Find returns true. A 404 is the call not made (false, no
-// error), when Lookup.NotFoundFunc is nil or says it is the service's own;
+// error), when Lookup.NotFoundFunc says it is the service's own;
 // every other answer, and a request that fails, is an error, transient (with
 // the answer's Retry-After), never a permanent one: a lookup that cannot tell
 // must not let the engine undo anything.
@@ -271,7 +274,7 @@ func (c Call[In, S]) Find(ctx context.Context, at engine.Attempt, in In, s *S) (
 		return false, err
 	}
 	switch {
-	case a.StatusCode == http.StatusNotFound && (c.Lookup.NotFoundFunc == nil || c.Lookup.NotFoundFunc(a)):
+	case a.StatusCode == http.StatusNotFound && c.Lookup.NotFoundFunc(a):
 		return false, nil
 	case a.Success():
 		if err := c.decode(c.Lookup.DecodeFunc, at, in, s, a); err != nil {

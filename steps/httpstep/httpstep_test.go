@@ -595,7 +595,7 @@ func TestFind(t *testing.T) {
 		{name: "Found", status: 200, body: `{"id": "pay_1", "orderId": "A-1", "amount": 1500}`, found: true},
 		{name: "FoundMismatchHalts", status: 200, body: `{"id": "pay_1", "orderId": "A-1", "amount": 1501}`, halt: "payment_mismatch"},
 		{name: "FoundUnreadableIsTransient", status: 200, body: `not json`, transient: true},
-		{name: "404IsNotMade", status: 404, body: "404 page not found"},
+		{name: "404IsNotMadeWithAnyNotFound", status: 404, body: "404 page not found", notFound: httpstep.AnyNotFound},
 		{name: "404OfTheServiceIsNotMade", status: 404, body: `{"error": {"code": "payment_not_found"}}`, notFound: httpstep.HasCode("payment_not_found")},
 		// A 404 that is not the service's own says nothing about the payment.
 		{name: "404OfSomethingElseIsAnError", status: 404, body: "404 page not found", notFound: httpstep.HasCode("payment_not_found"), transient: true},
@@ -617,7 +617,9 @@ func TestFind(t *testing.T) {
 			t.Cleanup(srv.Close)
 			p := &payments{srv: srv}
 			c := p.call()
-			c.Lookup.NotFoundFunc = tc.notFound
+			if tc.notFound != nil {
+				c.Lookup.NotFoundFunc = tc.notFound
+			}
 			var s payState
 			found, err := c.Find(t.Context(), at, payIn{OrderID: "A-1", Amount: 1500}, &s)
 
@@ -691,8 +693,11 @@ func TestStepPanicsOnAnInvalidCall(t *testing.T) {
 	}
 	for name, c := range map[string]httpstep.Call[payIn, payState]{
 		"NoRequestFunc":    {},
-		"LookupWithoutURL": {RequestFunc: request, Lookup: &httpstep.Lookup[payIn, payState]{}},
-		"NegativeMaxBody":  {RequestFunc: request, MaxBody: -1},
+		"LookupWithoutURL": {RequestFunc: request, Lookup: &httpstep.Lookup[payIn, payState]{NotFoundFunc: httpstep.AnyNotFound}},
+		"LookupWithoutNotFoundFunc": {RequestFunc: request, Lookup: &httpstep.Lookup[payIn, payState]{
+			URLFunc: func(engine.Attempt, payIn, *payState) string { return "http://example.invalid/by-key" },
+		}},
+		"NegativeMaxBody": {RequestFunc: request, MaxBody: -1},
 	} {
 		require.Panics(t, func() { httpstep.Step("pay", c) }, name)
 	}
@@ -718,7 +723,8 @@ func TestRunRefusedAfterAnEarlierAttempt(t *testing.T) {
 	}
 	withLookup := call
 	withLookup.Lookup = &httpstep.Lookup[payIn, payState]{
-		URLFunc: func(engine.Attempt, payIn, *payState) string { return srv.URL + "/by-key" },
+		URLFunc:      func(engine.Attempt, payIn, *payState) string { return srv.URL + "/by-key" },
+		NotFoundFunc: httpstep.HasCode("payment_not_found"),
 	}
 	for _, tt := range []struct {
 		name    string
