@@ -424,6 +424,14 @@ func (e *Engine) Registered(op Definition) bool {
 	return err == nil
 }
 
+// Retention is how long this engine keeps a finished operation of d, and so
+// its key, before its retention job may delete it: d's
+// OperationOpts.Retention, else Config.Retention. It is stored with each
+// operation as it finishes.
+func (e *Engine) Retention(d Definition) time.Duration {
+	return e.retention(d.definition())
+}
+
 func (e *Engine) registered(d Definition) (*opDef, error) {
 	def := d.definition()
 	if e.defs[def.key()] != def {

@@ -174,8 +174,7 @@ func startEntryPoints(ctx context.Context, cfg *config, _ *pgxpool.Pool, e *engi
 		InputFunc: func(client string, slot time.Time) refund.SettlementInput {
 			return refund.SettlementInput{Client: client, Slot: slot}
 		},
-		Retention: cfg.retention,
-		Logger:    logger,
+		Logger: logger,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("settlements: %w", err)

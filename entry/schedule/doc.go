@@ -6,7 +6,6 @@
 //		Period:     time.Hour,
 //		ScopesFunc: listClients, // func(ctx, slot) ([]string, error)
 //		InputFunc:  func(client string, slot time.Time) StatementIn { return StatementIn{Slot: slot} },
-//		Retention:  48 * time.Hour, // as OperationOpts.Retention says: see "Retention"
 //	})
 //	go r.Run(ctx) // in every process; cancel ctx before Engine.Stop
 //
@@ -91,11 +90,10 @@
 // processes: at least MinRetentionPeriods (2) periods. The engine's default
 // of 24 hours is not enough for a daily schedule.
 //
-// The engine does not tell an operation type's retention, so Every takes it
-// from Config.Retention (zero: engine.DefaultRetention) and refuses a period
-// longer than half of it: keep Config.Retention equal to the
-// OperationOpts.Retention of the operation type. Fire and FireSlot of an old
-// slot have no such guard. For money, give the step's own row a unique
+// Every asks the engine for the operation type's retention (Engine.Retention)
+// and refuses a period longer than half of it. Runner.FireSlot refuses a slot
+// whose start is a retention ago (less a margin for the clocks' skew) with
+// ErrSlotExpired. Fire has no such guard: it fires what it is given. For money, give the step's own row a unique
 // constraint on (scope, slot) as well: it outlives the operation, and a
 // second run of a slot then fails its step instead of moving money again.
 //

@@ -57,14 +57,6 @@ type Config[In any] struct {
 	// committed (with the operation's first transactional step). Defaults to
 	// DefaultConcurrency.
 	Concurrency int
-	// Retention is how long the engine keeps a finished operation of this
-	// type, as it was configured with it: OperationOpts.Retention, else
-	// engine.Config.Retention. The engine does not say, so Every takes this
-	// word for it, and refuses one shorter than MinRetentionPeriods * Period:
-	// a slot whose operation was deleted runs again when fired. Zero means
-	// engine.DefaultRetention (24 hours), the engine's default: enough for an
-	// hourly schedule, not for a daily one.
-	Retention time.Duration
 	// Logger receives a line per fired slot, and the failures. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
@@ -100,9 +92,6 @@ func (c Config[In]) withDefaults() Config[In] {
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
-	if c.Retention == 0 {
-		c.Retention = engine.DefaultRetention
-	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -123,12 +112,17 @@ func (c Config[In]) validate() error {
 		return fmt.Errorf("the jitter (%s) must be at least zero and shorter than the period (%s)", c.Jitter, c.Period)
 	case c.Concurrency < 0:
 		return errors.New("the concurrency must not be negative")
-	case c.Retention < 0:
-		return errors.New("the retention must not be negative")
-	case c.Retention < MinRetentionPeriods*c.Period:
-		return fmt.Errorf("a period of %s needs the operations kept at least %s, and Config.Retention says %s "+
-			"(zero: the engine's default): a slot whose operation was deleted runs again when fired; "+
-			"set OperationOpts.Retention, and Config.Retention to the same", c.Period, MinRetentionPeriods*c.Period, c.Retention)
+	}
+	return nil
+}
+
+// checkRetention says whether operations kept retention are kept long
+// enough for slots of period.
+func checkRetention(period, retention time.Duration) error {
+	if retention < MinRetentionPeriods*period {
+		return fmt.Errorf("a period of %s needs the operations kept at least %s, and the engine keeps them %s: "+
+			"a slot whose operation was deleted runs again when fired; set the operation type's OperationOpts.Retention",
+			period, MinRetentionPeriods*period, retention)
 	}
 	return nil
 }
@@ -155,6 +149,9 @@ func Every[In, S, Out any](e *engine.Engine, op *engine.Operation[In, S, Out], c
 	}
 	if !e.Registered(op) {
 		return nil, fmt.Errorf("schedule: %q: %w", op.Name(), engine.ErrNotRegistered)
+	}
+	if err := checkRetention(cfg.Period, e.Retention(op)); err != nil {
+		return nil, fmt.Errorf("schedule: %q: %w", op.Name(), err)
 	}
 	return &Runner[In, S, Out]{e: e, op: op, cfg: cfg}, nil
 }
@@ -208,13 +205,21 @@ func (r *Runner[In, S, Out]) Run(ctx context.Context) error {
 // (every process was down through it), or for an operator; firing a slot
 // again is harmless while its operations are kept (see the package
 // documentation, "Retention"). slot must be a slot of the period (Slot(slot,
-// Config.Period) == slot), or FireSlot returns ErrNotSlot.
+// Config.Period) == slot), or FireSlot returns ErrNotSlot; a slot so old that
+// the engine's retention may have deleted its operations (its start a
+// retention ago, less a margin for the clocks' skew) is refused with
+// ErrSlotExpired, since firing it could run it again.
 func (r *Runner[In, S, Out]) FireSlot(ctx context.Context, slot time.Time) error {
 	if err := checkSlot(slot); err != nil {
 		return err
 	}
 	if !Slot(slot, r.cfg.Period).Equal(slot) {
 		return fmt.Errorf("schedule: %w: %s is not the start of a period of %s", ErrNotSlot, slot.UTC().Format(time.RFC3339), r.cfg.Period)
+	}
+	retention := r.e.Retention(r.op)
+	if age := r.cfg.Test.Clock.Now().Sub(slot); age >= retention-skewMargin(retention) {
+		return fmt.Errorf("schedule: %w: %s began %s ago, and %q operations are kept %s after they finish",
+			ErrSlotExpired, slot.UTC().Format(time.RFC3339), age.Round(time.Second), r.op.Name(), retention)
 	}
 	scopes, err := r.scopes(ctx, slot)
 	if err != nil {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/idemflowtest"
+
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/entry/schedule"
 )
@@ -20,9 +22,9 @@ var scopes = []string{"client-a", "client-b", "client-c"}
 
 func TestEvery(t *testing.T) {
 	t.Parallel()
-	// The runners start 30 seconds into the 10:00 slot of a minute's period
+	// The runners start 30 seconds into the slot0 slot of a minute's period
 	// and run 3 more periods, the clocks moving 10 seconds at a time: each
-	// runner fires 10:00 at start, then 10:01, 10:02 and 10:03.
+	// runner fires slot0 at start, then the 3 minutes after it.
 	start := slot0.Add(30 * time.Second)
 	const (
 		step  = 10 * time.Second
@@ -67,7 +69,6 @@ func TestEvery(t *testing.T) {
 					},
 					InputFunc: func(_ string, slot time.Time) feeIn { return feeFor(slot) },
 					Jitter:    tc.jitter,
-					Retention: time.Hour,
 					Logger:    slog.New(logs),
 					Test:      schedule.TestConfig{Clock: clocks[i]},
 				})
@@ -142,7 +143,6 @@ func TestEvery(t *testing.T) {
 				return scopes[:1], nil
 			},
 			InputFunc: func(_ string, slot time.Time) feeIn { return feeFor(slot) },
-			Retention: time.Hour,
 			Logger:    slog.New(logs),
 			Test:      schedule.TestConfig{Clock: clock},
 		})
@@ -178,6 +178,28 @@ func TestEvery(t *testing.T) {
 		for _, scope := range scopes {
 			b.finished(t, b.fee, scope, slot0)
 		}
+		require.Len(t, b.charges(t), len(scopes))
+	})
+
+	t.Run("FireSlot refuses a slot older than the retention", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r, err := schedule.Every(b.engines[0], b.fee, schedule.Config[feeIn]{
+			Period:     time.Hour,
+			ScopesFunc: func(context.Context, time.Time) ([]string, error) { return scopes, nil },
+			InputFunc:  func(_ string, slot time.Time) feeIn { return feeFor(slot) },
+			Logger:     quiet,
+		})
+		require.NoError(t, err)
+		// Its operations may be gone (the engine keeps them 24 hours), so
+		// that a firing could run it again.
+		old := schedule.Slot(time.Now().Add(-engine.DefaultRetention), time.Hour)
+		err = r.FireSlot(t.Context(), old)
+		require.ErrorIs(t, err, schedule.ErrSlotExpired)
+		require.Empty(t, b.charges(t))
+		require.Zero(t, b.operations(t))
+		// A slot within the retention, less the margin, fires.
+		require.NoError(t, r.FireSlot(t.Context(), old.Add(2*time.Hour)))
 		require.Len(t, b.charges(t), len(scopes))
 	})
 
@@ -247,9 +269,9 @@ func TestEveryRefuses(t *testing.T) {
 		{"a jitter as long as the period", b.fee, schedule.Config[feeIn]{Period: time.Hour, Jitter: time.Hour, ScopesFunc: scopesFunc},
 			"the jitter (1h0m0s) must be at least zero and shorter than the period (1h0m0s)"},
 		{"a daily schedule with the engine's default retention", b.fee, schedule.Config[feeIn]{Period: 24 * time.Hour, ScopesFunc: scopesFunc},
-			"a period of 24h0m0s needs the operations kept at least 48h0m0s, and Config.Retention says 24h0m0s"},
-		{"a retention shorter than two periods", b.fee, schedule.Config[feeIn]{Period: time.Hour, Retention: 90 * time.Minute, ScopesFunc: scopesFunc},
-			"a period of 1h0m0s needs the operations kept at least 2h0m0s, and Config.Retention says 1h30m0s"},
+			"a period of 24h0m0s needs the operations kept at least 48h0m0s, and the engine keeps them 24h0m0s"},
+		{"a retention shorter than two periods", b.fee, schedule.Config[feeIn]{Period: 13 * time.Hour, ScopesFunc: scopesFunc},
+			"a period of 13h0m0s needs the operations kept at least 26h0m0s, and the engine keeps them 24h0m0s"},
 		{"an operation the engine does not run", unregistered, schedule.Config[feeIn]{Period: time.Hour, ScopesFunc: scopesFunc},
 			engine.ErrNotRegistered.Error()},
 	}
@@ -264,7 +286,9 @@ func TestEveryRefuses(t *testing.T) {
 
 	t.Run("a daily schedule whose operations are kept 48 hours", func(t *testing.T) {
 		t.Parallel()
-		_, err := schedule.Every(b.engines[0], b.fee, schedule.Config[feeIn]{Period: 24 * time.Hour, Retention: 48 * time.Hour, ScopesFunc: scopesFunc})
+		daily := newFeeKept(t, "daily", 48*time.Hour)
+		e := idemflowtest.Engine(t, b.pool, &engine.Config{Logger: quiet}, daily)
+		_, err := schedule.Every(e, daily, schedule.Config[feeIn]{Period: 24 * time.Hour, ScopesFunc: scopesFunc})
 		require.NoError(t, err)
 	})
 }

@@ -13,7 +13,9 @@ import (
 	"github.com/idemflow/idemflow/entry/schedule"
 )
 
-var slot0 = time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+// slot0 is a slot of an hour (and of a minute) two hours ago: within the
+// engine's retention, as a slot that Runner.FireSlot fires must be.
+var slot0 = schedule.Slot(time.Now(), time.Hour).Add(-2 * time.Hour)
 
 // feeFor is the fee's input for a slot: derived from the slot alone, as
 // every firer must derive it.

@@ -57,6 +57,12 @@ func createCharges(ctx context.Context, pool *pgxpool.Pool) error {
 // step that records one charge.
 func newFee(t *testing.T, name string) *engine.Operation[feeIn, feeState, feeOut] {
 	t.Helper()
+	return newFeeKept(t, name, 0)
+}
+
+// newFeeKept is newFee with a retention of its own (zero: the engine's).
+func newFeeKept(t *testing.T, name string, retention time.Duration) *engine.Operation[feeIn, feeState, feeOut] {
+	t.Helper()
 	charge := func(ctx context.Context, tx engine.Tx, at engine.Attempt, in feeIn, s *feeState) error {
 		if strings.HasPrefix(at.Scope, closedPrefix) {
 			return engine.Fail("account_closed", "the account is closed")
@@ -67,7 +73,7 @@ func newFee(t *testing.T, name string) *engine.Operation[feeIn, feeState, feeOut
 	}
 	op, err := engine.NewOperation(name, []engine.Step[feeIn, feeState]{
 		engine.TxStep("charge", charge),
-	}, func(_ feeIn, s *feeState) (feeOut, error) { return feeOut(*s), nil }, nil)
+	}, func(_ feeIn, s *feeState) (feeOut, error) { return feeOut(*s), nil }, &engine.OperationOpts{Retention: retention})
 	require.NoError(t, err)
 	return op
 }

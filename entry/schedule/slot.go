@@ -17,6 +17,16 @@ const KeyPrefix = "schedule "
 // FireSlot for one that does not start a period of the Runner's.
 var ErrNotSlot = errors.New("not a slot")
 
+// ErrSlotExpired is returned by Runner.FireSlot for a slot whose operations
+// the engine's retention may have deleted: fired again, it could run again.
+var ErrSlotExpired = errors.New("slot older than the retention")
+
+// skewMargin is how much earlier than a retention after its start a slot is
+// taken as expired: the clocks of the processes and the database's differ.
+func skewMargin(retention time.Duration) time.Duration {
+	return min(retention/10, time.Minute)
+}
+
 // Slot returns the start of the period of length period that holds t, in UTC:
 // t truncated to a multiple of period counted from Go's zero time (January 1
 // of year 1, 00:00 UTC, a Monday), without a monotonic clock reading. Every
