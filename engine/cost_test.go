@@ -136,9 +136,10 @@ func TestFirstAttemptCost(t *testing.T) {
 
 		counter.mu.Lock()
 		require.Equal(t, 2, counter.commits)
-		// The reservation; the ledger checkpoint; the payout and finalize checkpoints
-		// with the stored result.
-		require.Equal(t, []string{"OperationReserve", "StepInsertSucceeded", "OperationFinish"}, counter.engine)
+		// The reservation; the ledger checkpoint (the ledger step sends its own
+		// statements, so the reservation has gone before it succeeded); the
+		// payout and finalize checkpoints with the stored result.
+		require.Equal(t, []string{"OperationReserve", "OperationCheckpoint", "OperationFinish"}, counter.engine)
 		require.Equal(t, 3, counter.steps, "the steps' own statements")
 		// One per step statement (the ledger sends 2, finalize 1) and one per
 		// commit; the first attempt's connections are warm after the first run.

@@ -60,7 +60,7 @@ func TestFirstStatementRefusedByPgx(t *testing.T) {
 			var state string
 			require.NoError(t, pool.QueryRow(ctx, `SELECT runs, state FROM idemflow_operation`).Scan(&runs, &state))
 			var badRows int
-			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_step WHERE name = 'bad'`).Scan(&badRows))
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_step_recorded WHERE name = 'bad'`).Scan(&badRows))
 			t.Logf("wait err=%v state=%s runs=%d rows for step bad=%d", werr, state, runs, badRows)
 			require.NoError(t, werr, "operation never finished: state=%s runs=%d, rows recorded for step bad=%d", state, runs, badRows)
 			require.Equal(t, engine.StatusFailed, info.Status)
@@ -197,7 +197,7 @@ func TestLostCommitAnswerIsNotAStepFailure(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	var creditState string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT state FROM idemflow_step WHERE name = 'credit'`).Scan(&creditState))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT state FROM idemflow_step_recorded WHERE name = 'credit'`).Scan(&creditState))
 	t.Logf("status=%s error=%+v balances=%v credit step row=%s", info.Status, info.Error, balances, creditState)
 	require.Zero(t, total, "the ledger must balance: status=%s balances=%v credit row=%s", info.Status, balances, creditState)
 }

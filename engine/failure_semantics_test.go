@@ -1048,9 +1048,9 @@ func TestUndecodableStateParks(t *testing.T) {
 		corrupt    string
 		compensate bool
 	}{
-		{"State", `UPDATE idemflow_step SET output = '{"renamed": 1}' WHERE operation_id = $1 AND name = 'first'`, false},
+		{"State", `UPDATE idemflow_operation SET checkpoints = jsonb_set(checkpoints, '{first,o}', '{"renamed": 1}') WHERE id = $1`, false},
 		{"Input", `UPDATE idemflow_operation SET input = '{"renamed": 1}' WHERE id = $1`, false},
-		{"StateWithCompensation", `UPDATE idemflow_step SET output = '{"renamed": 1}' WHERE operation_id = $1 AND name = 'first'`, true},
+		{"StateWithCompensation", `UPDATE idemflow_operation SET checkpoints = jsonb_set(checkpoints, '{first,o}', '{"renamed": 1}') WHERE id = $1`, true},
 		{"InputWithCompensation", `UPDATE idemflow_operation SET input = '{"renamed": 1}' WHERE id = $1`, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

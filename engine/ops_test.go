@@ -50,7 +50,7 @@ func TestDeleteFinished(t *testing.T) {
 	require.Zero(t, finished)
 	require.Equal(t, 1, inProgress, "operations in progress are never deleted")
 	var steps int
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_step`).Scan(&steps))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_step_recorded`).Scan(&steps))
 	require.Zero(t, steps, "steps go with their operation")
 	require.Equal(t, books{ledgerRows: 4, payouts: 2, payoutCalls: 2, finals: 2}, readBooks(t, b.pool), "business rows stay")
 	_, err = e.Get(ctx, waiting.ID)

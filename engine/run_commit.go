@@ -72,7 +72,9 @@ func (r *run) commitEnd(ctx context.Context, tx *txn, end *store.StepCheckpointM
 		// Only queued: it cannot fail here.
 		_ = r.e.store.OperationFence(ctx, store.Queue{Batch: last}, r.id, r.runID)
 	}
-	if end != nil || len(r.pending) > 0 {
+	if end == nil && r.carryCheckpoints(ctx, tx) {
+		// The reservation records them.
+	} else if end != nil || len(r.pending) > 0 {
 		p := store.StepCheckpointManyParams{}
 		if end != nil {
 			p = *end
@@ -97,6 +99,27 @@ func (r *run) commitEnd(ctx context.Context, tx *txn, end *store.StepCheckpointM
 		r.observeStarted(ctx)
 	}
 	return nil
+}
+
+// carryCheckpoints has the reservation of a first attempt's transaction record
+// the pending checkpoints, when nothing of the transaction has been sent yet:
+// the operation's row is then written once, with them, rather than inserted
+// then updated. It reports whether it did.
+func (r *run) carryCheckpoints(ctx context.Context, tx *txn) bool {
+	if r.insert == nil || tx.tx != nil || len(r.pending) == 0 || tx.prelude.Len() != 1 {
+		return false
+	}
+	for _, p := range r.pending {
+		if p.Retried {
+			return false
+		}
+	}
+	ins := *r.insert
+	ins.Checkpoints = r.pending
+	tx.prelude = &pgx.Batch{}
+	// Only queued: it cannot fail here.
+	_ = r.e.store.OperationReserve(ctx, tx.queue(), ins)
+	return true
 }
 
 // commitSuccess stores the result with the pending checkpoints and commits.

@@ -14,9 +14,27 @@ RETURNING created_at;
 -- no row, so that what the engine sends in the same round trip after it does not
 -- run. OperationInsert is the variant for a caller's own transaction.
 -- The lease counts from the statement (clock_timestamp), not from the start of
--- its transaction.
-INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until)
-VALUES (@id, @name, @version, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @key_secret, @locked_by, clock_timestamp() + @lease::interval);
+-- its transaction. checkpoints are those of the steps that its transaction
+-- carries, sent with it when the transaction sends nothing before its commit.
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, checkpoints)
+VALUES (@id, @name, @version, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @key_secret, @locked_by, clock_timestamp() + @lease::interval,
+        sqlc.narg('checkpoints')::jsonb);
+
+-- name: OperationCheckpoint :exec
+-- Adds checkpoints (an object by step name, see store migration 00010) to the
+-- operation. It raises SQLSTATE IF001, aborting the transaction, when one of
+-- names (the checkpoints' steps) is recorded already: another run recorded
+-- it first. Else it is no fence: the transaction that sends it is fenced by
+-- its reservation or OperationFence, and may have released the lease before
+-- it (the checkpoints go with COMMIT, after a park or a hand-off).
+WITH cp AS (
+    UPDATE idemflow_operation
+    SET checkpoints = coalesce(checkpoints, '{}'::jsonb) || sqlc.arg(checkpoints)::jsonb
+    WHERE id = sqlc.arg(id)::uuid
+      AND NOT coalesce(jsonb_exists_any(checkpoints, sqlc.arg(names)::text[]), false)
+    RETURNING 1
+)
+SELECT idemflow_fence(EXISTS (SELECT 1 FROM cp));
 
 -- name: OperationGetByKey :one
 SELECT * FROM idemflow_operation WHERE scope = @scope AND key = @key;
@@ -192,18 +210,20 @@ LIMIT sqlc.arg(max);
 
 -- name: OperationFinish :exec
 -- Ends an operation with its result or error, fenced by the run that holds it,
--- and records the steps that succeeded at their first recorded attempt in the
--- same statement (the arrays, one step per index; they may be empty). It
--- raises SQLSTATE IF001, aborting the transaction, when run_id no longer holds
--- the operation in progress, and a unique violation when another run recorded
--- one of the steps first. Its row carries the operation's created_at and
--- finished_at, for the Info of a run that finished it. Its key may be deleted
--- once retention has passed.
+-- and adds the checkpoints of the steps that succeeded at their first
+-- recorded attempt in its last transaction (an object by step name, see store
+-- migration 00010; null when none; names are their steps). It raises SQLSTATE
+-- IF001, aborting the transaction, when run_id no longer holds the operation
+-- in progress, or one of names is recorded already. Its row
+-- carries the operation's created_at and finished_at, for the Info of a run
+-- that finished it. Its key may be deleted once retention has passed.
 WITH fin AS (
     UPDATE idemflow_operation
     SET state = sqlc.arg(state)::text,
         result = sqlc.narg(result)::json,
         error = sqlc.narg(error)::jsonb,
+        checkpoints = CASE WHEN sqlc.narg(checkpoints)::jsonb IS NULL THEN checkpoints
+                           ELSE coalesce(checkpoints, '{}'::jsonb) || sqlc.narg(checkpoints)::jsonb END,
         attention_code = NULL,
         attention = NULL,
         parked = false,
@@ -213,19 +233,8 @@ WITH fin AS (
     WHERE id = sqlc.arg(operation_id)::uuid
       AND locked_by = sqlc.arg(run_id)::uuid
       AND state = 'in_progress'
+      AND NOT coalesce(jsonb_exists_any(checkpoints, sqlc.arg(names)::text[]), false)
     RETURNING id, created_at, finished_at
-), ins AS (
-    INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, resolved_by, started_at, finished_at)
-    SELECT fin.id,
-           unnest(sqlc.arg(names)::text[]),
-           unnest(sqlc.arg(positions)::integer[]),
-           'succeeded',
-           unnest(sqlc.arg(attempts)::integer[]),
-           unnest(sqlc.arg(outputs)::text[])::json,
-           nullif(unnest(sqlc.arg(resolved_bys)::text[]), ''),
-           unnest(sqlc.arg(started_ats)::timestamptz[]),
-           fin.finished_at
-    FROM fin
 )
 SELECT idemflow_fence(EXISTS (SELECT 1 FROM fin)),
        (SELECT created_at FROM fin), (SELECT finished_at FROM fin);
@@ -239,7 +248,7 @@ SELECT o.id, o.name, o.version, o.steps, (o.error IS NOT NULL)::boolean AS faili
        coalesce(array_agg(s.name) FILTER (WHERE s.state = 'succeeded'), '{}')::text[] AS succeeded,
        coalesce(array_agg(s.name) FILTER (WHERE s.state = 'compensated'), '{}')::text[] AS compensated
 FROM idemflow_operation AS o
-LEFT JOIN idemflow_step AS s ON s.operation_id = o.id
+LEFT JOIN idemflow_step_recorded AS s ON s.operation_id = o.id
 WHERE o.state = 'in_progress'
 GROUP BY o.id
 ORDER BY o.created_at, o.id;

@@ -1,14 +1,32 @@
 -- name: StepListByOperation :many
-SELECT * FROM idemflow_step WHERE operation_id = @operation_id ORDER BY position;
+-- The operation's recorded steps: its rows and its checkpoints.
+SELECT operation_id, name, position, state, attempts, output, last_error,
+       started_at, finished_at, last_cause, resolved_by, compensations
+FROM idemflow_step_recorded WHERE operation_id = @operation_id ORDER BY position;
+
+-- name: StepMaterialize :exec
+-- Gives a step kept as a checkpoint in its operation's row a row of its own,
+-- which then wins over the checkpoint: what a compensation marks. Nothing when
+-- the step has a row already.
+INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by)
+SELECT r.operation_id, r.name, r.position, r.state, r.attempts, r.output, r.started_at, r.finished_at, r.resolved_by
+FROM idemflow_step_recorded AS r
+WHERE r.operation_id = @operation_id AND r.name = @name
+ON CONFLICT (operation_id, name) DO NOTHING;
 
 -- name: StepRecordFailure :exec
 -- Records a failed attempt: 'retrying' when another attempt will follow, 'failed'
 -- when the step failed for good. 'retrying' never overwrites 'failed', and
--- nothing overwrites a succeeded or compensated step. The run that writes it is
--- fenced by OperationFence in the same transaction.
+-- nothing overwrites a succeeded or compensated step, nor a checkpoint in the
+-- operation's row. The run that writes it is fenced by OperationFence in the
+-- same transaction.
 INSERT INTO idemflow_step (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at)
-VALUES (@operation_id, @name, @position, @state, @attempts, @last_error, @last_cause, @started_at,
-        CASE WHEN @state::text = 'failed' THEN coalesce(sqlc.narg('now')::timestamptz, now()) END)
+SELECT @operation_id, @name, @position, @state, @attempts, @last_error, @last_cause, @started_at,
+       CASE WHEN @state::text = 'failed' THEN coalesce(sqlc.narg('now')::timestamptz, now()) END
+WHERE NOT EXISTS (
+    SELECT 1 FROM idemflow_operation
+    WHERE id = @operation_id AND checkpoints -> @name::text IS NOT NULL
+)
 ON CONFLICT (operation_id, name) DO UPDATE
 SET state = excluded.state,
     attempts = excluded.attempts,
@@ -24,26 +42,15 @@ SET state = 'compensated', finished_at = coalesce(sqlc.narg('now')::timestamptz,
 WHERE operation_id = @operation_id AND name = @name AND state = 'succeeded';
 
 -- name: StepDeleteUnsucceeded :exec
--- Forgets the failed and compensated steps of a reopened operation, so that they
--- run again; succeeded steps stay done.
-DELETE FROM idemflow_step WHERE operation_id = @operation_id AND state <> 'succeeded';
-
--- name: StepInsertSucceeded :exec
--- Records steps that succeeded at their first recorded attempt (they have no
--- row): one row each, from the arrays, which describe one step per index. A
--- plain INSERT, cheaper than ON CONFLICT: a row that another run recorded first
--- is a unique_violation on idemflow_step_pkey, which aborts the transaction
--- (the engine sends COMMIT right behind it).
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, resolved_by, started_at, finished_at)
-SELECT sqlc.arg(operation_id)::uuid,
-       unnest(sqlc.arg(names)::text[]),
-       unnest(sqlc.arg(positions)::integer[]),
-       'succeeded',
-       unnest(sqlc.arg(attempts)::integer[]),
-       unnest(sqlc.arg(outputs)::text[])::json,
-       nullif(unnest(sqlc.arg(resolved_bys)::text[]), ''),
-       unnest(sqlc.arg(started_ats)::timestamptz[]),
-       coalesce(sqlc.narg(now)::timestamptz, now());
+-- Forgets the failed and compensated steps of a reopened operation, rows and
+-- checkpoints, so that they run again; succeeded steps stay done.
+WITH gone AS (
+    DELETE FROM idemflow_step WHERE operation_id = @operation_id AND state <> 'succeeded'
+    RETURNING name
+)
+UPDATE idemflow_operation
+SET checkpoints = checkpoints - ARRAY(SELECT name FROM gone)
+WHERE id = @operation_id AND checkpoints IS NOT NULL;
 
 -- name: StepUpdateSucceeded :exec
 -- Records steps that succeeded after failed attempts, whose rows say

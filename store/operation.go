@@ -35,6 +35,9 @@ type OperationInsertParams struct {
 	Lease time.Duration
 	// Now overrides the database clock, for tests. Nil means now().
 	Now *time.Time
+	// Checkpoints are steps that the reservation records as succeeded
+	// (OperationReserve only): those of the transaction it commits with.
+	Checkpoints []StepCheckpointParams
 }
 
 // OperationInsert reserves (Scope, Key) for a new operation. It returns false, and
@@ -80,6 +83,7 @@ func (s *Store) OperationReserve(ctx context.Context, db DBTX, p OperationInsert
 		KeySecret:   p.KeySecret,
 		LockedBy:    pguuid.Ptr(p.LockedBy),
 		Lease:       p.Lease,
+		Checkpoints: encodeCheckpoints(p.Checkpoints, time.Now()),
 	})
 	if err != nil {
 		return fmt.Errorf("store: reserve operation: %w", Err(err))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -91,6 +92,9 @@ func (s *Store) StepRecordFailure(ctx context.Context, db DBTX, p StepRecordFail
 // StepCompensationFailed records the failed attempt number n of a succeeded
 // step's compensation, with its texts for the client and for operators.
 func (s *Store) StepCompensationFailed(ctx context.Context, db DBTX, operationID uuid.UUID, name string, n int, lastError, lastCause string) error {
+	if err := s.q.StepMaterialize(ctx, db, dbsqlc.StepMaterializeParams{OperationID: pguuid.UUID(operationID), Name: name}); err != nil {
+		return fmt.Errorf("store: record failed compensation of step %q: %w", name, err)
+	}
 	err := s.q.StepCompensationFailed(ctx, db, dbsqlc.StepCompensationFailedParams{
 		OperationID: pguuid.UUID(operationID), Name: name, Compensations: int32(n), LastError: ptr(Text(lastError)), LastCause: ptr(Text(lastCause)),
 	})
@@ -103,6 +107,10 @@ func (s *Store) StepCompensationFailed(ctx context.Context, db DBTX, operationID
 // StepCompensated marks a succeeded step as compensated. It returns false when the
 // step was not (or no longer) succeeded.
 func (s *Store) StepCompensated(ctx context.Context, db DBTX, operationID uuid.UUID, name string) (bool, error) {
+	// A step kept as a checkpoint gets a row, which the mark overrides it with.
+	if err := s.q.StepMaterialize(ctx, db, dbsqlc.StepMaterializeParams{OperationID: pguuid.UUID(operationID), Name: name}); err != nil {
+		return false, fmt.Errorf("store: mark step %q compensated: %w", name, err)
+	}
 	n, err := s.q.StepCompensated(ctx, db, dbsqlc.StepCompensatedParams{OperationID: pguuid.UUID(operationID), Name: name})
 	if err != nil {
 		return false, fmt.Errorf("store: mark step %q compensated: %w", name, err)
@@ -137,13 +145,15 @@ type Finished struct {
 
 // StepCheckpointMany records p.Steps as succeeded and, with p.Finish, ends the
 // operation, in one or two statements: the steps whose row an earlier failed
-// attempt left (Retried) are updated by one; the others are inserted by
-// another, which with p.Finish is the one that ends the operation. Each
-// fails, with ErrFenced and the transaction aborted, when another run recorded
-// one of the steps first or no longer lets p.Run end the operation, so that a
-// COMMIT queued after them never commits what they did not. With a Queue for
-// db they are only queued, and their errors come back with the batch's results
-// (see Err).
+// attempt left (Retried) are updated by one; the others are added to the
+// operation's checkpoints by another (OperationCheckpoint), which with
+// p.Finish is the statement that ends the operation, fenced by p.Run. Each
+// fails with ErrFenced, the transaction aborted, when another run recorded
+// one of the steps first, so that a COMMIT queued after them never commits
+// what they did not; a checkpoint without Finish relies on the transaction's
+// own fence for the lease. With a Queue for
+// db they are only queued, and their errors come back with the batch's
+// results (see Err).
 func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpointManyParams) error {
 	var fresh, retried []StepCheckpointParams
 	for _, st := range p.Steps {
@@ -153,18 +163,12 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 			fresh = append(fresh, st)
 		}
 	}
-	cols := stepColumnsOf(fresh)
+	now := time.Now()
 	if len(fresh) > 0 && !p.Finish {
-		args := dbsqlc.StepInsertSucceededParams{
-			OperationID: pguuid.UUID(p.OperationID),
-			Names:       cols.names,
-			Positions:   cols.positions,
-			Attempts:    cols.attempts,
-			Outputs:     cols.outputs,
-			ResolvedBys: cols.resolvedBys,
-			StartedAts:  cols.startedAts,
-		}
-		if err := s.q.StepInsertSucceeded(ctx, db, args); err != nil {
+		err := s.q.OperationCheckpoint(ctx, db, dbsqlc.OperationCheckpointParams{
+			ID: pguuid.UUID(p.OperationID), Checkpoints: encodeCheckpoints(fresh, now), Names: stepNames(fresh),
+		})
+		if err != nil {
 			return fmt.Errorf("store: checkpoint steps: %w", Err(err))
 		}
 	}
@@ -189,12 +193,8 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 			Result:      nullJSON(p.Result),
 			Error:       nullJSON(p.Error),
 			Retention:   p.Retention,
-			Names:       cols.names,
-			Positions:   cols.positions,
-			Attempts:    cols.attempts,
-			Outputs:     cols.outputs,
-			ResolvedBys: cols.resolvedBys,
-			StartedAts:  cols.startedAts,
+			Checkpoints: encodeCheckpoints(fresh, now),
+			Names:       stepNames(fresh),
 		}
 		err := s.q.OperationFinish(ctx, db, args)
 		if err != nil {
@@ -209,6 +209,72 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 		}
 	}
 	return nil
+}
+
+// encodeCheckpoints encodes steps as the checkpoints column holds them (store
+// migration 00010): an object by step name of {"p": position, "a": attempts,
+// "r": resolved by (when set), "s": started at, "f": finished at, "o": the
+// state after the step}. It returns nil for no steps. Written by hand: it is
+// on every operation's path, and encoding/json would reflect over a map.
+func encodeCheckpoints(steps []StepCheckpointParams, finishedAt time.Time) json.RawMessage {
+	if len(steps) == 0 {
+		return nil
+	}
+	f := finishedAt.UTC()
+	b := make([]byte, 0, 128*len(steps))
+	b = append(b, '{')
+	for i, st := range steps {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, st.Name)
+		b = append(b, `:{"p":`...)
+		b = strconv.AppendInt(b, int64(st.Position), 10)
+		b = append(b, `,"a":`...)
+		b = strconv.AppendInt(b, int64(st.Attempts), 10)
+		if st.ResolvedBy != "" {
+			b = append(b, `,"r":`...)
+			b = appendJSONString(b, st.ResolvedBy)
+		}
+		b = append(b, `,"s":"`...)
+		b = st.StartedAt.UTC().AppendFormat(b, time.RFC3339Nano)
+		b = append(b, `","f":"`...)
+		b = f.AppendFormat(b, time.RFC3339Nano)
+		b = append(b, `","o":`...)
+		if len(st.Output) == 0 {
+			b = append(b, "null"...)
+		} else {
+			b = append(b, st.Output...)
+		}
+		b = append(b, '}')
+	}
+	return append(b, '}')
+}
+
+func stepNames(steps []StepCheckpointParams) []string {
+	names := make([]string, len(steps))
+	for i, st := range steps {
+		names[i] = st.Name
+	}
+	return names
+}
+
+// appendJSONString appends s as a JSON string.
+func appendJSONString(b []byte, s string) []byte {
+	plain := true
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		b = append(b, '"')
+		b = append(b, s...)
+		return append(b, '"')
+	}
+	enc, _ := json.Marshal(s) // a string always encodes
+	return append(b, enc...)
 }
 
 // stepColumns are checkpoints as the queries take them: one array per column,

@@ -245,12 +245,6 @@ func (s *server) fillHistory(ctx context.Context, client, prefix string, count i
 	if n != int64(count) {
 		return fmt.Errorf("inserted %d operations of %d", n, count)
 	}
-	if n, err = q.HistoryStepInsertSeries(ctx, pool, benchdb.HistoryStepInsertSeriesParams{Scope: client, Prefix: prefix}); err != nil {
-		return fmt.Errorf("insert the operations' steps: %w", err)
-	}
-	if n != 3*int64(count) {
-		return fmt.Errorf("inserted %d steps for %d operations", n, count)
-	}
 	// Not through sqlc, like exec's CREATE DATABASE: VACUUM cannot run inside a
 	// transaction block or a function, and the statement is a constant.
 	if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) "+historyTables); err != nil {

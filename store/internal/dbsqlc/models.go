@@ -33,6 +33,7 @@ type IdemflowOperation struct {
 	Parked        bool
 	Version       int32
 	ExpiresAt     *time.Time
+	Checkpoints   json.RawMessage
 }
 
 type IdemflowOperatorRequest struct {
@@ -59,6 +60,21 @@ type IdemflowProcess struct {
 }
 
 type IdemflowStep struct {
+	OperationID   pguuid.UUID
+	Name          string
+	Position      int32
+	State         string
+	Attempts      int32
+	Output        []byte
+	LastError     *string
+	StartedAt     time.Time
+	FinishedAt    *time.Time
+	LastCause     *string
+	ResolvedBy    *string
+	Compensations int32
+}
+
+type IdemflowStepRecorded struct {
 	OperationID   pguuid.UUID
 	Name          string
 	Position      int32

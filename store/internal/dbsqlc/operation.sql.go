@@ -13,6 +13,34 @@ import (
 	"github.com/idemflow/idemflow/internal/pguuid"
 )
 
+const operationCheckpoint = `-- name: OperationCheckpoint :exec
+WITH cp AS (
+    UPDATE idemflow_operation
+    SET checkpoints = coalesce(checkpoints, '{}'::jsonb) || $1::jsonb
+    WHERE id = $2::uuid
+      AND NOT coalesce(jsonb_exists_any(checkpoints, $3::text[]), false)
+    RETURNING 1
+)
+SELECT idemflow_fence(EXISTS (SELECT 1 FROM cp))
+`
+
+type OperationCheckpointParams struct {
+	Checkpoints json.RawMessage
+	ID          pguuid.UUID
+	Names       []string
+}
+
+// Adds checkpoints (an object by step name, see store migration 00010) to the
+// operation. It raises SQLSTATE IF001, aborting the transaction, when one of
+// names (the checkpoints' steps) is recorded already: another run recorded
+// it first. Else it is no fence: the transaction that sends it is fenced by
+// its reservation or OperationFence, and may have released the lease before
+// it (the checkpoints go with COMMIT, after a park or a hand-off).
+func (q *Queries) OperationCheckpoint(ctx context.Context, db DBTX, arg OperationCheckpointParams) error {
+	_, err := db.Exec(ctx, operationCheckpoint, arg.Checkpoints, arg.ID, arg.Names)
+	return err
+}
+
 const operationClaim = `-- name: OperationClaim :one
 UPDATE idemflow_operation
 SET locked_by = $1,
@@ -23,7 +51,7 @@ WHERE id = $4
   AND version = ANY ($5::integer[])
   AND (locked_by IS NULL OR locked_until < coalesce($2::timestamptz, now()))
   AND (NOT parked OR $6::boolean)
-RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at
+RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints
 `
 
 type OperationClaimParams struct {
@@ -71,6 +99,7 @@ func (q *Queries) OperationClaim(ctx context.Context, db DBTX, arg OperationClai
 		&i.Parked,
 		&i.Version,
 		&i.ExpiresAt,
+		&i.Checkpoints,
 	)
 	return &i, err
 }
@@ -196,28 +225,19 @@ WITH fin AS (
     SET state = $1::text,
         result = $2::json,
         error = $3::jsonb,
+        checkpoints = CASE WHEN $4::jsonb IS NULL THEN checkpoints
+                           ELSE coalesce(checkpoints, '{}'::jsonb) || $4::jsonb END,
         attention_code = NULL,
         attention = NULL,
         parked = false,
         locked_by = NULL,
-        finished_at = coalesce($4::timestamptz, now()),
-        expires_at = coalesce($4::timestamptz, now()) + $5::interval
-    WHERE id = $6::uuid
-      AND locked_by = $7::uuid
+        finished_at = coalesce($5::timestamptz, now()),
+        expires_at = coalesce($5::timestamptz, now()) + $6::interval
+    WHERE id = $7::uuid
+      AND locked_by = $8::uuid
       AND state = 'in_progress'
+      AND NOT coalesce(jsonb_exists_any(checkpoints, $9::text[]), false)
     RETURNING id, created_at, finished_at
-), ins AS (
-    INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, resolved_by, started_at, finished_at)
-    SELECT fin.id,
-           unnest($8::text[]),
-           unnest($9::integer[]),
-           'succeeded',
-           unnest($10::integer[]),
-           unnest($11::text[])::json,
-           nullif(unnest($12::text[]), ''),
-           unnest($13::timestamptz[]),
-           fin.finished_at
-    FROM fin
 )
 SELECT idemflow_fence(EXISTS (SELECT 1 FROM fin)),
        (SELECT created_at FROM fin), (SELECT finished_at FROM fin)
@@ -227,47 +247,39 @@ type OperationFinishParams struct {
 	State       string
 	Result      []byte
 	Error       json.RawMessage
+	Checkpoints json.RawMessage
 	Now         *time.Time
 	Retention   time.Duration
 	OperationID pguuid.UUID
 	RunID       pguuid.UUID
 	Names       []string
-	Positions   []int32
-	Attempts    []int32
-	Outputs     []string
-	ResolvedBys []string
-	StartedAts  []time.Time
 }
 
 // Ends an operation with its result or error, fenced by the run that holds it,
-// and records the steps that succeeded at their first recorded attempt in the
-// same statement (the arrays, one step per index; they may be empty). It
-// raises SQLSTATE IF001, aborting the transaction, when run_id no longer holds
-// the operation in progress, and a unique violation when another run recorded
-// one of the steps first. Its row carries the operation's created_at and
-// finished_at, for the Info of a run that finished it. Its key may be deleted
-// once retention has passed.
+// and adds the checkpoints of the steps that succeeded at their first
+// recorded attempt in its last transaction (an object by step name, see store
+// migration 00010; null when none; names are their steps). It raises SQLSTATE
+// IF001, aborting the transaction, when run_id no longer holds the operation
+// in progress, or one of names is recorded already. Its row
+// carries the operation's created_at and finished_at, for the Info of a run
+// that finished it. Its key may be deleted once retention has passed.
 func (q *Queries) OperationFinish(ctx context.Context, db DBTX, arg OperationFinishParams) error {
 	_, err := db.Exec(ctx, operationFinish,
 		arg.State,
 		arg.Result,
 		arg.Error,
+		arg.Checkpoints,
 		arg.Now,
 		arg.Retention,
 		arg.OperationID,
 		arg.RunID,
 		arg.Names,
-		arg.Positions,
-		arg.Attempts,
-		arg.Outputs,
-		arg.ResolvedBys,
-		arg.StartedAts,
 	)
 	return err
 }
 
 const operationGet = `-- name: OperationGet :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at FROM idemflow_operation WHERE id = $1
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints FROM idemflow_operation WHERE id = $1
 `
 
 func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*IdemflowOperation, error) {
@@ -295,12 +307,13 @@ func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*I
 		&i.Parked,
 		&i.Version,
 		&i.ExpiresAt,
+		&i.Checkpoints,
 	)
 	return &i, err
 }
 
 const operationGetByKey = `-- name: OperationGetByKey :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at FROM idemflow_operation WHERE scope = $1 AND key = $2
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints FROM idemflow_operation WHERE scope = $1 AND key = $2
 `
 
 type OperationGetByKeyParams struct {
@@ -333,12 +346,13 @@ func (q *Queries) OperationGetByKey(ctx context.Context, db DBTX, arg OperationG
 		&i.Parked,
 		&i.Version,
 		&i.ExpiresAt,
+		&i.Checkpoints,
 	)
 	return &i, err
 }
 
 const operationGetForUpdate = `-- name: OperationGetForUpdate :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at FROM idemflow_operation WHERE id = $1 FOR UPDATE
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints FROM idemflow_operation WHERE id = $1 FOR UPDATE
 `
 
 // The operation, locked until the transaction ends: an operator's retry
@@ -368,6 +382,7 @@ func (q *Queries) OperationGetForUpdate(ctx context.Context, db DBTX, id pguuid.
 		&i.Parked,
 		&i.Version,
 		&i.ExpiresAt,
+		&i.Checkpoints,
 	)
 	return &i, err
 }
@@ -491,7 +506,7 @@ func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationIns
 }
 
 const operationList = `-- name: OperationList :many
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at FROM idemflow_operation
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints FROM idemflow_operation
 WHERE ($1::text IS NULL OR state = $1::text)
   AND ($2::text IS NULL OR name = $2::text)
   AND ($3::text IS NULL OR scope = $3::text)
@@ -557,6 +572,7 @@ func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListP
 			&i.Parked,
 			&i.Version,
 			&i.ExpiresAt,
+			&i.Checkpoints,
 		); err != nil {
 			return nil, err
 		}
@@ -667,7 +683,7 @@ SELECT o.id, o.name, o.version, o.steps, (o.error IS NOT NULL)::boolean AS faili
        coalesce(array_agg(s.name) FILTER (WHERE s.state = 'succeeded'), '{}')::text[] AS succeeded,
        coalesce(array_agg(s.name) FILTER (WHERE s.state = 'compensated'), '{}')::text[] AS compensated
 FROM idemflow_operation AS o
-LEFT JOIN idemflow_step AS s ON s.operation_id = o.id
+LEFT JOIN idemflow_step_recorded AS s ON s.operation_id = o.id
 WHERE o.state = 'in_progress'
 GROUP BY o.id
 ORDER BY o.created_at, o.id
@@ -835,8 +851,9 @@ func (q *Queries) OperationReopen(ctx context.Context, db DBTX, arg OperationReo
 }
 
 const operationReserve = `-- name: OperationReserve :exec
-INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until)
-VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8, $9, $10, clock_timestamp() + $11::interval)
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, checkpoints)
+VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8, $9, $10, clock_timestamp() + $11::interval,
+        $12::jsonb)
 `
 
 type OperationReserveParams struct {
@@ -851,6 +868,7 @@ type OperationReserveParams struct {
 	KeySecret   []byte
 	LockedBy    *pguuid.UUID
 	Lease       time.Duration
+	Checkpoints json.RawMessage
 }
 
 // Reserves (scope, key) for an operation that this run executes at once. A taken
@@ -858,7 +876,8 @@ type OperationReserveParams struct {
 // no row, so that what the engine sends in the same round trip after it does not
 // run. OperationInsert is the variant for a caller's own transaction.
 // The lease counts from the statement (clock_timestamp), not from the start of
-// its transaction.
+// its transaction. checkpoints are those of the steps that its transaction
+// carries, sent with it when the transaction sends nothing before its commit.
 func (q *Queries) OperationReserve(ctx context.Context, db DBTX, arg OperationReserveParams) error {
 	_, err := db.Exec(ctx, operationReserve,
 		arg.ID,
@@ -872,6 +891,7 @@ func (q *Queries) OperationReserve(ctx context.Context, db DBTX, arg OperationRe
 		arg.KeySecret,
 		arg.LockedBy,
 		arg.Lease,
+		arg.Checkpoints,
 	)
 	return err
 }

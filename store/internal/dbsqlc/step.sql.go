@@ -60,72 +60,38 @@ func (q *Queries) StepCompensationFailed(ctx context.Context, db DBTX, arg StepC
 }
 
 const stepDeleteUnsucceeded = `-- name: StepDeleteUnsucceeded :exec
-DELETE FROM idemflow_step WHERE operation_id = $1 AND state <> 'succeeded'
+WITH gone AS (
+    DELETE FROM idemflow_step WHERE operation_id = $1 AND state <> 'succeeded'
+    RETURNING name
+)
+UPDATE idemflow_operation
+SET checkpoints = checkpoints - ARRAY(SELECT name FROM gone)
+WHERE id = $1 AND checkpoints IS NOT NULL
 `
 
-// Forgets the failed and compensated steps of a reopened operation, so that they
-// run again; succeeded steps stay done.
+// Forgets the failed and compensated steps of a reopened operation, rows and
+// checkpoints, so that they run again; succeeded steps stay done.
 func (q *Queries) StepDeleteUnsucceeded(ctx context.Context, db DBTX, operationID pguuid.UUID) error {
 	_, err := db.Exec(ctx, stepDeleteUnsucceeded, operationID)
 	return err
 }
 
-const stepInsertSucceeded = `-- name: StepInsertSucceeded :exec
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, resolved_by, started_at, finished_at)
-SELECT $1::uuid,
-       unnest($2::text[]),
-       unnest($3::integer[]),
-       'succeeded',
-       unnest($4::integer[]),
-       unnest($5::text[])::json,
-       nullif(unnest($6::text[]), ''),
-       unnest($7::timestamptz[]),
-       coalesce($8::timestamptz, now())
-`
-
-type StepInsertSucceededParams struct {
-	OperationID pguuid.UUID
-	Names       []string
-	Positions   []int32
-	Attempts    []int32
-	Outputs     []string
-	ResolvedBys []string
-	StartedAts  []time.Time
-	Now         *time.Time
-}
-
-// Records steps that succeeded at their first recorded attempt (they have no
-// row): one row each, from the arrays, which describe one step per index. A
-// plain INSERT, cheaper than ON CONFLICT: a row that another run recorded first
-// is a unique_violation on idemflow_step_pkey, which aborts the transaction
-// (the engine sends COMMIT right behind it).
-func (q *Queries) StepInsertSucceeded(ctx context.Context, db DBTX, arg StepInsertSucceededParams) error {
-	_, err := db.Exec(ctx, stepInsertSucceeded,
-		arg.OperationID,
-		arg.Names,
-		arg.Positions,
-		arg.Attempts,
-		arg.Outputs,
-		arg.ResolvedBys,
-		arg.StartedAts,
-		arg.Now,
-	)
-	return err
-}
-
 const stepListByOperation = `-- name: StepListByOperation :many
-SELECT operation_id, name, position, state, attempts, output, last_error, started_at, finished_at, last_cause, resolved_by, compensations FROM idemflow_step WHERE operation_id = $1 ORDER BY position
+SELECT operation_id, name, position, state, attempts, output, last_error,
+       started_at, finished_at, last_cause, resolved_by, compensations
+FROM idemflow_step_recorded WHERE operation_id = $1 ORDER BY position
 `
 
-func (q *Queries) StepListByOperation(ctx context.Context, db DBTX, operationID pguuid.UUID) ([]*IdemflowStep, error) {
+// The operation's recorded steps: its rows and its checkpoints.
+func (q *Queries) StepListByOperation(ctx context.Context, db DBTX, operationID pguuid.UUID) ([]*IdemflowStepRecorded, error) {
 	rows, err := db.Query(ctx, stepListByOperation, operationID)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []*IdemflowStep
+	var items []*IdemflowStepRecorded
 	for rows.Next() {
-		var i IdemflowStep
+		var i IdemflowStepRecorded
 		if err := rows.Scan(
 			&i.OperationID,
 			&i.Name,
@@ -150,10 +116,35 @@ func (q *Queries) StepListByOperation(ctx context.Context, db DBTX, operationID 
 	return items, nil
 }
 
+const stepMaterialize = `-- name: StepMaterialize :exec
+INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by)
+SELECT r.operation_id, r.name, r.position, r.state, r.attempts, r.output, r.started_at, r.finished_at, r.resolved_by
+FROM idemflow_step_recorded AS r
+WHERE r.operation_id = $1 AND r.name = $2
+ON CONFLICT (operation_id, name) DO NOTHING
+`
+
+type StepMaterializeParams struct {
+	OperationID pguuid.UUID
+	Name        string
+}
+
+// Gives a step kept as a checkpoint in its operation's row a row of its own,
+// which then wins over the checkpoint: what a compensation marks. Nothing when
+// the step has a row already.
+func (q *Queries) StepMaterialize(ctx context.Context, db DBTX, arg StepMaterializeParams) error {
+	_, err := db.Exec(ctx, stepMaterialize, arg.OperationID, arg.Name)
+	return err
+}
+
 const stepRecordFailure = `-- name: StepRecordFailure :exec
 INSERT INTO idemflow_step (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
-        CASE WHEN $4::text = 'failed' THEN coalesce($9::timestamptz, now()) END)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8,
+       CASE WHEN $4::text = 'failed' THEN coalesce($9::timestamptz, now()) END
+WHERE NOT EXISTS (
+    SELECT 1 FROM idemflow_operation
+    WHERE id = $1 AND checkpoints -> $2::text IS NOT NULL
+)
 ON CONFLICT (operation_id, name) DO UPDATE
 SET state = excluded.state,
     attempts = excluded.attempts,
@@ -178,8 +169,9 @@ type StepRecordFailureParams struct {
 
 // Records a failed attempt: 'retrying' when another attempt will follow, 'failed'
 // when the step failed for good. 'retrying' never overwrites 'failed', and
-// nothing overwrites a succeeded or compensated step. The run that writes it is
-// fenced by OperationFence in the same transaction.
+// nothing overwrites a succeeded or compensated step, nor a checkpoint in the
+// operation's row. The run that writes it is fenced by OperationFence in the
+// same transaction.
 func (q *Queries) StepRecordFailure(ctx context.Context, db DBTX, arg StepRecordFailureParams) error {
 	_, err := db.Exec(ctx, stepRecordFailure,
 		arg.OperationID,

@@ -10,8 +10,8 @@ import (
 )
 
 const historyOperationInsertSeries = `-- name: HistoryOperationInsertSeries :execrows
-INSERT INTO idemflow_operation (id, name, scope, key, state, steps, input, result,
-                                runs, locked_by, locked_until, created_at, finished_at)
+INSERT INTO idemflow_operation (id, name, scope, key, state, steps, input, result, checkpoints,
+                                runs, locked_by, locked_until, created_at, finished_at, expires_at)
 SELECT (lpad(to_hex((extract(epoch FROM t.finished_at) * 1000)::bigint), 12, '0') || '7'
         || substr(replace(gen_random_uuid()::text, '-', ''), 14, 19))::uuid,
        'refund', $1::text, $2::text || g, 'succeeded',
@@ -20,7 +20,14 @@ SELECT (lpad(to_hex((extract(epoch FROM t.finished_at) * 1000)::bigint), 12, '0'
        json_build_object('refundId', 're_' || $2::text || g, 'orderId', $2::text || g,
                          'amount', $3::bigint, 'status', 'succeeded',
                          'providerRefundId', 'pr_' || $2::text || g),
-       1, NULL, t.finished_at + interval '5 minutes', t.finished_at - interval '5 milliseconds', t.finished_at
+       (SELECT jsonb_object_agg(s.name, jsonb_build_object(
+                   'p', s.position, 'a', 1, 's', t.finished_at - interval '5 milliseconds', 'f', t.finished_at,
+                   'o', jsonb_build_object('refundId', 're_' || $2::text || g,
+                                           'providerRefundId', CASE WHEN s.position > 0 THEN 'pr_' || $2::text || g ELSE '' END))
+                || CASE WHEN s.name = 'provider' THEN jsonb_build_object('r', 'call') ELSE '{}'::jsonb END)
+        FROM (VALUES ('ledger', 0), ('provider', 1), ('finalize', 2)) AS s (name, position)),
+       1, NULL, t.finished_at + interval '5 minutes', t.finished_at - interval '5 milliseconds', t.finished_at,
+       t.finished_at + interval '24 hours'
 FROM generate_series(1, $4::integer) AS g
 CROSS JOIN LATERAL (SELECT now() - interval '1 hour' + interval '1 hour' * g / ($4::integer + 1) AS finished_at) AS t
 `
@@ -34,7 +41,8 @@ type HistoryOperationInsertSeriesParams struct {
 
 // Inserts count refund operations of the engine in scope, of amount each, with
 // keys (and order ids) prefix1 to prefixN, finished in the past hour (within any
-// retention), as the engine leaves a refund that succeeded at its first attempt.
+// retention), as the engine leaves a refund that succeeded at its first attempt:
+// its 3 steps as checkpoints in its row (store migration 00010), kept 24 hours.
 // The ids are time-ordered, version 7 like the engine's, so that the primary
 // key's history sorts before what the timed modes insert.
 func (q *Queries) HistoryOperationInsertSeries(ctx context.Context, db DBTX, arg HistoryOperationInsertSeriesParams) (int64, error) {
@@ -82,31 +90,6 @@ func (q *Queries) HistoryRefundInsertSeries(ctx context.Context, db DBTX, arg Hi
 		arg.Amount,
 		arg.Count,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const historyStepInsertSeries = `-- name: HistoryStepInsertSeries :execrows
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at)
-SELECT o.id, s.name, s.position, 'succeeded', 1,
-       json_build_object('refundId', 're_' || o.key, 'customerId', 'cus_' || substr(o.key, length($1::text) + 1),
-                         'providerRefundId', CASE WHEN s.position > 0 THEN 'pr_' || o.key ELSE '' END),
-       o.created_at, o.finished_at
-FROM idemflow_operation AS o
-CROSS JOIN (VALUES ('ledger', 0), ('provider', 1), ('finalize', 2)) AS s (name, position)
-WHERE o.scope = $2::text AND starts_with(o.key, $1::text)
-`
-
-type HistoryStepInsertSeriesParams struct {
-	Prefix string
-	Scope  string
-}
-
-// The 3 step rows of each operation that HistoryOperationInsertSeries inserted.
-func (q *Queries) HistoryStepInsertSeries(ctx context.Context, db DBTX, arg HistoryStepInsertSeriesParams) (int64, error) {
-	result, err := db.Exec(ctx, historyStepInsertSeries, arg.Prefix, arg.Scope)
 	if err != nil {
 		return 0, err
 	}

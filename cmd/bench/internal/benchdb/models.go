@@ -114,6 +114,7 @@ type IdemflowOperation struct {
 	Parked        bool
 	Version       int32
 	ExpiresAt     *time.Time
+	Checkpoints   []byte
 }
 
 type IdemflowOperatorRequest struct {
@@ -140,6 +141,21 @@ type IdemflowProcess struct {
 }
 
 type IdemflowStep struct {
+	OperationID   pguuid.UUID
+	Name          string
+	Position      int32
+	State         string
+	Attempts      int32
+	Output        []byte
+	LastError     *string
+	StartedAt     time.Time
+	FinishedAt    *time.Time
+	LastCause     *string
+	ResolvedBy    *string
+	Compensations int32
+}
+
+type IdemflowStepRecorded struct {
 	OperationID   pguuid.UUID
 	Name          string
 	Position      int32

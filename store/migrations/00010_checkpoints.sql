@@ -1,0 +1,36 @@
+-- checkpoints: the steps that succeeded at their first recorded attempt, kept
+-- in the operation's row rather than a row each, so that a first attempt
+-- writes one row: the reservation carries the checkpoints of its transaction
+-- and the statement that ends the operation those of the last. A JSON object
+-- by step name: {"p": position, "a": attempts, "r": "call"|"lookup" (external
+-- steps), "s": started at, "f": finished at, "o": the operation's state after
+-- the step}. A step that failed an attempt, or whose compensation ran, has a
+-- row in idemflow_step, which wins over its checkpoint here.
+ALTER TABLE idemflow_operation ADD COLUMN checkpoints jsonb;
+
+-- Every step an operation has recorded: its rows, and the checkpoints in its
+-- operation's row that no row overrides. What the engine reads a run's steps
+-- from. A query by operation_id reads one index range of each.
+CREATE VIEW idemflow_step_recorded AS
+SELECT s.operation_id, s.name, s.position, s.state, s.attempts, s.output, s.last_error,
+       s.started_at, s.finished_at, s.last_cause, s.resolved_by, s.compensations
+FROM idemflow_step AS s
+UNION ALL
+SELECT o.id, c.key, (c.value ->> 'p')::integer, 'succeeded'::text, (c.value ->> 'a')::integer,
+       (c.value -> 'o')::json, NULL::text,
+       (c.value ->> 's')::timestamptz, (c.value ->> 'f')::timestamptz, NULL::text,
+       c.value ->> 'r', 0
+FROM idemflow_operation AS o
+CROSS JOIN LATERAL jsonb_each(o.checkpoints) AS c
+WHERE o.checkpoints IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM idemflow_step AS s WHERE s.operation_id = o.id AND s.name = c.key);
+
+---- create above / drop below ----
+
+-- The checkpoints become rows again, for the binaries before this migration.
+INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by)
+SELECT operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by
+FROM idemflow_step_recorded AS r
+WHERE NOT EXISTS (SELECT 1 FROM idemflow_step AS s WHERE s.operation_id = r.operation_id AND s.name = r.name);
+DROP VIEW idemflow_step_recorded;
+ALTER TABLE idemflow_operation DROP COLUMN checkpoints;
