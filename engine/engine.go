@@ -236,10 +236,13 @@ type Engine struct {
 
 	// baseCtx outlives the requests that start operations: a first attempt goes on
 	// when its caller stops waiting.
-	baseCtx    context.Context
-	cancelBase context.CancelFunc
-	runs       sync.WaitGroup
-	sweeps     sync.WaitGroup
+	baseCtx context.Context
+	// idleRunners hands a first attempt to a goroutine that waits for one
+	// (goRun).
+	idleRunners chan func()
+	cancelBase  context.CancelFunc
+	runs        sync.WaitGroup
+	sweeps      sync.WaitGroup
 
 	mu       sync.Mutex
 	stopping bool
@@ -309,6 +312,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		slices.Sort(e.versions[d.name])
 	}
 	e.baseCtx, e.cancelBase = context.WithCancel(context.Background())
+	e.idleRunners = make(chan func())
 
 	workers := river.NewWorkers()
 	if err := river.AddWorkerSafely(workers, &resumeWorker{e: e}); err != nil {

@@ -152,13 +152,13 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 	// the engine.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	stopWithEngine := context.AfterFunc(e.baseCtx, cancelRun)
-	go func() {
+	e.goRun(func() {
 		defer e.runs.Done()
 		defer e.inFlight.Add(-1)
 		defer cancelRun()
 		defer stopWithEngine()
 		r.execute(runCtx)
-	}()
+	})
 
 	select {
 	case res := <-r.local.reserved:

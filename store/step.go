@@ -213,14 +213,13 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 
 // encodeCheckpoints encodes steps as the checkpoints column holds them (store
 // migration 00010): an object by step name of {"p": position, "a": attempts,
-// "r": resolved by (when set), "s": started at, "f": finished at, "o": the
-// state after the step}. It returns nil for no steps. Written by hand: it is
+// "r": resolved by (when set), "s": started at and "d": how long until
+// finishedAt (microseconds), "o": the state after the step}. It returns nil for no steps. Written by hand: it is
 // on every operation's path, and encoding/json would reflect over a map.
 func encodeCheckpoints(steps []StepCheckpointParams, finishedAt time.Time) json.RawMessage {
 	if len(steps) == 0 {
 		return nil
 	}
-	f := finishedAt.UTC()
 	b := make([]byte, 0, 128*len(steps))
 	b = append(b, '{')
 	for i, st := range steps {
@@ -236,11 +235,11 @@ func encodeCheckpoints(steps []StepCheckpointParams, finishedAt time.Time) json.
 			b = append(b, `,"r":`...)
 			b = appendJSONString(b, st.ResolvedBy)
 		}
-		b = append(b, `,"s":"`...)
-		b = st.StartedAt.UTC().AppendFormat(b, time.RFC3339Nano)
-		b = append(b, `","f":"`...)
-		b = f.AppendFormat(b, time.RFC3339Nano)
-		b = append(b, `","o":`...)
+		b = append(b, `,"s":`...)
+		b = strconv.AppendInt(b, st.StartedAt.UnixMicro(), 10)
+		b = append(b, `,"d":`...)
+		b = strconv.AppendInt(b, max(finishedAt.Sub(st.StartedAt).Microseconds(), 0), 10)
+		b = append(b, `,"o":`...)
 		if len(st.Output) == 0 {
 			b = append(b, "null"...)
 		} else {

@@ -3,8 +3,8 @@
 -- writes one row: the reservation carries the checkpoints of its transaction
 -- and the statement that ends the operation those of the last. A JSON object
 -- by step name: {"p": position, "a": attempts, "r": "call"|"lookup" (external
--- steps), "s": started at, "f": finished at, "o": the operation's state after
--- the step}. A step that failed an attempt, or whose compensation ran, has a
+-- steps), "s": started at (microseconds since 1970 UTC), "d": how long it took
+-- (microseconds), "o": the operation's state after the step}. A step that failed an attempt, or whose compensation ran, has a
 -- row in idemflow_step, which wins over its checkpoint here.
 ALTER TABLE idemflow_operation ADD COLUMN checkpoints jsonb;
 
@@ -18,7 +18,9 @@ FROM idemflow_step AS s
 UNION ALL
 SELECT o.id, c.key, (c.value ->> 'p')::integer, 'succeeded'::text, (c.value ->> 'a')::integer,
        (c.value -> 'o')::json, NULL::text,
-       (c.value ->> 's')::timestamptz, (c.value ->> 'f')::timestamptz, NULL::text,
+       timestamptz 'epoch' + (c.value ->> 's')::bigint * interval '1 microsecond',
+       timestamptz 'epoch' + ((c.value ->> 's')::bigint + (c.value ->> 'd')::bigint) * interval '1 microsecond',
+       NULL::text,
        c.value ->> 'r', 0
 FROM idemflow_operation AS o
 CROSS JOIN LATERAL jsonb_each(o.checkpoints) AS c

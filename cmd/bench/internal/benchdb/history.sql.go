@@ -21,7 +21,8 @@ SELECT (lpad(to_hex((extract(epoch FROM t.finished_at) * 1000)::bigint), 12, '0'
                          'amount', $3::bigint, 'status', 'succeeded',
                          'providerRefundId', 'pr_' || $2::text || g),
        (SELECT jsonb_object_agg(s.name, jsonb_build_object(
-                   'p', s.position, 'a', 1, 's', t.finished_at - interval '5 milliseconds', 'f', t.finished_at,
+                   'p', s.position, 'a', 1,
+                   's', (extract(epoch FROM t.finished_at) * 1000000)::bigint - 5000, 'd', 5000,
                    'o', jsonb_build_object('refundId', 're_' || $2::text || g,
                                            'providerRefundId', CASE WHEN s.position > 0 THEN 'pr_' || $2::text || g ELSE '' END))
                 || CASE WHEN s.name = 'provider' THEN jsonb_build_object('r', 'call') ELSE '{}'::jsonb END)

@@ -1,0 +1,105 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/testdb"
+	"github.com/idemflow/idemflow/store"
+)
+
+// TestCheckpoints: steps checkpointed in the operation's row (by the
+// reservation, by OperationCheckpoint and by the statement that finishes the
+// operation) read back as the rows they replace, a row of its own wins over
+// a checkpoint, and a step recorded twice is refused.
+func TestCheckpoints(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	st := store.New()
+	run := uuid.New()
+	id := uuid.Must(uuid.NewV7())
+	started := time.Now().Add(-time.Second).Truncate(time.Microsecond)
+	step := func(name string, pos int, resolvedBy string, out string) store.StepCheckpointParams {
+		return store.StepCheckpointParams{Name: name, Position: pos, Attempts: 1, Output: json.RawMessage(out), StartedAt: started, ResolvedBy: resolvedBy}
+	}
+
+	require.NoError(t, st.OperationReserve(ctx, pool, store.OperationInsertParams{
+		ID: id, Name: "op", Version: 1, Scope: "s", Key: "k", Steps: []string{"a", "b", "c", "d"},
+		Input: json.RawMessage(`{}`), KeySecret: make([]byte, 16), LockedBy: &run, Lease: time.Minute,
+		Checkpoints: []store.StepCheckpointParams{step("a", 0, "", `{"n": 1, "name": "quote \" and \\ é"}`)},
+	}))
+	require.NoError(t, st.StepCheckpointMany(ctx, pool, store.StepCheckpointManyParams{
+		OperationID: id, Run: run, Steps: []store.StepCheckpointParams{step("b", 1, "lookup", `{"n": 2}`)},
+	}))
+	// b again: another run recorded it first.
+	err := st.StepCheckpointMany(ctx, pool, store.StepCheckpointManyParams{
+		OperationID: id, Run: run, Steps: []store.StepCheckpointParams{step("b", 1, "lookup", `{"n": 2}`)},
+	})
+	require.ErrorIs(t, err, store.ErrFenced)
+
+	steps, err := st.StepListByOperation(ctx, pool, id)
+	require.NoError(t, err)
+	require.Len(t, steps, 2)
+	for i, want := range []struct {
+		name, resolvedBy, output string
+	}{{"a", "", `{"n": 1, "name": "quote \" and \\ é"}`}, {"b", "lookup", `{"n": 2}`}} {
+		got := steps[i]
+		require.Equal(t, want.name, got.Name)
+		require.Equal(t, i, got.Position)
+		require.Equal(t, store.StepSucceeded, got.State)
+		require.Equal(t, 1, got.Attempts)
+		require.Equal(t, want.resolvedBy, got.ResolvedBy)
+		require.JSONEq(t, want.output, string(got.Output))
+		require.True(t, started.Equal(got.StartedAt), "started %s, read %s", started, got.StartedAt)
+		require.NotNil(t, got.FinishedAt)
+		require.WithinDuration(t, time.Now(), *got.FinishedAt, 10*time.Second)
+		require.False(t, got.FinishedAt.Before(got.StartedAt))
+	}
+
+	// A compensation gives the step a row, which wins.
+	ok, err := st.StepCompensated(ctx, pool, id, "b")
+	require.NoError(t, err)
+	require.True(t, ok)
+	ok, err = st.StepCompensated(ctx, pool, id, "b")
+	require.NoError(t, err)
+	require.False(t, ok, "compensated twice")
+	// A failure of a checkpointed step is never recorded over it.
+	require.NoError(t, st.StepRecordFailure(ctx, pool, store.StepRecordFailureParams{
+		OperationID: id, Name: "a", Position: 0, State: store.StepRetrying, Attempts: 2, LastError: "x", StartedAt: time.Now(),
+	}))
+	steps, err = st.StepListByOperation(ctx, pool, id)
+	require.NoError(t, err)
+	require.Equal(t, []store.StepState{store.StepSucceeded, store.StepCompensated}, []store.StepState{steps[0].State, steps[1].State})
+	require.Equal(t, 1, steps[0].Attempts)
+	require.JSONEq(t, `{"n": 2}`, string(steps[1].Output), "the row keeps the checkpoint's output")
+
+	// The end carries the last checkpoints.
+	finished := &store.Finished{}
+	require.NoError(t, st.StepCheckpointMany(ctx, pool, store.StepCheckpointManyParams{
+		OperationID: id, Run: run, Steps: []store.StepCheckpointParams{step("c", 2, "call", `{"n": 3}`)},
+		Finish: true, State: store.OperationFailed, Error: json.RawMessage(`{"code": "x"}`), Retention: time.Hour, Finished: finished,
+	}))
+	steps, err = st.StepListByOperation(ctx, pool, id)
+	require.NoError(t, err)
+	require.Len(t, steps, 3)
+	require.Equal(t, "c", steps[2].Name)
+	require.Equal(t, "call", steps[2].ResolvedBy)
+
+	// A reopen forgets the compensated step, row and checkpoint; the others stay.
+	ok, err = st.OperationReopen(ctx, pool, id, time.Minute, false)
+	require.NoError(t, err)
+	require.True(t, ok)
+	steps, err = st.StepListByOperation(ctx, pool, id)
+	require.NoError(t, err)
+	names := []string{}
+	for _, s := range steps {
+		names = append(names, s.Name)
+	}
+	require.Equal(t, []string{"a", "c"}, names)
+}
