@@ -193,7 +193,8 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 			Result:      nullJSON(p.Result),
 			Error:       nullJSON(p.Error),
 			Retention:   p.Retention,
-			Checkpoints: encodeCheckpoints(fresh, now),
+			// A succeeded operation's state is never read again.
+			Checkpoints: encodeCheckpointsWith(fresh, now, p.State != OperationSucceeded),
 			Names:       stepNames(fresh),
 		}
 		err := s.q.OperationFinish(ctx, db, args)
@@ -217,6 +218,11 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 // finishedAt (microseconds), "o": the state after the step}. It returns nil for no steps. Written by hand: it is
 // on every operation's path, and encoding/json would reflect over a map.
 func encodeCheckpoints(steps []StepCheckpointParams, finishedAt time.Time) json.RawMessage {
+	return encodeCheckpointsWith(steps, finishedAt, true)
+}
+
+// encodeCheckpointsWith is encodeCheckpoints, without "o" unless withState.
+func encodeCheckpointsWith(steps []StepCheckpointParams, finishedAt time.Time, withState bool) json.RawMessage {
 	if len(steps) == 0 {
 		return nil
 	}
@@ -239,11 +245,13 @@ func encodeCheckpoints(steps []StepCheckpointParams, finishedAt time.Time) json.
 		b = strconv.AppendInt(b, st.StartedAt.UnixMicro(), 10)
 		b = append(b, `,"d":`...)
 		b = strconv.AppendInt(b, max(finishedAt.Sub(st.StartedAt).Microseconds(), 0), 10)
-		b = append(b, `,"o":`...)
-		if len(st.Output) == 0 {
-			b = append(b, "null"...)
-		} else {
-			b = append(b, st.Output...)
+		if withState {
+			b = append(b, `,"o":`...)
+			if len(st.Output) == 0 {
+				b = append(b, "null"...)
+			} else {
+				b = append(b, st.Output...)
+			}
 		}
 		b = append(b, '}')
 	}

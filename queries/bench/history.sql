@@ -34,9 +34,7 @@ SELECT (lpad(to_hex((extract(epoch FROM t.finished_at) * 1000)::bigint), 12, '0'
                          'providerRefundId', 'pr_' || sqlc.arg(prefix)::text || g),
        (SELECT jsonb_object_agg(s.name, jsonb_build_object(
                    'p', s.position, 'a', 1,
-                   's', (extract(epoch FROM t.finished_at) * 1000000)::bigint - 5000, 'd', 5000,
-                   'o', jsonb_build_object('refundId', 're_' || sqlc.arg(prefix)::text || g,
-                                           'providerRefundId', CASE WHEN s.position > 0 THEN 'pr_' || sqlc.arg(prefix)::text || g ELSE '' END))
+                   's', (extract(epoch FROM t.finished_at) * 1000000)::bigint - 5000, 'd', 5000)
                 || CASE WHEN s.name = 'provider' THEN jsonb_build_object('r', 'call') ELSE '{}'::jsonb END)
         FROM (VALUES ('ledger', 0), ('provider', 1), ('finalize', 2)) AS s (name, position)),
        1, NULL, t.finished_at + interval '5 minutes', t.finished_at - interval '5 milliseconds', t.finished_at,
