@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"maps"
@@ -24,10 +25,12 @@ type Fingerprint struct {
 	Context map[string]string `json:"context,omitempty"`
 }
 
-// fingerprintVersion is the format of stored fingerprints: {"v":2,"fields":...,
-// "context":...}. Version 1, written by the idempotency package before the
-// engine fingerprinted, was {"method":...,"path":...,"fields":...}.
-const fingerprintVersion = 2
+// fingerprintVersion is the format of stored fingerprints: {"v":3,"fields":...,
+// "context":...}, each field's hash FieldHash's. Version 2 was the same with
+// the whole SHA-256 in hex; version 1, written by the idempotency package
+// before the engine fingerprinted, was {"method":...,"path":...,"fields":...}
+// with those hashes. Both are read as version 3 (see decodeFingerprint).
+const fingerprintVersion = 3
 
 type storedFingerprint struct {
 	V       int               `json:"v"`
@@ -54,15 +57,31 @@ func decodeFingerprint(raw []byte) *Fingerprint {
 	if s.V < 2 {
 		fp.Context = map[string]string{"method": s.Method, "path": s.Path}
 	}
+	if s.V < 3 {
+		// A hex SHA-256 holds the bytes that FieldHash keeps: the same field
+		// compares equal across the deploy. Anything else stays as it is, and
+		// differs from every hash.
+		for name, h := range fp.Fields {
+			if sum, err := hex.DecodeString(h); err == nil && len(sum) == sha256.Size {
+				fp.Fields[name] = base64.RawURLEncoding.EncodeToString(sum[:fieldHashSize])
+			}
+		}
+	}
 	return fp
 }
 
+// fieldHashSize is how many bytes of a field's SHA-256 a fingerprint keeps:
+// enough that two values with the same hash are never met, half the bytes to
+// store with every operation.
+const fieldHashSize = 16
+
 // FieldHash returns the hash that a Fingerprint keeps of a field whose value is
-// canonical, the hex SHA-256 of its bytes. Canonical JSON (object members sorted
-// by key, no white space, numbers in one form) is the caller's to make.
+// canonical: the first 16 bytes of the SHA-256 of its bytes, in unpadded
+// base64url (22 characters). Canonical JSON (object members sorted by key, no
+// white space, numbers in one form) is the caller's to make.
 func FieldHash(canonical []byte) string {
 	sum := sha256.Sum256(canonical)
-	return hex.EncodeToString(sum[:])
+	return base64.RawURLEncoding.EncodeToString(sum[:fieldHashSize])
 }
 
 // fingerprintOf fingerprints an encoded input, leaving out the fields in

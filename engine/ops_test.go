@@ -223,3 +223,34 @@ func TestCancel(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestFingerprintOfAnEarlierVersion: an operation stored with a version 2
+// fingerprint (whole SHA-256 hashes in hex) is recognised by a start of the
+// same input after the deploy that shortened the hashes, and one of another
+// input is still refused, naming the field.
+func TestFingerprintOfAnEarlierVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e, op, b := setup(t, setupOpts{})
+	in := transferIn{From: "a", To: "b", Amount: 1}
+	s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
+	require.NoError(t, err)
+	waitDone(t, e, s)
+	// As a version 2 process stored it: {"v": 2, "fields": {name: hex SHA-256}}.
+	_, err = b.pool.Exec(ctx, `UPDATE idemflow_operation
+		SET fingerprint = jsonb_build_object('v', 2, 'fields', (
+			SELECT jsonb_object_agg(f.key, encode(sha256(convert_to(f.value, 'UTF8')), 'hex'))
+			FROM json_each_text(json_build_object('from', '"a"', 'to', '"b"', 'amount', '1')) AS f))
+		WHERE id = $1`, s.ID)
+	require.NoError(t, err)
+
+	again, err := engine.Start(ctx, e, op, "c", "k", in, nil)
+	require.NoError(t, err, "a retry refused after the deploy")
+	require.False(t, again.Created)
+	require.Equal(t, s.ID, again.ID)
+
+	_, err = engine.Start(ctx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: 2}, nil)
+	var reused *engine.KeyReusedError
+	require.ErrorAs(t, err, &reused)
+	require.Equal(t, []string{"amount"}, reused.Fields)
+}

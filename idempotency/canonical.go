@@ -2,8 +2,6 @@ package idempotency
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/idemflow/idemflow/engine"
 )
 
 // parsedBody is a request body that is a JSON object without duplicate keys: its
@@ -58,8 +58,7 @@ func parseBody(data []byte) (*parsedBody, error) {
 		raw := bytes.TrimSpace(data[start:dec.InputOffset()])
 		raw = bytes.TrimSpace(bytes.TrimPrefix(raw, []byte(":")))
 		b.fields[name] = json.RawMessage(raw)
-		sum := sha256.Sum256(canon.Bytes())
-		b.hashes[name] = hex.EncodeToString(sum[:])
+		b.hashes[name] = engine.FieldHash(canon.Bytes())
 	}
 	if _, err := dec.Token(); err != nil { // the closing brace
 		return nil, errNotJSON(err)

@@ -12,9 +12,18 @@ import (
 )
 
 const refundMarkSucceeded = `-- name: RefundMarkSucceeded :execrows
-UPDATE demo_refund
-SET status = 'succeeded', provider_refund_id = $1::text, updated_at = clock_timestamp()
-WHERE id = $2 AND status = 'pending'
+WITH marked AS (
+    UPDATE demo_refund
+    SET status = 'succeeded', provider_refund_id = $1::text, updated_at = clock_timestamp()
+    WHERE id = $2 AND status = 'pending'
+    RETURNING id, provider_refund_id
+)
+INSERT INTO demo_refund_confirmation AS c (provider_refund_id, refund_id)
+SELECT m.provider_refund_id, m.id FROM marked AS m
+ON CONFLICT (provider_refund_id) DO UPDATE
+SET refund_id = excluded.refund_id,
+    confirmed_at = CASE WHEN c.event_id IS NULL THEN NULL
+                        ELSE coalesce(c.confirmed_at, clock_timestamp()) END
 `
 
 type RefundMarkSucceededParams struct {
@@ -22,6 +31,9 @@ type RefundMarkSucceededParams struct {
 	ID               string
 }
 
+// Marks the pending refund succeeded and writes its half of the provider
+// event's confirmation, as the workflow's finalize step does (see
+// queries/refund/refund.sql): the same writes, without the engine.
 func (q *Queries) RefundMarkSucceeded(ctx context.Context, db DBTX, arg RefundMarkSucceededParams) (int64, error) {
 	result, err := db.Exec(ctx, refundMarkSucceeded, arg.ProviderRefundID, arg.ID)
 	if err != nil {
