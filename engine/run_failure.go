@@ -236,9 +236,9 @@ func (r *run) compensateWith(ctx context.Context, failure *store.StepRecordFailu
 		}
 	}
 	if len(todo) > 0 && (len(r.pending) > 0 || !r.failureStored) {
-		// A compensation marks its step's row, which a pending checkpoint (an
-		// external step's, waiting for the next transaction) has not written
-		// yet: commit them first, with the failure, which a resumed run then
+		// A compensation marks its step's record, which a pending checkpoint
+		// (an external step's, waiting for the next transaction) has not
+		// written yet: commit them first, with the failure, which a resumed run then
 		// carries on from.
 		tx := r.begin(ctx)
 		defer tx.end(ctx)

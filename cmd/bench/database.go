@@ -209,7 +209,7 @@ const historyTables = "idemflow_operation, idemflow_step, demo_order, demo_refun
 // refund workflow leave them: orders prefix1 to prefixN of orderAmount, a
 // succeeded refund of refundAmount of each (counted in the order's refunded),
 // and the engine's operation (keys
-// prefix1 to prefixN, finished in the past hour) with its 3 step rows. Then it
+// prefix1 to prefixN, finished in the past hour) with its 3 steps' checkpoints. Then it
 // vacuums and analyzes the tables, as autovacuum would in time, and checkpoints, so that the
 // timed modes meet a settled table and fresh statistics rather than the bulk
 // insert's aftermath. The orders' and refunds' ledger entries are left out.

@@ -36,7 +36,7 @@
 // its own, idemflow_bench_<random>, and drops it at exit.
 //
 // -history N first fills that database with N finished refunds, as the engine
-// leaves them (operation rows, step rows, orders and refunds), and vacuums and
+// leaves them (operation rows with their checkpoints, orders and refunds), and vacuums and
 // analyzes them, to show what a history in the tables costs each mode.
 package main
 

@@ -38,12 +38,15 @@ SELECT customer_id FROM taken;
 WITH marked AS (
     UPDATE demo_refund
     SET status = 'succeeded', provider_refund_id = sqlc.arg(provider_refund_id)::text, updated_at = clock_timestamp()
-    WHERE id = @id AND status = 'pending'
+    WHERE id = sqlc.arg(id)::text AND status = 'pending'
     RETURNING id, provider_refund_id
 )
 INSERT INTO demo_refund_confirmation AS c (provider_refund_id, refund_id)
 SELECT m.provider_refund_id, m.id FROM marked AS m
 ON CONFLICT (provider_refund_id) DO UPDATE
 SET refund_id = excluded.refund_id,
-    confirmed_at = CASE WHEN c.event_id IS NULL THEN NULL
-                        ELSE coalesce(c.confirmed_at, clock_timestamp()) END;
+    confirmed_at = CASE
+        WHEN c.event_id IS NOT NULL AND EXISTS (
+            SELECT 1 FROM demo_refund AS r
+            WHERE r.id = excluded.refund_id AND r.order_id = c.event_order_id AND r.amount = c.event_amount)
+        THEN coalesce(c.confirmed_at, clock_timestamp()) END;

@@ -5,18 +5,26 @@
 -- The confirmation's row is where the event meets the refund (see
 -- RefundMarkSucceeded): ON CONFLICT DO UPDATE waits for a concurrent writer of
 -- the row and then reads the version it committed, so the half that comes
--- second confirms, whichever it is.
+-- second confirms, whichever it is, and only when the first event's order and
+-- amount are the refund's (the refund's are never updated, so the statement's
+-- snapshot reads them right).
 WITH event AS (
     INSERT INTO demo_provider_event (event_id, type, provider_refund_id, order_id, amount, operation_id)
     VALUES (@event_id, @type, @provider_refund_id, @order_id, @amount, @operation_id)
-    RETURNING event_id, provider_refund_id
+    RETURNING event_id, provider_refund_id, order_id, amount
 )
-INSERT INTO demo_refund_confirmation AS c (provider_refund_id, event_id)
-SELECT e.provider_refund_id, e.event_id FROM event AS e
+INSERT INTO demo_refund_confirmation AS c (provider_refund_id, event_id, event_order_id, event_amount)
+SELECT e.provider_refund_id, e.event_id, e.order_id, e.amount FROM event AS e
 ON CONFLICT (provider_refund_id) DO UPDATE
 SET event_id = coalesce(c.event_id, excluded.event_id),
-    confirmed_at = CASE WHEN c.refund_id IS NULL THEN NULL
-                        ELSE coalesce(c.confirmed_at, clock_timestamp()) END;
+    event_order_id = CASE WHEN c.event_id IS NULL THEN excluded.event_order_id ELSE c.event_order_id END,
+    event_amount = CASE WHEN c.event_id IS NULL THEN excluded.event_amount ELSE c.event_amount END,
+    confirmed_at = CASE
+        WHEN c.confirmed_at IS NOT NULL THEN c.confirmed_at
+        WHEN c.refund_id IS NOT NULL AND c.event_id IS NULL AND EXISTS (
+            SELECT 1 FROM demo_refund AS r
+            WHERE r.id = c.refund_id AND r.order_id = excluded.event_order_id AND r.amount = excluded.event_amount)
+        THEN clock_timestamp() END;
 
 -- name: RefundConfirmed :one
 -- Whether the provider's event about a refund was applied to it.

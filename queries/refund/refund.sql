@@ -106,7 +106,7 @@ WHERE o.client = f.client AND o.order_id = f.order_id;
 --
 -- met writes the refund's half of its confirmation (see ProviderEventRecord):
 -- when the provider's event about the refund came first, and was kept, the
--- refund is confirmed here.
+-- refund is confirmed here, if the event's order and amount are the refund's.
 WITH marked AS (
     UPDATE demo_refund
     SET status = 'succeeded', provider_refund_id = sqlc.arg(provider_refund_id)::text, updated_at = clock_timestamp()
@@ -117,8 +117,11 @@ WITH marked AS (
     SELECT m.provider_refund_id, m.id FROM marked AS m
     ON CONFLICT (provider_refund_id) DO UPDATE
     SET refund_id = excluded.refund_id,
-        confirmed_at = CASE WHEN c.event_id IS NULL THEN NULL
-                            ELSE coalesce(c.confirmed_at, clock_timestamp()) END
+        confirmed_at = CASE
+            WHEN c.event_id IS NOT NULL AND EXISTS (
+                SELECT 1 FROM demo_refund AS r
+                WHERE r.id = excluded.refund_id AND r.order_id = c.event_order_id AND r.amount = c.event_amount)
+            THEN coalesce(c.confirmed_at, clock_timestamp()) END
 )
 SELECT idemflow_check(EXISTS (SELECT 1 FROM marked), 'refund_not_pending',
                       format('refund %s is not pending', sqlc.arg(id)::text));

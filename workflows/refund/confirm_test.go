@@ -116,6 +116,33 @@ func TestConfirm(t *testing.T) {
 		}
 	})
 
+	// An event that names the refund's provider id with another order or
+	// amount is kept, and confirms nothing, whichever half comes first.
+	t.Run("AnotherOrderOrAmountDoesNotConfirm", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 4)
+		ctx := t.Context()
+		wrong := func(data ProviderEventData) half {
+			return func(b *bundle, ctx context.Context, tx pgx.Tx, i int) error {
+				data.RefundID = fmt.Sprintf("pr_%d", i)
+				return b.w.confirm(ctx, tx, engine.Attempt{OperationKey: fmt.Sprintf("evt_%d", i), OperationID: uuid.New()},
+					ProviderEventInput{ID: fmt.Sprintf("evt_%d", i), Type: EventRefundSucceeded, Data: data}, nil)
+			}
+		}
+		cases := [][2]half{
+			{wrong(ProviderEventData{OrderID: "O-1", Amount: 2}), finalize},
+			{finalize, wrong(ProviderEventData{OrderID: "O-1", Amount: 2})},
+			{wrong(ProviderEventData{OrderID: "O-2", Amount: 1}), finalize},
+			{finalize, wrong(ProviderEventData{OrderID: "O-2", Amount: 1})},
+		}
+		for i, order := range cases {
+			for _, h := range order {
+				require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return h(b, ctx, tx, i+1) }))
+			}
+			require.False(t, confirmed(t, b, i+1), "case %d", i)
+		}
+	})
+
 	t.Run("EventTwiceFails", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 1)

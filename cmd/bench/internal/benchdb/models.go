@@ -82,6 +82,8 @@ type DemoRefundConfirmation struct {
 	RefundID         *string
 	EventID          *string
 	ConfirmedAt      *time.Time
+	EventOrderID     *string
+	EventAmount      *int64
 }
 
 type DemoSettlement struct {

@@ -155,8 +155,11 @@ WITH marked AS (
     SELECT m.provider_refund_id, m.id FROM marked AS m
     ON CONFLICT (provider_refund_id) DO UPDATE
     SET refund_id = excluded.refund_id,
-        confirmed_at = CASE WHEN c.event_id IS NULL THEN NULL
-                            ELSE coalesce(c.confirmed_at, clock_timestamp()) END
+        confirmed_at = CASE
+            WHEN c.event_id IS NOT NULL AND EXISTS (
+                SELECT 1 FROM demo_refund AS r
+                WHERE r.id = excluded.refund_id AND r.order_id = c.event_order_id AND r.amount = c.event_amount)
+            THEN coalesce(c.confirmed_at, clock_timestamp()) END
 )
 SELECT idemflow_check(EXISTS (SELECT 1 FROM marked), 'refund_not_pending',
                       format('refund %s is not pending', $1::text))
@@ -187,7 +190,7 @@ type RefundMarkSucceededParams struct {
 //
 // met writes the refund's half of its confirmation (see ProviderEventRecord):
 // when the provider's event about the refund came first, and was kept, the
-// refund is confirmed here.
+// refund is confirmed here, if the event's order and amount are the refund's.
 func (q *Queries) RefundMarkSucceeded(ctx context.Context, db DBTX, arg RefundMarkSucceededParams) error {
 	_, err := db.Exec(ctx, refundMarkSucceeded, arg.ID, arg.ProviderRefundID)
 	return err
