@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
-	"hash"
 
 	"github.com/google/uuid"
 )
@@ -45,22 +44,29 @@ func newKeySecret() []byte {
 // name. Either way the key is 48 characters of [A-Za-z0-9_-], within the 255
 // that Stripe accepts.
 func derivedKey(id uuid.UUID, secret []byte, operation, scope, key, step string) string {
-	h := sha256.New()
+	// The fields go into one buffer, hashed at once: no hash.Hash to allocate.
+	var arr [256]byte
+	buf := arr[:0]
+	prefix := DerivedKeyPrefix
 	if len(secret) == 0 {
+		prefix = derivedKeyPrefixV1
 		for _, s := range [...]string{operation, scope, key, step} {
-			writeField(h, []byte(s))
+			buf = appendField(buf, s)
 		}
-		return derivedKeyPrefixV1 + base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+	} else {
+		buf = appendField(buf, string(id[:]))
+		buf = appendField(buf, string(secret))
+		buf = appendField(buf, step)
 	}
-	writeField(h, id[:])
-	writeField(h, secret)
-	writeField(h, []byte(step))
-	return DerivedKeyPrefix + base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+	sum := sha256.Sum256(buf)
+	var out [len(DerivedKeyPrefix) + 43]byte // 43: 32 bytes in unpadded base64
+	n := copy(out[:], prefix)
+	base64.RawURLEncoding.Encode(out[n:], sum[:])
+	return string(out[:])
 }
 
-func writeField(h hash.Hash, b []byte) {
-	var n [4]byte
-	binary.BigEndian.PutUint32(n[:], uint32(len(b)))
-	h.Write(n[:])
-	h.Write(b)
+// appendField appends s preceded by its length as a 4-byte big-endian integer.
+func appendField(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(len(s)))
+	return append(b, s...)
 }

@@ -4,8 +4,9 @@
 -- and the statement that ends the operation those of the last. A JSON object
 -- by step name: {"p": position, "a": attempts, "r": "call"|"lookup" (external
 -- steps), "s": started at (microseconds since 1970 UTC), "d": how long it took
--- (microseconds), "o": the operation's state after the step, which a
--- succeeded operation, never run again, does not keep}. A step that failed an attempt, or whose compensation ran, has a
+-- (microseconds), "o": the operation's state after the step, which the
+-- checkpoints that a succeeded operation, never run again, adds as it
+-- finishes leave out}. A step that failed an attempt, or whose compensation ran, has a
 -- row in idemflow_step, which wins over its checkpoint here.
 ALTER TABLE idemflow_operation ADD COLUMN checkpoints jsonb;
 
