@@ -231,8 +231,13 @@ func (e *Engine) serveOperators(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	ids := make([]int64, len(reqs))
+	for i, r := range reqs {
+		ids[i] = r.ID
+	}
+	stopRenewing := e.keepRequests(ctx, ids)
+	defer stopRenewing()
 	for _, r := range reqs {
-		stopRenewing := e.keepRequest(ctx, r.ID)
 		outcome, message := "done", ""
 		var err error
 		switch r.Action {
@@ -254,7 +259,6 @@ func (e *Engine) serveOperators(ctx context.Context) error {
 				outcome = "refused"
 			}
 		}
-		stopRenewing()
 		e.logger.InfoContext(ctx, "operator request carried out", slog.Int64("request", r.ID),
 			slog.String("operation_id", r.OperationID.String()), slog.String("action", r.Action),
 			slog.String("outcome", outcome), slog.String("message", message))
@@ -265,11 +269,12 @@ func (e *Engine) serveOperators(ctx context.Context) error {
 	return nil
 }
 
-// keepRequest keeps request id taken by this process, renewing it every
-// third of a lease, until the returned function is called: a cancel whose
-// compensations outlast a lease is not taken again by another process, which
-// would find the operation running and record the request refused.
-func (e *Engine) keepRequest(ctx context.Context, id int64) (stop func()) {
+// keepRequests keeps the requests ids taken by this process, renewing those
+// not finished every third of a lease, until the returned function is called:
+// a cancel whose compensations outlast a lease, and the requests taken with it
+// that wait for it, are not taken again by another process, which would find
+// the operation running and record the request refused, or carry it out too.
+func (e *Engine) keepRequests(ctx context.Context, ids []int64) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -281,8 +286,8 @@ func (e *Engine) keepRequest(ctx context.Context, id int64) (stop func()) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if err := e.store.OperatorRequestRenew(ctx, e.control, id, e.processID); err != nil && ctx.Err() == nil {
-					e.logger.WarnContext(ctx, "could not renew an operator request; another process may take it", slog.Int64("request", id), slog.Any("error", err))
+				if err := e.store.OperatorRequestRenew(ctx, e.control, ids, e.processID); err != nil && ctx.Err() == nil {
+					e.logger.WarnContext(ctx, "could not renew operator requests; another process may take them", slog.Any("error", err))
 				}
 			}
 		}

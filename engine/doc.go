@@ -41,9 +41,12 @@
 // rides with the next transaction, the one of the next transactional step or the
 // one that stores the result. So an operation of a transactional step, an external
 // step and another transactional step commits twice, the floor for one call to
-// the outside world, and sends three statements of its own beside the steps':
-// the reservation, the insert of the first transaction's checkpoints, and the
-// statement that stores the result with the last transaction's checkpoints.
+// the outside world, and sends two statements of its own beside the steps': the
+// reservation, which carries the first transaction's checkpoints when the step
+// sent nothing before its commit (else they are one update of the row more),
+// and the statement that stores the result with the last transaction's
+// checkpoints. Checkpoints live in the operation's row; a step that failed an
+// attempt, or whose compensation ran, has a row of its own.
 //
 // None of them costs a round trip of its own. A step's transaction (a Tx) sends
 // nothing until the step does: then BEGIN, and on a first attempt the

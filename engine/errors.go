@@ -33,7 +33,8 @@ var (
 	ErrInvalidKey = errors.New("invalid idempotency key")
 	// ErrStopped is returned by Start once the engine is stopping.
 	ErrStopped = errors.New("engine stopped")
-	// ErrRunning is returned by Cancel for an operation that a live run holds.
+	// ErrRunning is returned by Cancel and Reopen for an operation that a live
+	// run holds.
 	ErrRunning = errors.New("operation is running")
 	// ErrNotFailed is returned by Reopen for an operation that has neither failed
 	// nor been parked.

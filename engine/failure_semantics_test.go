@@ -1048,9 +1048,9 @@ func TestUndecodableStateParks(t *testing.T) {
 		corrupt    string
 		compensate bool
 	}{
-		{"State", `UPDATE idemflow_operation SET checkpoints = jsonb_set(checkpoints, '{first,o}', '{"renamed": 1}') WHERE id = $1`, false},
+		{"State", `UPDATE idemflow_operation SET checkpoints = jsonb_set(checkpoints, '{first,o}', to_jsonb('{"renamed": 1}'::text)) WHERE id = $1`, false},
 		{"Input", `UPDATE idemflow_operation SET input = '{"renamed": 1}' WHERE id = $1`, false},
-		{"StateWithCompensation", `UPDATE idemflow_operation SET checkpoints = jsonb_set(checkpoints, '{first,o}', '{"renamed": 1}') WHERE id = $1`, true},
+		{"StateWithCompensation", `UPDATE idemflow_operation SET checkpoints = jsonb_set(checkpoints, '{first,o}', to_jsonb('{"renamed": 1}'::text)) WHERE id = $1`, true},
 		{"InputWithCompensation", `UPDATE idemflow_operation SET input = '{"renamed": 1}' WHERE id = $1`, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1885,4 +1885,34 @@ func TestAdminCancelOutlastsLease(t *testing.T) {
 	require.Equal(t, engine.CodeCancelled, info.Error.Code)
 	require.Equal(t, int32(1), f.debitUndos.Load())
 	require.Equal(t, fsBooks{debits: 1, reversals: 1}, fsReadBooks(t, pool))
+}
+
+// TestReopenRefusesAHeldOperation: a parked operation that a live run holds
+// (an operator's cancel, compensating it) is not reopened under it.
+func TestReopenRefusesAHeldOperation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := fsPool(t)
+	f := &fsFlow{pool: pool, retry: engine.RetryPolicy{Base: 5 * time.Millisecond, MaxAttempts: 2},
+		payFault: func(int) (bool, error) { return false, errors.New("connection reset") },
+	}
+	op := f.op(t, "held")
+	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
+	require.NoError(t, err)
+	// Out of attempts with no lookup: parked, its outcome unknown.
+	info := fsAwait(t, e, s.ID, "parked", fsParked)
+	require.Equal(t, engine.CodeOutcomeUnknown, info.Attention.Code)
+
+	// As a cancel's claim leaves it while it compensates.
+	_, err = pool.Exec(ctx, `UPDATE idemflow_operation SET locked_by = gen_random_uuid(), locked_until = now() + interval '1 hour' WHERE id = $1`, s.ID)
+	require.NoError(t, err)
+	require.ErrorIs(t, e.Reopen(ctx, s.ID), engine.ErrRunning)
+	again := fsGet(t, e, s.ID)
+	require.True(t, again.Parked, "reopened under its holder")
+
+	// Its holder gone (the lease expired), it reopens.
+	_, err = pool.Exec(ctx, `UPDATE idemflow_operation SET locked_until = now() - interval '1 second' WHERE id = $1`, s.ID)
+	require.NoError(t, err)
+	require.NoError(t, e.Reopen(ctx, s.ID))
 }

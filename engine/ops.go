@@ -24,7 +24,8 @@ import (
 // its compensations get their attempts again.
 //
 // It returns ErrNotFailed when the operation has neither failed nor been
-// parked, and ErrCompensated, changing nothing, when it would go forward
+// parked, ErrRunning when a live run holds it (an operator's cancel), and
+// ErrCompensated, changing nothing, when it would go forward
 // although a step that calls out was compensated: run again under the same
 // derived key, that call would be answered with the one that was undone, and
 // the step would read as done. Such an operation is over; a new one, under a
@@ -52,6 +53,10 @@ func (e *Engine) Reopen(ctx context.Context, id uuid.UUID) error {
 	ok, err := e.store.OperationReopen(ctx, tx, id, e.cfg.Lease, compensating)
 	if err != nil {
 		return fmt.Errorf("engine: retry: %w", err)
+	}
+	if !ok && rec.LockedBy != nil && (rec.State == store.OperationFailed || rec.Parked) {
+		// A cancel holds it, and is compensating.
+		return fmt.Errorf("engine: retry %s: %w", id, ErrRunning)
 	}
 	if !ok {
 		return fmt.Errorf("engine: retry %s: %w (it is %s)", id, ErrNotFailed, rec.State)

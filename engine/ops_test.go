@@ -27,8 +27,8 @@ func TestDeleteFinished(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 	// And enough old finished rows to take more than one batch.
-	_, err = b.pool.Exec(ctx, `INSERT INTO idemflow_operation (id, name, scope, key, state, steps, input, locked_until, created_at, finished_at)
-		SELECT gen_random_uuid(), 'transfer', 'bulk', 'k' || i, 'succeeded', '{ledger}', '{}', now(), now() - interval '3 days', now() - interval '3 days'
+	_, err = b.pool.Exec(ctx, `INSERT INTO idemflow_operation (id, name, scope, key, state, steps, input, locked_until, created_at, finished_at, format)
+		SELECT gen_random_uuid(), 'transfer', 'bulk', 'k' || i, 'succeeded', '{ledger}', '{}', now(), now() - interval '3 days', now() - interval '3 days', 2
 		FROM generate_series(1, 2500) i`)
 	require.NoError(t, err)
 	count := func() (finished, inProgress int) {

@@ -24,6 +24,7 @@ func (e *Engine) runner(fn func()) {
 	defer idle.Stop()
 	for {
 		fn()
+		fn = nil // not kept alive while idle
 		idle.Reset(runnerIdle)
 		select {
 		case fn = <-e.idleRunners:

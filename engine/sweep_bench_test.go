@@ -22,8 +22,8 @@ func BenchmarkSweepWaiting(b *testing.B) {
 			ctx := context.Background()
 			pool := testdb.Pool(b)
 			_, err := pool.Exec(ctx, `
-				INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, locked_until)
-				SELECT gen_random_uuid(), 'ver', 2, 'c', 'k' || g, '{a,b,c}', '1', now() - interval '1 hour'
+				INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, locked_until, format)
+				SELECT gen_random_uuid(), 'ver', 2, 'c', 'k' || g, '{a,b,c}', '1', now() - interval '1 hour', 2
 				FROM generate_series(1, $1) AS g`, waiting)
 			require.NoError(b, err)
 			for _, sql := range []string{"VACUUM ANALYZE idemflow_operation", "CHECKPOINT"} {

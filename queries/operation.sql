@@ -2,9 +2,9 @@
 -- The lease counts from the statement, not from the start of the caller's
 -- transaction, which may have begun long before.
 -- Without locked_by, its runs start at 0: the River job's claim counts the first.
-INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at, runs)
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at, runs, format)
 VALUES (@id, @name, @version, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @key_secret, sqlc.narg('locked_by'), coalesce(sqlc.narg('now')::timestamptz, clock_timestamp()) + @lease::interval, coalesce(sqlc.narg('now')::timestamptz, now()),
-        CASE WHEN sqlc.narg('locked_by')::uuid IS NULL THEN 0 ELSE 1 END)
+        CASE WHEN sqlc.narg('locked_by')::uuid IS NULL THEN 0 ELSE 1 END, 2)
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING created_at;
 
@@ -16,9 +16,9 @@ RETURNING created_at;
 -- The lease counts from the statement (clock_timestamp), not from the start of
 -- its transaction. checkpoints are those of the steps that its transaction
 -- carries, sent with it when the transaction sends nothing before its commit.
-INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, checkpoints)
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, checkpoints, format)
 VALUES (@id, @name, @version, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @key_secret, @locked_by, clock_timestamp() + @lease::interval,
-        sqlc.narg('checkpoints')::jsonb);
+        sqlc.narg('checkpoints')::jsonb, 2);
 
 -- name: OperationCheckpoint :exec
 -- Adds checkpoints (an object by step name, see store migration 00010) to the
@@ -181,8 +181,8 @@ WHERE id IN (
 SELECT * FROM idemflow_operation WHERE id = @id FOR UPDATE;
 
 -- name: OperationReopen :execrows
--- Gives a failed or parked operation back to the runs, for an operator's
--- retry. With keep_error, a parked operation that was compensating keeps its
+-- Gives a failed or parked operation that no live run holds (a cancel may
+-- hold a parked one) back to the runs, for an operator's retry. With keep_error, a parked operation that was compensating keeps its
 -- error, so that its next run goes on with the compensations.
 UPDATE idemflow_operation
 SET state = 'in_progress', result = NULL,
@@ -191,7 +191,8 @@ SET state = 'in_progress', result = NULL,
     attention_code = NULL, attention = NULL, parked = false,
     locked_by = NULL, locked_until = now() + sqlc.arg(lease)::interval
 WHERE id = sqlc.arg(id)
-  AND (state = 'failed' OR state = 'in_progress' AND parked);
+  AND (state = 'failed' OR state = 'in_progress' AND parked)
+  AND (locked_by IS NULL OR locked_until < now());
 
 -- name: OperationList :many
 -- Operations newest first, for operators, with optional filters: a state, a

@@ -44,12 +44,12 @@ WHERE r.id = t.id
 RETURNING r.id, r.operation_id, r.action, r.reason;
 
 -- name: OperatorRequestRenew :exec
--- Keeps a request that taken_by is carrying out taken, so that no other
--- process takes it again meanwhile (a cancel's compensations may take
--- longer than a lease).
+-- Keeps the requests that taken_by took and has not finished taken, so that
+-- no other process takes them again meanwhile (a cancel's compensations may
+-- take longer than a lease, and the requests taken with it wait for it).
 UPDATE idemflow_operator_request
 SET taken_at = now()
-WHERE id = @id AND taken_by = @taken_by AND done_at IS NULL;
+WHERE id = ANY (sqlc.arg(ids)::bigint[]) AND taken_by = @taken_by AND done_at IS NULL;
 
 -- name: OperatorRequestFinish :exec
 UPDATE idemflow_operator_request

@@ -8,8 +8,8 @@ FROM idemflow_step_recorded WHERE operation_id = @operation_id ORDER BY position
 -- Gives a step kept as a checkpoint in its operation's row a row of its own,
 -- which then wins over the checkpoint: what a compensation marks. Nothing when
 -- the step has a row already.
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by)
-SELECT r.operation_id, r.name, r.position, r.state, r.attempts, r.output, r.started_at, r.finished_at, r.resolved_by
+INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by, format)
+SELECT r.operation_id, r.name, r.position, r.state, r.attempts, r.output, r.started_at, r.finished_at, r.resolved_by, 2
 FROM idemflow_step_recorded AS r
 WHERE r.operation_id = @operation_id AND r.name = @name
 ON CONFLICT (operation_id, name) DO NOTHING;
@@ -20,9 +20,9 @@ ON CONFLICT (operation_id, name) DO NOTHING;
 -- nothing overwrites a succeeded or compensated step, nor a checkpoint in the
 -- operation's row. The run that writes it is fenced by OperationFence in the
 -- same transaction.
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at)
+INSERT INTO idemflow_step (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at, format)
 SELECT @operation_id, @name, @position, @state, @attempts, @last_error, @last_cause, @started_at,
-       CASE WHEN @state::text = 'failed' THEN coalesce(sqlc.narg('now')::timestamptz, now()) END
+       CASE WHEN @state::text = 'failed' THEN coalesce(sqlc.narg('now')::timestamptz, now()) END, 2
 WHERE NOT EXISTS (
     SELECT 1 FROM idemflow_operation
     WHERE id = @operation_id AND checkpoints -> @name::text IS NOT NULL

@@ -32,7 +32,7 @@ func TestCheckpoints(t *testing.T) {
 	require.NoError(t, st.OperationReserve(ctx, pool, store.OperationInsertParams{
 		ID: id, Name: "op", Version: 1, Scope: "s", Key: "k", Steps: []string{"a", "b", "c", "d"},
 		Input: json.RawMessage(`{}`), KeySecret: make([]byte, 16), LockedBy: &run, Lease: time.Minute,
-		Checkpoints: []store.StepCheckpointParams{step("a", 0, "", `{"n": 1, "name": "quote \" and \\ é"}`)},
+		Checkpoints: []store.StepCheckpointParams{step("a", 0, "", `{"n":1,"name":"quote \" and \\ é, \u0000","b":0}`)},
 	}))
 	require.NoError(t, st.StepCheckpointMany(ctx, pool, store.StepCheckpointManyParams{
 		OperationID: id, Run: run, Steps: []store.StepCheckpointParams{step("b", 1, "lookup", `{"n": 2}`)},
@@ -48,14 +48,14 @@ func TestCheckpoints(t *testing.T) {
 	require.Len(t, steps, 2)
 	for i, want := range []struct {
 		name, resolvedBy, output string
-	}{{"a", "", `{"n": 1, "name": "quote \" and \\ é"}`}, {"b", "lookup", `{"n": 2}`}} {
+	}{{"a", "", `{"n":1,"name":"quote \" and \\ é, \u0000","b":0}`}, {"b", "lookup", `{"n": 2}`}} {
 		got := steps[i]
 		require.Equal(t, want.name, got.Name)
 		require.Equal(t, i, got.Position)
 		require.Equal(t, store.StepSucceeded, got.State)
 		require.Equal(t, 1, got.Attempts)
 		require.Equal(t, want.resolvedBy, got.ResolvedBy)
-		require.JSONEq(t, want.output, string(got.Output))
+		require.Equal(t, want.output, string(got.Output), "the state's exact bytes")
 		require.True(t, started.Equal(got.StartedAt), "started %s, read %s", started, got.StartedAt)
 		require.NotNil(t, got.FinishedAt)
 		require.WithinDuration(t, time.Now(), *got.FinishedAt, 10*time.Second)
@@ -102,4 +102,23 @@ func TestCheckpoints(t *testing.T) {
 		names = append(names, s.Name)
 	}
 	require.Equal(t, []string{"a", "c"}, names)
+}
+
+// TestFormatRefusesOlderWriters: a binary from before store migration 00010,
+// which does not set the rows' format, can insert neither an operation nor a
+// step: it would read steps without their checkpoints and run them again.
+func TestFormatRefusesOlderWriters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	id := uuid.New()
+	_, err := pool.Exec(ctx, `INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, locked_by, locked_until)
+		VALUES ($1, 'op', 1, 's', 'k', '{a}', '{}', gen_random_uuid(), now())`, id)
+	require.Equal(t, "23502", pgError(t, err).Code, "not null violation")
+	_, err = pool.Exec(ctx, `INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, locked_by, locked_until, format)
+		VALUES ($1, 'op', 1, 's', 'k', '{a}', '{}', gen_random_uuid(), now(), 2)`, id)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at)
+		VALUES ($1, 'a', 0, 'succeeded', 1, '{}', now())`, id)
+	require.Equal(t, "23502", pgError(t, err).Code, "not null violation")
 }

@@ -114,10 +114,10 @@ func (s *Store) OperatorRequestTake(ctx context.Context, db DBTX, takenBy uuid.U
 	return out, nil
 }
 
-// OperatorRequestRenew keeps request id taken by takenBy while it carries it
-// out.
-func (s *Store) OperatorRequestRenew(ctx context.Context, db DBTX, id int64, takenBy uuid.UUID) error {
-	if err := s.q.OperatorRequestRenew(ctx, db, dbsqlc.OperatorRequestRenewParams{ID: id, TakenBy: pguuid.Ptr(&takenBy)}); err != nil {
+// OperatorRequestRenew keeps the requests ids that takenBy took, and has not
+// finished, taken.
+func (s *Store) OperatorRequestRenew(ctx context.Context, db DBTX, ids []int64, takenBy uuid.UUID) error {
+	if err := s.q.OperatorRequestRenew(ctx, db, dbsqlc.OperatorRequestRenewParams{Ids: ids, TakenBy: pguuid.Ptr(&takenBy)}); err != nil {
 		return fmt.Errorf("store: renew operator request: %w", err)
 	}
 	return nil

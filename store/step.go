@@ -215,7 +215,8 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 // encodeCheckpoints encodes steps as the checkpoints column holds them (store
 // migration 00010): an object by step name of {"p": position, "a": attempts,
 // "r": resolved by (when set), "s": started at and "d": how long until
-// finishedAt (microseconds), "o": the state after the step}. It returns nil for no steps. Written by hand: it is
+// finishedAt (microseconds), "o": the state after the step, a string of its
+// JSON}. It returns nil for no steps. Written by hand: it is
 // on every operation's path, and encoding/json would reflect over a map.
 func encodeCheckpoints(steps []StepCheckpointParams, finishedAt time.Time) json.RawMessage {
 	return encodeCheckpointsWith(steps, finishedAt, true)
@@ -245,17 +246,33 @@ func encodeCheckpointsWith(steps []StepCheckpointParams, finishedAt time.Time, w
 		b = strconv.AppendInt(b, st.StartedAt.UnixMicro(), 10)
 		b = append(b, `,"d":`...)
 		b = strconv.AppendInt(b, max(finishedAt.Sub(st.StartedAt).Microseconds(), 0), 10)
-		if withState {
+		if withState && len(st.Output) > 0 {
+			// As a string of the exact bytes: jsonb would reorder the state's
+			// keys, and refuses the \u0000 that a state may hold.
 			b = append(b, `,"o":`...)
-			if len(st.Output) == 0 {
-				b = append(b, "null"...)
-			} else {
-				b = append(b, st.Output...)
-			}
+			b = appendJSONStringBytes(b, st.Output)
 		}
 		b = append(b, '}')
 	}
 	return append(b, '}')
+}
+
+// appendJSONStringBytes appends s as a JSON string: s is JSON text, with no
+// raw control characters but quotes and backslashes to escape.
+func appendJSONStringBytes(b, s []byte) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for _, c := range s {
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
 }
 
 func stepNames(steps []StepCheckpointParams) []string {

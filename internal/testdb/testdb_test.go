@@ -18,8 +18,8 @@ import (
 func insertOperation(t *testing.T, pool *pgxpool.Pool, key string) {
 	t.Helper()
 	_, err := pool.Exec(t.Context(), `
-		INSERT INTO idemflow_operation (id, name, scope, key, steps, input, locked_until)
-		VALUES (gen_random_uuid(), 'isolation', 'testdb', $1, '{}', '{}', now())`, key)
+		INSERT INTO idemflow_operation (id, name, scope, key, steps, input, locked_until, format)
+		VALUES (gen_random_uuid(), 'isolation', 'testdb', $1, '{}', '{}', now(), 2)`, key)
 	require.NoError(t, err)
 }
 

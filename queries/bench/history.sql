@@ -23,7 +23,7 @@ WHERE o.client = r.client AND o.order_id = r.order_id;
 -- The ids are time-ordered, version 7 like the engine's, so that the primary
 -- key's history sorts before what the timed modes insert.
 INSERT INTO idemflow_operation (id, name, scope, key, state, steps, input, result, checkpoints,
-                                runs, locked_by, locked_until, created_at, finished_at, expires_at)
+                                runs, locked_by, locked_until, created_at, finished_at, expires_at, format)
 SELECT (lpad(to_hex((extract(epoch FROM t.finished_at) * 1000)::bigint), 12, '0') || '7'
         || substr(replace(gen_random_uuid()::text, '-', ''), 14, 19))::uuid,
        'refund', sqlc.arg(scope)::text, sqlc.arg(prefix)::text || g, 'succeeded',
@@ -38,6 +38,6 @@ SELECT (lpad(to_hex((extract(epoch FROM t.finished_at) * 1000)::bigint), 12, '0'
                 || CASE WHEN s.name = 'provider' THEN jsonb_build_object('r', 'call') ELSE '{}'::jsonb END)
         FROM (VALUES ('ledger', 0), ('provider', 1), ('finalize', 2)) AS s (name, position)),
        1, NULL, t.finished_at + interval '5 minutes', t.finished_at - interval '5 milliseconds', t.finished_at,
-       t.finished_at + interval '24 hours'
+       t.finished_at + interval '24 hours', 2
 FROM generate_series(1, sqlc.arg(count)::integer) AS g
 CROSS JOIN LATERAL (SELECT now() - interval '1 hour' + interval '1 hour' * g / (sqlc.arg(count)::integer + 1) AS finished_at) AS t;

@@ -4,11 +4,23 @@
 -- and the statement that ends the operation those of the last. A JSON object
 -- by step name: {"p": position, "a": attempts, "r": "call"|"lookup" (external
 -- steps), "s": started at (microseconds since 1970 UTC), "d": how long it took
--- (microseconds), "o": the operation's state after the step, which the
--- checkpoints that a succeeded operation, never run again, adds as it
+-- (microseconds), "o": the operation's state after the step, as a string
+-- holding its JSON (jsonb would reorder its keys, and refuses \u0000), which
+-- the checkpoints that a succeeded operation, never run again, adds as it
 -- finishes leave out}. A step that failed an attempt, or whose compensation ran, has a
 -- row in idemflow_step, which wins over its checkpoint here.
 ALTER TABLE idemflow_operation ADD COLUMN checkpoints jsonb;
+
+-- format: the layout of the row's writer, 2 from this migration on, which a
+-- binary from before it does not know and so cannot insert. Such a binary
+-- would read an operation's steps without its checkpoints and run them again:
+-- left running through the deploy, it fails every start (the reservation is an
+-- insert) and every step (each records a row), and moves nothing. Existing
+-- rows take 2; there is no default for new ones.
+ALTER TABLE idemflow_operation ADD COLUMN format smallint NOT NULL DEFAULT 2;
+ALTER TABLE idemflow_operation ALTER COLUMN format DROP DEFAULT;
+ALTER TABLE idemflow_step ADD COLUMN format smallint NOT NULL DEFAULT 2;
+ALTER TABLE idemflow_step ALTER COLUMN format DROP DEFAULT;
 
 -- Every step an operation has recorded: its rows, and the checkpoints in its
 -- operation's row that no row overrides. What the engine reads a run's steps
@@ -19,7 +31,7 @@ SELECT s.operation_id, s.name, s.position, s.state, s.attempts, s.output, s.last
 FROM idemflow_step AS s
 UNION ALL
 SELECT o.id, c.key, (c.value ->> 'p')::integer, 'succeeded'::text, (c.value ->> 'a')::integer,
-       (c.value -> 'o')::json, NULL::text,
+       (c.value ->> 'o')::json, NULL::text,
        timestamptz 'epoch' + (c.value ->> 's')::bigint * interval '1 microsecond',
        timestamptz 'epoch' + ((c.value ->> 's')::bigint + (c.value ->> 'd')::bigint) * interval '1 microsecond',
        NULL::text,
@@ -32,9 +44,10 @@ WHERE o.checkpoints IS NOT NULL
 ---- create above / drop below ----
 
 -- The checkpoints become rows again, for the binaries before this migration.
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by)
-SELECT operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by
+INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by, format)
+SELECT operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by, 2
 FROM idemflow_step_recorded AS r
 WHERE NOT EXISTS (SELECT 1 FROM idemflow_step AS s WHERE s.operation_id = r.operation_id AND s.name = r.name);
 DROP VIEW idemflow_step_recorded;
-ALTER TABLE idemflow_operation DROP COLUMN checkpoints;
+ALTER TABLE idemflow_step DROP COLUMN format;
+ALTER TABLE idemflow_operation DROP COLUMN format, DROP COLUMN checkpoints;

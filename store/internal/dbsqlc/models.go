@@ -34,6 +34,7 @@ type IdemflowOperation struct {
 	Version       int32
 	ExpiresAt     *time.Time
 	Checkpoints   json.RawMessage
+	Format        int16
 }
 
 type IdemflowOperatorRequest struct {
@@ -72,6 +73,7 @@ type IdemflowStep struct {
 	LastCause     *string
 	ResolvedBy    *string
 	Compensations int32
+	Format        int16
 }
 
 type IdemflowStepRecorded struct {

@@ -51,7 +51,7 @@ WHERE id = $4
   AND version = ANY ($5::integer[])
   AND (locked_by IS NULL OR locked_until < coalesce($2::timestamptz, now()))
   AND (NOT parked OR $6::boolean)
-RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints
+RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format
 `
 
 type OperationClaimParams struct {
@@ -100,6 +100,7 @@ func (q *Queries) OperationClaim(ctx context.Context, db DBTX, arg OperationClai
 		&i.Version,
 		&i.ExpiresAt,
 		&i.Checkpoints,
+		&i.Format,
 	)
 	return &i, err
 }
@@ -282,7 +283,7 @@ func (q *Queries) OperationFinish(ctx context.Context, db DBTX, arg OperationFin
 }
 
 const operationGet = `-- name: OperationGet :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints FROM idemflow_operation WHERE id = $1
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format FROM idemflow_operation WHERE id = $1
 `
 
 func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*IdemflowOperation, error) {
@@ -311,12 +312,13 @@ func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*I
 		&i.Version,
 		&i.ExpiresAt,
 		&i.Checkpoints,
+		&i.Format,
 	)
 	return &i, err
 }
 
 const operationGetByKey = `-- name: OperationGetByKey :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints FROM idemflow_operation WHERE scope = $1 AND key = $2
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format FROM idemflow_operation WHERE scope = $1 AND key = $2
 `
 
 type OperationGetByKeyParams struct {
@@ -350,12 +352,13 @@ func (q *Queries) OperationGetByKey(ctx context.Context, db DBTX, arg OperationG
 		&i.Version,
 		&i.ExpiresAt,
 		&i.Checkpoints,
+		&i.Format,
 	)
 	return &i, err
 }
 
 const operationGetForUpdate = `-- name: OperationGetForUpdate :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints FROM idemflow_operation WHERE id = $1 FOR UPDATE
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format FROM idemflow_operation WHERE id = $1 FOR UPDATE
 `
 
 // The operation, locked until the transaction ends: an operator's retry
@@ -386,6 +389,7 @@ func (q *Queries) OperationGetForUpdate(ctx context.Context, db DBTX, id pguuid.
 		&i.Version,
 		&i.ExpiresAt,
 		&i.Checkpoints,
+		&i.Format,
 	)
 	return &i, err
 }
@@ -463,9 +467,9 @@ func (q *Queries) OperationInProgressStats(ctx context.Context, db DBTX) ([]*Ope
 }
 
 const operationInsert = `-- name: OperationInsert :one
-INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at, runs)
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at, runs, format)
 VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8, $9, $10, coalesce($11::timestamptz, clock_timestamp()) + $12::interval, coalesce($11::timestamptz, now()),
-        CASE WHEN $10::uuid IS NULL THEN 0 ELSE 1 END)
+        CASE WHEN $10::uuid IS NULL THEN 0 ELSE 1 END, 2)
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING created_at
 `
@@ -509,7 +513,7 @@ func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationIns
 }
 
 const operationList = `-- name: OperationList :many
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints FROM idemflow_operation
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format FROM idemflow_operation
 WHERE ($1::text IS NULL OR state = $1::text)
   AND ($2::text IS NULL OR name = $2::text)
   AND ($3::text IS NULL OR scope = $3::text)
@@ -576,6 +580,7 @@ func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListP
 			&i.Version,
 			&i.ExpiresAt,
 			&i.Checkpoints,
+			&i.Format,
 		); err != nil {
 			return nil, err
 		}
@@ -834,6 +839,7 @@ SET state = 'in_progress', result = NULL,
     locked_by = NULL, locked_until = now() + $2::interval
 WHERE id = $3
   AND (state = 'failed' OR state = 'in_progress' AND parked)
+  AND (locked_by IS NULL OR locked_until < now())
 `
 
 type OperationReopenParams struct {
@@ -842,8 +848,8 @@ type OperationReopenParams struct {
 	ID        pguuid.UUID
 }
 
-// Gives a failed or parked operation back to the runs, for an operator's
-// retry. With keep_error, a parked operation that was compensating keeps its
+// Gives a failed or parked operation that no live run holds (a cancel may
+// hold a parked one) back to the runs, for an operator's retry. With keep_error, a parked operation that was compensating keeps its
 // error, so that its next run goes on with the compensations.
 func (q *Queries) OperationReopen(ctx context.Context, db DBTX, arg OperationReopenParams) (int64, error) {
 	result, err := db.Exec(ctx, operationReopen, arg.KeepError, arg.Lease, arg.ID)
@@ -854,9 +860,9 @@ func (q *Queries) OperationReopen(ctx context.Context, db DBTX, arg OperationReo
 }
 
 const operationReserve = `-- name: OperationReserve :exec
-INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, checkpoints)
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, checkpoints, format)
 VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8, $9, $10, clock_timestamp() + $11::interval,
-        $12::jsonb)
+        $12::jsonb, 2)
 `
 
 type OperationReserveParams struct {

@@ -95,19 +95,19 @@ func (q *Queries) OperatorRequestInsert(ctx context.Context, db DBTX, arg Operat
 const operatorRequestRenew = `-- name: OperatorRequestRenew :exec
 UPDATE idemflow_operator_request
 SET taken_at = now()
-WHERE id = $1 AND taken_by = $2 AND done_at IS NULL
+WHERE id = ANY ($1::bigint[]) AND taken_by = $2 AND done_at IS NULL
 `
 
 type OperatorRequestRenewParams struct {
-	ID      int64
+	Ids     []int64
 	TakenBy *pguuid.UUID
 }
 
-// Keeps a request that taken_by is carrying out taken, so that no other
-// process takes it again meanwhile (a cancel's compensations may take
-// longer than a lease).
+// Keeps the requests that taken_by took and has not finished taken, so that
+// no other process takes them again meanwhile (a cancel's compensations may
+// take longer than a lease, and the requests taken with it wait for it).
 func (q *Queries) OperatorRequestRenew(ctx context.Context, db DBTX, arg OperatorRequestRenewParams) error {
-	_, err := db.Exec(ctx, operatorRequestRenew, arg.ID, arg.TakenBy)
+	_, err := db.Exec(ctx, operatorRequestRenew, arg.Ids, arg.TakenBy)
 	return err
 }
 

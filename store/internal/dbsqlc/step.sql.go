@@ -117,8 +117,8 @@ func (q *Queries) StepListByOperation(ctx context.Context, db DBTX, operationID 
 }
 
 const stepMaterialize = `-- name: StepMaterialize :exec
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by)
-SELECT r.operation_id, r.name, r.position, r.state, r.attempts, r.output, r.started_at, r.finished_at, r.resolved_by
+INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by, format)
+SELECT r.operation_id, r.name, r.position, r.state, r.attempts, r.output, r.started_at, r.finished_at, r.resolved_by, 2
 FROM idemflow_step_recorded AS r
 WHERE r.operation_id = $1 AND r.name = $2
 ON CONFLICT (operation_id, name) DO NOTHING
@@ -138,9 +138,9 @@ func (q *Queries) StepMaterialize(ctx context.Context, db DBTX, arg StepMaterial
 }
 
 const stepRecordFailure = `-- name: StepRecordFailure :exec
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at)
+INSERT INTO idemflow_step (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at, format)
 SELECT $1, $2, $3, $4, $5, $6, $7, $8,
-       CASE WHEN $4::text = 'failed' THEN coalesce($9::timestamptz, now()) END
+       CASE WHEN $4::text = 'failed' THEN coalesce($9::timestamptz, now()) END, 2
 WHERE NOT EXISTS (
     SELECT 1 FROM idemflow_operation
     WHERE id = $1 AND checkpoints -> $2::text IS NOT NULL

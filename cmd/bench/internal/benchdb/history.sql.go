@@ -11,7 +11,7 @@ import (
 
 const historyOperationInsertSeries = `-- name: HistoryOperationInsertSeries :execrows
 INSERT INTO idemflow_operation (id, name, scope, key, state, steps, input, result, checkpoints,
-                                runs, locked_by, locked_until, created_at, finished_at, expires_at)
+                                runs, locked_by, locked_until, created_at, finished_at, expires_at, format)
 SELECT (lpad(to_hex((extract(epoch FROM t.finished_at) * 1000)::bigint), 12, '0') || '7'
         || substr(replace(gen_random_uuid()::text, '-', ''), 14, 19))::uuid,
        'refund', $1::text, $2::text || g, 'succeeded',
@@ -26,7 +26,7 @@ SELECT (lpad(to_hex((extract(epoch FROM t.finished_at) * 1000)::bigint), 12, '0'
                 || CASE WHEN s.name = 'provider' THEN jsonb_build_object('r', 'call') ELSE '{}'::jsonb END)
         FROM (VALUES ('ledger', 0), ('provider', 1), ('finalize', 2)) AS s (name, position)),
        1, NULL, t.finished_at + interval '5 minutes', t.finished_at - interval '5 milliseconds', t.finished_at,
-       t.finished_at + interval '24 hours'
+       t.finished_at + interval '24 hours', 2
 FROM generate_series(1, $4::integer) AS g
 CROSS JOIN LATERAL (SELECT now() - interval '1 hour' + interval '1 hour' * g / ($4::integer + 1) AS finished_at) AS t
 `

@@ -117,6 +117,7 @@ type IdemflowOperation struct {
 	Version       int32
 	ExpiresAt     *time.Time
 	Checkpoints   []byte
+	Format        int16
 }
 
 type IdemflowOperatorRequest struct {
@@ -155,6 +156,7 @@ type IdemflowStep struct {
 	LastCause     *string
 	ResolvedBy    *string
 	Compensations int32
+	Format        int16
 }
 
 type IdemflowStepRecorded struct {
