@@ -101,7 +101,8 @@ func TestAtCommit(t *testing.T) {
 }
 
 // TestAtCommitCost: tx steps that write only through AtCommit cost one round
-// trip per transaction, reservation, checkpoint and commit included.
+// trip per transaction, reservation, checkpoint and commit included, and the
+// engine two statements of its own.
 func TestAtCommitCost(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -125,6 +126,9 @@ func TestAtCommitCost(t *testing.T) {
 		// COMMIT.
 		require.Equal(t, 2, counter.roundTrips)
 		require.Zero(t, counter.begins)
+		// The reservation carries the first step's checkpoint: two statements
+		// of the engine's own, as many as a hand-written refund sends.
+		require.Equal(t, []string{"OperationReserve", "OperationFinish"}, counter.engine)
 		counter.mu.Unlock()
 	}
 }
