@@ -15,6 +15,7 @@ const providerEventRecord = `-- name: ProviderEventRecord :exec
 WITH event AS (
     INSERT INTO demo_provider_event (event_id, type, provider_refund_id, order_id, amount, operation_id)
     VALUES ($1, $2, $3, $4, $5, $6)
+    ON CONFLICT (event_id) DO NOTHING
     RETURNING event_id, provider_refund_id, order_id, amount
 )
 INSERT INTO demo_refund_confirmation AS c (provider_refund_id, event_id, event_order_id, event_amount)
@@ -41,8 +42,10 @@ type ProviderEventRecordParams struct {
 }
 
 // Records a provider's event about one of its refunds, and confirms the refund
-// when its finalize step has recorded it, in one statement that fails when the
-// event is recorded already: the confirm step sends it with engine.AtCommit.
+// when its finalize step has recorded it, in one statement that the confirm
+// step sends with engine.AtCommit. An event recorded already (delivered again
+// after the retention deleted its operation, whose key is then free) changes
+// nothing: the event is applied once, however often it comes.
 // The confirmation's row is where the event meets the refund (see
 // RefundMarkSucceeded): ON CONFLICT DO UPDATE waits for a concurrent writer of
 // the row and then reads the version it committed, so the half that comes
