@@ -122,3 +122,38 @@ func TestFormatRefusesOlderWriters(t *testing.T) {
 		VALUES ($1, 'a', 0, 'succeeded', 1, '{}', now())`, id)
 	require.Equal(t, "23502", pgError(t, err).Code, "not null violation")
 }
+
+// TestCheckpointsDownMigration: undoing store migration 00010 turns the
+// checkpoints back into step rows, for the binaries before it.
+func TestCheckpointsDownMigration(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	st := store.New()
+	run, id := uuid.New(), uuid.Must(uuid.NewV7())
+	started := time.Now().Truncate(time.Microsecond)
+	require.NoError(t, st.OperationReserve(ctx, pool, store.OperationInsertParams{
+		ID: id, Name: "op", Version: 1, Scope: "s", Key: "k", Steps: []string{"a", "b"},
+		Input: json.RawMessage(`{}`), KeySecret: make([]byte, 16), LockedBy: &run, Lease: time.Minute,
+		Checkpoints: []store.StepCheckpointParams{{Name: "a", Position: 0, Attempts: 1, Output: json.RawMessage(`{"n":1}`), StartedAt: started}},
+	}))
+	require.NoError(t, st.StepRecordFailure(ctx, pool, store.StepRecordFailureParams{
+		OperationID: id, Name: "b", Position: 1, State: store.StepRetrying, Attempts: 1, LastError: "x", StartedAt: started,
+	}))
+
+	migrateTo(t, pool, 9)
+	type row struct {
+		name, state string
+		output      string
+	}
+	var got []row
+	rows, err := pool.Query(ctx, `SELECT name, state, coalesce(output::text, '') FROM idemflow_step WHERE operation_id = $1 ORDER BY position`, id)
+	require.NoError(t, err)
+	for rows.Next() {
+		var r row
+		require.NoError(t, rows.Scan(&r.name, &r.state, &r.output))
+		got = append(got, r)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []row{{"a", "succeeded", `{"n":1}`}, {"b", "retrying", ""}}, got)
+}
