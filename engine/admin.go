@@ -275,6 +275,9 @@ func (e *Engine) serveOperators(ctx context.Context) error {
 // that wait for it, are not taken again by another process, which would find
 // the operation running and record the request refused, or carry it out too.
 func (e *Engine) keepRequests(ctx context.Context, ids []int64) (stop func()) {
+	if len(ids) == 0 {
+		return func() {}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {

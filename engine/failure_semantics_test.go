@@ -1293,7 +1293,7 @@ func TestFenceByRun(t *testing.T) {
 			readWork := func() stepRow {
 				var r stepRow
 				require.NoError(t, pool.QueryRow(ctx, `SELECT state, attempts, coalesce(last_error, ''), coalesce(last_cause, '')
-					FROM idemflow_step WHERE operation_id = $1 AND name = 'work'`, s.ID).Scan(&r.state, &r.attempts, &r.lastError, &r.lastCause))
+					FROM idemflow_step_row WHERE operation_id = $1 AND name = 'work'`, s.ID).Scan(&r.state, &r.attempts, &r.lastError, &r.lastCause))
 				return r
 			}
 			asB := readWork()
@@ -1386,7 +1386,7 @@ func TestFenceByRunWhileNewHolderWorks(t *testing.T) {
 	require.NoError(t, a.Stop(stopCtx))
 	require.Empty(t, fsFenceRows(t, pool), "the stale run wrote while another run held the operation")
 	var rows int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_step WHERE operation_id = $1 AND name = 'work'`, s.ID).Scan(&rows))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_step_row WHERE operation_id = $1 AND name = 'work'`, s.ID).Scan(&rows))
 	require.Zero(t, rows, "the stale run checkpointed the step")
 
 	gateB.open()

@@ -8,8 +8,8 @@ FROM idemflow_step_recorded WHERE operation_id = @operation_id ORDER BY position
 -- Gives a step kept as a checkpoint in its operation's row a row of its own,
 -- which then wins over the checkpoint: what a compensation marks. Nothing when
 -- the step has a row already.
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by, format)
-SELECT r.operation_id, r.name, r.position, r.state, r.attempts, r.output, r.started_at, r.finished_at, r.resolved_by, 2
+INSERT INTO idemflow_step_row (operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by)
+SELECT r.operation_id, r.name, r.position, r.state, r.attempts, r.output, r.started_at, r.finished_at, r.resolved_by
 FROM idemflow_step_recorded AS r
 WHERE r.operation_id = @operation_id AND r.name = @name
 ON CONFLICT (operation_id, name) DO NOTHING;
@@ -20,9 +20,9 @@ ON CONFLICT (operation_id, name) DO NOTHING;
 -- nothing overwrites a succeeded or compensated step, nor a checkpoint in the
 -- operation's row. The run that writes it is fenced by OperationFence in the
 -- same transaction.
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at, format)
+INSERT INTO idemflow_step_row (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at)
 SELECT @operation_id, @name, @position, @state, @attempts, @last_error, @last_cause, @started_at,
-       CASE WHEN @state::text = 'failed' THEN coalesce(sqlc.narg('now')::timestamptz, now()) END, 2
+       CASE WHEN @state::text = 'failed' THEN coalesce(sqlc.narg('now')::timestamptz, now()) END
 WHERE NOT EXISTS (
     SELECT 1 FROM idemflow_operation
     WHERE id = @operation_id AND checkpoints -> @name::text IS NOT NULL
@@ -33,11 +33,11 @@ SET state = excluded.state,
     last_error = excluded.last_error,
     last_cause = excluded.last_cause,
     finished_at = excluded.finished_at
-WHERE idemflow_step.state = 'retrying'
-   OR idemflow_step.state = 'failed' AND excluded.state = 'failed';
+WHERE idemflow_step_row.state = 'retrying'
+   OR idemflow_step_row.state = 'failed' AND excluded.state = 'failed';
 
 -- name: StepCompensated :execrows
-UPDATE idemflow_step
+UPDATE idemflow_step_row
 SET state = 'compensated', finished_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE operation_id = @operation_id AND name = @name AND state = 'succeeded';
 
@@ -45,7 +45,7 @@ WHERE operation_id = @operation_id AND name = @name AND state = 'succeeded';
 -- Forgets the failed and compensated steps of a reopened operation, rows and
 -- checkpoints, so that they run again; succeeded steps stay done.
 WITH gone AS (
-    DELETE FROM idemflow_step WHERE operation_id = @operation_id AND state <> 'succeeded'
+    DELETE FROM idemflow_step_row WHERE operation_id = @operation_id AND state <> 'succeeded'
     RETURNING name
 )
 UPDATE idemflow_operation
@@ -63,7 +63,7 @@ WITH u AS (
            unnest(sqlc.arg(outputs)::text[])::json AS output,
            nullif(unnest(sqlc.arg(resolved_bys)::text[]), '') AS resolved_by
 ), upd AS (
-    UPDATE idemflow_step AS s
+    UPDATE idemflow_step_row AS s
     SET state = 'succeeded',
         attempts = u.attempts,
         output = u.output,
@@ -82,13 +82,13 @@ SELECT idemflow_fence((SELECT count(*) FROM upd) = cardinality(sqlc.arg(names)::
 -- name: StepCompensationFailed :exec
 -- Records a failed attempt of a succeeded step's compensation: how many have
 -- failed, and the last one's texts. The transaction's OperationFence fences it.
-UPDATE idemflow_step
+UPDATE idemflow_step_row
 SET compensations = @compensations, last_error = @last_error, last_cause = @last_cause
 WHERE operation_id = @operation_id AND name = @name AND state = 'succeeded';
 
 -- name: StepResetSucceeded :exec
 -- Clears what a reopened operation's succeeded steps kept of their
 -- compensations' failures, so that a compensation gets its attempts again.
-UPDATE idemflow_step
+UPDATE idemflow_step_row
 SET compensations = 0, last_error = NULL, last_cause = NULL
 WHERE operation_id = @operation_id AND state = 'succeeded' AND compensations > 0;

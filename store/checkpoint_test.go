@@ -104,10 +104,11 @@ func TestCheckpoints(t *testing.T) {
 	require.Equal(t, []string{"a", "c"}, names)
 }
 
-// TestFormatRefusesOlderWriters: a binary from before store migration 00010,
-// which does not set the rows' format, can insert neither an operation nor a
-// step: it would read steps without their checkpoints and run them again.
-func TestFormatRefusesOlderWriters(t *testing.T) {
+// TestOlderBinariesRefused: a binary from before store migration 00010 can
+// neither reserve an operation (it does not set the row's format) nor read or
+// write steps (it names idemflow_step): it would read an operation's steps
+// without their checkpoints and run them again, or undo some of them only.
+func TestOlderBinariesRefused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
@@ -115,12 +116,15 @@ func TestFormatRefusesOlderWriters(t *testing.T) {
 	_, err := pool.Exec(ctx, `INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, locked_by, locked_until)
 		VALUES ($1, 'op', 1, 's', 'k', '{a}', '{}', gen_random_uuid(), now())`, id)
 	require.Equal(t, "23502", pgError(t, err).Code, "not null violation")
-	_, err = pool.Exec(ctx, `INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, locked_by, locked_until, format)
-		VALUES ($1, 'op', 1, 's', 'k', '{a}', '{}', gen_random_uuid(), now(), 2)`, id)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at)
-		VALUES ($1, 'a', 0, 'succeeded', 1, '{}', now())`, id)
-	require.Equal(t, "23502", pgError(t, err).Code, "not null violation")
+	// As version 0.1.0's StepListByOperation, StepCompensated and StepDeleteUnsucceeded name the table.
+	for _, sql := range []string{
+		`SELECT operation_id, name, position, state, attempts, output FROM idemflow_step WHERE operation_id = $1`,
+		`UPDATE idemflow_step SET state = 'compensated' WHERE operation_id = $1 AND name = 'a' AND state = 'succeeded'`,
+		`DELETE FROM idemflow_step WHERE operation_id = $1 AND state <> 'succeeded'`,
+	} {
+		_, err = pool.Exec(ctx, sql, id)
+		require.Equal(t, "42P01", pgError(t, err).Code, "undefined table: %s", sql)
+	}
 }
 
 // TestCheckpointsDownMigration: undoing store migration 00010 turns the

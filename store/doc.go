@@ -8,7 +8,8 @@
 // Every method takes a DBTX, so the same Store serves a pool, a connection or a
 // transaction: the engine decides where a transaction begins and ends. No generated
 // or pgtype type appears in this package's API. operation.go has the queries of
-// idemflow_operation, step.go those of idemflow_step.
+// idemflow_operation, step.go those of steps (idemflow_step_row, the view
+// idemflow_step_recorded).
 //
 // # Errors
 //

@@ -51,7 +51,7 @@ func Err(err error) error {
 		return fmt.Errorf("%w: %w", ErrFenced, err)
 	case pgErr.Code == uniqueViolation && pgErr.ConstraintName == "idemflow_operation_scope_key":
 		return fmt.Errorf("%w: %w", ErrKeyTaken, err)
-	case pgErr.Code == uniqueViolation && pgErr.ConstraintName == "idemflow_step_pkey":
+	case pgErr.Code == uniqueViolation && pgErr.ConstraintName == "idemflow_step_row_pkey":
 		// A checkpoint's INSERT met the row of a step that another run recorded.
 		return fmt.Errorf("%w: %w", ErrFenced, err)
 	}
@@ -156,7 +156,8 @@ type Operation struct {
 	Parked bool
 }
 
-// Step is a row of idemflow_step.
+// Step is a recorded step: a row of idemflow_step_row, or a checkpoint in its
+// operation's row (both read through the view idemflow_step_recorded).
 type Step struct {
 	OperationID uuid.UUID
 	Name        string

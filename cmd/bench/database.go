@@ -203,7 +203,7 @@ func (s *server) createOrders(ctx context.Context, client, prefix string, count 
 }
 
 // historyTables are the tables fillHistory fills.
-const historyTables = "idemflow_operation, idemflow_step, demo_order, demo_refund"
+const historyTables = "idemflow_operation, demo_order, demo_refund"
 
 // fillHistory records count finished refunds of client, as the engine and the
 // refund workflow leave them: orders prefix1 to prefixN of orderAmount, a

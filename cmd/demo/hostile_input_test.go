@@ -379,7 +379,7 @@ func takeEffects(t *testing.T, dbURL string, a, b *apiClient) effects {
 	require.NoError(t, err)
 	defer conn.Close(context.WithoutCancel(ctx))
 	e := effects{AccountsA: a.accounts(), AccountsB: b.accounts(), Rows: map[string]int64{}}
-	for _, table := range []string{"idemflow_operation", "idemflow_step", "demo_order", "demo_refund", "demo_ledger_entry", "provider.refund", "provider.fault"} {
+	for _, table := range []string{"idemflow_operation", "idemflow_step_row", "demo_order", "demo_refund", "demo_ledger_entry", "provider.refund", "provider.fault"} {
 		var n int64
 		require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n), table)
 		e.Rows[table] = n

@@ -101,7 +101,7 @@ func TestPoolIsMigrated(t *testing.T) {
 	require.NoError(t, pool.QueryRow(t.Context(), "SELECT max(version) FROM river_migration").Scan(&riverVersion))
 	require.Positive(t, riverVersion)
 	var jobs, steps int
-	require.NoError(t, pool.QueryRow(t.Context(), "SELECT (SELECT count(*) FROM river_job), (SELECT count(*) FROM idemflow_step)").Scan(&jobs, &steps))
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT (SELECT count(*) FROM river_job), (SELECT count(*) FROM idemflow_step_recorded)").Scan(&jobs, &steps))
 	require.Zero(t, jobs)
 	require.Zero(t, steps)
 }

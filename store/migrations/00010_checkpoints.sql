@@ -12,15 +12,19 @@
 ALTER TABLE idemflow_operation ADD COLUMN checkpoints jsonb;
 
 -- format: the layout of the row's writer, 2 from this migration on, which a
--- binary from before it does not know and so cannot insert. Such a binary
--- would read an operation's steps without its checkpoints and run them again:
--- left running through the deploy, it fails every start (the reservation is an
--- insert) and every step (each records a row), and moves nothing. Existing
--- rows take 2; there is no default for new ones.
+-- binary from before it does not know and so cannot insert: left running
+-- through the deploy, such a binary fails every start (the reservation is an
+-- insert). Existing rows take 2; there is no default for new ones.
 ALTER TABLE idemflow_operation ADD COLUMN format smallint NOT NULL DEFAULT 2;
 ALTER TABLE idemflow_operation ALTER COLUMN format DROP DEFAULT;
-ALTER TABLE idemflow_step ADD COLUMN format smallint NOT NULL DEFAULT 2;
-ALTER TABLE idemflow_step ALTER COLUMN format DROP DEFAULT;
+
+-- The step rows under a name of their own: a binary from before this
+-- migration names idemflow_step in every statement that reads or writes steps,
+-- and would read an operation's steps without its checkpoints, then run them
+-- again, cancel it past its point of no return, or compensate only some. Under
+-- the new name each of those statements fails, and it does none of that.
+ALTER TABLE idemflow_step RENAME TO idemflow_step_row;
+ALTER INDEX idemflow_step_pkey RENAME TO idemflow_step_row_pkey;
 
 -- Every step an operation has recorded: its rows, and the checkpoints in its
 -- operation's row that no row overrides. What the engine reads a run's steps
@@ -28,7 +32,7 @@ ALTER TABLE idemflow_step ALTER COLUMN format DROP DEFAULT;
 CREATE VIEW idemflow_step_recorded AS
 SELECT s.operation_id, s.name, s.position, s.state, s.attempts, s.output, s.last_error,
        s.started_at, s.finished_at, s.last_cause, s.resolved_by, s.compensations
-FROM idemflow_step AS s
+FROM idemflow_step_row AS s
 UNION ALL
 SELECT o.id, c.key, (c.value ->> 'p')::integer, 'succeeded'::text, (c.value ->> 'a')::integer,
        (c.value ->> 'o')::json, NULL::text,
@@ -39,15 +43,16 @@ SELECT o.id, c.key, (c.value ->> 'p')::integer, 'succeeded'::text, (c.value ->> 
 FROM idemflow_operation AS o
 CROSS JOIN LATERAL jsonb_each(o.checkpoints) AS c
 WHERE o.checkpoints IS NOT NULL
-  AND NOT EXISTS (SELECT 1 FROM idemflow_step AS s WHERE s.operation_id = o.id AND s.name = c.key);
+  AND NOT EXISTS (SELECT 1 FROM idemflow_step_row AS s WHERE s.operation_id = o.id AND s.name = c.key);
 
 ---- create above / drop below ----
 
 -- The checkpoints become rows again, for the binaries before this migration.
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by, format)
-SELECT operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by, 2
+INSERT INTO idemflow_step_row (operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by)
+SELECT operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by
 FROM idemflow_step_recorded AS r
-WHERE NOT EXISTS (SELECT 1 FROM idemflow_step AS s WHERE s.operation_id = r.operation_id AND s.name = r.name);
+WHERE NOT EXISTS (SELECT 1 FROM idemflow_step_row AS s WHERE s.operation_id = r.operation_id AND s.name = r.name);
 DROP VIEW idemflow_step_recorded;
-ALTER TABLE idemflow_step DROP COLUMN format;
+ALTER INDEX idemflow_step_row_pkey RENAME TO idemflow_step_pkey;
+ALTER TABLE idemflow_step_row RENAME TO idemflow_step;
 ALTER TABLE idemflow_operation DROP COLUMN format, DROP COLUMN checkpoints;

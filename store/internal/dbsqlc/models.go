@@ -60,7 +60,7 @@ type IdemflowProcess struct {
 	SeenAt      time.Time
 }
 
-type IdemflowStep struct {
+type IdemflowStepRecorded struct {
 	OperationID   pguuid.UUID
 	Name          string
 	Position      int32
@@ -73,10 +73,9 @@ type IdemflowStep struct {
 	LastCause     *string
 	ResolvedBy    *string
 	Compensations int32
-	Format        int16
 }
 
-type IdemflowStepRecorded struct {
+type IdemflowStepRow struct {
 	OperationID   pguuid.UUID
 	Name          string
 	Position      int32

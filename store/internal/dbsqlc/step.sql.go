@@ -13,7 +13,7 @@ import (
 )
 
 const stepCompensated = `-- name: StepCompensated :execrows
-UPDATE idemflow_step
+UPDATE idemflow_step_row
 SET state = 'compensated', finished_at = coalesce($1::timestamptz, now())
 WHERE operation_id = $2 AND name = $3 AND state = 'succeeded'
 `
@@ -33,7 +33,7 @@ func (q *Queries) StepCompensated(ctx context.Context, db DBTX, arg StepCompensa
 }
 
 const stepCompensationFailed = `-- name: StepCompensationFailed :exec
-UPDATE idemflow_step
+UPDATE idemflow_step_row
 SET compensations = $1, last_error = $2, last_cause = $3
 WHERE operation_id = $4 AND name = $5 AND state = 'succeeded'
 `
@@ -61,7 +61,7 @@ func (q *Queries) StepCompensationFailed(ctx context.Context, db DBTX, arg StepC
 
 const stepDeleteUnsucceeded = `-- name: StepDeleteUnsucceeded :exec
 WITH gone AS (
-    DELETE FROM idemflow_step WHERE operation_id = $1 AND state <> 'succeeded'
+    DELETE FROM idemflow_step_row WHERE operation_id = $1 AND state <> 'succeeded'
     RETURNING name
 )
 UPDATE idemflow_operation
@@ -117,8 +117,8 @@ func (q *Queries) StepListByOperation(ctx context.Context, db DBTX, operationID 
 }
 
 const stepMaterialize = `-- name: StepMaterialize :exec
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by, format)
-SELECT r.operation_id, r.name, r.position, r.state, r.attempts, r.output, r.started_at, r.finished_at, r.resolved_by, 2
+INSERT INTO idemflow_step_row (operation_id, name, position, state, attempts, output, started_at, finished_at, resolved_by)
+SELECT r.operation_id, r.name, r.position, r.state, r.attempts, r.output, r.started_at, r.finished_at, r.resolved_by
 FROM idemflow_step_recorded AS r
 WHERE r.operation_id = $1 AND r.name = $2
 ON CONFLICT (operation_id, name) DO NOTHING
@@ -138,9 +138,9 @@ func (q *Queries) StepMaterialize(ctx context.Context, db DBTX, arg StepMaterial
 }
 
 const stepRecordFailure = `-- name: StepRecordFailure :exec
-INSERT INTO idemflow_step (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at, format)
+INSERT INTO idemflow_step_row (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at)
 SELECT $1, $2, $3, $4, $5, $6, $7, $8,
-       CASE WHEN $4::text = 'failed' THEN coalesce($9::timestamptz, now()) END, 2
+       CASE WHEN $4::text = 'failed' THEN coalesce($9::timestamptz, now()) END
 WHERE NOT EXISTS (
     SELECT 1 FROM idemflow_operation
     WHERE id = $1 AND checkpoints -> $2::text IS NOT NULL
@@ -151,8 +151,8 @@ SET state = excluded.state,
     last_error = excluded.last_error,
     last_cause = excluded.last_cause,
     finished_at = excluded.finished_at
-WHERE idemflow_step.state = 'retrying'
-   OR idemflow_step.state = 'failed' AND excluded.state = 'failed'
+WHERE idemflow_step_row.state = 'retrying'
+   OR idemflow_step_row.state = 'failed' AND excluded.state = 'failed'
 `
 
 type StepRecordFailureParams struct {
@@ -188,7 +188,7 @@ func (q *Queries) StepRecordFailure(ctx context.Context, db DBTX, arg StepRecord
 }
 
 const stepResetSucceeded = `-- name: StepResetSucceeded :exec
-UPDATE idemflow_step
+UPDATE idemflow_step_row
 SET compensations = 0, last_error = NULL, last_cause = NULL
 WHERE operation_id = $1 AND state = 'succeeded' AND compensations > 0
 `
@@ -207,7 +207,7 @@ WITH u AS (
            unnest($3::text[])::json AS output,
            nullif(unnest($4::text[]), '') AS resolved_by
 ), upd AS (
-    UPDATE idemflow_step AS s
+    UPDATE idemflow_step_row AS s
     SET state = 'succeeded',
         attempts = u.attempts,
         output = u.output,

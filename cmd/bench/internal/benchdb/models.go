@@ -143,7 +143,7 @@ type IdemflowProcess struct {
 	SeenAt      time.Time
 }
 
-type IdemflowStep struct {
+type IdemflowStepRecorded struct {
 	OperationID   pguuid.UUID
 	Name          string
 	Position      int32
@@ -156,10 +156,9 @@ type IdemflowStep struct {
 	LastCause     *string
 	ResolvedBy    *string
 	Compensations int32
-	Format        int16
 }
 
-type IdemflowStepRecorded struct {
+type IdemflowStepRow struct {
 	OperationID   pguuid.UUID
 	Name          string
 	Position      int32

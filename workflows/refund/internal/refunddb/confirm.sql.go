@@ -45,7 +45,9 @@ type ProviderEventRecordParams struct {
 // when its finalize step has recorded it, in one statement that the confirm
 // step sends with engine.AtCommit. An event recorded already (delivered again
 // after the retention deleted its operation, whose key is then free) changes
-// nothing: the event is applied once, however often it comes.
+// nothing: the event is applied once, however often it comes (demo migration
+// 00005's comment, that a second run of the step fails on the key, predates
+// this).
 // The confirmation's row is where the event meets the refund (see
 // RefundMarkSucceeded): ON CONFLICT DO UPDATE waits for a concurrent writer of
 // the row and then reads the version it committed, so the half that comes
