@@ -48,5 +48,6 @@ SET refund_id = excluded.refund_id,
     confirmed_at = CASE
         WHEN c.event_id IS NOT NULL AND EXISTS (
             SELECT 1 FROM demo_refund AS r
-            WHERE r.id = excluded.refund_id AND r.order_id = c.event_order_id AND r.amount = c.event_amount)
+            CROSS JOIN jsonb_array_elements(c.event_facts) AS f (fact)
+            WHERE r.id = excluded.refund_id AND r.order_id = f.fact ->> 0 AND r.amount = (f.fact ->> 1)::bigint)
         THEN coalesce(c.confirmed_at, clock_timestamp()) END;

@@ -9,26 +9,27 @@
 -- The confirmation's row is where the event meets the refund (see
 -- RefundMarkSucceeded): ON CONFLICT DO UPDATE waits for a concurrent writer of
 -- the row and then reads the version it committed, so the half that comes
--- second confirms, whichever it is, and only when the first event's order and
--- amount are the refund's (the refund's are never updated, so the statement's
--- snapshot reads them right).
+-- second confirms, whichever it is, and only when an event's order and amount
+-- are the refund's (event_facts keeps those of every event; the refund's are
+-- never updated, so the statement's snapshot reads them right).
 WITH event AS (
     INSERT INTO demo_provider_event (event_id, type, provider_refund_id, order_id, amount, operation_id)
     VALUES (@event_id, @type, @provider_refund_id, @order_id, @amount, @operation_id)
     ON CONFLICT (event_id) DO NOTHING
     RETURNING event_id, provider_refund_id, order_id, amount
 )
-INSERT INTO demo_refund_confirmation AS c (provider_refund_id, event_id, event_order_id, event_amount)
-SELECT e.provider_refund_id, e.event_id, e.order_id, e.amount FROM event AS e
+INSERT INTO demo_refund_confirmation AS c (provider_refund_id, event_id, event_facts)
+SELECT e.provider_refund_id, e.event_id, jsonb_build_array(jsonb_build_array(e.order_id, e.amount)) FROM event AS e
 ON CONFLICT (provider_refund_id) DO UPDATE
 SET event_id = coalesce(c.event_id, excluded.event_id),
-    event_order_id = CASE WHEN c.event_id IS NULL THEN excluded.event_order_id ELSE c.event_order_id END,
-    event_amount = CASE WHEN c.event_id IS NULL THEN excluded.event_amount ELSE c.event_amount END,
+    event_facts = c.event_facts || excluded.event_facts,
     confirmed_at = CASE
         WHEN c.confirmed_at IS NOT NULL THEN c.confirmed_at
-        WHEN c.refund_id IS NOT NULL AND c.event_id IS NULL AND EXISTS (
+        WHEN c.refund_id IS NOT NULL AND EXISTS (
             SELECT 1 FROM demo_refund AS r
-            WHERE r.id = c.refund_id AND r.order_id = excluded.event_order_id AND r.amount = excluded.event_amount)
+            WHERE r.id = c.refund_id
+              AND r.order_id = excluded.event_facts -> 0 ->> 0
+              AND r.amount = (excluded.event_facts -> 0 ->> 1)::bigint)
         THEN clock_timestamp() END;
 
 -- name: RefundConfirmed :one

@@ -106,7 +106,8 @@ WHERE o.client = f.client AND o.order_id = f.order_id;
 --
 -- met writes the refund's half of its confirmation (see ProviderEventRecord):
 -- when the provider's event about the refund came first, and was kept, the
--- refund is confirmed here, if the event's order and amount are the refund's.
+-- refund is confirmed here, if one of the events' order and amount are the
+-- refund's.
 WITH marked AS (
     UPDATE demo_refund
     SET status = 'succeeded', provider_refund_id = sqlc.arg(provider_refund_id)::text, updated_at = clock_timestamp()
@@ -120,7 +121,8 @@ WITH marked AS (
         confirmed_at = CASE
             WHEN c.event_id IS NOT NULL AND EXISTS (
                 SELECT 1 FROM demo_refund AS r
-                WHERE r.id = excluded.refund_id AND r.order_id = c.event_order_id AND r.amount = c.event_amount)
+                CROSS JOIN jsonb_array_elements(c.event_facts) AS f (fact)
+                WHERE r.id = excluded.refund_id AND r.order_id = f.fact ->> 0 AND r.amount = (f.fact ->> 1)::bigint)
             THEN coalesce(c.confirmed_at, clock_timestamp()) END
 )
 SELECT idemflow_check(EXISTS (SELECT 1 FROM marked), 'refund_not_pending',

@@ -145,6 +145,33 @@ func TestConfirm(t *testing.T) {
 
 	// An event delivered again after the retention deleted its operation
 	// starts a new one, whose step records nothing: the event is applied once.
+	// A wrong event first does not keep a right one from confirming, whichever
+	// half comes last.
+	t.Run("ARightEventAfterAWrongOneConfirms", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 2)
+		ctx := t.Context()
+		event := func(id string, amount int64) half {
+			return func(b *bundle, ctx context.Context, tx pgx.Tx, i int) error {
+				return b.w.confirm(ctx, tx, engine.Attempt{OperationKey: fmt.Sprintf("%s_%d", id, i), OperationID: uuid.New()},
+					ProviderEventInput{ID: fmt.Sprintf("%s_%d", id, i), Type: EventRefundSucceeded,
+						Data: ProviderEventData{RefundID: fmt.Sprintf("pr_%d", i), OrderID: "O-1", Amount: amount}}, nil)
+			}
+		}
+		for i, order := range [][]half{
+			{event("wrong", 2), event("right", 1), finalize},
+			{finalize, event("wrong", 2), event("right", 1)},
+		} {
+			for k, h := range order {
+				require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return h(b, ctx, tx, i+1) }))
+				if k < len(order)-1 {
+					require.False(t, confirmed(t, b, i+1), "case %d, after half %d", i, k)
+				}
+			}
+			require.True(t, confirmed(t, b, i+1), "case %d", i)
+		}
+	})
+
 	t.Run("EventTwiceAppliesOnce", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 1)

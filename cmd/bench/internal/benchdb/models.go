@@ -82,8 +82,7 @@ type DemoRefundConfirmation struct {
 	RefundID         *string
 	EventID          *string
 	ConfirmedAt      *time.Time
-	EventOrderID     *string
-	EventAmount      *int64
+	EventFacts       []byte
 }
 
 type DemoSettlement struct {

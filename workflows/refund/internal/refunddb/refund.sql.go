@@ -158,7 +158,8 @@ WITH marked AS (
         confirmed_at = CASE
             WHEN c.event_id IS NOT NULL AND EXISTS (
                 SELECT 1 FROM demo_refund AS r
-                WHERE r.id = excluded.refund_id AND r.order_id = c.event_order_id AND r.amount = c.event_amount)
+                CROSS JOIN jsonb_array_elements(c.event_facts) AS f (fact)
+                WHERE r.id = excluded.refund_id AND r.order_id = f.fact ->> 0 AND r.amount = (f.fact ->> 1)::bigint)
             THEN coalesce(c.confirmed_at, clock_timestamp()) END
 )
 SELECT idemflow_check(EXISTS (SELECT 1 FROM marked), 'refund_not_pending',
@@ -190,7 +191,8 @@ type RefundMarkSucceededParams struct {
 //
 // met writes the refund's half of its confirmation (see ProviderEventRecord):
 // when the provider's event about the refund came first, and was kept, the
-// refund is confirmed here, if the event's order and amount are the refund's.
+// refund is confirmed here, if one of the events' order and amount are the
+// refund's.
 func (q *Queries) RefundMarkSucceeded(ctx context.Context, db DBTX, arg RefundMarkSucceededParams) error {
 	_, err := db.Exec(ctx, refundMarkSucceeded, arg.ID, arg.ProviderRefundID)
 	return err
