@@ -316,6 +316,8 @@ func TestDefinition(t *testing.T) {
 		{"NoSteps", nil, nil, "has no steps"},
 		{"DuplicateStep", []engine.Step[int, int]{engine.TxStep("a", noop), engine.TxStep("a", noop)}, nil, "duplicate step name"},
 		{"EmptyStepName", []engine.Step[int, int]{engine.TxStep("", noop)}, nil, "has no name"},
+		{"StepNameNotUTF8", []engine.Step[int, int]{engine.TxStep("a\xff", noop)}, nil, "is not UTF-8 without NUL"},
+		{"StepNameWithNUL", []engine.Step[int, int]{engine.TxStep("a\x00b", noop)}, nil, "is not UTF-8 without NUL"},
 		{"NilFunction", []engine.Step[int, int]{engine.TxStep[int, int]("a", nil)}, nil, "has no function"},
 		{"NilExternalFunction", []engine.Step[int, int]{engine.ExternalStep[int, int]("a", nil)}, nil, "has no function"},
 		{"NilStep", []engine.Step[int, int]{nil}, nil, "step 0 is nil"},

@@ -9,7 +9,9 @@ import (
 	"math"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -320,6 +322,9 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 		switch {
 		case s.name == "":
 			return nil, fmt.Errorf("engine: operation %q: step %d has no name", name, i)
+		case !utf8.ValidString(s.name) || strings.ContainsRune(s.name, 0):
+			// PostgreSQL's text, which records it, holds neither.
+			return nil, fmt.Errorf("engine: operation %q: step %d's name %q is not UTF-8 without NUL", name, i, s.name)
 		case seen[s.name]:
 			return nil, fmt.Errorf("engine: operation %q: %w: %q", name, ErrDuplicateStep, s.name)
 		case s.kind == StepKindTx && s.tx == nil, s.kind == StepKindExternal && s.external == nil, s.kind == "":

@@ -83,7 +83,7 @@ func (s *Store) OperationReserve(ctx context.Context, db DBTX, p OperationInsert
 		KeySecret:   p.KeySecret,
 		LockedBy:    pguuid.Ptr(p.LockedBy),
 		Lease:       p.Lease,
-		Checkpoints: encodeCheckpoints(p.Checkpoints, time.Now()),
+		Checkpoints: encodeCheckpoints(p.Checkpoints, time.Now(), true),
 	})
 	if err != nil {
 		return fmt.Errorf("store: reserve operation: %w", Err(err))

@@ -166,7 +166,7 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 	now := time.Now()
 	if len(fresh) > 0 && !p.Finish {
 		err := s.q.OperationCheckpoint(ctx, db, dbsqlc.OperationCheckpointParams{
-			ID: pguuid.UUID(p.OperationID), Checkpoints: encodeCheckpoints(fresh, now), Names: stepNames(fresh),
+			ID: pguuid.UUID(p.OperationID), Checkpoints: encodeCheckpoints(fresh, now, true), Names: stepNames(fresh),
 		})
 		if err != nil {
 			return fmt.Errorf("store: checkpoint steps: %w", Err(err))
@@ -194,7 +194,7 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 			Error:       nullJSON(p.Error),
 			Retention:   p.Retention,
 			// A succeeded operation's state is never read again.
-			Checkpoints: encodeCheckpointsWith(fresh, now, p.State != OperationSucceeded),
+			Checkpoints: encodeCheckpoints(fresh, now, p.State != OperationSucceeded),
 			Names:       stepNames(fresh),
 		}
 		err := s.q.OperationFinish(ctx, db, args)
@@ -216,14 +216,9 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 // migration 00010): an object by step name of {"p": position, "a": attempts,
 // "r": resolved by (when set), "s": started at and "d": how long until
 // finishedAt (microseconds), "o": the state after the step, a string of its
-// JSON}. It returns nil for no steps. Written by hand: it is
+// JSON, when withState}. It returns nil for no steps. Written by hand: it is
 // on every operation's path, and encoding/json would reflect over a map.
-func encodeCheckpoints(steps []StepCheckpointParams, finishedAt time.Time) json.RawMessage {
-	return encodeCheckpointsWith(steps, finishedAt, true)
-}
-
-// encodeCheckpointsWith is encodeCheckpoints, without "o" unless withState.
-func encodeCheckpointsWith(steps []StepCheckpointParams, finishedAt time.Time, withState bool) json.RawMessage {
+func encodeCheckpoints(steps []StepCheckpointParams, finishedAt time.Time, withState bool) json.RawMessage {
 	if len(steps) == 0 {
 		return nil
 	}
@@ -250,20 +245,20 @@ func encodeCheckpointsWith(steps []StepCheckpointParams, finishedAt time.Time, w
 			// As a string of the exact bytes: jsonb would reorder the state's
 			// keys, and refuses the \u0000 that a state may hold.
 			b = append(b, `,"o":`...)
-			b = appendJSONStringBytes(b, st.Output)
+			b = appendJSONString(b, st.Output)
 		}
 		b = append(b, '}')
 	}
 	return append(b, '}')
 }
 
-// appendJSONStringBytes appends s as a JSON string: s is JSON text, with no
-// raw control characters but quotes and backslashes to escape.
-func appendJSONStringBytes(b, s []byte) []byte {
+// appendJSONString appends s, valid UTF-8 (a step's name, a state's JSON), as a
+// JSON string of the same characters.
+func appendJSONString[T ~string | ~[]byte](b []byte, s T) []byte {
 	const hex = "0123456789abcdef"
 	b = append(b, '"')
-	for _, c := range s {
-		switch {
+	for i := range len(s) {
+		switch c := s[i]; {
 		case c == '"' || c == '\\':
 			b = append(b, '\\', c)
 		case c < 0x20:
@@ -283,51 +278,27 @@ func stepNames(steps []StepCheckpointParams) []string {
 	return names
 }
 
-// appendJSONString appends s as a JSON string.
-func appendJSONString(b []byte, s string) []byte {
-	plain := true
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 {
-			plain = false
-			break
-		}
-	}
-	if plain {
-		b = append(b, '"')
-		b = append(b, s...)
-		return append(b, '"')
-	}
-	enc, _ := json.Marshal(s) // a string always encodes
-	return append(b, enc...)
-}
-
-// stepColumns are checkpoints as the queries take them: one array per column,
-// one step per index.
+// stepColumns are retried steps' checkpoints as StepUpdateSucceeded takes
+// them: one array per column, one step per index.
 type stepColumns struct {
 	names       []string
-	positions   []int32
 	attempts    []int32
 	outputs     []string
 	resolvedBys []string
-	startedAts  []time.Time
 }
 
 func stepColumnsOf(steps []StepCheckpointParams) stepColumns {
 	c := stepColumns{
 		names:       make([]string, len(steps)),
-		positions:   make([]int32, len(steps)),
 		attempts:    make([]int32, len(steps)),
 		outputs:     make([]string, len(steps)),
 		resolvedBys: make([]string, len(steps)),
-		startedAts:  make([]time.Time, len(steps)),
 	}
 	for i, st := range steps {
 		c.names[i] = st.Name
-		c.positions[i] = int32(st.Position)
 		c.attempts[i] = int32(st.Attempts)
 		c.outputs[i] = string(st.Output)
 		c.resolvedBys[i] = st.ResolvedBy
-		c.startedAts[i] = st.StartedAt
 	}
 	return c
 }
