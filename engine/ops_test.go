@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
@@ -63,30 +65,45 @@ func TestDeleteFinished(t *testing.T) {
 	waitDone(t, e, again)
 }
 
+// shortOp is an operation type "short" of one step, kept retention.
+func shortOp(t *testing.T, retention time.Duration) *engine.Operation[int, int, int] {
+	t.Helper()
+	op, err := engine.NewOperation("short", []engine.Step[int, int]{
+		engine.TxStep("only", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
+	}, func(in int, s *int) (int, error) { return in, nil }, &engine.OperationOpts{Retention: retention})
+	require.NoError(t, err)
+	return op
+}
+
+// finishLongAndShort finishes a transfer (the engine's default retention) and
+// an operation of shortOp (an hour's), and returns the engine and their ids.
+func finishLongAndShort(t *testing.T) (e *engine.Engine, pool *pgxpool.Pool, long, short uuid.UUID) {
+	t.Helper()
+	ctx := context.Background()
+	pool = setupPool(t)
+	b := &bundle{pool: pool}
+	longOp, hourOp := b.transferOp(t, engine.RetryPolicy{}), shortOp(t, time.Hour)
+	e = newEngine(t, pool, longOp, hourOp)
+	s1, err := engine.Start(ctx, e, longOp, "c", "long", transferIn{From: "a", To: "b", Amount: 1}, nil)
+	require.NoError(t, err)
+	waitDone(t, e, s1)
+	s2, err := engine.Start(ctx, e, hourOp, "c", "short", 1, nil)
+	require.NoError(t, err)
+	waitDone(t, e, s2)
+	return e, pool, s1.ID, s2.ID
+}
+
 func TestDeleteFinishedPerTypeRetention(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := setupPool(t)
-	b := &bundle{pool: pool}
-	long := b.transferOp(t, engine.RetryPolicy{})
-	short, err := engine.NewOperation("short", []engine.Step[int, int]{
-		engine.TxStep("only", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
-	}, func(in int, s *int) (int, error) { return in, nil }, &engine.OperationOpts{Retention: time.Hour})
-	require.NoError(t, err)
-	e := newEngine(t, pool, long, short)
-	s1, err := engine.Start(ctx, e, long, "c", "long", transferIn{From: "a", To: "b", Amount: 1}, nil)
-	require.NoError(t, err)
-	waitDone(t, e, s1)
-	s2, err := engine.Start(ctx, e, short, "c", "short", 1, nil)
-	require.NoError(t, err)
-	waitDone(t, e, s2)
+	e, _, long, short := finishLongAndShort(t)
 
 	n, err := e.DeleteFinished(ctx, ptr(time.Now().Add(2*time.Hour)))
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	_, err = e.Get(ctx, s2.ID)
+	_, err = e.Get(ctx, short)
 	require.ErrorIs(t, err, engine.ErrNotFound)
-	_, err = e.Get(ctx, s1.ID)
+	_, err = e.Get(ctx, long)
 	require.NoError(t, err)
 }
 
@@ -97,20 +114,7 @@ func TestDeleteFinishedPerTypeRetention(t *testing.T) {
 func TestRetentionStoredAtFinish(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := setupPool(t)
-	b := &bundle{pool: pool}
-	long := b.transferOp(t, engine.RetryPolicy{})
-	short, err := engine.NewOperation("short", []engine.Step[int, int]{
-		engine.TxStep("only", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
-	}, func(in int, s *int) (int, error) { return in, nil }, &engine.OperationOpts{Retention: time.Hour})
-	require.NoError(t, err)
-	e := newEngine(t, pool, long, short)
-	s1, err := engine.Start(ctx, e, long, "c", "long", transferIn{From: "a", To: "b", Amount: 1}, nil)
-	require.NoError(t, err)
-	waitDone(t, e, s1)
-	s2, err := engine.Start(ctx, e, short, "c", "short", 1, nil)
-	require.NoError(t, err)
-	waitDone(t, e, s2)
+	e, pool, long, short := finishLongAndShort(t)
 
 	// A process that runs neither type, and keeps what it finishes a minute.
 	other, err := engine.New(pool, &engine.Config{Retention: time.Minute})
@@ -120,11 +124,7 @@ func TestRetentionStoredAtFinish(t *testing.T) {
 	require.Zero(t, n, "deleted by another process's retention")
 
 	// A later deploy of the type with a minute's retention.
-	shorter, err := engine.NewOperation("short", []engine.Step[int, int]{
-		engine.TxStep("only", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
-	}, func(in int, s *int) (int, error) { return in, nil }, &engine.OperationOpts{Retention: time.Minute})
-	require.NoError(t, err)
-	deployed, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{shorter}, Retention: time.Minute})
+	deployed, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{shortOp(t, time.Minute)}, Retention: time.Minute})
 	require.NoError(t, err)
 	n, err = deployed.DeleteFinished(ctx, ptr(time.Now().Add(30*time.Minute)))
 	require.NoError(t, err)
@@ -135,9 +135,9 @@ func TestRetentionStoredAtFinish(t *testing.T) {
 	n, err = other.DeleteFinished(ctx, ptr(time.Now().Add(2*time.Hour)))
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	_, err = e.Get(ctx, s2.ID)
+	_, err = e.Get(ctx, short)
 	require.ErrorIs(t, err, engine.ErrNotFound)
-	_, err = e.Get(ctx, s1.ID)
+	_, err = e.Get(ctx, long)
 	require.NoError(t, err)
 	n, err = deployed.DeleteFinished(ctx, ptr(time.Now().Add(25*time.Hour)))
 	require.NoError(t, err)

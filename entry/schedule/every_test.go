@@ -164,13 +164,7 @@ func TestEvery(t *testing.T) {
 	t.Run("FireSlot fires a slot no process fired", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		r, err := schedule.Every(b.engines[0], b.fee, schedule.Config[feeIn]{
-			Period:     time.Hour,
-			ScopesFunc: func(context.Context, time.Time) ([]string, error) { return scopes, nil },
-			InputFunc:  func(_ string, slot time.Time) feeIn { return feeFor(slot) },
-			Logger:     quiet,
-		})
-		require.NoError(t, err)
+		r := b.hourly(t, quiet)
 		require.ErrorIs(t, r.FireSlot(t.Context(), slot0.Add(time.Minute)), schedule.ErrNotSlot)
 		for range 2 {
 			require.NoError(t, r.FireSlot(t.Context(), slot0))
@@ -184,18 +178,11 @@ func TestEvery(t *testing.T) {
 	t.Run("FireSlot refuses a slot older than the retention", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		r, err := schedule.Every(b.engines[0], b.fee, schedule.Config[feeIn]{
-			Period:     time.Hour,
-			ScopesFunc: func(context.Context, time.Time) ([]string, error) { return scopes, nil },
-			InputFunc:  func(_ string, slot time.Time) feeIn { return feeFor(slot) },
-			Logger:     quiet,
-		})
-		require.NoError(t, err)
+		r := b.hourly(t, quiet)
 		// Its operations may be gone (the engine keeps them 24 hours), so
 		// that a firing could run it again.
 		old := schedule.Slot(time.Now().Add(-engine.DefaultRetention), time.Hour)
-		err = r.FireSlot(t.Context(), old)
-		require.ErrorIs(t, err, schedule.ErrSlotExpired)
+		require.ErrorIs(t, r.FireSlot(t.Context(), old), schedule.ErrSlotExpired)
 		require.Empty(t, b.charges(t))
 		require.Zero(t, b.operations(t))
 		// A slot within the retention, less the margin, fires.
@@ -211,13 +198,7 @@ func TestEvery(t *testing.T) {
 		_, err := schedule.Fire(t.Context(), b.engines[1], b.fee, "client-b", slot0, feeIn{Slot: slot0, Fee: 1})
 		require.NoError(t, err)
 		logs := &logRecorder{}
-		r, err := schedule.Every(b.engines[0], b.fee, schedule.Config[feeIn]{
-			Period:     time.Hour,
-			ScopesFunc: func(context.Context, time.Time) ([]string, error) { return scopes, nil },
-			InputFunc:  func(_ string, slot time.Time) feeIn { return feeFor(slot) },
-			Logger:     slog.New(logs),
-		})
-		require.NoError(t, err)
+		r := b.hourly(t, slog.New(logs))
 		err = r.FireSlot(t.Context(), slot0)
 		require.ErrorIs(t, err, engine.ErrKeyReused)
 		require.Equal(t, []string{"schedule: the slot cannot be fired for the scope; not trying again"}, logs.messages())

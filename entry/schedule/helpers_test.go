@@ -252,3 +252,17 @@ func (r *logRecorder) messages() []string {
 	defer r.mu.Unlock()
 	return append([]string(nil), r.msgs...)
 }
+
+// hourly is an hourly schedule of the fee, on the first engine, for every
+// scope, logging to logger.
+func (b *bundle) hourly(t *testing.T, logger *slog.Logger) *schedule.Runner[feeIn, feeState, feeOut] {
+	t.Helper()
+	r, err := schedule.Every(b.engines[0], b.fee, schedule.Config[feeIn]{
+		Period:     time.Hour,
+		ScopesFunc: func(context.Context, time.Time) ([]string, error) { return scopes, nil },
+		InputFunc:  func(_ string, slot time.Time) feeIn { return feeFor(slot) },
+		Logger:     logger,
+	})
+	require.NoError(t, err)
+	return r
+}
