@@ -164,6 +164,12 @@ func (r *run) park(ctx context.Context, failure *store.StepRecordFailureParams, 
 		}
 		r.tries[failure.Name] = failure.Attempts
 	}
+	return r.parkIn(ctx, tx, code, reason)
+}
+
+// parkIn parks the operation in tx, for code and reason, and commits tx with
+// the pending checkpoints.
+func (r *run) parkIn(ctx context.Context, tx *txn, code, reason string) (*Info, error) {
 	ok, err := r.e.store.OperationPark(ctx, tx, r.id, r.runID, code, reason)
 	if err != nil {
 		return nil, runError(err)
@@ -364,20 +370,13 @@ func (r *run) compensationFailed(ctx context.Context, st *stepDef, failure *stor
 		// An answer now would tell the client the operation is over; it stops
 		// for an operator instead, whose retry goes on compensating.
 		log.ErrorContext(ctx, "compensation failed for good; parking the operation", slog.Any("error", compErr))
-		ok, err := r.e.store.OperationPark(ctx, tx, r.id, r.runID, CodeCompensationFailed,
+		info, err := r.parkIn(ctx, tx, CodeCompensationFailed,
 			fmt.Sprintf("compensation of step %s failed for good after %d attempts: %s; it and the compensations of the steps before it have not run (undoing after: %s)",
 				st.name, n, publicText(st.name, compErr), r.failure.Error()))
-		if err != nil {
-			return nil, runError(err)
-		}
-		if !ok {
-			return nil, errLost
-		}
-		if err := r.commit(ctx, tx); err != nil {
+		if !errors.Is(err, ErrParked) {
 			r.failureStored = stored
-			return nil, err
 		}
-		return nil, ErrParked
+		return info, err
 	}
 	delay := backoff(st.retry, n, compErr)
 	log.WarnContext(ctx, "compensation failed; retrying later", slog.Any("error", compErr), slog.Duration("backoff", delay))
