@@ -1845,6 +1845,7 @@ func TestRefusedCancelKeepsBackoff(t *testing.T) {
 	require.Equal(t, n, jobs(), "a sweep enqueued a resume job for the operation")
 	require.Equal(t, int32(1), f.payCalls.Load(), "the step was tried again before its backoff")
 	require.Equal(t, int32(1), f.lookups.Load())
+	require.Equal(t, fsBooks{debits: 1, payments: 1, requests: 1}, fsReadBooks(t, pool), "the paid debit was not undone")
 }
 
 // TestAdminCancelOutlastsLease: a cancel request whose compensation takes
@@ -1910,6 +1911,7 @@ func TestReopenRefusesAHeldOperation(t *testing.T) {
 	require.ErrorIs(t, e.Reopen(ctx, s.ID), engine.ErrRunning)
 	again := fsGet(t, e, s.ID)
 	require.True(t, again.Parked, "reopened under its holder")
+	require.Equal(t, fsBooks{debits: 1}, fsReadBooks(t, pool), "nothing undone while the outcome is unknown")
 
 	// Its holder gone (the lease expired), it reopens.
 	_, err = pool.Exec(ctx, `UPDATE idemflow_operation SET locked_until = now() - interval '1 second' WHERE id = $1`, s.ID)
