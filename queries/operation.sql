@@ -118,7 +118,7 @@ WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
 -- name: OperationListExpired :many
 -- Operations in progress of one definition (name, version) whose holder
 -- stopped renewing its lease, oldest first: one range of
--- idemflow_operation_lease, so operations of other definitions (a version this
+-- idemflow_operation_unfinished, so operations of other definitions (a version this
 -- process does not run) cost nothing however many wait.
 SELECT id, name, version FROM idemflow_operation
 WHERE name = @name AND version = @version
@@ -261,7 +261,7 @@ ORDER BY o.created_at, o.id;
 -- Up to max operations in progress of name whose version is none of versions
 -- and whose lease expired: what a process that lacks their version logs, once
 -- each, that it leaves alone. Read only, once a lease, and in no order, so
--- that it stops at the first max it finds in idemflow_operation_lease.
+-- that it stops at the first max it finds in idemflow_operation_unfinished.
 SELECT id, version FROM idemflow_operation
 WHERE name = @name AND NOT (version = ANY (sqlc.arg(versions)::integer[]))
   AND state = 'in_progress' AND NOT parked
@@ -271,7 +271,7 @@ LIMIT @max;
 -- name: OperationInProgressStats :many
 -- Per operation type and version, the operations in progress, how many of
 -- them need attention, and the age of the oldest, by the database's clock: a
--- scan of idemflow_operation_in_progress, which reads the rows of unfinished
+-- scan of idemflow_operation_unfinished, which reads the rows of unfinished
 -- operations only.
 SELECT name, version, count(*)::bigint AS in_progress,
        count(*) FILTER (WHERE attention_code IS NOT NULL)::bigint AS needing_attention,

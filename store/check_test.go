@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -100,6 +101,30 @@ func TestCheck(t *testing.T) {
 		require.Equal(t, "3 is not pending", pgError(t, err).Message)
 	})
 
+	t.Run("InlinedAndLazy", func(t *testing.T) {
+		t.Parallel()
+		// A SQL function of one CASE (store migration 00011): the plan holds
+		// the CASE, not a call, and a passing check never builds its message
+		// (random() keeps the planner from folding the division ahead of time).
+		var plan []string
+		rows, err := pool.Query(ctx, `EXPLAIN (VERBOSE, COSTS OFF) SELECT idemflow_check(g > 0, 'c', 'm') FROM generate_series(1, 2) AS g`)
+		require.NoError(t, err)
+		for rows.Next() {
+			var line string
+			require.NoError(t, rows.Scan(&line))
+			plan = append(plan, line)
+		}
+		require.NoError(t, rows.Err())
+		require.Contains(t, strings.Join(plan, "\n"), "CASE WHEN")
+		require.NotContains(t, strings.Join(plan, "\n"), "idemflow_check(")
+
+		var got bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT idemflow_check(true, 'c', format('%s', (random() / 0)::text))`).Scan(&got))
+		require.True(t, got)
+		err = pool.QueryRow(ctx, `SELECT idemflow_check(false, 'c', format('%s', (random() / 0)::text))`).Scan(&got)
+		require.Equal(t, "22012", pgError(t, err).Code, "a failing check builds its message")
+	})
+
 	t.Run("Comments", func(t *testing.T) {
 		t.Parallel()
 		// What \df+ shows: which of idemflow's functions are the application's.
@@ -120,6 +145,24 @@ func TestCheck(t *testing.T) {
 		require.Contains(t, comments["idemflow_check"], "for application SQL")
 		require.Contains(t, comments["idemflow_fence"], "not for application SQL")
 	})
+}
+
+// TestFence: idemflow_fence passes true and NULL (the engine never sends a
+// NULL; a NULL passed before migration 00011 made it a SQL function, and
+// still does), and raises SQLSTATE IF001 on false.
+func TestFence(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	for _, held := range []string{"true", "NULL"} {
+		var got bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT idemflow_fence(`+held+`::boolean)`).Scan(&got), held)
+		require.True(t, got, held)
+	}
+	var got bool
+	err := pool.QueryRow(ctx, `SELECT idemflow_fence($1)`, false).Scan(&got)
+	require.Equal(t, "IF001", pgError(t, err).Code)
+	require.ErrorIs(t, store.Err(err), store.ErrFenced)
 }
 
 // TestCheckMigrationDown: migration 5 undoes cleanly (idemflow_check gone, the
@@ -151,4 +194,62 @@ func requireCheck(t *testing.T, pool *pgxpool.Pool, want bool) {
 		       obj_description('idemflow_fence(boolean)'::regprocedure, 'pg_proc') IS NOT NULL`).Scan(&exists, &commented))
 	require.Equal(t, want, exists, "idemflow_check exists")
 	require.Equal(t, want, commented, "idemflow_fence has its comment")
+}
+
+// TestCheaperWritesMigrationDown: migration 11 undoes cleanly (the two
+// indexes of unfinished operations back, the guards PL/pgSQL again, with
+// their comments), and applies again.
+func TestCheaperWritesMigrationDown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	m, err := migrate.NewMigrator(ctx, conn.Conn(), "idemflow_schema_version")
+	require.NoError(t, err)
+	require.NoError(t, m.LoadMigrations(store.Migrations()))
+
+	state := func() (indexes []string, languages map[string]string) {
+		t.Helper()
+		rows, err := pool.Query(ctx, `
+			SELECT indexname FROM pg_indexes
+			WHERE tablename = 'idemflow_operation' AND indexname IN
+			      ('idemflow_operation_unfinished', 'idemflow_operation_lease', 'idemflow_operation_in_progress')
+			ORDER BY indexname`)
+		require.NoError(t, err)
+		for rows.Next() {
+			var name string
+			require.NoError(t, rows.Scan(&name))
+			indexes = append(indexes, name)
+		}
+		require.NoError(t, rows.Err())
+		languages = map[string]string{}
+		rows, err = pool.Query(ctx, `
+			SELECT p.proname, l.lanname FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang
+			WHERE p.proname IN ('idemflow_check', 'idemflow_fence', 'idemflow_fence_lost')`)
+		require.NoError(t, err)
+		for rows.Next() {
+			var name, lang string
+			require.NoError(t, rows.Scan(&name, &lang))
+			languages[name] = lang
+		}
+		require.NoError(t, rows.Err())
+		return indexes, languages
+	}
+
+	indexes, languages := state()
+	require.Equal(t, []string{"idemflow_operation_unfinished"}, indexes)
+	require.Equal(t, map[string]string{"idemflow_check": "sql", "idemflow_fence": "sql", "idemflow_fence_lost": "plpgsql"}, languages)
+
+	require.NoError(t, m.MigrateTo(ctx, 10))
+	indexes, languages = state()
+	require.Equal(t, []string{"idemflow_operation_in_progress", "idemflow_operation_lease"}, indexes)
+	require.Equal(t, map[string]string{"idemflow_check": "plpgsql", "idemflow_fence": "plpgsql"}, languages)
+	requireCheck(t, pool, true)
+
+	require.NoError(t, m.Migrate(ctx))
+	indexes, _ = state()
+	require.Equal(t, []string{"idemflow_operation_unfinished"}, indexes)
+	requireCheck(t, pool, true)
 }

@@ -438,7 +438,7 @@ type OperationInProgressStatsRow struct {
 
 // Per operation type and version, the operations in progress, how many of
 // them need attention, and the age of the oldest, by the database's clock: a
-// scan of idemflow_operation_in_progress, which reads the rows of unfinished
+// scan of idemflow_operation_unfinished, which reads the rows of unfinished
 // operations only.
 func (q *Queries) OperationInProgressStats(ctx context.Context, db DBTX) ([]*OperationInProgressStatsRow, error) {
 	rows, err := db.Query(ctx, operationInProgressStats)
@@ -616,7 +616,7 @@ type OperationListExpiredRow struct {
 
 // Operations in progress of one definition (name, version) whose holder
 // stopped renewing its lease, oldest first: one range of
-// idemflow_operation_lease, so operations of other definitions (a version this
+// idemflow_operation_unfinished, so operations of other definitions (a version this
 // process does not run) cost nothing however many wait.
 func (q *Queries) OperationListExpired(ctx context.Context, db DBTX, arg OperationListExpiredParams) ([]*OperationListExpiredRow, error) {
 	rows, err := db.Query(ctx, operationListExpired,
@@ -665,7 +665,7 @@ type OperationListOtherVersionsRow struct {
 // Up to max operations in progress of name whose version is none of versions
 // and whose lease expired: what a process that lacks their version logs, once
 // each, that it leaves alone. Read only, once a lease, and in no order, so
-// that it stops at the first max it finds in idemflow_operation_lease.
+// that it stops at the first max it finds in idemflow_operation_unfinished.
 func (q *Queries) OperationListOtherVersions(ctx context.Context, db DBTX, arg OperationListOtherVersionsParams) ([]*OperationListOtherVersionsRow, error) {
 	rows, err := db.Query(ctx, operationListOtherVersions, arg.Name, arg.Versions, arg.Max)
 	if err != nil {

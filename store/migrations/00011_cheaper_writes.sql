@@ -1,0 +1,67 @@
+-- What every write of an operation costs PostgreSQL, made smaller without
+-- changing what the schema promises.
+--
+-- One index of the unfinished operations instead of two. The sweeper's scan
+-- (OperationListExpired) reads the range (name, version, parked = false) in
+-- lease order; the gauges (OperationInProgressStats) and the pre-deploy check
+-- read every entry, parked ones included. Each INSERT and non-HOT UPDATE of an
+-- operation opened both indexes and wrote an entry to each.
+CREATE INDEX idemflow_operation_unfinished ON idemflow_operation (name, version, parked, locked_until)
+    WHERE state = 'in_progress';
+DROP INDEX idemflow_operation_lease;
+DROP INDEX idemflow_operation_in_progress;
+
+-- The guards as SQL functions of one CASE, which PostgreSQL inlines into the
+-- statement's plan: the plpgsql function behind the failure is called only
+-- when the guard fails, not on every statement that passes (a plpgsql call,
+-- and the message's format(), on the hot path of every step). Each keeps what
+-- it did for every argument: idemflow_fence passes a NULL, idemflow_check
+-- fails on one.
+CREATE FUNCTION idemflow_fence_lost() RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'idemflow: another run holds the operation' USING ERRCODE = 'IF001';
+END
+$$;
+COMMENT ON FUNCTION idemflow_fence_lost() IS
+    'idemflow, internal to the engine, not for application SQL: raises SQLSTATE IF001 (idemflow_fence''s failure).';
+
+CREATE OR REPLACE FUNCTION idemflow_fence(held boolean) RETURNS boolean
+LANGUAGE sql AS $$
+    SELECT CASE WHEN NOT held THEN idemflow_fence_lost() ELSE true END
+$$;
+
+CREATE OR REPLACE FUNCTION idemflow_check(ok boolean, code text, message text) RETURNS boolean
+LANGUAGE sql AS $$
+    SELECT CASE WHEN ok THEN true ELSE idemflow_fail(code, message) END
+$$;
+
+---- create above / drop below ----
+
+CREATE OR REPLACE FUNCTION idemflow_check(ok boolean, code text, message text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF ok IS NOT TRUE THEN
+        PERFORM idemflow_fail(code, message);
+    END IF;
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION idemflow_fence(held boolean) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT held THEN
+        RAISE EXCEPTION 'idemflow: another run holds the operation' USING ERRCODE = 'IF001';
+    END IF;
+    RETURN true;
+END
+$$;
+
+DROP FUNCTION idemflow_fence_lost();
+
+CREATE INDEX idemflow_operation_lease ON idemflow_operation (name, version, locked_until)
+    WHERE state = 'in_progress' AND NOT parked;
+CREATE INDEX idemflow_operation_in_progress ON idemflow_operation (name, created_at)
+    WHERE state = 'in_progress';
+DROP INDEX idemflow_operation_unfinished;
