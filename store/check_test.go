@@ -197,8 +197,9 @@ func requireCheck(t *testing.T, pool *pgxpool.Pool, want bool) {
 }
 
 // TestCheaperWritesMigrationDown: migration 11 undoes cleanly (the two
-// indexes of unfinished operations back, the guards PL/pgSQL again, with
-// their comments), and applies again.
+// indexes of unfinished operations back, the two checks of state and
+// finished_at, the guards PL/pgSQL again, with their comments), and applies
+// again; rows are refused and taken alike by its checks and the ones before.
 func TestCheaperWritesMigrationDown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -238,6 +239,34 @@ func TestCheaperWritesMigrationDown(t *testing.T) {
 		return indexes, languages
 	}
 
+	// What a row may hold: a state of three, finished_at set when it is
+	// finished and only then.
+	insert := func(state string, finished bool) error {
+		_, err := pool.Exec(ctx, `
+			INSERT INTO idemflow_operation (id, name, scope, key, steps, input, locked_until, format, state, finished_at)
+			VALUES (gen_random_uuid(), 'op', 's', gen_random_uuid()::text, '{a}', '{}', now(), 2, $1,
+			        CASE WHEN $2 THEN now() END)`, state, finished)
+		return err
+	}
+	refused := func(state string, finished bool) {
+		t.Helper()
+		pgErr := pgError(t, insert(state, finished))
+		require.Equal(t, "23514", pgErr.Code, "%s, finished %v", state, finished)
+	}
+	checkRows := func() {
+		t.Helper()
+		require.NoError(t, insert("in_progress", false))
+		require.NoError(t, insert("succeeded", true))
+		require.NoError(t, insert("failed", true))
+		refused("in_progress", true)
+		refused("succeeded", false)
+		refused("failed", false)
+		refused("cancelled", true)
+		refused("cancelled", false)
+	}
+	checkRows()
+	require.Equal(t, "idemflow_operation_state", pgError(t, insert("succeeded", false)).ConstraintName)
+
 	indexes, languages := state()
 	require.Equal(t, []string{"idemflow_operation_unfinished"}, indexes)
 	require.Equal(t, map[string]string{"idemflow_check": "sql", "idemflow_fence": "sql", "idemflow_fence_lost": "plpgsql"}, languages)
@@ -247,9 +276,12 @@ func TestCheaperWritesMigrationDown(t *testing.T) {
 	require.Equal(t, []string{"idemflow_operation_in_progress", "idemflow_operation_lease"}, indexes)
 	require.Equal(t, map[string]string{"idemflow_check": "plpgsql", "idemflow_fence": "plpgsql"}, languages)
 	requireCheck(t, pool, true)
+	checkRows()
+	require.Equal(t, "idemflow_operation_finished", pgError(t, insert("succeeded", false)).ConstraintName)
 
 	require.NoError(t, m.Migrate(ctx))
 	indexes, _ = state()
 	require.Equal(t, []string{"idemflow_operation_unfinished"}, indexes)
 	requireCheck(t, pool, true)
+	checkRows()
 }

@@ -11,6 +11,22 @@ CREATE INDEX idemflow_operation_unfinished ON idemflow_operation (name, version,
 DROP INDEX idemflow_operation_lease;
 DROP INDEX idemflow_operation_in_progress;
 
+-- The checks of state and finished_at as one CASE. PostgreSQL reads each
+-- CHECK expression of a table back from the catalog and prepares it again for
+-- every INSERT and UPDATE statement; the IN list's array constant made that
+-- the dearest part of both writes of an operation. A row may hold what it
+-- could before. Adding it reads the table once, holding off its readers and
+-- writers meanwhile.
+ALTER TABLE idemflow_operation
+    ADD CONSTRAINT idemflow_operation_state CHECK (CASE state
+        WHEN 'in_progress' THEN finished_at IS NULL
+        WHEN 'succeeded' THEN finished_at IS NOT NULL
+        WHEN 'failed' THEN finished_at IS NOT NULL
+        ELSE false
+    END),
+    DROP CONSTRAINT idemflow_operation_state_check,
+    DROP CONSTRAINT idemflow_operation_finished;
+
 -- The guards as SQL functions of one CASE, which PostgreSQL inlines into the
 -- statement's plan: the plpgsql function behind the failure is called only
 -- when the guard fails, not on every statement that passes (a plpgsql call,
@@ -59,6 +75,11 @@ END
 $$;
 
 DROP FUNCTION idemflow_fence_lost();
+
+ALTER TABLE idemflow_operation
+    ADD CONSTRAINT idemflow_operation_state_check CHECK (state IN ('in_progress', 'succeeded', 'failed')),
+    ADD CONSTRAINT idemflow_operation_finished CHECK ((state = 'in_progress') = (finished_at IS NULL)),
+    DROP CONSTRAINT idemflow_operation_state;
 
 CREATE INDEX idemflow_operation_lease ON idemflow_operation (name, version, locked_until)
     WHERE state = 'in_progress' AND NOT parked;
