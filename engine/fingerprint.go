@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"maps"
 	"slices"
+	"strings"
+	"unicode/utf8"
 )
 
 // Fingerprint is what tells a retry of a Start from a different Start under the
@@ -98,21 +100,106 @@ func fingerprintOf(raw []byte, ignore []string) (*Fingerprint, error) {
 		fp.Fields[""] = FieldHash(c)
 		return fp, nil
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &fields); err != nil {
+	if !json.Valid(raw) {
+		var fields map[string]json.RawMessage
+		return nil, json.Unmarshal(raw, &fields) // its error says where
+	}
+	var err error
+	forEachMember(raw, func(name string, v []byte) bool {
+		if slices.Contains(ignore, name) {
+			return true
+		}
+		var c []byte
+		if c, err = canonical(v); err != nil {
+			return false
+		}
+		fp.Fields[name] = FieldHash(c) // a later member of the same name wins, as in encoding/json
+		return true
+	})
+	if err != nil {
 		return nil, err
 	}
-	for name, v := range fields {
-		if slices.Contains(ignore, name) {
-			continue
-		}
-		c, err := canonical(v)
-		if err != nil {
-			return nil, err
-		}
-		fp.Fields[name] = FieldHash(c)
-	}
 	return fp, nil
+}
+
+// forEachMember calls fn with the name and the value of each member of the
+// JSON object obj, in order, until fn returns false: the value as its bytes,
+// which is what a json.RawMessage of it holds. obj must be valid JSON (see
+// json.Valid) and an object. It reads obj once, where decoding it into a map
+// of json.RawMessage allocated a map and a copy of every value.
+func forEachMember(obj []byte, fn func(name string, value []byte) bool) {
+	i := skipSpace(obj, 1) // past the '{'
+	for obj[i] == '"' {
+		end := stringEnd(obj, i)
+		name := memberName(obj[i:end])
+		i = skipSpace(obj, skipSpace(obj, end)+1) // past the ':'
+		vEnd := valueEnd(obj, i)
+		if !fn(name, obj[i:vEnd]) {
+			return
+		}
+		i = skipSpace(obj, vEnd)
+		if obj[i] == ',' {
+			i = skipSpace(obj, i+1)
+		}
+	}
+}
+
+// memberName is the name that encoding/json decodes from quoted, a JSON
+// string: the bytes between the quotes when they are plain ASCII.
+func memberName(quoted []byte) string {
+	inner := quoted[1 : len(quoted)-1]
+	for _, b := range inner {
+		if b == '\\' || b >= utf8.RuneSelf {
+			var name string
+			_ = json.Unmarshal(quoted, &name) // valid: checked with the whole object
+			return name
+		}
+	}
+	return string(inner)
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the index after the closing quote of the JSON string that
+// starts at b[i].
+func stringEnd(b []byte, i int) int {
+	for i++; b[i] != '"'; i++ {
+		if b[i] == '\\' {
+			i++
+		}
+	}
+	return i + 1
+}
+
+// valueEnd returns the index after the JSON value that starts at b[i].
+func valueEnd(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		return stringEnd(b, i)
+	case '{', '[':
+		depth := 0
+		for ; ; i++ {
+			switch b[i] {
+			case '"':
+				i = stringEnd(b, i) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+	}
+	for i < len(b) && !strings.ContainsRune(",}] \t\n\r", rune(b[i])) {
+		i++
+	}
+	return i
 }
 
 // canonical returns v as encoding/json writes it after a round trip through
