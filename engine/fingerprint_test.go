@@ -50,7 +50,7 @@ func TestFingerprintOfObjects(t *testing.T) {
 		`{"a":true,"b":false,"c":null,"d":0,"e":-0.25,"f":1E9}`,
 		`{"nested":{"z":1,"a":[1,{"b":"}]\"{["},[]]},"after":"x"}`,
 		`{"s":"quote \" backslash \\ brace } bracket ] comma ,","t":"\u00e9\ud83d\ude00"}`,
-		`{"a\u0062":1,"ab":2}`,       // the same name twice, once escaped: the last wins
+		`{"a\u0062":1,"ab":2}`,        // the same name twice, once escaped: the last wins
 		`{"k":1,"k":{"x":2},"k":[3]}`, // three times
 		`{"é":"accent","日本":"name","\\":"backslash","\"":"quote","":"empty"}`,
 		`{"deep":[[[[{"a":[[[]]]}]]]],"m":{"b":2,"a":1}}`,
