@@ -196,7 +196,7 @@ func requireCheck(t *testing.T, pool *pgxpool.Pool, want bool) {
 	require.Equal(t, want, commented, "idemflow_fence has its comment")
 }
 
-// TestCheaperWritesMigrationDown: migration 11 undoes cleanly (the two
+// TestCheaperWritesMigrationDown: migrations 11 and 12 undo cleanly (the two
 // indexes of unfinished operations back, the two checks of state and
 // finished_at, the guards PL/pgSQL again, with their comments), and applies
 // again; rows are refused and taken alike by its checks and the ones before.
@@ -266,6 +266,9 @@ func TestCheaperWritesMigrationDown(t *testing.T) {
 	}
 	checkRows()
 	require.Equal(t, "idemflow_operation_state", pgError(t, insert("succeeded", false)).ConstraintName)
+	var validated bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT convalidated FROM pg_constraint WHERE conname = 'idemflow_operation_state'`).Scan(&validated))
+	require.True(t, validated, "migration 12 validated the check that 11 added NOT VALID")
 
 	indexes, languages := state()
 	require.Equal(t, []string{"idemflow_operation_unfinished"}, indexes)

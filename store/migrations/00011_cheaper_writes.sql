@@ -15,15 +15,17 @@ DROP INDEX idemflow_operation_in_progress;
 -- CHECK expression of a table back from the catalog and prepares it again for
 -- every INSERT and UPDATE statement; the IN list's array constant made that
 -- the dearest part of both writes of an operation. A row may hold what it
--- could before. Adding it reads the table once, holding off its readers and
--- writers meanwhile.
+-- could before. It is added NOT VALID, which checks every row written from
+-- now on but not the rows there (the two checks it replaces held for each):
+-- so this migration does not read the table while it holds off its readers
+-- and writers. Migration 00012 validates it, letting them in meanwhile.
 ALTER TABLE idemflow_operation
     ADD CONSTRAINT idemflow_operation_state CHECK (CASE state
         WHEN 'in_progress' THEN finished_at IS NULL
         WHEN 'succeeded' THEN finished_at IS NOT NULL
         WHEN 'failed' THEN finished_at IS NOT NULL
         ELSE false
-    END),
+    END) NOT VALID,
     DROP CONSTRAINT idemflow_operation_state_check,
     DROP CONSTRAINT idemflow_operation_finished;
 
