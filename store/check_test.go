@@ -196,7 +196,7 @@ func requireCheck(t *testing.T, pool *pgxpool.Pool, want bool) {
 	require.Equal(t, want, commented, "idemflow_fence has its comment")
 }
 
-// TestCheaperWritesMigrationDown: migrations 11 and 12 undo cleanly (the two
+// TestCheaperWritesMigrationDown: migrations 11 to 13 undo cleanly (the two
 // indexes of unfinished operations back, the two checks of state and
 // finished_at, the guards PL/pgSQL again, with their comments), and applies
 // again; rows are refused and taken alike by its checks and the ones before.

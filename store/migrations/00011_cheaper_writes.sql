@@ -1,24 +1,18 @@
 -- What every write of an operation costs PostgreSQL, made smaller without
--- changing what the schema promises.
+-- changing what the schema promises (00012 and 00013 go on with it). Its
+-- ALTER TABLE comes first, so that the lock it needs (ACCESS EXCLUSIVE, held
+-- to the end, and brief: it reads no row) is the first this migration takes on
+-- the table, never a stronger one asked for while a weaker one is held, which
+-- a transaction of a running process could wait across.
 --
--- One index of the unfinished operations instead of two. The sweeper's scan
--- (OperationListExpired) reads the range (name, version, parked = false) in
--- lease order; the gauges (OperationInProgressStats) and the pre-deploy check
--- read every entry, parked ones included. Each INSERT and non-HOT UPDATE of an
--- operation opened both indexes and wrote an entry to each.
-CREATE INDEX idemflow_operation_unfinished ON idemflow_operation (name, version, parked, locked_until)
-    WHERE state = 'in_progress';
-DROP INDEX idemflow_operation_lease;
-DROP INDEX idemflow_operation_in_progress;
-
 -- The checks of state and finished_at as one CASE. PostgreSQL reads each
 -- CHECK expression of a table back from the catalog and prepares it again for
 -- every INSERT and UPDATE statement; the IN list's array constant made that
 -- the dearest part of both writes of an operation. A row may hold what it
 -- could before. It is added NOT VALID, which checks every row written from
--- now on but not the rows there (the two checks it replaces held for each):
--- so this migration does not read the table while it holds off its readers
--- and writers. Migration 00012 validates it, letting them in meanwhile.
+-- now on but not the rows there (the two checks it replaces held for each), so
+-- that no row is read under the lock; migration 00012 validates it under one
+-- that lets reads and writes go on.
 ALTER TABLE idemflow_operation
     ADD CONSTRAINT idemflow_operation_state CHECK (CASE state
         WHEN 'in_progress' THEN finished_at IS NULL
@@ -32,9 +26,12 @@ ALTER TABLE idemflow_operation
 -- The guards as SQL functions of one CASE, which PostgreSQL inlines into the
 -- statement's plan: the plpgsql function behind the failure is called only
 -- when the guard fails, not on every statement that passes (a plpgsql call,
--- and the message's format(), on the hot path of every step). Each keeps what
--- it did for every argument: idemflow_fence passes a NULL, idemflow_check
--- fails on one.
+-- and the message's format(), on the hot path of every step). Each returns
+-- what it did for every argument (idemflow_fence passes a NULL, idemflow_check
+-- fails on one); idemflow_check's code and message are now evaluated only when
+-- it fails, so an error in building them no longer fails a check that passes.
+-- The raisers stay VOLATILE: that, not the guards' own volatility, keeps the
+-- planner from calling one ahead of time with constant arguments.
 CREATE FUNCTION idemflow_fence_lost() RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -82,9 +79,3 @@ ALTER TABLE idemflow_operation
     ADD CONSTRAINT idemflow_operation_state_check CHECK (state IN ('in_progress', 'succeeded', 'failed')),
     ADD CONSTRAINT idemflow_operation_finished CHECK ((state = 'in_progress') = (finished_at IS NULL)),
     DROP CONSTRAINT idemflow_operation_state;
-
-CREATE INDEX idemflow_operation_lease ON idemflow_operation (name, version, locked_until)
-    WHERE state = 'in_progress' AND NOT parked;
-CREATE INDEX idemflow_operation_in_progress ON idemflow_operation (name, created_at)
-    WHERE state = 'in_progress';
-DROP INDEX idemflow_operation_unfinished;
