@@ -3,9 +3,12 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/tern/v2/migrate"
@@ -287,4 +290,65 @@ func TestCheaperWritesMigrationDown(t *testing.T) {
 	require.Equal(t, []string{"idemflow_operation_unfinished"}, indexes)
 	requireCheck(t, pool, true)
 	checkRows()
+}
+
+// TestCheaperWritesMigrationUnderTraffic: migrations 11 to 13 apply while
+// transactions of a running process read an operation FOR SHARE and then
+// update it, as OperationFence and the statements after it do. A migration that
+// took a weak lock on idemflow_operation and then asked for a stronger one
+// (CREATE INDEX, then DROP INDEX, in one transaction) deadlocked with them.
+func TestCheaperWritesMigrationUnderTraffic(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	m, err := migrate.NewMigrator(ctx, conn.Conn(), "idemflow_schema_version")
+	require.NoError(t, err)
+	require.NoError(t, m.LoadMigrations(store.Migrations()))
+	require.NoError(t, m.MigrateTo(ctx, 10))
+
+	_, err = pool.Exec(ctx, `
+		INSERT INTO idemflow_operation (id, name, scope, key, steps, input, locked_until, format)
+		SELECT gen_random_uuid(), 'op', 's', 'k' || i, '{a}', '{}', now(), 2 FROM generate_series(1, 2000) AS i`)
+	require.NoError(t, err)
+
+	stop := make(chan struct{})
+	errs := make(chan error, 4)
+	for w := range 4 {
+		go func() {
+			var err error
+			for i := 0; err == nil; i++ {
+				select {
+				case <-stop:
+					errs <- nil
+					return
+				default:
+				}
+				err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					key := fmt.Sprintf("k%d", 1+(w*500+i)%2000)
+					if _, err := tx.Exec(ctx, `SELECT 1 FROM idemflow_operation WHERE scope = 's' AND key = $1 FOR SHARE`, key); err != nil {
+						return err
+					}
+					if _, err := tx.Exec(ctx, `SELECT pg_sleep(0.01)`); err != nil {
+						return err
+					}
+					_, err := tx.Exec(ctx, `UPDATE idemflow_operation SET locked_until = now() WHERE scope = 's' AND key = $1`, key)
+					return err
+				})
+			}
+			errs <- err
+		}()
+	}
+	time.Sleep(100 * time.Millisecond) // the traffic under way
+	migrateErr := m.Migrate(ctx)
+	close(stop)
+	for range 4 {
+		require.NoError(t, <-errs, "a transaction of the running process")
+	}
+	require.NoError(t, migrateErr)
+	var version int32
+	require.NoError(t, conn.QueryRow(ctx, `SELECT version FROM idemflow_schema_version`).Scan(&version))
+	require.EqualValues(t, 13, version)
 }
