@@ -1,27 +1,28 @@
----- tern: disable-tx ----
 -- One index of the unfinished operations instead of two. The sweeper's scan
 -- (OperationListExpired) reads the range (name, version, parked = false) in
 -- lease order; the gauges (OperationInProgressStats) and the pre-deploy check
 -- read every entry, parked ones included. Each INSERT and non-HOT UPDATE of an
 -- operation opened both indexes and wrote an entry to each.
 --
--- Built and dropped CONCURRENTLY, outside a transaction (each statement on its
--- own), so that running processes go on reading and writing the table while
--- it reads it. Each statement may be run again: a build that failed half way
--- leaves an invalid index, which the first statement drops.
-DROP INDEX CONCURRENTLY IF EXISTS idemflow_operation_unfinished;
-CREATE INDEX CONCURRENTLY idemflow_operation_unfinished ON idemflow_operation (name, version, parked, locked_until)
+-- The lock that DROP INDEX needs is taken first, so that no weaker one (the
+-- SHARE lock of CREATE INDEX) is held while asking for it: a running
+-- process's transaction that read a row FOR SHARE and then updates it would
+-- wait across that upgrade, a deadlock. Reads and writes of the table wait
+-- while the index is built (it reads the table: about a second per million
+-- operations). Not CONCURRENTLY: a concurrent build waits for every older
+-- transaction of the database, the other processes' waits on the migrations'
+-- advisory lock included, which wait for it in turn.
+LOCK TABLE idemflow_operation IN ACCESS EXCLUSIVE MODE;
+CREATE INDEX idemflow_operation_unfinished ON idemflow_operation (name, version, parked, locked_until)
     WHERE state = 'in_progress';
-DROP INDEX CONCURRENTLY IF EXISTS idemflow_operation_lease;
-DROP INDEX CONCURRENTLY IF EXISTS idemflow_operation_in_progress;
+DROP INDEX idemflow_operation_lease;
+DROP INDEX idemflow_operation_in_progress;
 
 ---- create above / drop below ----
 
----- tern: disable-tx ----
-DROP INDEX CONCURRENTLY IF EXISTS idemflow_operation_lease;
-CREATE INDEX CONCURRENTLY idemflow_operation_lease ON idemflow_operation (name, version, locked_until)
+LOCK TABLE idemflow_operation IN ACCESS EXCLUSIVE MODE;
+CREATE INDEX idemflow_operation_lease ON idemflow_operation (name, version, locked_until)
     WHERE state = 'in_progress' AND NOT parked;
-DROP INDEX CONCURRENTLY IF EXISTS idemflow_operation_in_progress;
-CREATE INDEX CONCURRENTLY idemflow_operation_in_progress ON idemflow_operation (name, created_at)
+CREATE INDEX idemflow_operation_in_progress ON idemflow_operation (name, created_at)
     WHERE state = 'in_progress';
-DROP INDEX CONCURRENTLY IF EXISTS idemflow_operation_unfinished;
+DROP INDEX idemflow_operation_unfinished;
