@@ -86,3 +86,23 @@ func migrateTo(t *testing.T, pool *pgxpool.Pool, version int) int {
 	require.NoError(t, m.MigrateTo(ctx, int32(version)))
 	return len(m.Migrations)
 }
+
+// TestMigrateTwoAtOnce: two processes that start together from version 10
+// both migrate without an error (one waits for the other's lock), through
+// migration 13's index build: a CREATE INDEX CONCURRENTLY there would have
+// waited for the other's wait on the lock, a deadlock.
+func TestMigrateTwoAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	latest := migrateTo(t, pool, 10)
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { errs <- store.Migrate(ctx, pool, nil) }()
+	}
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+	var version int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT version FROM idemflow_schema_version`).Scan(&version))
+	require.Equal(t, latest, version)
+}
