@@ -37,9 +37,10 @@ const (
 	// webhookPoll is how often a sender looks for events that are due, besides
 	// being woken by the refunds it makes.
 	webhookPoll = 250 * time.Millisecond
-	// webhookBatch bounds the events a sender takes at once.
-	webhookBatch = 100
-	// webhookConcurrency bounds the POSTs a sender has in flight.
+	// webhookConcurrency bounds the POSTs a sender has in flight, and so the
+	// events it claims at once: it sends every event it claimed at once, each
+	// within its claim (a timeout and a fifth), so that no claim runs out while
+	// its event waits behind others, and another sender sends it again.
 	webhookConcurrency = 16
 	// maxCopies bounds the copies of POST /webhooks/redeliver.
 	maxCopies = 100
@@ -116,13 +117,13 @@ func (s *Server) RunWebhooks(ctx context.Context) error {
 	}
 }
 
-// sendDue takes the events that are due, a batch at a time, and sends each
-// once.
+// sendDue takes the events that are due, as many at a time as it sends at
+// once, and sends each once.
 func (s *Server) sendDue(ctx context.Context) {
 	for ctx.Err() == nil {
 		due, err := s.q.WebhookTakeDue(ctx, s.pool, providerdb.WebhookTakeDueParams{
 			ClaimMs: (s.webhookTimeout + s.webhookTimeout/5).Milliseconds(),
-			Max:     webhookBatch,
+			Max:     webhookConcurrency,
 		})
 		if err != nil {
 			if ctx.Err() == nil {
@@ -133,17 +134,12 @@ func (s *Server) sendDue(ctx context.Context) {
 		if len(due) == 0 {
 			return
 		}
-		sem := make(chan struct{}, webhookConcurrency)
 		var wg sync.WaitGroup
 		for _, ev := range due {
-			sem <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-sem }()
-				s.deliver(ctx, ev.ID, ev.Body, ev.Failures)
-			})
+			wg.Go(func() { s.deliver(ctx, ev.ID, ev.Body, ev.Failures) })
 		}
 		wg.Wait()
-		if len(due) < webhookBatch {
+		if len(due) < webhookConcurrency {
 			return
 		}
 	}
