@@ -390,6 +390,14 @@ type fsResumeArgs struct {
 
 func (fsResumeArgs) Kind() string { return "idemflow_resume" }
 
+// fsResumeJobs counts the River jobs that resume an operation, in any state.
+func fsResumeJobs(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM river_job WHERE kind = 'idemflow_resume'`).Scan(&n))
+	return n
+}
+
 // fsNoMoreRuns checks, without waiting for time to pass, that nothing takes
 // the operation up again: sweeps with its lease expired enqueue no resume job,
 // and a resume job enqueued by hand ends without running anything. The
@@ -398,18 +406,13 @@ func fsNoMoreRuns(t *testing.T, e *engine.Engine, pool *pgxpool.Pool, id uuid.UU
 	t.Helper()
 	ctx := context.Background()
 	before := fsGet(t, e, id)
-	jobs := func() int {
-		var n int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'idemflow_resume'`).Scan(&n))
-		return n
-	}
-	n := jobs()
+	n := fsResumeJobs(t, pool)
 	for range 3 {
 		_, err := pool.Exec(ctx, `UPDATE idemflow_operation SET locked_until = now() - interval '1 second' WHERE id = $1`, id)
 		require.NoError(t, err)
 		require.NoError(t, e.Sweep(ctx))
 	}
-	require.Equal(t, n, jobs(), "a sweep enqueued a resume job for the operation")
+	require.Equal(t, n, fsResumeJobs(t, pool), "a sweep enqueued a resume job for the operation")
 
 	res, err := e.River().Insert(ctx, fsResumeArgs{OperationID: id, Operation: before.Name}, &river.InsertOpts{Queue: engine.DefaultQueue})
 	require.NoError(t, err)
@@ -1833,16 +1836,11 @@ func TestRefusedCancelKeepsBackoff(t *testing.T) {
 	require.ErrorIs(t, err, engine.ErrPastPivot)
 	require.Equal(t, int32(1), f.lookups.Load())
 	require.WithinDuration(t, before, leftUntil(), time.Second, "the refused cancel moved the operation's wait")
-	jobs := func() int {
-		var n int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'idemflow_resume'`).Scan(&n))
-		return n
-	}
-	n := jobs()
+	n := fsResumeJobs(t, pool)
 	for range 3 {
 		require.NoError(t, e.Sweep(ctx))
 	}
-	require.Equal(t, n, jobs(), "a sweep enqueued a resume job for the operation")
+	require.Equal(t, n, fsResumeJobs(t, pool), "a sweep enqueued a resume job for the operation")
 	require.Equal(t, int32(1), f.payCalls.Load(), "the step was tried again before its backoff")
 	require.Equal(t, int32(1), f.lookups.Load())
 	require.Equal(t, fsBooks{debits: 1, payments: 1, requests: 1}, fsReadBooks(t, pool), "the paid debit was not undone")

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/tern/v2/migrate"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/internal/testdb"
@@ -174,12 +173,7 @@ func TestCheckMigrationDown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	m, err := migrate.NewMigrator(ctx, conn.Conn(), "idemflow_schema_version")
-	require.NoError(t, err)
-	require.NoError(t, m.LoadMigrations(store.Migrations()))
+	m := migrator(t, pool)
 
 	require.NoError(t, m.MigrateTo(ctx, 4))
 	requireCheck(t, pool, false)
@@ -207,12 +201,7 @@ func TestCheaperWritesMigrationDown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	m, err := migrate.NewMigrator(ctx, conn.Conn(), "idemflow_schema_version")
-	require.NoError(t, err)
-	require.NoError(t, m.LoadMigrations(store.Migrations()))
+	m := migrator(t, pool)
 
 	state := func() (indexes []string, languages map[string]string) {
 		t.Helper()
@@ -301,15 +290,10 @@ func TestCheaperWritesMigrationUnderTraffic(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	m, err := migrate.NewMigrator(ctx, conn.Conn(), "idemflow_schema_version")
-	require.NoError(t, err)
-	require.NoError(t, m.LoadMigrations(store.Migrations()))
+	m := migrator(t, pool)
 	require.NoError(t, m.MigrateTo(ctx, 10))
 
-	_, err = pool.Exec(ctx, `
+	_, err := pool.Exec(ctx, `
 		INSERT INTO idemflow_operation (id, name, scope, key, steps, input, locked_until, format)
 		SELECT gen_random_uuid(), 'op', 's', 'k' || i, '{a}', '{}', now(), 2 FROM generate_series(1, 2000) AS i`)
 	require.NoError(t, err)

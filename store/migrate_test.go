@@ -76,15 +76,23 @@ func TestMigrateWithBoundedPool(t *testing.T) {
 // tern as Migrate does, and returns the latest version.
 func migrateTo(t *testing.T, pool *pgxpool.Pool, version int) int {
 	t.Helper()
+	m := migrator(t, pool)
+	require.NoError(t, m.MigrateTo(context.Background(), int32(version)))
+	return len(m.Migrations)
+}
+
+// migrator returns tern's migrator of idemflow's migrations on a connection of
+// pool that it holds until the test ends, as Migrate uses them.
+func migrator(t *testing.T, pool *pgxpool.Pool) *migrate.Migrator {
+	t.Helper()
 	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
-	defer conn.Release()
+	t.Cleanup(conn.Release)
 	m, err := migrate.NewMigrator(ctx, conn.Conn(), "idemflow_schema_version")
 	require.NoError(t, err)
 	require.NoError(t, m.LoadMigrations(store.Migrations()))
-	require.NoError(t, m.MigrateTo(ctx, int32(version)))
-	return len(m.Migrations)
+	return m
 }
 
 // TestMigrateTwoAtOnce: two processes that start together from version 10
