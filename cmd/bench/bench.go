@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
+	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,6 +60,9 @@ func benchmark(ctx context.Context, opts *options, stdout, stderr io.Writer) err
 	}
 	defer srv.stop(context.WithoutCancel(ctx))
 	b := &bench{opts: opts, srv: srv, quiet: quiet, progress: stderr}
+	if opts.memProfile != "" {
+		runtime.MemProfileRate = 0 // sampled during the timed operations only
+	}
 	if opts.history > 0 {
 		b.logf("history: inserting %d finished refund operations", opts.history)
 		start := time.Now()
@@ -278,9 +284,11 @@ func (b *bench) measure(ctx context.Context, mode string, e *env, op func(ctx co
 		return nil, err
 	}
 	cpuBefore := sampleCPU(b.srv.postmasterPID)
+	allocsBefore := readAllocs()
 	start := time.Now()
 	failed, firstErr := drive(ctx, 0, n, c, op, lat)
 	elapsed := time.Since(start)
+	allocs := readAllocs().since(allocsBefore)
 	cpu := sampleCPU(b.srv.postmasterPID).since(cpuBefore, n)
 	if err := stopProfile(); err != nil {
 		return nil, err
@@ -302,7 +310,7 @@ func (b *bench) measure(ctx context.Context, mode string, e *env, op func(ctx co
 	if err != nil {
 		return nil, err
 	}
-	return newResult(mode, b.opts, lat, failed, elapsed, cpu, after.since(before), app, prov), nil
+	return newResult(mode, b.opts, lat, failed, elapsed, cpu, allocs, after.since(before), app, prov), nil
 }
 
 // Quiet is under quietBusy of the machine's CPU time used by other programs
@@ -345,26 +353,71 @@ func (b *bench) awaitQuiet(ctx context.Context, mode string) error {
 	}
 }
 
-// startProfile starts the CPU profile of a mode's timed operations, if asked.
+// startProfile starts the CPU profile, the allocation profile and the
+// execution trace of a mode's timed operations, each if asked. Allocations are
+// sampled only during timed operations, but the runtime's profile adds them up
+// over the process: a mode's holds those of the modes timed before it too.
 func (b *bench) startProfile(mode string) (stop func() error, err error) {
-	if b.opts.cpuProfile == "" {
-		return func() error { return nil }, nil
-	}
-	f, err := os.Create(b.opts.cpuProfile + "." + mode + ".pprof")
-	if err != nil {
-		return nil, fmt.Errorf("cpu profile: %w", err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("cpu profile: %w", err)
-	}
-	return func() error {
-		pprof.StopCPUProfile()
-		if err := f.Close(); err != nil {
-			return fmt.Errorf("cpu profile: %w", err)
+	var stops []func() error
+	stopAll := func() error {
+		var errs []error
+		for _, stop := range stops {
+			errs = append(errs, stop())
 		}
-		return nil
-	}, nil
+		return errors.Join(errs...)
+	}
+	if b.opts.cpuProfile != "" {
+		f, err := os.Create(b.opts.cpuProfile + "." + mode + ".pprof")
+		if err != nil {
+			return nil, fmt.Errorf("cpu profile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			_ = f.Close()
+			return nil, fmt.Errorf("cpu profile: %w", err)
+		}
+		stops = append(stops, func() error {
+			pprof.StopCPUProfile()
+			if err := f.Close(); err != nil {
+				return fmt.Errorf("cpu profile: %w", err)
+			}
+			return nil
+		})
+	}
+	if b.opts.memProfile != "" {
+		runtime.MemProfileRate = 1
+		stops = append(stops, func() error {
+			runtime.MemProfileRate = 0
+			f, err := os.Create(b.opts.memProfile + "." + mode + ".pprof")
+			if err != nil {
+				return fmt.Errorf("memory profile: %w", err)
+			}
+			if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+				_ = f.Close()
+				return fmt.Errorf("memory profile: %w", err)
+			}
+			return f.Close()
+		})
+	}
+	if b.opts.trace != "" {
+		f, err := os.Create(b.opts.trace + "." + mode + ".trace")
+		if err != nil {
+			_ = stopAll()
+			return nil, fmt.Errorf("trace: %w", err)
+		}
+		if err := trace.Start(f); err != nil {
+			_ = f.Close()
+			_ = stopAll()
+			return nil, fmt.Errorf("trace: %w", err)
+		}
+		stops = append(stops, func() error {
+			trace.Stop()
+			if err := f.Close(); err != nil {
+				return fmt.Errorf("trace: %w", err)
+			}
+			return nil
+		})
+	}
+	return stopAll, nil
 }
 
 // drive runs op for i in [from, to) with up to c at once. When lat is not nil it

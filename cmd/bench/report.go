@@ -79,11 +79,17 @@ type result struct {
 	MachineBusyPct     float64 `json:"machine_busy_pct"`
 	OthersCPUPct       float64 `json:"others_cpu_pct"`
 
+	// Heap allocations of this process per operation, as BenchCPUusPerOp
+	// counts its CPU time: the engine's, the steps', the provider's, the HTTP
+	// client's and server's.
+	AllocsPerOp     float64 `json:"allocs_per_op"`
+	AllocBytesPerOp float64 `json:"alloc_bytes_per_op"`
+
 	// PeakRSSMB is the process's peak resident set so far (getrusage's maxrss).
 	PeakRSSMB float64 `json:"peak_rss_mb"`
 }
 
-func newResult(mode string, opts *options, lat []float32, failed int64, elapsed time.Duration, cpu cpuUse, db serverStats, app, prov counts) *result {
+func newResult(mode string, opts *options, lat []float32, failed int64, elapsed time.Duration, cpu cpuUse, allocs allocCount, db serverStats, app, prov counts) *result {
 	n := float64(opts.n)
 	per := func(v int64) float64 { return round(float64(v)/n, 3) }
 	perName := func(m map[string]int64) map[string]float64 {
@@ -136,6 +142,9 @@ func newResult(mode string, opts *options, lat []float32, failed int64, elapsed 
 		PostgresCPUusPerOp: -1,
 		MachineBusyPct:     round(100*cpu.machineBusy, 1),
 		OthersCPUPct:       round(100*cpu.others, 1),
+
+		AllocsPerOp:     per(int64(allocs.objects)),
+		AllocBytesPerOp: round(float64(allocs.bytes)/n, 0),
 
 		PeakRSSMB: round(peakRSSMB(), 1),
 	}
@@ -198,15 +207,15 @@ func (r *report) finish() {
 		return
 	}
 	tw := tabwriter.NewWriter(r.w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "round\tmode\tops/s\tp50 ms\tp90 ms\tp99 ms\tcommits/op\trollbacks/op\tWAL syncs/op\tbuffers/op\tapp commits/op\tprovider commits/op\tapp stmts/op\tengine\tsteps\triver\tBEGIN+COMMIT/op\tround trips/op\tprovider stmts/op\tbench CPU us/op\tPG CPU us/op\tothers' CPU %\tpeak RSS MB\terrors\t")
+	fmt.Fprintln(tw, "round\tmode\tops/s\tp50 ms\tp90 ms\tp99 ms\tcommits/op\trollbacks/op\tWAL syncs/op\tbuffers/op\tapp commits/op\tprovider commits/op\tapp stmts/op\tengine\tsteps\triver\tBEGIN+COMMIT/op\tround trips/op\tprovider stmts/op\tbench CPU us/op\tallocs/op\tPG CPU us/op\tothers' CPU %\tpeak RSS MB\terrors\t")
 	for _, res := range r.results {
-		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.1f\t%.0f\t%d\t\n",
+		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%.1f\t%.0f\t%d\t\n",
 			res.Round, res.Mode, res.OpsPerS, res.P50ms, res.P90ms, res.P99ms,
 			res.CommitsPerOp, res.RollbacksPerOp, res.WALSyncsPerOp, res.BlocksHitPerOp+res.BlocksReadPerOp,
 			res.EngineCommitsPerOp, res.ProviderCommitsPerOp,
 			res.StatementsPerOp, res.EngineStatementsPerOp, res.StepStatementsPerOp, res.RiverStatementsPerOp,
 			res.TxControlPerOp, res.RoundTripsPerOp, res.ProviderStatementsPerOp,
-			res.BenchCPUusPerOp, res.PostgresCPUusPerOp, res.OthersCPUPct, res.PeakRSSMB, res.Errors)
+			res.BenchCPUusPerOp, res.AllocsPerOp, res.PostgresCPUusPerOp, res.OthersCPUPct, res.PeakRSSMB, res.Errors)
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(r.w)
