@@ -92,3 +92,45 @@ func BenchmarkFingerprintOf(b *testing.B) {
 		}
 	}
 }
+
+// TestFingerprintEncode checks that encode writes what json.Marshal writes of
+// the stored form, byte for byte, plain or not.
+func TestFingerprintEncode(t *testing.T) {
+	t.Parallel()
+	hashes, err := fingerprintOf([]byte(`{"client":"c","orderId":"o-1","amount":100,"note":"x"}`), nil)
+	require.NoError(t, err)
+	tests := []struct {
+		name string
+		fp   Fingerprint
+	}{
+		{"nil fields", Fingerprint{}},
+		{"empty fields", Fingerprint{Fields: map[string]string{}}},
+		{"hashes", *hashes},
+		{"with context", Fingerprint{Fields: hashes.Fields, Context: map[string]string{"method": "POST", "path": "/refunds"}}},
+		{"empty context", Fingerprint{Fields: hashes.Fields, Context: map[string]string{}}},
+		{"the field of a non-object", Fingerprint{Fields: map[string]string{"": "abc"}}},
+		{"quote and backslash", Fingerprint{Fields: map[string]string{`a"b\c`: "h"}}},
+		{"html", Fingerprint{Fields: map[string]string{"<a&b>": "h"}, Context: map[string]string{"path": "/x?a=1&b=<2>"}}},
+		{"control and DEL", Fingerprint{Fields: map[string]string{"a\nb\x7f": "h\t"}}},
+		{"unicode", Fingerprint{Fields: map[string]string{"süß": "h", "\u2028": "h"}}},
+		{"invalid UTF-8", Fingerprint{Context: map[string]string{"path": "/\xff"}}},
+	}
+	for _, tc := range tests {
+		want, err := json.Marshal(storedFingerprint{V: fingerprintVersion, Fields: tc.fp.Fields, Context: tc.fp.Context})
+		require.NoError(t, err)
+		got := tc.fp.encode()
+		require.Equal(t, string(want), string(got), tc.name)
+		back := decodeFingerprint(got)
+		require.Equal(t, len(tc.fp.Fields), len(back.Fields), tc.name)
+	}
+}
+
+func BenchmarkFingerprintEncode(b *testing.B) {
+	fp, err := fingerprintOf([]byte(`{"client":"bench","orderId":"engine-20009","amount":100}`), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		_ = fp.encode()
+	}
+}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"encoding"
 	"encoding/json"
 	"errors"
@@ -214,4 +215,74 @@ func jsonTypeError(path, reason string) error {
 		return errors.New("the type itself: " + reason)
 	}
 	return errors.New("field " + path + ": " + reason)
+}
+
+// valueOnlyJSON reports whether every value of t whose strings are valid UTF-8
+// comes back from a round trip through encoding/json (Marshal, then Unmarshal
+// into a fresh value) equal to what it was, with nothing shared: t is made of
+// booleans, numbers, strings, arrays of them and structs of them, without a
+// method of encoding/json's or encoding's, and every struct field encoding/json
+// writes, under its own name. A run keeps such a state as it is after a step
+// instead of decoding it back from its checkpoint: it is what the decode would
+// give. Pointers, slices, maps and interfaces are left out: two fields may
+// share what they point to, which a decoded value does not.
+func valueOnlyJSON(t reflect.Type) bool {
+	if hasMarshalMethod(t) {
+		return false
+	}
+	switch t.Kind() {
+	case reflect.Bool, reflect.String,
+		reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr,
+		reflect.Float32, reflect.Float64:
+		return true
+	case reflect.Array:
+		return valueOnlyJSON(t.Elem())
+	case reflect.Struct:
+		names := make(map[string]bool, t.NumField())
+		for i := range t.NumField() {
+			f := t.Field(i)
+			tag := f.Tag.Get("json")
+			name, opts, _ := strings.Cut(tag, ",")
+			switch {
+			case f.Anonymous, !f.IsExported(), tag == "-", hasOption(opts, "string"):
+				return false
+			case hasOption(opts, "omitzero") && hasIsZero(f.Type):
+				// Its IsZero, not the value, decides whether it is written.
+				return false
+			case name == "":
+				name = f.Name
+			}
+			// encoding/json matches names without regard to case when it decodes.
+			folded := strings.ToLower(name)
+			if names[folded] || !valueOnlyJSON(f.Type) {
+				return false
+			}
+			names[folded] = true
+		}
+		return true
+	default:
+		return false
+	}
+}
+
+func hasOption(opts, name string) bool {
+	for o := range strings.SplitSeq(opts, ",") {
+		if o == name {
+			return true
+		}
+	}
+	return false
+}
+
+func hasIsZero(t reflect.Type) bool {
+	_, ok := reflect.PointerTo(t).MethodByName("IsZero")
+	return ok
+}
+
+// replacedUTF8 reports whether raw, which encoding/json wrote, may hold a
+// string in which it replaced invalid UTF-8 (by \ufffd): decoding it gives
+// another string. A string that holds the text \ufffd answers true too.
+func replacedUTF8(raw []byte) bool {
+	return bytes.Contains(raw, []byte(`\ufffd`))
 }

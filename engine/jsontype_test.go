@@ -455,3 +455,119 @@ func TestCheckJSONTypeRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+// jtZeroed reports itself zero whatever it holds.
+type jtZeroed struct{ N int }
+
+func (jtZeroed) IsZero() bool { return true }
+
+func TestValueOnlyJSON(t *testing.T) {
+	t.Parallel()
+	type kind string
+	type Money struct {
+		Cents    int64
+		Currency string `json:"currency,omitempty"`
+	}
+	type State struct {
+		ID     string `json:"id"`
+		Kind   kind   `json:"kind"`
+		Done   bool   `json:"done,omitempty"`
+		Total  Money  `json:"total"`
+		Splits [2]Money
+		Ratio  float64
+		Small  float32
+		//lint:ignore SA5008 a field named "-", which the check must tell from one tagged "-"
+		Dash  string `json:"-,"`
+		Later uint8  `json:"later,omitzero"`
+	}
+	type Base struct{ Region string }
+	type withPointer struct{ P *string }
+	type withSlice struct{ S []string }
+	type withMap struct{ M map[string]int }
+	type withAny struct{ V any }
+	type withTime struct{ At time.Time }
+	type withRaw struct{ R json.RawMessage }
+	type embedded struct {
+		Base
+		N int
+	}
+	type unexported struct {
+		N int
+		//lint:ignore U1000 the unexported field is what the check must find
+		n int
+	}
+	type skipped struct {
+		N    int
+		Memo string `json:"-"`
+	}
+	type quoted struct {
+		N int `json:",string"`
+	}
+	type sameName struct {
+		A int `json:"name"`
+		B int `json:"Name"`
+	}
+	type isZero struct {
+		Z jtZeroed `json:"z,omitzero"`
+	}
+	tests := []struct {
+		name  string
+		typ   reflect.Type
+		value any // for a value-only type: a filled value that must come back equal
+		want  bool
+	}{
+		{"string", reflect.TypeFor[string](), "süß <&> \u2028 \"q\" \\ \n", true},
+		{"int64", reflect.TypeFor[int64](), int64(-1 << 62), true},
+		{"named string", reflect.TypeFor[kind](), kind("refund"), true},
+		{"a struct of values", reflect.TypeFor[State](), State{
+			ID: "r_1", Kind: "k", Done: true, Total: Money{Cents: 5, Currency: "EUR"},
+			Splits: [2]Money{{Cents: 1}, {Cents: 4, Currency: "EUR"}},
+			Ratio:  0.1 + 0.2, Small: 1.1, Dash: "d", Later: 3,
+		}, true},
+		{"a struct of zero values", reflect.TypeFor[State](), State{}, true},
+		{"an array", reflect.TypeFor[[3]int](), [3]int{1, -2, 3}, true},
+		{"a pointer", reflect.TypeFor[withPointer](), nil, false},
+		{"a slice", reflect.TypeFor[withSlice](), nil, false},
+		{"a map", reflect.TypeFor[withMap](), nil, false},
+		{"an interface", reflect.TypeFor[withAny](), nil, false},
+		{"time.Time", reflect.TypeFor[withTime](), nil, false},
+		{"json.RawMessage", reflect.TypeFor[withRaw](), nil, false},
+		{"an embedded struct", reflect.TypeFor[embedded](), nil, false},
+		{"an unexported field", reflect.TypeFor[unexported](), nil, false},
+		{`a field tagged "-"`, reflect.TypeFor[skipped](), nil, false},
+		{"a string option", reflect.TypeFor[quoted](), nil, false},
+		{"names equal but for case", reflect.TypeFor[sameName](), nil, false},
+		{"omitzero with an IsZero", reflect.TypeFor[isZero](), nil, false},
+		{"a marshaler", reflect.TypeFor[jtMoney](), nil, false},
+		{"a text marshaler", reflect.TypeFor[jtTextKey](), nil, false},
+	}
+	for _, tc := range tests {
+		require.Equal(t, tc.want, valueOnlyJSON(tc.typ), tc.name)
+		if tc.value == nil {
+			continue
+		}
+		raw, err := json.Marshal(tc.value)
+		require.NoError(t, err, tc.name)
+		require.False(t, replacedUTF8(raw), tc.name)
+		back := reflect.New(tc.typ)
+		require.NoError(t, json.Unmarshal(raw, back.Interface()), tc.name)
+		require.Equal(t, tc.value, back.Elem().Interface(), tc.name)
+	}
+}
+
+func TestReplacedUTF8(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		s    string
+		want bool
+	}{
+		{"plain", false},
+		{"süß \ufffd", false}, // a valid U+FFFD is written as it is
+		{"bad \xff byte", true},
+		{`the text \ufffd`, true}, // cannot be told apart: decoded again, which is safe
+	} {
+		raw, err := json.Marshal(tc.s)
+		require.NoError(t, err)
+		require.Equal(t, tc.want, replacedUTF8(raw), "%q encodes as %s", tc.s, raw)
+	}
+}

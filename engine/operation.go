@@ -398,8 +398,12 @@ type opDef struct {
 	// json.Unmarshal, cheaper than the strict decoder.
 	reloadState func(raw []byte) (any, error)
 	reloadInput func(raw []byte) (any, error)
-	decodeInput func(raw []byte) (any, error)
-	result      func(in, state any) ([]byte, error)
+	// stateValueOnly is true when the state's type is made of values only (see
+	// valueOnlyJSON): a run keeps the state it encoded rather than decode it
+	// back, which gives an equal value.
+	stateValueOnly bool
+	decodeInput    func(raw []byte) (any, error)
+	result         func(in, state any) ([]byte, error)
 }
 
 type stepDef struct {
@@ -444,6 +448,8 @@ func (op *Operation[In, S, Out]) erase() *opDef {
 		retention: op.retention,
 		ignore:    op.ignore,
 		index:     make(map[string]int, len(op.steps)),
+
+		stateValueOnly: valueOnlyJSON(reflect.TypeFor[S]()),
 		decodeState: func(raw []byte) (any, error) {
 			s := new(S)
 			if len(raw) == 0 {

@@ -1,0 +1,76 @@
+package engine_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/engine"
+)
+
+// A first attempt goes on from the state as a resumed run would decode it from
+// its checkpoint, whether the engine decodes it back after each step or keeps
+// it (a state of values only): a string with invalid UTF-8 comes out of the
+// checkpoint with U+FFFD in its place, and a pointer shares nothing with
+// what it pointed to before.
+func TestStateAfterStepIsTheCheckpoints(t *testing.T) {
+	t.Parallel()
+	pool := setupPool(t)
+	ctx := context.Background()
+
+	// What the second step saw, before anything encoded it again.
+	seen := map[string]string{}
+
+	type valueState struct {
+		Name string
+	}
+	values, err := engine.NewOperation("values", []engine.Step[int, valueState]{
+		engine.ExternalStep("set", func(ctx context.Context, _ engine.Attempt, _ int, s *valueState) error {
+			s.Name = "a\xffb"
+			return nil
+		}),
+		engine.ExternalStep("read", func(ctx context.Context, _ engine.Attempt, _ int, s *valueState) error {
+			seen["values"] = s.Name
+			return nil
+		}),
+	}, func(_ int, s *valueState) (string, error) { return s.Name, nil }, nil)
+	require.NoError(t, err)
+
+	type pointerState struct {
+		Name *string
+	}
+	var kept *string
+	pointers, err := engine.NewOperation("pointers", []engine.Step[int, pointerState]{
+		engine.ExternalStep("set", func(ctx context.Context, _ engine.Attempt, _ int, s *pointerState) error {
+			name := "a\xffb"
+			s.Name, kept = &name, &name
+			return nil
+		}),
+		engine.ExternalStep("read", func(ctx context.Context, _ engine.Attempt, _ int, s *pointerState) error {
+			*kept = "changed after the checkpoint"
+			seen["pointers"] = *s.Name
+			return nil
+		}),
+	}, func(_ int, s *pointerState) (string, error) { return *s.Name, nil }, nil)
+	require.NoError(t, err)
+
+	e := newEngine(t, pool, values, pointers)
+	for _, tc := range []struct {
+		name   string
+		start  func() (*engine.Started, error)
+		result func(*engine.Info) (string, error)
+	}{
+		{"values", func() (*engine.Started, error) { return engine.Start(ctx, e, values, "c", "k", 1, nil) }, values.Result},
+		{"pointers", func() (*engine.Started, error) { return engine.Start(ctx, e, pointers, "c", "k2", 1, nil) }, pointers.Result},
+	} {
+		started, err := tc.start()
+		require.NoError(t, err, tc.name)
+		info := waitDone(t, e, started)
+		require.Equal(t, engine.StatusSucceeded, info.Status, tc.name)
+		got, err := tc.result(info)
+		require.NoError(t, err, tc.name)
+		require.Equal(t, "a\ufffdb", got, tc.name)
+		require.Equal(t, "a\ufffdb", seen[tc.name], tc.name)
+	}
+}
