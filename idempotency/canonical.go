@@ -27,6 +27,16 @@ type parsedBody struct {
 // have no duplicate keys, and returns its top-level fields. A problem with one
 // field is a *FieldError naming it.
 func parseBody(data []byte) (*parsedBody, error) {
+	if b, ok := parseBodyFast(data); ok {
+		return b, nil
+	}
+	return parseBodyTokens(data)
+}
+
+// parseBodyTokens is parseBody with encoding/json's decoder, token by token:
+// for every body, with the error of one that is not a JSON object without
+// duplicate keys.
+func parseBodyTokens(data []byte) (*parsedBody, error) {
 	if !utf8.Valid(data) {
 		return nil, errors.New("the request body is not valid UTF-8")
 	}

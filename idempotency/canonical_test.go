@@ -229,3 +229,12 @@ func rat(t *testing.T, n string) *big.Rat {
 	require.True(t, ok, "%s", n)
 	return r
 }
+
+func BenchmarkFieldHashes(b *testing.B) {
+	body := []byte(`{"orderId":"engine-20009","amount":100}`)
+	for b.Loop() {
+		if _, err := idempotency.FieldHashes(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
