@@ -28,7 +28,11 @@
 // commits, rollbacks and WAL syncs from the server's statistics, and statements,
 // transactions and round trips counted by a pgx tracer on each pool (the
 // engine's statements apart from the steps', the provider's apart from both).
-// -json prints one JSON object per mode per line instead.
+// -json prints one JSON object per mode per line instead. Each mode also reports
+// the CPU time of this process and of the cluster, and this process's heap
+// allocations, per operation. -cpuprofile, -memprofile and -trace write a CPU
+// profile, an allocation profile and an execution trace of each mode's timed
+// operations.
 //
 // The database is DATABASE_URL's server or, when it is unset, a private cluster
 // in -data-dir, started with PostgreSQL's defaults (fsync and synchronous_commit
