@@ -7,6 +7,7 @@ import (
 	"errors"
 	"reflect"
 	"strings"
+	"unicode"
 )
 
 var (
@@ -224,8 +225,11 @@ func jsonTypeError(path, reason string) error {
 // method of encoding/json's or encoding's, and every struct field encoding/json
 // writes, under its own name. A run keeps such a state as it is after a step
 // instead of decoding it back from its checkpoint: it is what the decode would
-// give. Pointers, slices, maps and interfaces are left out: two fields may
-// share what they point to, which a decoded value does not.
+// give, once copied. Pointers, slices, maps and interfaces are left out: two
+// fields may share what they point to, which a decoded value does not. So are
+// fields that encoding/json names otherwise than their tag says (an invalid
+// tag name), and floats that it may leave out (omitempty, omitzero), since a
+// -0 comes back as 0.
 func valueOnlyJSON(t reflect.Type) bool {
 	if hasMarshalMethod(t) {
 		return false
@@ -244,11 +248,19 @@ func valueOnlyJSON(t reflect.Type) bool {
 			f := t.Field(i)
 			tag := f.Tag.Get("json")
 			name, opts, _ := strings.Cut(tag, ",")
+			omits := hasOption(opts, "omitempty") || hasOption(opts, "omitzero")
 			switch {
 			case f.Anonymous, !f.IsExported(), tag == "-", hasOption(opts, "string"):
 				return false
+			case name != "" && !validTagName(name):
+				// encoding/json names it by the Go field instead, which may
+				// be another field's name.
+				return false
 			case hasOption(opts, "omitzero") && hasIsZero(f.Type):
 				// Its IsZero, not the value, decides whether it is written.
+				return false
+			case omits && holdsFloat(f.Type):
+				// A -0 counts as empty, and comes back as 0.
 				return false
 			case name == "":
 				name = f.Name
@@ -264,6 +276,35 @@ func valueOnlyJSON(t reflect.Type) bool {
 	default:
 		return false
 	}
+}
+
+// validTagName reports whether encoding/json takes name, from a struct tag, as
+// the field's JSON name: letters, digits, spaces and the punctuation it allows
+// (not quotes or backslashes). It names the field by its Go name otherwise.
+func validTagName(name string) bool {
+	for _, c := range name {
+		if !unicode.IsLetter(c) && !unicode.IsDigit(c) && !strings.ContainsRune("!#$%&()*+-./:;<=>?@[]^_{|}~ ", c) {
+			return false
+		}
+	}
+	return true
+}
+
+// holdsFloat reports whether values of t, made of values only, hold a float.
+func holdsFloat(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Float32, reflect.Float64:
+		return true
+	case reflect.Array:
+		return holdsFloat(t.Elem())
+	case reflect.Struct:
+		for i := range t.NumField() {
+			if holdsFloat(t.Field(i).Type) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func hasOption(opts, name string) bool {

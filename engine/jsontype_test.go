@@ -510,6 +510,26 @@ func TestValueOnlyJSON(t *testing.T) {
 	type isZero struct {
 		Z jtZeroed `json:"z,omitzero"`
 	}
+	// An invalid tag name is dropped: encoding/json names the field B, as A's
+	// tag does, and writes only A.
+	type invalidTag struct {
+		A int `json:"B"`
+		//lint:ignore SA5008 the invalid tag name is what the check must find
+		B int `json:"x'"`
+	}
+	type punctuated struct {
+		A int `json:"a-b.c"`
+		B int `json:"a b"`
+	}
+	type omittedFloat struct {
+		F float64 `json:"f,omitempty"`
+	}
+	type omittedZeroFloat struct {
+		M struct{ F float32 } `json:"m,omitzero"`
+	}
+	type omittedInt struct {
+		N int `json:"n,omitempty"`
+	}
 	tests := []struct {
 		name  string
 		typ   reflect.Type
@@ -538,6 +558,11 @@ func TestValueOnlyJSON(t *testing.T) {
 		{"a string option", reflect.TypeFor[quoted](), nil, false},
 		{"names equal but for case", reflect.TypeFor[sameName](), nil, false},
 		{"omitzero with an IsZero", reflect.TypeFor[isZero](), nil, false},
+		{"an invalid tag name", reflect.TypeFor[invalidTag](), nil, false},
+		{"tag names with punctuation", reflect.TypeFor[punctuated](), punctuated{A: 1, B: 2}, true},
+		{"a float that omitempty leaves out", reflect.TypeFor[omittedFloat](), nil, false},
+		{"a float that omitzero leaves out", reflect.TypeFor[omittedZeroFloat](), nil, false},
+		{"an int that omitempty leaves out", reflect.TypeFor[omittedInt](), omittedInt{N: 3}, true},
 		{"a marshaler", reflect.TypeFor[jtMoney](), nil, false},
 		{"a text marshaler", reflect.TypeFor[jtTextKey](), nil, false},
 	}

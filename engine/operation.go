@@ -399,9 +399,11 @@ type opDef struct {
 	reloadState func(raw []byte) (any, error)
 	reloadInput func(raw []byte) (any, error)
 	// stateValueOnly is true when the state's type is made of values only (see
-	// valueOnlyJSON): a run keeps the state it encoded rather than decode it
-	// back, which gives an equal value.
+	// valueOnlyJSON): a run copies the state it encoded rather than decode it
+	// back, which gives an equal value. copyState returns a new *S holding a
+	// copy of *S, which is all of it for such a type.
 	stateValueOnly bool
+	copyState      func(state any) any
 	decodeInput    func(raw []byte) (any, error)
 	result         func(in, state any) ([]byte, error)
 }
@@ -450,6 +452,10 @@ func (op *Operation[In, S, Out]) erase() *opDef {
 		index:     make(map[string]int, len(op.steps)),
 
 		stateValueOnly: valueOnlyJSON(reflect.TypeFor[S]()),
+		copyState: func(state any) any {
+			c := *state.(*S)
+			return &c
+		},
 		decodeState: func(raw []byte) (any, error) {
 			s := new(S)
 			if len(raw) == 0 {

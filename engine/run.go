@@ -403,14 +403,17 @@ func (r *run) storeResult(ctx context.Context) (*Info, error) {
 // succeeded queues the checkpoint of a step whose effect has happened. The run
 // goes on from the state as it decodes from the checkpoint, so that a first
 // attempt sees what a resumed run would; a state that does not decode is an
-// error. A state of values only is that already, unless encoding/json
-// replaced invalid UTF-8 in one of its strings.
+// error. A copy of a state of values only is that already, unless
+// encoding/json replaced invalid UTF-8 in one of its strings; a copy, so that
+// the next step shares no pointer with the last, as after a decode.
 func (r *run) succeeded(i int, st *stepDef, attempt int, started time.Time, resolvedBy string) error {
 	raw, err := json.Marshal(r.state)
 	if err != nil {
 		return fmt.Errorf("encode state after step %s: %w", st.name, err)
 	}
-	if !r.def.stateValueOnly || replacedUTF8(raw) {
+	if r.def.stateValueOnly && !replacedUTF8(raw) {
+		r.state = r.def.copyState(r.state)
+	} else {
 		state, err := r.def.reloadState(raw)
 		if err != nil {
 			return fmt.Errorf("state after step %s: %w", st.name, err)

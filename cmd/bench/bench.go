@@ -387,7 +387,9 @@ func (b *bench) startProfile(mode string) (stop func() error, err error) {
 		runtime.MemProfileRate = 1
 		stops = append(stops, func() error {
 			runtime.MemProfileRate = 0
-			f, err := os.Create(b.opts.memProfile + "." + mode + ".pprof")
+			// The profile holds what the last completed GC cycle saw.
+			runtime.GC()
+			f, err := os.Create(b.opts.memProfile + "." + mode + ".allocs.pprof")
 			if err != nil {
 				return fmt.Errorf("memory profile: %w", err)
 			}

@@ -91,7 +91,7 @@ type options struct {
 	// timed operations: <trace>.<mode>.trace, for go tool trace.
 	trace string
 	// memProfile, when set, is the prefix of a profile per mode of the heap
-	// allocations of the timed operations: <memProfile>.<mode>.pprof.
+	// allocations of the timed operations: <memProfile>.<mode>.allocs.pprof.
 	memProfile string
 	// waitQuiet, when positive, bounds how long each mode waits, before its timed
 	// operations, for the machine to be idle.
@@ -135,7 +135,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.IntVar(&o.warmup, "warmup", -1, "untimed operations per mode before the timed ones (default: 4 per unit of concurrency, at least 50)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of each mode's timed operations to `prefix`.<mode>.pprof")
 	fs.StringVar(&o.trace, "trace", "", "write an execution trace of each mode's timed operations to `prefix`.<mode>.trace (go tool trace reads it)")
-	fs.StringVar(&o.memProfile, "memprofile", "", "write a profile of the heap allocations of each mode's timed operations to `prefix`.<mode>.pprof (every allocation of the timed operations is sampled, which slows them; the profile adds up the modes timed so far: run one -mode for its own)")
+	fs.StringVar(&o.memProfile, "memprofile", "", "write a profile of the heap allocations of each mode's timed operations to `prefix`.<mode>.allocs.pprof (every allocation of the timed operations is sampled, which slows them; the profile adds up the modes timed so far: run one -mode for its own)")
 	fs.DurationVar(&o.waitQuiet, "wait-quiet", 0, "before each mode's timed operations, wait up to this long until other programs use under 20% of the CPUs for 2 seconds (for a shared machine; 0: do not wait)")
 	fs.StringVar(&o.dataDir, "data-dir", filepath.Join(os.TempDir(), "idemflow-bench-pg"),
 		"data directory of the private PostgreSQL cluster used when DATABASE_URL is unset")
