@@ -223,10 +223,10 @@ func jsonTypeError(path, reason string) error {
 // into a fresh value) equal to what it was, with nothing shared: t is made of
 // booleans, numbers, strings, arrays of them and structs of them, without a
 // method of encoding/json's or encoding's, and every struct field encoding/json
-// writes, under its own name. A run keeps such a state as it is after a step
-// instead of decoding it back from its checkpoint: it is what the decode would
-// give, once copied. Pointers, slices, maps and interfaces are left out: two
-// fields may share what they point to, which a decoded value does not. So are
+// writes, under its own name. A run copies such a state after a step instead
+// of decoding it back from its checkpoint: the copy is what the decode would
+// give. Pointers, slices, maps and interfaces are left out: two fields may
+// share what they point to, which a decoded value does not. So are
 // fields that encoding/json names otherwise than their tag says (an invalid
 // tag name), and floats that it may leave out (omitempty, omitzero), since a
 // -0 comes back as 0.
