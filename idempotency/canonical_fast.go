@@ -28,31 +28,21 @@ func parseBodyFast(data []byte) (_ *parsedBody, ok bool) {
 	s.i++
 	b := &parsedBody{fields: Fields{}, hashes: map[string]string{}}
 	var canon []byte
-	for first := true; ; first = false {
-		s.space()
-		if s.peek() == '}' {
-			break
-		}
-		if !first {
-			s.i++ // the comma
-			s.space()
-		}
-		name, ok := s.key()
-		if !ok {
-			return nil, false
-		}
+	ok = s.members(func(name string) bool {
 		if _, dup := b.fields[name]; dup {
-			return nil, false
+			return false
 		}
-		s.space()
-		s.i++ // the colon
-		s.space()
 		start := s.i
+		var ok bool
 		if canon, ok = s.value(canon[:0], 1); !ok {
-			return nil, false
+			return false
 		}
 		b.fields[name] = json.RawMessage(data[start:s.i])
 		b.hashes[name] = engine.FieldHash(canon)
+		return true
+	})
+	if !ok {
+		return nil, false
 	}
 	return b, true
 }
@@ -174,14 +164,15 @@ type member struct {
 	canon []byte
 }
 
-func (s *scanner) object(canon []byte, depth int) ([]byte, bool) {
-	s.i++
-	var members []member
+// members reads the members of an object whose '{' it is past, to its '}':
+// for each it reads the key, then calls member with the key decoded and the
+// scanner at the value, which member reads. It stops at the first false.
+func (s *scanner) members(member func(key string) bool) bool {
 	for first := true; ; first = false {
 		s.space()
 		if s.peek() == '}' {
 			s.i++
-			break
+			return true
 		}
 		if !first {
 			s.i++ // the comma
@@ -189,16 +180,29 @@ func (s *scanner) object(canon []byte, depth int) ([]byte, bool) {
 		}
 		key, ok := s.key()
 		if !ok {
-			return nil, false
+			return false
 		}
 		s.space()
 		s.i++ // the colon
 		s.space()
-		m := member{key: key}
-		if m.canon, ok = s.value(nil, depth+1); !ok {
-			return nil, false
+		if !member(key) {
+			return false
 		}
+	}
+}
+
+func (s *scanner) object(canon []byte, depth int) ([]byte, bool) {
+	s.i++
+	var members []member
+	ok := s.members(func(key string) bool {
+		m := member{key: key}
+		var ok bool
+		m.canon, ok = s.value(nil, depth+1)
 		members = append(members, m)
+		return ok
+	})
+	if !ok {
+		return nil, false
 	}
 	slices.SortFunc(members, func(a, b member) int { return strings.Compare(a.key, b.key) })
 	canon = append(canon, '{')

@@ -211,23 +211,19 @@ func TestCheaperWritesMigrationDown(t *testing.T) {
 			      ('idemflow_operation_unfinished', 'idemflow_operation_lease', 'idemflow_operation_in_progress')
 			ORDER BY indexname`)
 		require.NoError(t, err)
-		for rows.Next() {
-			var name string
-			require.NoError(t, rows.Scan(&name))
-			indexes = append(indexes, name)
-		}
-		require.NoError(t, rows.Err())
+		indexes, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
 		languages = map[string]string{}
 		rows, err = pool.Query(ctx, `
 			SELECT p.proname, l.lanname FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang
 			WHERE p.proname IN ('idemflow_check', 'idemflow_fence', 'idemflow_fence_lost')`)
 		require.NoError(t, err)
-		for rows.Next() {
-			var name, lang string
-			require.NoError(t, rows.Scan(&name, &lang))
+		var name, lang string
+		_, err = pgx.ForEachRow(rows, []any{&name, &lang}, func() error {
 			languages[name] = lang
-		}
-		require.NoError(t, rows.Err())
+			return nil
+		})
+		require.NoError(t, err)
 		return indexes, languages
 	}
 

@@ -367,21 +367,11 @@ func (b *bench) startProfile(mode string) (stop func() error, err error) {
 		return errors.Join(errs...)
 	}
 	if b.opts.cpuProfile != "" {
-		f, err := os.Create(b.opts.cpuProfile + "." + mode + ".pprof")
+		stop, err := startWriting(b.opts.cpuProfile+"."+mode+".pprof", "cpu profile", pprof.StartCPUProfile, pprof.StopCPUProfile)
 		if err != nil {
-			return nil, fmt.Errorf("cpu profile: %w", err)
+			return nil, err
 		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			_ = f.Close()
-			return nil, fmt.Errorf("cpu profile: %w", err)
-		}
-		stops = append(stops, func() error {
-			pprof.StopCPUProfile()
-			if err := f.Close(); err != nil {
-				return fmt.Errorf("cpu profile: %w", err)
-			}
-			return nil
-		})
+		stops = append(stops, stop)
 	}
 	if b.opts.memProfile != "" {
 		runtime.MemProfileRate = 1
@@ -401,25 +391,34 @@ func (b *bench) startProfile(mode string) (stop func() error, err error) {
 		})
 	}
 	if b.opts.trace != "" {
-		f, err := os.Create(b.opts.trace + "." + mode + ".trace")
+		stop, err := startWriting(b.opts.trace+"."+mode+".trace", "trace", trace.Start, trace.Stop)
 		if err != nil {
 			_ = stopAll()
-			return nil, fmt.Errorf("trace: %w", err)
+			return nil, err
 		}
-		if err := trace.Start(f); err != nil {
-			_ = f.Close()
-			_ = stopAll()
-			return nil, fmt.Errorf("trace: %w", err)
-		}
-		stops = append(stops, func() error {
-			trace.Stop()
-			if err := f.Close(); err != nil {
-				return fmt.Errorf("trace: %w", err)
-			}
-			return nil
-		})
+		stops = append(stops, stop)
 	}
 	return stopAll, nil
+}
+
+// startWriting creates path and starts writing what (a profile, a trace) to it
+// with start; the function it returns stops and closes the file.
+func startWriting(path, what string, start func(io.Writer) error, stop func()) (func() error, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if err := start(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return func() error {
+		stop()
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	}, nil
 }
 
 // drive runs op for i in [from, to) with up to c at once. When lat is not nil it
