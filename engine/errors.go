@@ -59,7 +59,10 @@ var (
 	ErrOverloaded = errors.New("too many operations in flight")
 	// ErrUnavailable is matched by the error of a Start that could not reach the
 	// database, or got no answer in time: nothing was reserved, or (when the
-	// answer was lost) the key's operation runs and a retry finds it.
+	// answer was lost) the key's operation runs and a retry finds it. It is
+	// also the error of a Start whose reservation waited out lock_timeout on
+	// another start's reservation of the key, not yet committed: a retry finds
+	// whichever way it ended.
 	ErrUnavailable = errors.New("database unavailable")
 )
 
@@ -71,7 +74,7 @@ func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, ErrUnavailable) || errors.Is(err, errLeaseExpiring) || errors.Is(err, context.DeadlineExceeded) ||
+	if errors.Is(err, ErrUnavailable) || errors.Is(err, errLeaseExpiring) || errors.Is(err, errKeyRowLocked) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
 		return true
 	}
@@ -409,4 +412,11 @@ type VersionError struct {
 func (e *VersionError) Error() string {
 	return fmt.Sprintf("operation %s was started with steps %q, but this process defines %q: missing %q",
 		e.Operation, e.Started, e.Registered, e.Missing)
+}
+
+// lockNotAvailable reports whether err is PostgreSQL's lock_not_available
+// (55P03): a statement that waited out lock_timeout, and did nothing.
+func lockNotAvailable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }

@@ -31,6 +31,11 @@ var (
 	// errLeaseExpiring: the run could not renew its lease and stopped before it
 	// ran out, so that no other run takes the operation over while it works.
 	errLeaseExpiring = errors.New("lease could not be renewed; stopped before it ran out")
+	// errKeyRowLocked: a first attempt's reservation waited out lock_timeout on
+	// a reservation of its key that another transaction had not committed (or
+	// on a row that could then not be read). Nothing was reserved; a retry is
+	// answered once that transaction ends.
+	errKeyRowLocked = errors.New("the key's row is held by a transaction that did not end within lock_timeout")
 	// ErrParked is what Observer.RunEnded gets for a run that parked the
 	// operation for an operator.
 	ErrParked = errors.New("parked for an operator")
@@ -136,6 +141,9 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		}
 	case errors.Is(err, ErrKeyTaken), errors.Is(err, ErrHandedOff), errors.Is(err, ErrParked), errors.Is(err, ErrWaiting),
 		errors.Is(err, errCannotCancel): // handed back as it was
+	case r.insert != nil && lockNotAvailable(err):
+		// The reservation waited out lock_timeout on the key's row: nothing was
+		// reserved, and the starter is answered from the row (see existing).
 	case errors.Is(err, errLost):
 		r.logger().WarnContext(ctx, "run stopped: another run took the operation over")
 	case errors.Is(err, context.Canceled) && r.isReserved():
@@ -160,8 +168,11 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 				err = fmt.Errorf("%w: %w", cause, err)
 			}
 			res := reservation{err: err}
-			if errors.Is(err, ErrKeyTaken) {
-				res = r.existing(ctx)
+			switch {
+			case errors.Is(err, ErrKeyTaken):
+				res = r.existing(ctx, nil)
+			case r.insert != nil && lockNotAvailable(err):
+				res = r.existing(ctx, err)
 			}
 			r.local.reserved <- res
 		}
@@ -183,8 +194,18 @@ func (r *run) isReserved() bool {
 
 // existing reads the operation that holds the key a first attempt could not
 // reserve, and refuses it when its input differs from this start's.
-func (r *run) existing(ctx context.Context) reservation {
+//
+// waited, when not nil, is why the reservation failed instead: it waited out
+// lock_timeout on the key's row, which a transaction was writing (the run that
+// holds the operation records a step, say) or had inserted and not committed
+// (another start's reservation). The row as last committed answers as a taken
+// key's would; with none, or when it cannot be read, the start is unavailable
+// for now (errKeyRowLocked), and a retry finds how that transaction ended.
+func (r *run) existing(ctx context.Context, waited error) reservation {
 	rec, err := r.e.store.OperationGetByKey(ctx, r.e.pool, r.scope, r.key)
+	if waited != nil && err != nil {
+		return reservation{err: fmt.Errorf("%w: %w", errKeyRowLocked, waited)}
+	}
 	if err != nil {
 		return reservation{err: fmt.Errorf("engine: read existing operation: %w", err)}
 	}
