@@ -68,8 +68,9 @@ var (
 
 // IsUnavailable reports whether err says that the database could not be
 // reached or did not answer in time (a refused or lost connection, a timeout,
-// a server shutting down or out of connections), rather than answered: what an
-// HTTP layer answers 503 with Retry-After for.
+// a statement's or a lock wait's included, a server shutting down or out of
+// connections), rather than answered: what an HTTP layer answers 503 with
+// Retry-After for.
 func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
@@ -84,7 +85,8 @@ func IsUnavailable(err error) bool {
 		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
 			pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", // shutting down, cannot connect now
 			pgErr.Code == "53300", // too many connections
-			pgErr.Code == "57014": // statement timeout, or cancelled
+			pgErr.Code == "57014", // statement timeout, or cancelled
+			pgErr.Code == "55P03": // lock timeout
 			return true
 		}
 		return false
