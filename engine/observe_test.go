@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
@@ -95,7 +96,9 @@ func TestObserver(t *testing.T) {
 	_, err = engine.Start(ctx, e, op, "c", "k1", 1, nil)
 	require.NoError(t, err)
 
-	require.Equal(t, []string{
+	// A run tells the observer that it finished just after its waiters hear
+	// of it (from the row, or from the run that ends).
+	requireEvents(t, rec, []string{
 		"finished obs failed",    // 2: refused
 		"finished obs failed",    // 4: panicked twice, then no lookup found it
 		"finished obs succeeded", // 1
@@ -111,7 +114,7 @@ func TestObserver(t *testing.T) {
 		"step obs b #1 succeeded", // 1
 		"step obs b #2 panicked",  // 4
 		"step obs b #2 succeeded", // 3
-	}, rec.sorted())
+	})
 
 	// A recovery: an operation abandoned by another engine, taken over here.
 	v := &versioned{runs: map[uuid.UUID][]string{}}
@@ -127,11 +130,19 @@ func TestObserver(t *testing.T) {
 	defer cancel()
 	_, err = e2.Wait(waitCtx, id)
 	require.NoError(t, err)
-	require.Equal(t, []string{"finished ver succeeded", "recovered ver", "step ver b #1 succeeded"}, rec2.sorted())
+	requireEvents(t, rec2, []string{"finished ver succeeded", "recovered ver", "step ver b #1 succeeded"})
 
 	stats, err := e.InProgress(ctx)
 	require.NoError(t, err)
 	require.Empty(t, stats, "nothing is in progress")
+}
+
+// requireEvents waits until rec has written down want, sorted, and nothing else.
+func requireEvents(t *testing.T, rec *recorder, want []string) {
+	t.Helper()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Equal(c, want, rec.sorted())
+	}, 10*time.Second, 5*time.Millisecond)
 }
 
 type spanKey struct{}
