@@ -18,7 +18,9 @@ type Observer struct {
 	// OperationStarted: this process reserved a key and starts the operation's
 	// first attempt (Start; not StartTx, whose reservation is the caller's).
 	OperationStarted func(ctx context.Context, op OperationEvent)
-	// OperationFinished: an operation ended here, succeeded or failed.
+	// OperationFinished: an operation ended here, succeeded or failed. For a
+	// first attempt it is called before Started.Wait returns the operation, so
+	// that an answer given from Wait is counted already.
 	OperationFinished func(ctx context.Context, op OperationEvent, status Status)
 	// OperationRecovered: this process took an operation over after another
 	// run's lease expired (the sweeper's resume).

@@ -137,6 +137,37 @@ func TestObserver(t *testing.T) {
 	require.Empty(t, stats, "nothing is in progress")
 }
 
+// TestObserverFinishedBeforeWait: a first attempt tells the observer that it
+// finished before Started.Wait returns, so that a count read after an answer
+// includes it.
+func TestObserverFinishedBeforeWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	op, err := engine.NewOperation("counted", []engine.Step[int, int]{
+		engine.ExternalStep("call", func(context.Context, engine.Attempt, int, *int) error { return nil }),
+	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
+	require.NoError(t, err)
+	var finished atomic.Int64
+	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Observer: &engine.Observer{
+		// A slow observer: Wait returns only once it is done.
+		OperationFinished: func(context.Context, engine.OperationEvent, engine.Status) {
+			time.Sleep(5 * time.Millisecond)
+			finished.Add(1)
+		},
+	}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
+	for i := range 20 {
+		s, err := engine.Start(ctx, e, op, "c", fmt.Sprint("k", i), i, nil)
+		require.NoError(t, err)
+		info, err := s.Wait(ctx)
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusSucceeded, info.Status)
+		require.EqualValues(t, i+1, finished.Load(), "operation %d counted when Wait returned", i)
+	}
+}
+
 // requireEvents waits until rec has written down want, sorted, and nothing else.
 func requireEvents(t *testing.T, rec *recorder, want []string) {
 	t.Helper()

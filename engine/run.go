@@ -160,6 +160,10 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 	default:
 		r.logger().ErrorContext(ctx, "run stopped; the operation resumes once its lease expires", slog.Any("error", err))
 	}
+	if info != nil {
+		// Before the starter hears of it: an answer it gives is counted already.
+		r.observeFinished(ctx, info.Status)
+	}
 	if r.local != nil {
 		if !r.isReserved() {
 			if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
@@ -180,7 +184,6 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		close(r.local.done)
 	}
 	if info != nil {
-		r.observeFinished(ctx, info.Status)
 		r.e.notifyFinished(info)
 	}
 	r.endRun(ctx, err)
