@@ -189,6 +189,10 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 	r.endRun(ctx, err)
 }
 
+// existingReadTimeout bounds the read of the operation that holds a key a
+// first attempt could not reserve; Stop waits for it.
+const existingReadTimeout = 2 * time.Second
+
 func (r *run) isReserved() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -204,12 +208,20 @@ func (r *run) isReserved() bool {
 // (another start's reservation). The row as last committed answers as a taken
 // key's would; with none, or when it cannot be read, the start is unavailable
 // for now (errKeyRowLocked), and a retry finds how that transaction ended.
+//
+// The read does not end with the run's context, which ends when the
+// reservation took too long (errLeaseExpiring): the starter still waits for
+// its answer (Start reports a read that fails for want of the database as
+// ErrUnavailable).
 func (r *run) existing(ctx context.Context, waited error) reservation {
-	rec, err := r.e.store.OperationGetByKey(ctx, r.e.pool, r.scope, r.key)
-	if waited != nil && err != nil {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), existingReadTimeout)
+	defer cancel()
+	rec, err := r.e.store.OperationGetByKey(rctx, r.e.pool, r.scope, r.key)
+	switch {
+	case err == nil:
+	case waited != nil:
 		return reservation{err: fmt.Errorf("%w: %w", errKeyRowLocked, waited)}
-	}
-	if err != nil {
+	default:
 		return reservation{err: fmt.Errorf("engine: read existing operation: %w", err)}
 	}
 	if err := r.e.sameStart(rec, r.def, r.fp, r.insert.Input); err != nil {

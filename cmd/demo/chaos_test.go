@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -140,6 +141,8 @@ type chaosRun struct {
 	keys    []*chaosKey
 	events  []time.Time // kills, database restarts, and the proxy's resets and stalls
 	faults  map[string]int
+	// fiveXX counts the 5xx answers by status and error code.
+	fiveXX  map[string]int
 	problem []string // broken invariants
 	dups    int      // of which: something done twice
 	lost    int      // of which: something never done
@@ -215,7 +218,7 @@ func newChaosRun(t *testing.T, seed uint64) *chaosRun {
 			// A fast shutdown checkpoints: durability is not what is tested.
 			Settings: map[string]string{"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"},
 		},
-		faults: map[string]int{}, stepFaults: map[string]int{},
+		faults: map[string]int{}, stepFaults: map[string]int{}, fiveXX: map[string]int{},
 	}
 	transport := &http.Transport{MaxIdleConnsPerHost: 64, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext}
 	r.http = &http.Client{Transport: transport}
@@ -740,6 +743,9 @@ func (r *chaosRun) observe(k *chaosKey, resp *response, err error) bool {
 		// The database is down, or a demo is stopping: retry.
 		k.interrupted = true
 		r.serverErrors.Add(1)
+		r.mu.Lock()
+		r.fiveXX[fmt.Sprintf("%d %s", resp.status, code)]++
+		r.mu.Unlock()
 		return false
 	}
 
@@ -1161,8 +1167,8 @@ func (r *chaosRun) report() {
 			r.seed, r.faultsEnd.Sub(r.faultsStart).Round(time.Second), chaosProcesses, chaosWorkers),
 		fmt.Sprintf("  operations:         %d keys: %d orders, %d refunds (%d succeeded, %d declined 402, %d exceeded 422, %d order not found 404)",
 			len(r.keys), orders, refunds, succeeded, declined, exceeded, notFound),
-		fmt.Sprintf("  requests:           %d; retries of a key: %d, after %d cut by a kill or restart, %d client timeouts, %d 5xx, %d 202, %d 409 in progress",
-			requests, retries, r.cut.Load(), r.timeouts.Load(), r.serverErrors.Load(), r.accepted.Load(), r.inProgress.Load()),
+		fmt.Sprintf("  requests:           %d; retries of a key: %d, after %d cut by a kill or restart, %d client timeouts, %d 5xx (%s), %d 202, %d 409 in progress",
+			requests, retries, r.cut.Load(), r.timeouts.Load(), r.serverErrors.Load(), countsByName(r.fiveXX), r.accepted.Load(), r.inProgress.Load()),
 		fmt.Sprintf("  resends:            %d rounds of 2-3 concurrent copies; %d different-amount checks (422), %d metadata-only replays",
 			r.concurrent.Load(), r.reuseChecks.Load(), r.replayChecks.Load()),
 		fmt.Sprintf("  kills:              %d (SIGKILL, restarted at once); %d demos exited by themselves", r.kills.Load(), r.exits.Load()),
@@ -1194,4 +1200,16 @@ func (r *chaosRun) stop() {
 	for _, d := range r.demos {
 		d.stop()
 	}
+}
+
+// countsByName writes counts as "name n, name n", in name order; "none" when empty.
+func countsByName(counts map[string]int) string {
+	if len(counts) == 0 {
+		return "none"
+	}
+	parts := make([]string, 0, len(counts))
+	for _, name := range slices.Sorted(maps.Keys(counts)) {
+		parts = append(parts, fmt.Sprintf("%s %d", name, counts[name]))
+	}
+	return strings.Join(parts, ", ")
 }
