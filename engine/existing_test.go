@@ -14,7 +14,7 @@ import (
 // the key taken just as its run's context ended (its reservation had not
 // committed within the lease, errLeaseExpiring) still reads the operation that
 // holds the key for its starter, rather than answer the context's end (which
-// an HTTP layer answered 500).
+// an HTTP layer answered 500); one deleted since is ErrUnavailable.
 func TestExistingOutlivesTheRunsContext(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -47,4 +47,12 @@ func TestExistingOutlivesTheRunsContext(t *testing.T) {
 	require.NoError(t, err)
 	r.fp, r.insert = p.fp, p.insert(uuid.Must(uuid.NewV7()), newKeySecret(), e.cfg.Lease)
 	require.ErrorIs(t, r.existing(runCtx, nil).err, ErrKeyReused)
+
+	// Deleted since (as the retention job does): the key is free again, and a
+	// retry reserves it.
+	_, err = e.pool.Exec(ctx, `DELETE FROM idemflow_operation WHERE id = $1`, first.ID)
+	require.NoError(t, err)
+	err = r.existing(runCtx, nil).err
+	require.ErrorIs(t, err, ErrUnavailable)
+	require.True(t, IsUnavailable(err))
 }

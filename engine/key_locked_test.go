@@ -2,9 +2,11 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -20,7 +22,9 @@ import (
 // gets ErrUnavailable. Neither reserves anything.
 func TestStartWhileTheKeysRowIsLocked(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
+	// Bounded: without the lock timeout, a start would wait out its lease.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	c := testdb.Pool(t).Config().Copy()
 	engine.BoundPool(c, &engine.PoolOpts{LockTimeout: 50 * time.Millisecond})
 	pool, err := pgxpool.NewWithConfig(ctx, c)
@@ -34,9 +38,25 @@ func TestStartWhileTheKeysRowIsLocked(t *testing.T) {
 		}),
 	}, func(_ int, s *int) (int, error) { return *s, nil }, nil)
 	require.NoError(t, err)
-	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}})
+	// What RunEnded hears of the retries' runs: the reservation's lock wait.
+	ended := make(chan error, 8)
+	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Observer: &engine.Observer{
+		RunEnded: func(_ context.Context, _ engine.OperationEvent, err error) {
+			if err != nil {
+				ended <- err
+			}
+		},
+	}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Stop(context.WithoutCancel(ctx)) })
+	requireLockWait := func(t *testing.T) error {
+		t.Helper()
+		err := <-ended
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, "the run ended on the reservation's lock wait")
+		require.Equal(t, "55P03", pgErr.Code)
+		return err
+	}
 
 	first, err := engine.Start(ctx, e, op, "c", "k1", 1, nil)
 	require.NoError(t, err)
@@ -58,9 +78,11 @@ func TestStartWhileTheKeysRowIsLocked(t *testing.T) {
 		require.Equal(t, first.ID, again.ID)
 		require.Equal(t, engine.StatusSucceeded, again.Existing.Status)
 		require.JSONEq(t, `1`, string(again.Existing.Result))
+		require.ErrorIs(t, requireLockWait(t), engine.ErrKeyTaken, "RunEnded hears of a key taken")
 
 		_, err = engine.Start(ctx, e, op, "c", "k1", 2, nil)
 		require.ErrorIs(t, err, engine.ErrKeyReused, "another input is refused as ever")
+		require.ErrorIs(t, requireLockWait(t), engine.ErrKeyTaken)
 	})
 
 	t.Run("ReservationNotCommitted", func(t *testing.T) {
@@ -74,6 +96,7 @@ func TestStartWhileTheKeysRowIsLocked(t *testing.T) {
 		_, err = engine.Start(ctx, e, op, "c", "k2", 2, nil)
 		require.ErrorIs(t, err, engine.ErrUnavailable, "nothing committed holds the key yet: retry")
 		require.True(t, engine.IsUnavailable(err))
+		require.False(t, errors.Is(requireLockWait(t), engine.ErrKeyTaken))
 		require.NoError(t, tx.Rollback(ctx))
 
 		started, err := engine.Start(ctx, e, op, "c", "k2", 2, nil)

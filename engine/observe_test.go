@@ -168,7 +168,7 @@ func TestObserverFinishedBeforeWait(t *testing.T) {
 	}
 }
 
-// requireEvents waits until rec has written down want, sorted, and nothing else.
+// requireEvents waits until what rec has written down, sorted, is want.
 func requireEvents(t *testing.T, rec *recorder, want []string) {
 	t.Helper()
 	require.EventuallyWithT(t, func(c *assert.CollectT) {

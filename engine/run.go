@@ -35,7 +35,7 @@ var (
 	// a reservation of its key that another transaction had not committed (or
 	// on a row that could then not be read). Nothing was reserved; a retry is
 	// answered once that transaction ends.
-	errKeyRowLocked = errors.New("the key's row is held by a transaction that did not end within lock_timeout")
+	errKeyRowLocked = errors.New("the reservation waited out lock_timeout, and no committed operation holds the key")
 	// ErrParked is what Observer.RunEnded gets for a run that parked the
 	// operation for an operator.
 	ErrParked = errors.New("parked for an operator")
@@ -177,6 +177,16 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 				res = r.existing(ctx, nil)
 			case r.insert != nil && lockNotAvailable(err):
 				res = r.existing(ctx, err)
+				// What the observer's RunEnded is told: a key taken, when a
+				// committed operation holds it, as the starter is told; else
+				// why nobody could tell.
+				if errors.Is(res.err, errKeyRowLocked) {
+					err = res.err
+					r.logger().InfoContext(ctx, "the reservation waited out lock_timeout on its key, which no committed operation holds; the start is to be retried",
+						slog.Any("error", err))
+				} else {
+					err = fmt.Errorf("%w: %w", ErrKeyTaken, err)
+				}
 			}
 			r.local.reserved <- res
 		}
@@ -208,6 +218,8 @@ func (r *run) isReserved() bool {
 // (another start's reservation). The row as last committed answers as a taken
 // key's would; with none, or when it cannot be read, the start is unavailable
 // for now (errKeyRowLocked), and a retry finds how that transaction ended.
+// Without waited, a row gone since the reservation found the key taken (the
+// retention job deleted it) is ErrUnavailable too: a retry reserves the key.
 //
 // The read does not end with the run's context, which ends when the
 // reservation took too long (errLeaseExpiring): the starter still waits for
@@ -219,8 +231,13 @@ func (r *run) existing(ctx context.Context, waited error) reservation {
 	rec, err := r.e.store.OperationGetByKey(rctx, r.e.pool, r.scope, r.key)
 	switch {
 	case err == nil:
-	case waited != nil:
+	case waited != nil && errors.Is(err, store.ErrNotFound):
 		return reservation{err: fmt.Errorf("%w: %w", errKeyRowLocked, waited)}
+	case waited != nil:
+		return reservation{err: fmt.Errorf("%w: %w; reading the key: %w", errKeyRowLocked, waited, err)}
+	case errors.Is(err, store.ErrNotFound):
+		// Deleted since (by the retention job): the key is free again.
+		return reservation{err: fmt.Errorf("engine: the operation that held the key is gone; a retry reserves it: %w: %w", ErrUnavailable, err)}
 	default:
 		return reservation{err: fmt.Errorf("engine: read existing operation: %w", err)}
 	}

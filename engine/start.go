@@ -165,6 +165,9 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 		if res.err != nil && errors.Is(res.err, context.Canceled) && e.isStopping() {
 			return nil, fmt.Errorf("engine: start %q: %w", def.name, ErrStopped)
 		}
+		if res.err != nil && errors.Is(res.err, ErrUnavailable) {
+			return nil, fmt.Errorf("engine: start %q: %w", def.name, res.err)
+		}
 		if res.err != nil && IsUnavailable(res.err) {
 			return nil, fmt.Errorf("engine: start %q: %w: %w", def.name, ErrUnavailable, res.err)
 		}
