@@ -75,7 +75,7 @@ func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, ErrUnavailable) || errors.Is(err, errLeaseExpiring) || errors.Is(err, errKeyRowLocked) || errors.Is(err, context.DeadlineExceeded) ||
+	if errors.Is(err, ErrUnavailable) || errors.Is(err, errLeaseExpiring) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
 		return true
 	}

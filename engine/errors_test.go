@@ -21,7 +21,6 @@ func TestIsUnavailable(t *testing.T) {
 	}{
 		{"Nil", nil, false},
 		{"ErrUnavailable", fmt.Errorf("start: %w", ErrUnavailable), true},
-		{"KeyRowLocked", fmt.Errorf("start: %w", errKeyRowLocked), true},
 		{"LeaseExpiring", errLeaseExpiring, true},
 		{"Deadline", context.DeadlineExceeded, true},
 		{"EOF", io.ErrUnexpectedEOF, true},

@@ -132,6 +132,9 @@ func (r *run) safeRunSteps(ctx context.Context) (info *Info, err error) {
 
 // end reports how the run ended to the starter and to the waiters.
 func (r *run) end(ctx context.Context, info *Info, err error) {
+	// The reservation waited out lock_timeout on the key's row: nothing was
+	// reserved, and the starter is answered from the row (see existing).
+	keyLocked := r.insert != nil && lockNotAvailable(err)
 	switch {
 	case err == nil:
 		// A logger with the run's attributes costs a few microseconds to make:
@@ -141,9 +144,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		}
 	case errors.Is(err, ErrKeyTaken), errors.Is(err, ErrHandedOff), errors.Is(err, ErrParked), errors.Is(err, ErrWaiting),
 		errors.Is(err, errCannotCancel): // handed back as it was
-	case r.insert != nil && lockNotAvailable(err):
-		// The reservation waited out lock_timeout on the key's row: nothing was
-		// reserved, and the starter is answered from the row (see existing).
+	case keyLocked: // logged below, when no committed operation answers
 	case errors.Is(err, errLost):
 		r.logger().WarnContext(ctx, "run stopped: another run took the operation over")
 	case errors.Is(err, context.Canceled) && r.isReserved():
@@ -175,7 +176,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 			switch {
 			case errors.Is(err, ErrKeyTaken):
 				res = r.existing(ctx, nil)
-			case r.insert != nil && lockNotAvailable(err):
+			case keyLocked:
 				res = r.existing(ctx, err)
 				// What the observer's RunEnded is told: a key taken, when a
 				// committed operation holds it, as the starter is told; else
@@ -217,7 +218,8 @@ func (r *run) isReserved() bool {
 // holds the operation records a step, say) or had inserted and not committed
 // (another start's reservation). The row as last committed answers as a taken
 // key's would; with none, or when it cannot be read, the start is unavailable
-// for now (errKeyRowLocked), and a retry finds how that transaction ended.
+// for now (ErrUnavailable, errKeyRowLocked), and a retry finds how that
+// transaction ended.
 // Without waited, a row gone since the reservation found the key taken (the
 // retention job deleted it) is ErrUnavailable too: a retry reserves the key.
 //
@@ -232,9 +234,9 @@ func (r *run) existing(ctx context.Context, waited error) reservation {
 	switch {
 	case err == nil:
 	case waited != nil && errors.Is(err, store.ErrNotFound):
-		return reservation{err: fmt.Errorf("%w: %w", errKeyRowLocked, waited)}
+		return reservation{err: fmt.Errorf("%w: %w: %w", ErrUnavailable, errKeyRowLocked, waited)}
 	case waited != nil:
-		return reservation{err: fmt.Errorf("%w: %w; reading the key: %w", errKeyRowLocked, waited, err)}
+		return reservation{err: fmt.Errorf("%w: %w: %w; reading the key: %w", ErrUnavailable, errKeyRowLocked, waited, err)}
 	case errors.Is(err, store.ErrNotFound):
 		// Deleted since (by the retention job): the key is free again.
 		return reservation{err: fmt.Errorf("engine: the operation that held the key is gone; a retry reserves it: %w: %w", ErrUnavailable, err)}
