@@ -24,6 +24,16 @@ const (
 	FaultError        = "error"
 	FaultLostResponse = "lost_response"
 	FaultSlow         = "slow"
+	FaultPending      = "pending"
+)
+
+// The statuses of a refund. A refund made under the fault FaultPending is
+// StatusPending until its time comes, then StatusSucceeded or StatusFailed
+// (it paid nothing); every other refund is StatusSucceeded at once.
+const (
+	StatusPending   = "pending"
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
 )
 
 // DeclinePrefix starts the order ids whose refunds the provider declines.
@@ -37,10 +47,15 @@ const (
 	maxBody = 64 << 10
 	// maxKeyLen bounds an idempotency key, as Stripe does.
 	maxKeyLen = 255
-	// defaultSlowDelay is how long a slow fault waits when delayMs is not given.
+	// defaultSlowDelay is how long a slow fault waits, and how long a refund
+	// made pending stays so, when delayMs is not given.
 	defaultSlowDelay = time.Second
-	// maxSlowDelay bounds the wait of a slow fault.
+	// maxSlowDelay bounds delayMs.
 	maxSlowDelay = 10 * time.Minute
+	// workTimeout bounds the database work of a refund POST (after the wait
+	// of a slow fault): the work goes on when the caller leaves, so the
+	// caller's context does not bound it.
+	workTimeout = time.Minute
 	// maxFaultCount bounds how many requests one POST /faults may affect.
 	maxFaultCount = 1_000_000
 )
@@ -52,7 +67,7 @@ type Config struct {
 	Logger *slog.Logger
 	// WebhookURL, when set, is where the provider sends a webhook event for
 	// every refund it makes (see the package documentation, "Webhooks"),
-	// from RunWebhooks. Empty: the provider makes no events.
+	// from Run. Empty: the provider makes no events.
 	WebhookURL string
 	// WebhookSecret signs the webhooks (entry/webhook's scheme, in the header
 	// Provider-Signature). Required with WebhookURL.
@@ -81,8 +96,11 @@ type Server struct {
 	webhookRetryBase, webhookRetryCap time.Duration
 	webhookTimeout                    time.Duration
 	webhookClient                     *http.Client
-	// kick wakes this process's RunWebhooks when a refund made an event.
+	// kick wakes this process's webhook sender when a refund made an event.
 	kick chan struct{}
+	// settleKick wakes this process's settler when a refund was made
+	// pending, so that it knows when the refund is due.
+	settleKick chan struct{}
 }
 
 // New returns a provider that keeps its state in pool's database, which Migrate
@@ -98,7 +116,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	s := &Server{pool: pool, q: providerdb.New(), logger: logger, mux: http.NewServeMux(), kick: make(chan struct{}, 1)}
+	s := &Server{pool: pool, q: providerdb.New(), logger: logger, mux: http.NewServeMux(),
+		kick: make(chan struct{}, 1), settleKick: make(chan struct{}, 1)}
 	if err := s.configureWebhooks(cfg); err != nil {
 		return nil, err
 	}
@@ -134,9 +153,12 @@ type refundRequest struct {
 	Reference string `json:"reference"`
 }
 
-// refundAnswer is the answer to a POST /refunds that succeeded.
+// refundAnswer is the answer to a POST /refunds that made a refund or found
+// one under its key.
 type refundAnswer struct {
-	ID     string `json:"id"`
+	ID string `json:"id"`
+	// Status is the refund's status now: a refund made pending is answered
+	// pending until its time has come.
 	Status string `json:"status"`
 	// OrderID and Amount are those of the refund made under the key, so that a
 	// caller can check that it is the refund it asked for.
@@ -150,6 +172,7 @@ type refundRecord struct {
 	IdempotencyKey string    `json:"idempotencyKey"`
 	OrderID        string    `json:"orderId"`
 	Amount         int64     `json:"amount"`
+	Status         string    `json:"status"`
 	Requests       int       `json:"requests"`
 	CreatedAt      time.Time `json:"createdAt"`
 }
@@ -159,9 +182,13 @@ type faultRequest struct {
 	Mode    string `json:"mode"`
 	Count   *int   `json:"count"`
 	DelayMs *int   `json:"delayMs"`
+	// Outcome is what the refunds made pending become: StatusSucceeded (the
+	// default) or StatusFailed. Other modes ignore it.
+	Outcome *string `json:"outcome"`
 }
 
 func (s *Server) createRefund(w http.ResponseWriter, r *http.Request) {
+	arrived := time.Now()
 	ctx := r.Context()
 	key := r.Header.Get("Idempotency-Key")
 	switch {
@@ -194,40 +221,78 @@ func (s *Server) createRefund(w http.ResponseWriter, r *http.Request) {
 	}
 	log := s.logger.With(slog.String("key", key), slog.String("order_id", req.OrderID), slog.Int64("amount", req.Amount))
 
+	// From here on the request is the provider's to carry out, whatever
+	// happens to its connection: a real provider goes on with a request whose
+	// caller gave up waiting, and so does this one. The work runs apart from
+	// the handler, on a context that the caller's leaving does not cancel,
+	// and the handler answers if the caller is still there when it is done.
+	done := make(chan reply, 1)
+	go func() { done <- s.carryOut(context.WithoutCancel(ctx), arrived, key, req, log) }()
+	select {
+	case rep := <-done:
+		for k, v := range rep.header {
+			w.Header()[k] = v
+		}
+		writeJSON(w, rep.status, rep.body)
+	case <-ctx.Done():
+		log.InfoContext(ctx, "the caller gave up on its refund request; the request is carried out all the same")
+	}
+}
+
+// reply is the answer to a refund POST, made apart from the handler.
+type reply struct {
+	status int
+	header http.Header
+	body   any
+}
+
+func errorReply(status int, code, message string) reply {
+	return reply{status: status, body: errorBody{Error: errorDetail{Code: code, Message: message}}}
+}
+
+// unavailable is the answer of the faults that make the provider look down.
+var unavailable = errorReply(http.StatusServiceUnavailable, "service_unavailable", "the provider is unavailable (injected fault)")
+
+// carryOut carries out a refund POST that arrived at arrived, and returns its
+// answer. base carries the request's values but not its cancellation.
+func (s *Server) carryOut(base context.Context, arrived time.Time, key string, req refundRequest, log *slog.Logger) reply {
+	ctx, cancel := context.WithTimeout(base, workTimeout)
+	defer cancel()
 	fault, err := s.takeFault(ctx)
 	if err != nil {
-		s.internalError(ctx, w, err)
-		return
+		return s.internalErrorReply(ctx, err)
 	}
 	lost := false
+	var pending *providerdb.FaultTakeRow
 	if fault != nil {
 		log = log.With(slog.String("fault", fault.Mode))
 		switch fault.Mode {
 		case FaultError:
 			log.InfoContext(ctx, "refund request failed by an injected fault; nothing recorded")
-			writeError(w, http.StatusServiceUnavailable, "service_unavailable", "", "the provider is unavailable (injected fault)")
-			return
+			return unavailable
 		case FaultSlow:
 			delay := time.Duration(fault.DelayMs) * time.Millisecond
 			log.InfoContext(ctx, "refund request slowed by an injected fault", slog.Duration("delay", delay))
-			// The delay is the fault itself. A real provider goes on with a request
-			// whose caller gave up waiting, and so does this one.
-			time.Sleep(delay)
-			ctx = context.WithoutCancel(ctx)
+			// The delay is the fault itself, counted from the request's
+			// arrival; the work that follows gets its own bound.
+			time.Sleep(time.Until(arrived.Add(delay)))
+			cancel()
+			ctx, cancel = context.WithTimeout(base, workTimeout)
+			defer cancel()
 		case FaultLostResponse:
 			lost = true
+		case FaultPending:
+			pending = fault
 		}
 	}
 
 	if strings.HasPrefix(req.OrderID, DeclinePrefix) {
 		if lost {
 			log.InfoContext(ctx, "refund declined, and the answer lost by an injected fault")
-			writeError(w, http.StatusServiceUnavailable, "service_unavailable", "", "the provider is unavailable (injected fault)")
-			return
+			return unavailable
 		}
 		log.InfoContext(ctx, "refund declined")
-		writeError(w, http.StatusPaymentRequired, "declined", "", fmt.Sprintf("the refund of order %s was declined", req.OrderID))
-		return
+		return errorReply(http.StatusPaymentRequired, "declined", fmt.Sprintf("the refund of order %s was declined", req.OrderID))
 	}
 
 	params := providerdb.RefundUpsertParams{
@@ -237,39 +302,66 @@ func (s *Server) createRefund(w http.ResponseWriter, r *http.Request) {
 		Amount:         req.Amount,
 		Reference:      req.Reference,
 	}
-	if s.webhooksOn() {
-		id, body, err := newEvent(params.ID, key, req)
+	switch {
+	case pending != nil:
+		// Made pending, with the event it makes once it has become its
+		// outcome (see RefundSettleDue): that event names the outcome.
+		outcome, settleMs := pending.Outcome, int64(pending.DelayMs)
+		params.Outcome, params.SettleMs = &outcome, &settleMs
+		if s.webhooksOn() {
+			id, body, err := newEvent(params.ID, key, req, outcome)
+			if err != nil {
+				return s.internalErrorReply(ctx, err)
+			}
+			params.SettleEventID, params.SettleEventBody = &id, &body
+		}
+	case s.webhooksOn():
+		id, body, err := newEvent(params.ID, key, req, StatusSucceeded)
 		if err != nil {
-			s.internalError(ctx, w, err)
-			return
+			return s.internalErrorReply(ctx, err)
 		}
 		params.EventID, params.EventType, params.EventBody = &id, EventRefundSucceeded, body
 	}
 	ref, err := s.q.RefundUpsert(ctx, s.pool, params)
 	if err != nil {
-		s.internalError(ctx, w, err)
-		return
+		return s.internalErrorReply(ctx, err)
 	}
 	if ref.EventMade {
 		s.wake()
 	}
+	status := ref.Status
 	log = log.With(slog.String("provider_refund_id", ref.ID), slog.Int("requests", int(ref.Requests)))
 	if ref.Requests > 1 && (ref.OrderID != req.OrderID || ref.Amount != req.Amount) {
 		log.WarnContext(ctx, "idempotency key reused with a different request; answering the refund made under it",
 			slog.String("refund_order_id", ref.OrderID), slog.Int64("refund_amount", ref.Amount))
 	}
+	switch {
+	case ref.Requests == 1 && status == StatusPending:
+		s.wakeSettler()
+		log.InfoContext(ctx, "refund recorded as pending by an injected fault",
+			slog.String("outcome", pending.Outcome), slog.Duration("settles_in", time.Duration(pending.DelayMs)*time.Millisecond))
+	case status == StatusPending:
+		// A repeat answers the refund as it is now: one whose time has come
+		// settles here, if no settler got to it yet.
+		now, err := s.refundByKey(ctx, key)
+		if err != nil {
+			return s.internalErrorReply(ctx, err)
+		}
+		status = now.Status
+	}
+	log = log.With(slog.String("status", status))
 	if lost {
 		log.InfoContext(ctx, "refund recorded, and its answer lost by an injected fault")
-		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "", "the provider is unavailable (injected fault)")
-		return
+		return unavailable
 	}
+	rep := reply{status: http.StatusOK, body: refundAnswer{ID: ref.ID, Status: status, OrderID: ref.OrderID, Amount: ref.Amount}}
 	if ref.Requests > 1 {
 		log.InfoContext(ctx, "refund request repeated; answering the same refund")
-		w.Header().Set("Idempotent-Replayed", "true")
-	} else {
+		rep.header = http.Header{"Idempotent-Replayed": {"true"}}
+	} else if status != StatusPending {
 		log.InfoContext(ctx, "refund made")
 	}
-	writeJSON(w, http.StatusOK, refundAnswer{ID: ref.ID, Status: "succeeded", OrderID: ref.OrderID, Amount: ref.Amount})
+	return rep
 }
 
 // takeFault takes one injection of the pending fault, or returns nil when there is
@@ -291,7 +383,7 @@ func (s *Server) getRefundByKey(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "refund_not_found", "", "no refund was made under this idempotency key")
 		return
 	}
-	ref, err := s.q.RefundGetByKey(r.Context(), s.pool, key)
+	ref, err := s.refundByKey(r.Context(), key)
 	if errors.Is(err, pgx.ErrNoRows) {
 		writeError(w, http.StatusNotFound, "refund_not_found", "", "no refund was made under this idempotency key")
 		return
@@ -306,39 +398,66 @@ func (s *Server) getRefundByKey(w http.ResponseWriter, r *http.Request) {
 // maxPage bounds a page of GET /refunds?limit=.
 const maxPage = 1000
 
-// listRefunds answers every refund, oldest first; with ?limit=N (at most
-// 1,000) a page of them by id, after ?after=<id>, with "next", the id to ask
-// after for the next page, when there may be more.
+// listRefunds answers the refunds, oldest first: every one, or those made
+// after ?createdAfter=<RFC 3339>, and after the refund ?after=<id>; with
+// ?limit=N (1 to 1,000) at most N of them, and "next", the id to ask after
+// for the next page, or null on the last page. Empty createdAfter and after
+// are as absent.
 func (s *Server) listRefunds(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
 	q := r.URL.Query()
-	if !q.Has("limit") && !q.Has("after") {
-		rows, err := s.q.RefundList(r.Context(), s.pool)
-		if err != nil {
-			s.internalError(r.Context(), w, err)
+	var params providerdb.RefundListParams
+	limit := 0
+	if q.Has("limit") {
+		n, err := strconv.Atoi(q.Get("limit"))
+		if err != nil || n < 1 || n > maxPage {
+			writeError(w, http.StatusBadRequest, "invalid_request", "limit", fmt.Sprintf("limit must be an integer from 1 to %d", maxPage))
 			return
 		}
-		writeJSON(w, http.StatusOK, struct {
-			Refunds []refundRecord `json:"refunds"`
-		}{records(rows)})
+		// One more than asked for tells whether there is a next page.
+		limit = n
+		max := int32(n + 1)
+		params.Max = &max
+	}
+	if v := q.Get("createdAfter"); v != "" {
+		t, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_request", "createdAfter", "createdAfter must be a time in RFC 3339 format, such as 2026-12-01T10:00:00Z")
+			return
+		}
+		params.CreatedAfter = &t
+	}
+	if v := q.Get("after"); v != "" {
+		created, err := s.q.RefundCreatedAt(ctx, s.pool, v)
+		if errors.Is(err, pgx.ErrNoRows) {
+			writeError(w, http.StatusBadRequest, "invalid_request", "after", "after must be the id of a refund, such as a page's next")
+			return
+		}
+		if err != nil {
+			s.internalError(ctx, w, err)
+			return
+		}
+		params.AfterID, params.AfterCreatedAt = &v, &created
+	}
+	// The list shows every refund as it is now.
+	if _, err := s.settleDue(ctx); err != nil {
+		s.internalError(ctx, w, err)
 		return
 	}
-	limit, err := strconv.Atoi(q.Get("limit"))
-	if err != nil || limit < 1 || limit > maxPage {
-		writeError(w, http.StatusBadRequest, "invalid_request", "limit", fmt.Sprintf("limit must be an integer from 1 to %d", maxPage))
-		return
-	}
-	rows, err := s.q.RefundListPage(r.Context(), s.pool, providerdb.RefundListPageParams{After: q.Get("after"), Max: int32(limit)})
+	rows, err := s.q.RefundList(ctx, s.pool, params)
 	if err != nil {
-		s.internalError(r.Context(), w, err)
+		s.internalError(ctx, w, err)
 		return
 	}
 	page := struct {
 		Refunds []refundRecord `json:"refunds"`
-		Next    string         `json:"next,omitempty"`
-	}{Refunds: records(rows)}
-	if len(rows) == limit {
-		page.Next = rows[len(rows)-1].ID
+		Next    *string        `json:"next"`
+	}{}
+	if limit > 0 && len(rows) > limit {
+		rows = rows[:limit]
+		page.Next = &rows[limit-1].ID
 	}
+	page.Refunds = records(rows)
 	writeJSON(w, http.StatusOK, page)
 }
 
@@ -356,10 +475,19 @@ func (s *Server) setFault(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch req.Mode {
-	case FaultError, FaultLostResponse, FaultSlow:
+	case FaultError, FaultLostResponse, FaultSlow, FaultPending:
 	default:
 		writeError(w, http.StatusBadRequest, "invalid_request", "mode",
-			fmt.Sprintf("mode must be %q, %q or %q", FaultError, FaultLostResponse, FaultSlow))
+			fmt.Sprintf("mode must be %q, %q, %q or %q", FaultError, FaultLostResponse, FaultSlow, FaultPending))
+		return
+	}
+	outcome := StatusSucceeded
+	if req.Outcome != nil {
+		outcome = *req.Outcome
+	}
+	if outcome != StatusSucceeded && outcome != StatusFailed {
+		writeError(w, http.StatusBadRequest, "invalid_request", "outcome",
+			fmt.Sprintf("outcome must be %q or %q", StatusSucceeded, StatusFailed))
 		return
 	}
 	count := 1
@@ -372,7 +500,7 @@ func (s *Server) setFault(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	delay := time.Duration(0)
-	if req.Mode == FaultSlow {
+	if req.Mode == FaultSlow || req.Mode == FaultPending {
 		delay = defaultSlowDelay
 	}
 	if req.DelayMs != nil {
@@ -388,13 +516,17 @@ func (s *Server) setFault(w http.ResponseWriter, r *http.Request) {
 		Mode:      req.Mode,
 		Remaining: int32(count),
 		DelayMs:   int32(delay.Milliseconds()),
+		Outcome:   outcome,
 	})
 	if err != nil {
 		s.internalError(r.Context(), w, err)
 		return
 	}
-	s.logger.InfoContext(r.Context(), "fault injected into the next refund requests",
-		slog.String("fault", req.Mode), slog.Int("count", count), slog.Duration("delay", delay))
+	attrs := []any{slog.String("fault", req.Mode), slog.Int("count", count), slog.Duration("delay", delay)}
+	if req.Mode == FaultPending {
+		attrs = append(attrs, slog.String("outcome", outcome))
+	}
+	s.logger.InfoContext(r.Context(), "fault injected into the next refund requests", attrs...)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -408,8 +540,13 @@ func (s *Server) clearFaults(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) internalError(ctx context.Context, w http.ResponseWriter, err error) {
+	rep := s.internalErrorReply(ctx, err)
+	writeJSON(w, rep.status, rep.body)
+}
+
+func (s *Server) internalErrorReply(ctx context.Context, err error) reply {
 	s.logger.ErrorContext(ctx, "provider request failed", slog.Any("error", err))
-	writeError(w, http.StatusInternalServerError, "internal_error", "", "the provider failed to answer")
+	return errorReply(http.StatusInternalServerError, "internal_error", "the provider failed to answer")
 }
 
 func recordFromRow(row *providerdb.ProviderRefund) refundRecord {
@@ -418,6 +555,7 @@ func recordFromRow(row *providerdb.ProviderRefund) refundRecord {
 		IdempotencyKey: row.IdempotencyKey,
 		OrderID:        row.OrderID,
 		Amount:         row.Amount,
+		Status:         row.Status,
 		Requests:       int(row.Requests),
 		CreatedAt:      row.CreatedAt.UTC(),
 	}

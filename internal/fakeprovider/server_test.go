@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,32 +20,79 @@ import (
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 
-// bundle is what setup hands a test besides the provider's base URL.
+// bundle is a provider served for a test.
 type bundle struct {
 	pool *pgxpool.Pool
+	srv  *fakeprovider.Server
 	// url is the provider's base URL: a server that mounts it under /provider, as
 	// the demo does.
 	url string
+	// close stops serving, as a process that dies does (see serveWith).
+	close func()
 }
 
 // setup returns a provider on a database of its own, served under /provider.
 func setup(t *testing.T) *bundle {
 	t.Helper()
+	return serveWith(t, migrated(t), nil)
+}
+
+// migrated returns a database of the test's own with the provider's schema.
+func migrated(t *testing.T) *pgxpool.Pool {
+	t.Helper()
 	pool := testdb.Pool(t)
 	require.NoError(t, fakeprovider.Migrate(t.Context(), pool))
-	return &bundle{pool: pool, url: serve(t, pool)}
+	return pool
 }
 
 // serve serves a new provider on pool under /provider and returns its base URL.
 func serve(t *testing.T, pool *pgxpool.Pool) string {
 	t.Helper()
-	srv, err := fakeprovider.New(pool, nil)
+	return serveWith(t, pool, nil).url
+}
+
+// serveWith serves a new provider on pool with cfg under /provider. The
+// provider's background work (Run) is not started: see run.
+func serveWith(t *testing.T, pool *pgxpool.Pool, cfg *fakeprovider.Config) *bundle {
+	t.Helper()
+	srv, err := fakeprovider.New(pool, cfg)
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("/provider/", http.StripPrefix("/provider", srv.Handler()))
 	ts := httptest.NewServer(mux)
 	t.Cleanup(ts.Close)
-	return ts.URL + "/provider"
+	return &bundle{pool: pool, srv: srv, url: ts.URL + "/provider", close: ts.Close}
+}
+
+// run runs the provider's background work until the test ends or the
+// returned function is called, which waits for it to stop.
+func (b *bundle) run(t *testing.T) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	done := make(chan error, 1)
+	go func() { done <- b.srv.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			require.ErrorIs(t, <-done, context.Canceled)
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// waitUntil polls cond, on the test's goroutine, until it holds: for at most
+// settleWithin, then the test fails naming what.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(settleWithin)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s", settleWithin, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // answer is an HTTP answer, read whole.
@@ -120,23 +166,53 @@ type record struct {
 	IdempotencyKey string    `json:"idempotencyKey"`
 	OrderID        string    `json:"orderId"`
 	Amount         int64     `json:"amount"`
+	Status         string    `json:"status"`
 	Requests       int       `json:"requests"`
 	CreatedAt      time.Time `json:"createdAt"`
 }
 
-func (b *bundle) list(t *testing.T) []record {
+// page is an answer of GET /refunds.
+type page struct {
+	Refunds []record `json:"refunds"`
+	Next    *string  `json:"next"`
+}
+
+// listPage answers GET /refunds?query, which must succeed, and checks its
+// shape: "refunds" a list, "next" present (null or an id).
+func (b *bundle) listPage(t *testing.T, query string) page {
 	t.Helper()
-	a := b.do(t, http.MethodGet, "/refunds", nil, "")
-	require.Equal(t, http.StatusOK, a.status)
+	a := b.do(t, http.MethodGet, "/refunds?"+query, nil, "")
+	require.Equal(t, http.StatusOK, a.status, "body: %s", a.body)
 	require.Equal(t, "application/json", a.header.Get("Content-Type"))
-	var got struct {
-		Refunds []record `json:"refunds"`
-	}
+	var raw map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(a.body, &raw))
+	require.Contains(t, raw, "next", "body: %s", a.body)
+	var got page
 	dec := json.NewDecoder(strings.NewReader(string(a.body)))
 	dec.DisallowUnknownFields()
 	require.NoError(t, dec.Decode(&got))
 	require.NotNil(t, got.Refunds)
+	return got
+}
+
+// list answers every refund, oldest first.
+func (b *bundle) list(t *testing.T) []record {
+	t.Helper()
+	got := b.listPage(t, "")
+	require.Nil(t, got.Next, "no limit: one page")
 	return got.Refunds
+}
+
+// byKey answers the refund made under key, which must exist.
+func (b *bundle) byKey(t *testing.T, key string) record {
+	t.Helper()
+	a := b.do(t, http.MethodGet, "/refunds/by-key/"+url.PathEscape(key), nil, "")
+	require.Equal(t, http.StatusOK, a.status, "body: %s", a.body)
+	var got record
+	dec := json.NewDecoder(strings.NewReader(string(a.body)))
+	dec.DisallowUnknownFields()
+	require.NoError(t, dec.Decode(&got))
+	return got
 }
 
 func TestRefund(t *testing.T) {
@@ -158,6 +234,7 @@ func TestRefund(t *testing.T) {
 		require.Equal(t, "A-1", got[0].OrderID)
 		require.Equal(t, int64(1500), got[0].Amount)
 		require.Equal(t, 2, got[0].Requests)
+		require.Equal(t, fakeprovider.StatusSucceeded, got[0].Status)
 		require.False(t, got[0].CreatedAt.IsZero())
 	})
 
@@ -195,36 +272,6 @@ func TestRefund(t *testing.T) {
 			require.NoError(t, json.Unmarshal(a.body, &body), "%s", a.body)
 			require.Equal(t, tc.code, body.Error.Code)
 		}
-	})
-
-	t.Run("PagedList", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		ids := []string{b.refundID(t, "key-1", "A-1", 1), b.refundID(t, "key-2", "A-1", 2), b.refundID(t, "key-3", "A-1", 3)}
-		slices.Sort(ids)
-		type page struct {
-			Refunds []record `json:"refunds"`
-			Next    string   `json:"next"`
-		}
-		get := func(query string) page {
-			a := b.do(t, http.MethodGet, "/refunds?"+query, nil, "")
-			require.Equal(t, http.StatusOK, a.status, "%s", a.body)
-			var p page
-			require.NoError(t, json.Unmarshal(a.body, &p))
-			return p
-		}
-		first := get("limit=2")
-		require.Len(t, first.Refunds, 2)
-		require.Equal(t, ids[:2], []string{first.Refunds[0].ID, first.Refunds[1].ID})
-		require.Equal(t, ids[1], first.Next)
-		second := get("limit=2&after=" + first.Next)
-		require.Len(t, second.Refunds, 1)
-		require.Equal(t, ids[2], second.Refunds[0].ID)
-		require.Empty(t, second.Next)
-		for _, bad := range []string{"limit=0", "limit=1001", "limit=x", "after=pr_"} {
-			require.Equal(t, http.StatusBadRequest, b.do(t, http.MethodGet, "/refunds?"+bad, nil, "").status, bad)
-		}
-		require.Len(t, b.list(t), 3, "without limit: every refund")
 	})
 
 	t.Run("OtherKeyOtherRefund", func(t *testing.T) {
@@ -322,7 +369,9 @@ func TestByKey(t *testing.T) {
 		require.Equal(t, key, got.IdempotencyKey)
 		require.Equal(t, "A-1", got.OrderID)
 		require.Equal(t, int64(700), got.Amount)
+		require.Equal(t, fakeprovider.StatusSucceeded, got.Status)
 		require.Equal(t, 1, got.Requests)
+		require.Equal(t, got, b.byKey(t, key))
 	})
 
 	t.Run("NotFound", func(t *testing.T) {
@@ -345,7 +394,119 @@ func TestList(t *testing.T) {
 		b := setup(t)
 		a := b.do(t, http.MethodGet, "/refunds", nil, "")
 		require.Equal(t, http.StatusOK, a.status)
-		require.JSONEq(t, `{"refunds": []}`, string(a.body))
+		require.JSONEq(t, `{"refunds": [], "next": null}`, string(a.body))
+		a = b.do(t, http.MethodGet, "/refunds?limit=10", nil, "")
+		require.Equal(t, http.StatusOK, a.status)
+		require.JSONEq(t, `{"refunds": [], "next": null}`, string(a.body))
+	})
+
+	t.Run("Pages", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		const n = 5
+		var ids []string
+		for i := range n {
+			ids = append(ids, b.refundID(t, fmt.Sprintf("key-%d", i), "A-1", int64(i+1)))
+		}
+		all := b.list(t)
+		require.Len(t, all, n)
+		idsOf := func(rs []record) []string {
+			out := make([]string, 0, len(rs))
+			for _, r := range rs {
+				out = append(out, r.ID)
+			}
+			return out
+		}
+		require.Equal(t, ids, idsOf(all), "oldest first")
+
+		// Walks the pages of query with limit, and returns the ids in order.
+		walk := func(t *testing.T, query string, limit int) []string {
+			got := []string{}
+			after := ""
+			for pages := 0; ; pages++ {
+				require.Less(t, pages, n+1, "too many pages")
+				v := url.Values{"limit": {fmt.Sprint(limit)}}
+				if query != "" {
+					q, err := url.ParseQuery(query)
+					require.NoError(t, err)
+					for k, vs := range q {
+						v[k] = vs
+					}
+				}
+				if after != "" {
+					v.Set("after", after)
+				}
+				p := b.listPage(t, v.Encode())
+				require.LessOrEqual(t, len(p.Refunds), limit)
+				got = append(got, idsOf(p.Refunds)...)
+				if p.Next == nil {
+					return got
+				}
+				require.Len(t, p.Refunds, limit, "a page before the last is full")
+				require.Equal(t, p.Refunds[len(p.Refunds)-1].ID, *p.Next)
+				after = *p.Next
+			}
+		}
+		since := url.Values{"createdAfter": {all[1].CreatedAt.Format(time.RFC3339Nano)}}.Encode()
+		for _, tc := range []struct {
+			name  string
+			query string
+			limit int
+			want  []string
+		}{
+			{"ByTwo", "", 2, ids},
+			{"ByOne", "", 1, ids},
+			{"AllInOne", "", n, ids},
+			{"MoreThanAll", "", 1000, ids},
+			{"CreatedAfter", since, 2, ids[2:]},
+			{"CreatedAfterInOne", since, 10, ids[2:]},
+			{"CreatedAfterTheLast", url.Values{"createdAfter": {all[n-1].CreatedAt.Format(time.RFC3339Nano)}}.Encode(), 2, []string{}},
+			{"CreatedAfterLongAgo", "createdAfter=2000-01-01T00:00:00Z", 3, ids},
+			{"CreatedAfterWithOffset", url.Values{"createdAfter": {all[1].CreatedAt.In(time.FixedZone("", 2*3600)).Format(time.RFC3339Nano)}}.Encode(), 2, ids[2:]},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				require.Equal(t, tc.want, walk(t, tc.query, tc.limit))
+			})
+		}
+
+		// Without limit: every refund after the one named, in one page.
+		p := b.listPage(t, "after="+ids[2])
+		require.Equal(t, ids[3:], idsOf(p.Refunds))
+		require.Nil(t, p.Next)
+		p = b.listPage(t, since)
+		require.Equal(t, ids[2:], idsOf(p.Refunds))
+		require.Nil(t, p.Next)
+		// Empty values are absent ones.
+		require.Equal(t, ids, idsOf(b.listPage(t, "after=&createdAfter=").Refunds))
+		for _, r := range all {
+			require.Equal(t, fakeprovider.StatusSucceeded, r.Status)
+			require.Equal(t, 1, r.Requests)
+		}
+
+		for _, tc := range []struct{ query, param string }{
+			{"limit=0", "limit"},
+			{"limit=1001", "limit"},
+			{"limit=-1", "limit"},
+			{"limit=x", "limit"},
+			{"limit=", "limit"},
+			{"limit=1.5", "limit"},
+			{"after=pr_", "after"},
+			{"limit=2&after=pr_nosuchrefund", "after"},
+			{"createdAfter=yesterday", "createdAfter"},
+			{"createdAfter=2026-13-01T00:00:00Z", "createdAfter"},
+			{"createdAfter=2026-01-01", "createdAfter"},
+		} {
+			a := b.do(t, http.MethodGet, "/refunds?"+tc.query, nil, "")
+			require.Equal(t, http.StatusBadRequest, a.status, tc.query)
+			require.Equal(t, "invalid_request", a.errorCode(t), tc.query)
+			var body struct {
+				Error struct {
+					Param string `json:"param"`
+				} `json:"error"`
+			}
+			require.NoError(t, json.Unmarshal(a.body, &body))
+			require.Equal(t, tc.param, body.Error.Param, tc.query)
+		}
 	})
 
 	t.Run("OldestFirst", func(t *testing.T) {
@@ -458,6 +619,31 @@ func TestFaults(t *testing.T) {
 		require.Equal(t, got[0].ID, b.refundID(t, "key-1", "A-1", 100))
 	})
 
+	t.Run("SlowIsNotTiedToTheRequestContext", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.fault(t, `{"mode": "slow", "count": 1, "delayMs": 1000}`)
+		// A request whose context has ended before the handler even runs (its
+		// caller left, or a server in front of the provider gave up on it):
+		// the handler returns without an answer, and the provider carries the
+		// request out all the same, once its delay is over.
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/refunds",
+			strings.NewReader(`{"orderId": "A-1", "amount": 100, "reference": "re_1"}`))
+		req.Header.Set("Idempotency-Key", "key-1")
+		rec := httptest.NewRecorder()
+		b.srv.Handler().ServeHTTP(rec, req)
+		require.Empty(t, rec.Body.String(), "nobody to answer")
+		waitUntil(t, "the refund is made", func() bool {
+			return b.do(t, http.MethodGet, "/refunds/by-key/key-1", nil, "").status == http.StatusOK
+		})
+		got := b.byKey(t, "key-1")
+		require.Equal(t, fakeprovider.StatusSucceeded, got.Status)
+		require.Equal(t, 1, got.Requests)
+		require.Equal(t, got.ID, b.refundID(t, "key-1", "A-1", 100))
+	})
+
 	t.Run("DeclineWithLostResponse", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
@@ -506,6 +692,9 @@ func TestFaults(t *testing.T) {
 			`{"mode": "slow", "delayMs": -1}`,
 			`{"mode": "slow", "delayMs": 3600000}`,
 			`{"mode": "error", "extra": 1}`,
+			`{"mode": "pending", "outcome": "maybe"}`,
+			`{"mode": "pending", "outcome": 1}`,
+			`{"mode": "pending", "delayMs": 600001}`,
 			`[]`,
 		} {
 			a := b.do(t, http.MethodPost, "/faults", nil, body)

@@ -19,9 +19,14 @@ import (
 	"github.com/idemflow/idemflow/internal/fakeprovider/internal/providerdb"
 )
 
-// EventRefundSucceeded is the type of the event that the provider sends for
-// every refund it makes.
-const EventRefundSucceeded = "refund.succeeded"
+// The types of the webhook events: EventRefundSucceeded for a refund that
+// succeeded, at once or after being pending, EventRefundFailed for a pending
+// refund that failed. A refund has one event, made when it has its final
+// status; a pending refund has none yet.
+const (
+	EventRefundSucceeded = "refund.succeeded"
+	EventRefundFailed    = "refund.failed"
+)
 
 // EventIDPrefix starts the ids of the provider's webhook events.
 const EventIDPrefix = "evt_"
@@ -60,6 +65,8 @@ type eventData struct {
 	IdempotencyKey string `json:"idempotencyKey"`
 	OrderID        string `json:"orderId"`
 	Amount         int64  `json:"amount"`
+	// Status is the refund's final status, StatusSucceeded or StatusFailed.
+	Status string `json:"status"`
 }
 
 // eventRecord is an event as GET /webhooks lists it.
@@ -70,11 +77,16 @@ type eventRecord struct {
 	Delivered  bool   `json:"delivered"`
 }
 
-// newEvent returns the id and body of the event of a refund being made.
-func newEvent(refundID, key string, req refundRequest) (string, string, error) {
+// newEvent returns the id and body of the event of a refund being made that
+// ends with status, StatusSucceeded or StatusFailed.
+func newEvent(refundID, key string, req refundRequest, status string) (string, string, error) {
+	typ := EventRefundSucceeded
+	if status == StatusFailed {
+		typ = EventRefundFailed
+	}
 	id := EventIDPrefix + rand.Text()
-	body, err := json.Marshal(event{ID: id, Type: EventRefundSucceeded, Data: eventData{
-		RefundID: refundID, IdempotencyKey: key, OrderID: req.OrderID, Amount: req.Amount,
+	body, err := json.Marshal(event{ID: id, Type: typ, Data: eventData{
+		RefundID: refundID, IdempotencyKey: key, OrderID: req.OrderID, Amount: req.Amount, Status: status,
 	}})
 	if err != nil {
 		return "", "", fmt.Errorf("encode the webhook event: %w", err)
@@ -93,24 +105,25 @@ func (s *Server) wake() {
 	}
 }
 
-// RunWebhooks sends the webhook events until ctx ends, then returns ctx's
-// error: each event is POSTed to Config.WebhookURL, signed, and sent again
-// with a backoff (Config.WebhookRetryBase doubling up to Config.WebhookRetryCap)
-// until an attempt gets a 2xx. Events live in the database, so one that a
-// process could not deliver before it died is sent by the next process that
-// runs RunWebhooks on the database. It returns at once when the provider has
-// no Config.WebhookURL.
-func (s *Server) RunWebhooks(ctx context.Context) error {
-	if !s.webhooksOn() {
-		return nil
-	}
+// RunWebhooks is Run: the provider's background work, which is no longer the
+// webhooks alone, under the name that its callers know. Each webhook event is
+// POSTed to Config.WebhookURL, signed, and sent again with a backoff
+// (Config.WebhookRetryBase doubling up to Config.WebhookRetryCap) until an
+// attempt gets a 2xx. Events live in the database, so one that a process
+// could not deliver before it died is sent by the next process that runs Run
+// on the database. Without a Config.WebhookURL it sends nothing, but still
+// settles the pending refunds until ctx ends.
+func (s *Server) RunWebhooks(ctx context.Context) error { return s.Run(ctx) }
+
+// runSender sends the webhook events as they come due, until ctx ends.
+func (s *Server) runSender(ctx context.Context) {
 	tick := time.NewTicker(webhookPoll)
 	defer tick.Stop()
 	for {
 		s.sendDue(ctx)
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return
 		case <-tick.C:
 		case <-s.kick:
 		}

@@ -1,11 +1,12 @@
 -- name: FaultSet :exec
 -- Replaces the fault to inject, if any.
-INSERT INTO provider.fault (singleton, mode, remaining, delay_ms)
-VALUES (true, @mode, @remaining, @delay_ms)
+INSERT INTO provider.fault (singleton, mode, remaining, delay_ms, outcome)
+VALUES (true, @mode, @remaining, @delay_ms, @outcome)
 ON CONFLICT (singleton) DO UPDATE
 SET mode = excluded.mode,
     remaining = excluded.remaining,
-    delay_ms = excluded.delay_ms;
+    delay_ms = excluded.delay_ms,
+    outcome = excluded.outcome;
 
 -- name: FaultClear :exec
 DELETE FROM provider.fault;
@@ -16,4 +17,4 @@ DELETE FROM provider.fault;
 UPDATE provider.fault
 SET remaining = remaining - 1
 WHERE singleton AND remaining > 0
-RETURNING mode, delay_ms;
+RETURNING mode, delay_ms, outcome;

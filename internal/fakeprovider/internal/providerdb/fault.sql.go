@@ -19,23 +19,30 @@ func (q *Queries) FaultClear(ctx context.Context, db DBTX) error {
 }
 
 const faultSet = `-- name: FaultSet :exec
-INSERT INTO provider.fault (singleton, mode, remaining, delay_ms)
-VALUES (true, $1, $2, $3)
+INSERT INTO provider.fault (singleton, mode, remaining, delay_ms, outcome)
+VALUES (true, $1, $2, $3, $4)
 ON CONFLICT (singleton) DO UPDATE
 SET mode = excluded.mode,
     remaining = excluded.remaining,
-    delay_ms = excluded.delay_ms
+    delay_ms = excluded.delay_ms,
+    outcome = excluded.outcome
 `
 
 type FaultSetParams struct {
 	Mode      string
 	Remaining int32
 	DelayMs   int32
+	Outcome   string
 }
 
 // Replaces the fault to inject, if any.
 func (q *Queries) FaultSet(ctx context.Context, db DBTX, arg FaultSetParams) error {
-	_, err := db.Exec(ctx, faultSet, arg.Mode, arg.Remaining, arg.DelayMs)
+	_, err := db.Exec(ctx, faultSet,
+		arg.Mode,
+		arg.Remaining,
+		arg.DelayMs,
+		arg.Outcome,
+	)
 	return err
 }
 
@@ -43,12 +50,13 @@ const faultTake = `-- name: FaultTake :one
 UPDATE provider.fault
 SET remaining = remaining - 1
 WHERE singleton AND remaining > 0
-RETURNING mode, delay_ms
+RETURNING mode, delay_ms, outcome
 `
 
 type FaultTakeRow struct {
 	Mode    string
 	DelayMs int32
+	Outcome string
 }
 
 // Takes one injection of the fault, if any is left: the row lock makes two
@@ -56,6 +64,6 @@ type FaultTakeRow struct {
 func (q *Queries) FaultTake(ctx context.Context, db DBTX) (*FaultTakeRow, error) {
 	row := db.QueryRow(ctx, faultTake)
 	var i FaultTakeRow
-	err := row.Scan(&i.Mode, &i.DelayMs)
+	err := row.Scan(&i.Mode, &i.DelayMs, &i.Outcome)
 	return &i, err
 }

@@ -13,16 +13,22 @@ type ProviderFault struct {
 	Mode      string
 	Remaining int32
 	DelayMs   int32
+	Outcome   string
 }
 
 type ProviderRefund struct {
-	ID             string
-	IdempotencyKey string
-	OrderID        string
-	Amount         int64
-	Reference      string
-	Requests       int32
-	CreatedAt      time.Time
+	ID              string
+	IdempotencyKey  string
+	OrderID         string
+	Amount          int64
+	Reference       string
+	Requests        int32
+	CreatedAt       time.Time
+	Status          string
+	Outcome         *string
+	SettlesAt       *time.Time
+	SettleEventID   *string
+	SettleEventBody *string
 }
 
 type ProviderWebhookEvent struct {

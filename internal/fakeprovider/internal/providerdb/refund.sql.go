@@ -10,8 +10,20 @@ import (
 	"time"
 )
 
+const refundCreatedAt = `-- name: RefundCreatedAt :one
+SELECT created_at FROM provider.refund WHERE id = $1
+`
+
+// When the refund with this id was made, for GET /refunds?after=.
+func (q *Queries) RefundCreatedAt(ctx context.Context, db DBTX, id string) (time.Time, error) {
+	row := db.QueryRow(ctx, refundCreatedAt, id)
+	var created_at time.Time
+	err := row.Scan(&created_at)
+	return created_at, err
+}
+
 const refundGetByKey = `-- name: RefundGetByKey :one
-SELECT id, idempotency_key, order_id, amount, reference, requests, created_at FROM provider.refund WHERE idempotency_key = $1
+SELECT id, idempotency_key, order_id, amount, reference, requests, created_at, status, outcome, settles_at, settle_event_id, settle_event_body FROM provider.refund WHERE idempotency_key = $1
 `
 
 func (q *Queries) RefundGetByKey(ctx context.Context, db DBTX, idempotencyKey string) (*ProviderRefund, error) {
@@ -25,16 +37,41 @@ func (q *Queries) RefundGetByKey(ctx context.Context, db DBTX, idempotencyKey st
 		&i.Reference,
 		&i.Requests,
 		&i.CreatedAt,
+		&i.Status,
+		&i.Outcome,
+		&i.SettlesAt,
+		&i.SettleEventID,
+		&i.SettleEventBody,
 	)
 	return &i, err
 }
 
 const refundList = `-- name: RefundList :many
-SELECT id, idempotency_key, order_id, amount, reference, requests, created_at FROM provider.refund ORDER BY created_at, id
+SELECT id, idempotency_key, order_id, amount, reference, requests, created_at, status, outcome, settles_at, settle_event_id, settle_event_body FROM provider.refund AS r
+WHERE ($1::timestamptz IS NULL OR r.created_at > $1::timestamptz)
+  AND ($2::text IS NULL
+       OR (r.created_at, r.id) > ($3::timestamptz, $2::text))
+ORDER BY r.created_at, r.id
+LIMIT $4::int
 `
 
-func (q *Queries) RefundList(ctx context.Context, db DBTX) ([]*ProviderRefund, error) {
-	rows, err := db.Query(ctx, refundList)
+type RefundListParams struct {
+	CreatedAfter   *time.Time
+	AfterID        *string
+	AfterCreatedAt *time.Time
+	Max            *int32
+}
+
+// The refunds, oldest first: those made after created_after, if given, and
+// after the refund (after_created_at, after_id), if given; at most max, if
+// given.
+func (q *Queries) RefundList(ctx context.Context, db DBTX, arg RefundListParams) ([]*ProviderRefund, error) {
+	rows, err := db.Query(ctx, refundList,
+		arg.CreatedAfter,
+		arg.AfterID,
+		arg.AfterCreatedAt,
+		arg.Max,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -50,6 +87,11 @@ func (q *Queries) RefundList(ctx context.Context, db DBTX) ([]*ProviderRefund, e
 			&i.Reference,
 			&i.Requests,
 			&i.CreatedAt,
+			&i.Status,
+			&i.Outcome,
+			&i.SettlesAt,
+			&i.SettleEventID,
+			&i.SettleEventBody,
 		); err != nil {
 			return nil, err
 		}
@@ -61,33 +103,122 @@ func (q *Queries) RefundList(ctx context.Context, db DBTX) ([]*ProviderRefund, e
 	return items, nil
 }
 
-const refundListPage = `-- name: RefundListPage :many
-SELECT id, idempotency_key, order_id, amount, reference, requests, created_at FROM provider.refund WHERE id > $1 ORDER BY id LIMIT $2
+const refundNextSettle = `-- name: RefundNextSettle :one
+SELECT coalesce(ceil(extract(epoch FROM min(settles_at) - clock_timestamp()) * 1000)::bigint, $1::bigint)::bigint AS wait_ms
+FROM provider.refund
+WHERE status = 'pending'
 `
 
-type RefundListPageParams struct {
-	After string
-	Max   int32
+// How long until the next pending refund is due to settle, in milliseconds (0
+// or less: one is due now), or none_ms when no refund is pending.
+func (q *Queries) RefundNextSettle(ctx context.Context, db DBTX, noneMs int64) (int64, error) {
+	row := db.QueryRow(ctx, refundNextSettle, noneMs)
+	var wait_ms int64
+	err := row.Scan(&wait_ms)
+	return wait_ms, err
 }
 
-// A page of the refunds, by id, after the id given (” for the first page).
-func (q *Queries) RefundListPage(ctx context.Context, db DBTX, arg RefundListPageParams) ([]*ProviderRefund, error) {
-	rows, err := db.Query(ctx, refundListPage, arg.After, arg.Max)
+const refundSettleDue = `-- name: RefundSettleDue :many
+WITH settled AS (
+    UPDATE provider.refund AS r
+    SET status = r.outcome
+    WHERE r.status = 'pending' AND r.id IN (
+        SELECT d.id FROM provider.refund AS d
+        WHERE d.status = 'pending' AND d.settles_at <= clock_timestamp()
+        ORDER BY d.settles_at
+        LIMIT $1::int
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING r.id, r.idempotency_key, r.status, r.settle_event_id, r.settle_event_body
+), event AS (
+    INSERT INTO provider.webhook_event (id, refund_id, type, body)
+    SELECT s.settle_event_id, s.id, s.settle_event_body::json ->> 'type', s.settle_event_body
+    FROM settled AS s
+    WHERE s.settle_event_id IS NOT NULL
+    RETURNING id
+)
+SELECT s.id, s.idempotency_key, s.status, (s.settle_event_id IS NOT NULL)::boolean AS event_made
+FROM settled AS s
+`
+
+type RefundSettleDueRow struct {
+	ID             string
+	IdempotencyKey string
+	Status         string
+	EventMade      bool
+}
+
+// Settles the pending refunds whose time has come, at most max of them, those
+// that another statement is settling left to it: each becomes its outcome,
+// and makes its webhook event, if it has one, in this statement (so that no
+// refund settles without its event, whatever crashes). Answers the refunds
+// settled, with their new status and whether each made an event.
+func (q *Queries) RefundSettleDue(ctx context.Context, db DBTX, max int32) ([]*RefundSettleDueRow, error) {
+	rows, err := db.Query(ctx, refundSettleDue, max)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []*ProviderRefund
+	var items []*RefundSettleDueRow
 	for rows.Next() {
-		var i ProviderRefund
+		var i RefundSettleDueRow
 		if err := rows.Scan(
 			&i.ID,
 			&i.IdempotencyKey,
-			&i.OrderID,
-			&i.Amount,
-			&i.Reference,
-			&i.Requests,
-			&i.CreatedAt,
+			&i.Status,
+			&i.EventMade,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const refundSettleKey = `-- name: RefundSettleKey :many
+WITH settled AS (
+    UPDATE provider.refund AS r
+    SET status = r.outcome
+    WHERE r.idempotency_key = $1 AND r.status = 'pending' AND r.settles_at <= clock_timestamp()
+    RETURNING r.id, r.idempotency_key, r.status, r.settle_event_id, r.settle_event_body
+), event AS (
+    INSERT INTO provider.webhook_event (id, refund_id, type, body)
+    SELECT s.settle_event_id, s.id, s.settle_event_body::json ->> 'type', s.settle_event_body
+    FROM settled AS s
+    WHERE s.settle_event_id IS NOT NULL
+    RETURNING id
+)
+SELECT s.id, s.idempotency_key, s.status, (s.settle_event_id IS NOT NULL)::boolean AS event_made
+FROM settled AS s
+`
+
+type RefundSettleKeyRow struct {
+	ID             string
+	IdempotencyKey string
+	Status         string
+	EventMade      bool
+}
+
+// Settles the refund made under an idempotency key, if it is pending and its
+// time has come, as RefundSettleDue does; it waits for a statement that is
+// settling it already, and then leaves it.
+func (q *Queries) RefundSettleKey(ctx context.Context, db DBTX, idempotencyKey string) ([]*RefundSettleKeyRow, error) {
+	rows, err := db.Query(ctx, refundSettleKey, idempotencyKey)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*RefundSettleKeyRow
+	for rows.Next() {
+		var i RefundSettleKeyRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.IdempotencyKey,
+			&i.Status,
+			&i.EventMade,
 		); err != nil {
 			return nil, err
 		}
@@ -101,32 +232,41 @@ func (q *Queries) RefundListPage(ctx context.Context, db DBTX, arg RefundListPag
 
 const refundUpsert = `-- name: RefundUpsert :one
 WITH ref AS (
-    INSERT INTO provider.refund (id, idempotency_key, order_id, amount, reference)
-    VALUES ($1, $2, $3, $4, $5)
+    INSERT INTO provider.refund (id, idempotency_key, order_id, amount, reference,
+                                 status, outcome, settles_at, settle_event_id, settle_event_body)
+    VALUES ($1, $2, $3, $4, $5,
+            CASE WHEN $6::text IS NULL THEN 'succeeded' ELSE 'pending' END,
+            $6::text,
+            clock_timestamp() + $7::bigint * interval '1 millisecond',
+            $8::text, $9::text)
     ON CONFLICT (idempotency_key) DO UPDATE
     SET requests = provider.refund.requests + 1
-    RETURNING id, idempotency_key, order_id, amount, reference, requests, created_at
+    RETURNING id, idempotency_key, order_id, amount, reference, requests, created_at, status, outcome, settles_at, settle_event_id, settle_event_body
 ), event AS (
     INSERT INTO provider.webhook_event (id, refund_id, type, body)
-    SELECT $6::text, ref.id, $7::text, $8::text
+    SELECT $10::text, ref.id, $11::text, $12::text
     FROM ref
-    WHERE ref.requests = 1 AND $6::text IS NOT NULL
+    WHERE ref.requests = 1 AND ref.status = 'succeeded' AND $10::text IS NOT NULL
     RETURNING id
 )
 SELECT ref.id, ref.idempotency_key, ref.order_id, ref.amount, ref.reference, ref.requests, ref.created_at,
-       (SELECT count(*) FROM event) > 0 AS event_made
+       ref.status, (SELECT count(*) FROM event) > 0 AS event_made
 FROM ref
 `
 
 type RefundUpsertParams struct {
-	ID             string
-	IdempotencyKey string
-	OrderID        string
-	Amount         int64
-	Reference      string
-	EventID        *string
-	EventType      string
-	EventBody      string
+	ID              string
+	IdempotencyKey  string
+	OrderID         string
+	Amount          int64
+	Reference       string
+	Outcome         *string
+	SettleMs        *int64
+	SettleEventID   *string
+	SettleEventBody *string
+	EventID         *string
+	EventType       string
+	EventBody       string
 }
 
 type RefundUpsertRow struct {
@@ -137,13 +277,16 @@ type RefundUpsertRow struct {
 	Reference      string
 	Requests       int32
 	CreatedAt      time.Time
+	Status         string
 	EventMade      bool
 }
 
 // Makes the refund asked for under an idempotency key, or, when the key has one
 // already, counts the request against it and answers that refund unchanged.
-// A refund made here (its first request) gets its webhook event in the same
-// statement, when event_id is not null: the event's body names the refund's
+// With an outcome, the refund is made pending: it becomes outcome settle_ms
+// from now (see RefundSettleDue), and makes the event settle_event_id then.
+// Without one it succeeds at once, and gets its webhook event in the same
+// statement when event_id is not null: the event's body names the refund's
 // id, which is the one given here only on the first request.
 func (q *Queries) RefundUpsert(ctx context.Context, db DBTX, arg RefundUpsertParams) (*RefundUpsertRow, error) {
 	row := db.QueryRow(ctx, refundUpsert,
@@ -152,6 +295,10 @@ func (q *Queries) RefundUpsert(ctx context.Context, db DBTX, arg RefundUpsertPar
 		arg.OrderID,
 		arg.Amount,
 		arg.Reference,
+		arg.Outcome,
+		arg.SettleMs,
+		arg.SettleEventID,
+		arg.SettleEventBody,
 		arg.EventID,
 		arg.EventType,
 		arg.EventBody,
@@ -165,6 +312,7 @@ func (q *Queries) RefundUpsert(ctx context.Context, db DBTX, arg RefundUpsertPar
 		&i.Reference,
 		&i.Requests,
 		&i.CreatedAt,
+		&i.Status,
 		&i.EventMade,
 	)
 	return &i, err
