@@ -158,26 +158,26 @@ type OperatorRequest struct {
 // the operation's definition carries it out when it comes.
 var ErrPending = errors.New("the request is recorded; no process has carried it out yet")
 
-// Reopen asks the live processes to reopen (retry) the failed or parked
-// operation id, and waits until one has, or ctx ends (ErrPending). The
-// request's outcome says what happened: "refused" for an operation that
-// neither failed nor is parked.
-func (a *Admin) Reopen(ctx context.Context, id uuid.UUID) (*OperatorRequest, error) {
-	return a.request(ctx, id, "retry", "")
+// Reopen asks the live processes to reopen (retry) the operation id, as
+// Engine.Reopen does, and waits until one has, or ctx ends (ErrPending). The
+// request's outcome says what happened: "refused" for an operation that is
+// not parked, or whose answer is final. opts may be nil.
+func (a *Admin) Reopen(ctx context.Context, id uuid.UUID, opts *ReopenOpts) (*OperatorRequest, error) {
+	return a.request(ctx, id, "retry", "", opts != nil && opts.Force)
 }
 
 // Cancel asks the live processes to cancel the operation id, as Engine.Cancel
 // does (refused past its point of no return), and waits until one has, or ctx
 // ends (ErrPending).
 func (a *Admin) Cancel(ctx context.Context, id uuid.UUID, reason string) (*OperatorRequest, error) {
-	return a.request(ctx, id, "cancel", reason)
+	return a.request(ctx, id, "cancel", reason, false)
 }
 
-func (a *Admin) request(ctx context.Context, id uuid.UUID, action, reason string) (*OperatorRequest, error) {
+func (a *Admin) request(ctx context.Context, id uuid.UUID, action, reason string, force bool) (*OperatorRequest, error) {
 	if _, err := a.store.OperationGet(ctx, a.pool, id); err != nil {
 		return nil, mapNotFound(err)
 	}
-	reqID, err := a.store.OperatorRequestInsert(ctx, a.pool, id, action, reason)
+	reqID, err := a.store.OperatorRequestInsert(ctx, a.pool, id, action, reason, force)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
@@ -242,7 +242,7 @@ func (e *Engine) serveOperators(ctx context.Context) error {
 		var err error
 		switch r.Action {
 		case "retry":
-			if err = e.Reopen(ctx, r.OperationID); err == nil {
+			if err = e.Reopen(ctx, r.OperationID, &ReopenOpts{Force: r.Force}); err == nil {
 				message = "reopened; it runs again"
 			}
 		case "cancel":
@@ -304,6 +304,7 @@ func (e *Engine) keepRequests(ctx context.Context, ids []int64) (stop func()) {
 // refusal reports whether err is an operator action refused by rule, which
 // changed nothing.
 func refusal(err error) bool {
-	return slices.ContainsFunc([]error{ErrPastPivot, ErrFinished, ErrNotFailed, ErrCompensated, ErrRunning, errCannotCancel, ErrNotFound},
+	return slices.ContainsFunc([]error{ErrPastPivot, ErrFinished, ErrNotFailed, ErrCompensated, ErrRunning, errCannotCancel, ErrNotFound,
+		ErrFinal, ErrOutcomeUnknown},
 		func(target error) bool { return errors.Is(err, target) })
 }

@@ -57,6 +57,17 @@ var (
 	// when Config.MaxInFlight first attempts already run in this process and
 	// the key is free (a start whose key is taken is answered as always).
 	ErrOverloaded = errors.New("too many operations in flight")
+	// ErrOutcomePending is matched by the error of Pending: an external call that the
+	// outside service accepted, with its final outcome to come, or a lookup
+	// that found the call still being processed.
+	ErrOutcomePending = errors.New("outcome pending")
+	// ErrOutcomeUnknown is matched by the *OutcomeUnknownError of a Cancel that
+	// would have to guess whether a call went through.
+	ErrOutcomeUnknown = errors.New("the outcome of a call is not known yet")
+	// ErrFinal is returned by Reopen, changing nothing, for an operation whose
+	// answer is final: it ended with a business answer (Fail) or an operator's
+	// cancel, or, without ReopenOpts.Force, with a server fault.
+	ErrFinal = errors.New("the operation's answer is final")
 	// ErrUnavailable is matched by the error of a Start that could not reach the
 	// database, or got no answer in time: nothing was reserved, or (when the
 	// answer was lost) the key's operation runs and a retry finds it. It is
@@ -130,6 +141,11 @@ const (
 	// ran out of attempts; whether its call went through cannot be told, so
 	// nothing is compensated.
 	CodeOutcomeUnknown = "outcome_unknown"
+	// CodeOutcomeOverdue (attention): an external step that waits for its
+	// outcome (see Pending and ExternalStepDef.Settle) has none past its
+	// settle window: the call is still pending, or its lookup cannot answer.
+	// The operation goes on waiting; an operator may settle it.
+	CodeOutcomeOverdue = "outcome_overdue"
 	// CodeUndecodableState (attention, parked): the operation's stored input or
 	// state does not decode into this process's types.
 	CodeUndecodableState = "undecodable_state"
@@ -210,6 +226,46 @@ func Permanent(err error) error {
 	}
 	return &PermanentError{Code: CodePermanent, Message: serverFaultMessage, Cause: err.Error(), Fault: true, err: err}
 }
+
+// Pending returns an error that says an external call has no final outcome
+// yet, matched by ErrOutcomePending. An external step returns it when the outside
+// service accepted the call and settles it later (a pending refund, an ACH
+// payout): the step waits, and the operation with it, with no run holding it,
+// until its lookup finds the outcome final, the application settles it
+// (SettleSucceeded, SettleFailed) or an operator does. A lookup returns it
+// when the service has the call but is still processing it. reason is for
+// operators.
+func Pending(reason string) error {
+	return fmt.Errorf("%w: %s", ErrOutcomePending, reason)
+}
+
+// OutcomeUnknownError is Cancel's refusal of an operation whose external step
+// may still have an effect: its last request may still land, or the outside
+// service has it pending, or its lookup cannot tell.
+type OutcomeUnknownError struct {
+	// Step is the external step whose outcome is not known.
+	Step string
+	// Pending is true when the outside service accepted the call and has not
+	// settled it.
+	Pending bool
+	// KnownAt is when the outcome will be known at the latest (the end of the
+	// step's settle window), zero when that cannot be said.
+	KnownAt time.Time
+	// Reason says why, for operators.
+	Reason string
+}
+
+// Error implements error.
+func (e *OutcomeUnknownError) Error() string {
+	text := fmt.Sprintf("the outcome of step %s is not known yet: %s", e.Step, e.Reason)
+	if !e.KnownAt.IsZero() {
+		text += "; it will be known by " + e.KnownAt.UTC().Format(time.RFC3339)
+	}
+	return text
+}
+
+// Is reports whether target is ErrOutcomeUnknown.
+func (e *OutcomeUnknownError) Is(target error) bool { return target == ErrOutcomeUnknown }
 
 // RetryAfterError is a transient failure that names how long to wait before the
 // next attempt, such as an HTTP 429 or 503 with Retry-After. Make one with
@@ -393,6 +449,8 @@ func publicText(step string, err error) string {
 		return fmt.Sprintf("step %s stopped; the operation waits for an operator", step)
 	case errors.As(err, &pan):
 		return fmt.Sprintf("panic: step %s crashed; it is retried", step)
+	case IsUnavailable(err):
+		return fmt.Sprintf("step %s could not reach the database, which was unavailable; it is retried", step)
 	}
 	return fmt.Sprintf("step %s failed temporarily; it is retried", step)
 }

@@ -80,7 +80,7 @@ func ExampleEngine_Reopen() {
 	fmt.Printf("before: %s, parked=%v, attention=%s\n", info.Status, info.Parked, info.Attention.Code)
 
 	providerFixed.Store(true)
-	if err := e.Reopen(ctx, started.ID); err != nil {
+	if err := e.Reopen(ctx, started.ID, nil); err != nil {
 		panic(err)
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -132,7 +132,9 @@ func ExampleEngine_Cancel() {
 	}
 	op, err := engine.NewOperation("buy", []engine.Step[buyIn, struct{}]{
 		engine.TxStep("hold", hold).Compensate(release),
-		engine.ExternalStep("charge", charge).Lookup(chargeFound),
+		// This provider carries out a request within 50 ms of its sending, or
+		// never: a lookup that finds nothing after that is the word "not made".
+		engine.ExternalStep("charge", charge).Lookup(chargeFound).Settle(50 * time.Millisecond),
 	}, func(in buyIn, _ *struct{}) (int64, error) { return in.Amount, nil },
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Hour}})
 	if err != nil {
@@ -152,12 +154,17 @@ func ExampleEngine_Cancel() {
 		panic(err)
 	}
 	// The first attempt holds the operation until it has handed the retry to
-	// River: until then Cancel answers ErrRunning, and is asked again.
+	// River: until then Cancel answers ErrRunning, and is asked again. Then,
+	// until the charge's settle window has passed, the request it sent may
+	// still land: Cancel answers an *OutcomeUnknownError saying when it will
+	// be known, and undoes nothing.
 	info, err := e.Cancel(ctx, started.ID, "the customer gave up")
-	for errors.Is(err, engine.ErrRunning) {
-		pause, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
-		_, _ = started.Wait(pause)
-		cancel()
+	for errors.Is(err, engine.ErrRunning) || errors.Is(err, engine.ErrOutcomeUnknown) {
+		pause := 10 * time.Millisecond
+		if ou := (*engine.OutcomeUnknownError)(nil); errors.As(err, &ou) && !ou.KnownAt.IsZero() {
+			pause = time.Until(ou.KnownAt)
+		}
+		time.Sleep(pause)
 		info, err = e.Cancel(ctx, started.ID, "the customer gave up")
 	}
 	if err != nil {

@@ -60,6 +60,8 @@ type fsFlow struct {
 	// makes it no pivot.
 	lookup      bool
 	undoablePay bool
+	// settle is pay's settle window: none unless a test sets one.
+	settle time.Duration
 
 	// payFault decides pay's attempt: whether the provider records the
 	// payment, and what the step returns (with record, a lost answer). Nil:
@@ -98,7 +100,9 @@ func (f *fsFlow) recorded() (events, keys []string) {
 
 func (f *fsFlow) op(t *testing.T, name string) *engine.Operation[fsIn, fsState, fsState] {
 	t.Helper()
-	pay := engine.ExternalStep("pay", f.pay)
+	// The tests of these mechanics take a provider whose answers are final
+	// when the call returns (no settle window) unless they set one.
+	pay := engine.ExternalStep("pay", f.pay).Settle(f.settle)
 	if f.lookup {
 		pay = pay.Lookup(f.lookupPay)
 	}
@@ -560,7 +564,7 @@ func TestFailedPastPivotParks(t *testing.T) {
 	require.Zero(t, f.debitUndos.Load())
 
 	closed.Store(false)
-	require.NoError(t, e.Reopen(ctx, s.ID))
+	require.NoError(t, e.Reopen(ctx, s.ID, nil), nil)
 	done := fsWait(t, e, s.ID)
 	require.Equal(t, engine.StatusSucceeded, done.Status)
 	got := fsGet(t, e, s.ID)
@@ -1023,7 +1027,7 @@ func TestPanicsContained(t *testing.T) {
 		require.Equal(t, fsBooks{debits: 1, payments: 1, requests: 1}, fsReadBooks(t, pool))
 
 		panics.Store(false)
-		require.NoError(t, e.Reopen(ctx, s.ID))
+		require.NoError(t, e.Reopen(ctx, s.ID, nil), nil)
 		done := fsWait(t, e, s.ID)
 		require.Equal(t, engine.StatusSucceeded, done.Status)
 		require.Zero(t, f.debitUndos.Load())
@@ -1664,7 +1668,7 @@ func TestHaltParks(t *testing.T) {
 				require.Equal(t, int32(1), checks.Load())
 				return
 			}
-			require.NoError(t, e.Reopen(ctx, s.ID))
+			require.NoError(t, e.Reopen(ctx, s.ID, nil), nil)
 			done := fsWait(t, e, s.ID)
 			require.Equal(t, engine.StatusSucceeded, done.Status)
 			got := fsGet(t, e, s.ID)
@@ -1762,7 +1766,7 @@ func TestCompensationRetriesBoundedAcrossRuns(t *testing.T) {
 	require.Equal(t, int32(maxAttempts), f.debitUndos.Load(), "a parked operation was compensated again")
 
 	broken.Store(false)
-	require.NoError(t, e.Reopen(ctx, s.ID))
+	require.NoError(t, e.Reopen(ctx, s.ID, nil), nil)
 	done := fsWait(t, e, s.ID)
 	require.Equal(t, engine.StatusFailed, done.Status)
 	require.Equal(t, "declined", done.Error.Code, "the reopened operation lost its error")
@@ -1780,7 +1784,7 @@ func TestReopenRefusesCompensatedCall(t *testing.T) {
 	ctx := context.Background()
 	pool := fsPool(t)
 	f := &fsFlow{pool: pool, lookup: true, undoablePay: true, retry: engine.RetryPolicy{Base: 5 * time.Millisecond, MaxAttempts: 3},
-		bookFault: func(int) error { return engine.Fail("closed", "the books are closed") },
+		bookFault: func(int) error { return engine.Permanent(errors.New("the books are closed")) },
 	}
 	op := f.op(t, "undo_call")
 	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
@@ -1788,18 +1792,20 @@ func TestReopenRefusesCompensatedCall(t *testing.T) {
 	require.NoError(t, err)
 	failed := fsWait(t, e, s.ID)
 	require.Equal(t, engine.StatusFailed, failed.Status)
-	require.Equal(t, "closed", failed.Error.Code)
+	require.Equal(t, engine.CodePermanent, failed.Error.Code)
 	require.Equal(t, int32(1), f.payUndos.Load())
 	before := fsStatuses(fsGet(t, e, s.ID))
 	require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusCompensated, engine.StepStatusFailed}, before)
 
-	err = e.Reopen(ctx, s.ID)
+	// A server fault reopens only when forced.
+	require.ErrorIs(t, e.Reopen(ctx, s.ID, nil), engine.ErrFinal)
+	err = e.Reopen(ctx, s.ID, &engine.ReopenOpts{Force: true})
 	require.ErrorIs(t, err, engine.ErrCompensated)
 	require.Contains(t, err.Error(), "pay")
 	fsNoMoreRuns(t, e, pool, s.ID)
 	after := fsGet(t, e, s.ID)
 	require.Equal(t, engine.StatusFailed, after.Status)
-	require.Equal(t, "closed", after.Error.Code)
+	require.Equal(t, engine.CodePermanent, after.Error.Code)
 	require.Equal(t, before, fsStatuses(after))
 	require.Equal(t, int32(1), f.payCalls.Load())
 	require.Equal(t, fsBooks{debits: 1, reversals: 1, payments: 1, requests: 1}, fsReadBooks(t, pool))
@@ -1906,7 +1912,7 @@ func TestReopenRefusesAHeldOperation(t *testing.T) {
 	// As a cancel's claim leaves it while it compensates.
 	_, err = pool.Exec(ctx, `UPDATE idemflow_operation SET locked_by = gen_random_uuid(), locked_until = now() + interval '1 hour' WHERE id = $1`, s.ID)
 	require.NoError(t, err)
-	require.ErrorIs(t, e.Reopen(ctx, s.ID), engine.ErrRunning)
+	require.ErrorIs(t, e.Reopen(ctx, s.ID, nil), engine.ErrRunning)
 	again := fsGet(t, e, s.ID)
 	require.True(t, again.Parked, "reopened under its holder")
 	require.Equal(t, fsBooks{debits: 1}, fsReadBooks(t, pool), "nothing undone while the outcome is unknown")
@@ -1914,5 +1920,5 @@ func TestReopenRefusesAHeldOperation(t *testing.T) {
 	// Its holder gone (the lease expired), it reopens.
 	_, err = pool.Exec(ctx, `UPDATE idemflow_operation SET locked_until = now() - interval '1 second' WHERE id = $1`, s.ID)
 	require.NoError(t, err)
-	require.NoError(t, e.Reopen(ctx, s.ID))
+	require.NoError(t, e.Reopen(ctx, s.ID, nil), nil)
 }

@@ -109,7 +109,7 @@ func (b *bundle) lookupPayout(ctx context.Context, call engine.Attempt, in trans
 func (b *bundle) transferOp(t testing.TB, retry engine.RetryPolicy) *engine.Operation[transferIn, transferState, transferOut] {
 	op, err := engine.NewOperation("transfer", []engine.Step[transferIn, transferState]{
 		engine.TxStep("ledger", ledger).Compensate(reverseLedger),
-		engine.ExternalStep("payout", b.payout).Lookup(b.lookupPayout),
+		engine.ExternalStep("payout", b.payout).Lookup(b.lookupPayout).Settle(0),
 		engine.TxStep("finalize", finalize),
 	}, func(in transferIn, s *transferState) (transferOut, error) {
 		return transferOut(*s), nil

@@ -32,6 +32,12 @@ const (
 	// StepStatusRunning: the step is being attempted, or waits for its next attempt after
 	// a transient failure (Attempts and LastError tell which).
 	StepStatusRunning StepStatus = "running"
+	// StepStatusWaiting: the step waits for its outcome, with no run busy on
+	// it: its call got no definite answer and it is out of attempts, or the
+	// outside service accepted it and settles it later (StepInfo.Pending).
+	// Its lookup, an event (SettleSucceeded, SettleFailed) or an operator
+	// settles it (see the package documentation, "Late and unknown outcomes").
+	StepStatusWaiting StepStatus = "waiting"
 	// StepStatusSucceeded: the step is checkpointed; it never runs again.
 	StepStatusSucceeded StepStatus = "succeeded"
 	// StepStatusFailed: the step failed for good and ended the operation.
@@ -61,6 +67,11 @@ type Info struct {
 	// Error is the error that ended a failed operation: its Message for the
 	// client, its Cause for operators.
 	Error *PermanentError
+	// PriorError, for an operation in progress that an operator reopened by
+	// force (ReopenOpts.Force), is the server fault it had ended with: what its
+	// client was told, and what an HTTP layer replays for its key until it
+	// finishes again.
+	PriorError *PermanentError
 	// Attention, while not nil, says why the unfinished operation waits for an
 	// operator: a step that keeps failing after the point of no return, a halt,
 	// an outcome nobody can tell, a state that does not decode.
@@ -102,6 +113,11 @@ const (
 	// ResolvedByLookup: the step's lookup, by derived key, found that an
 	// earlier attempt whose answer was lost had gone through.
 	ResolvedByLookup = "lookup"
+	// ResolvedByEvent: the application delivered the outcome (SettleSucceeded),
+	// from an event such as a provider's webhook.
+	ResolvedByEvent = "event"
+	// ResolvedByOperator: an operator said how the call ended.
+	ResolvedByOperator = "operator"
 )
 
 // StepInfo is one step of an operation.
@@ -113,11 +129,19 @@ type StepInfo struct {
 	Attempts int
 	// DerivedKey is the idempotency key of an external step, empty for others.
 	DerivedKey string
-	// ResolvedBy is ResolvedByCall or ResolvedByLookup for an external step that
-	// succeeded, empty otherwise (and for steps checkpointed before it was kept).
+	// ResolvedBy is ResolvedByCall, ResolvedByLookup, ResolvedByEvent or
+	// ResolvedByOperator for an external step that succeeded, empty otherwise
+	// (and for steps checkpointed before it was kept).
 	ResolvedBy string
 	StartedAt  *time.Time
 	FinishedAt *time.Time
+	// Pending is true for a waiting step whose call the outside service
+	// accepted, with its final outcome to come; WaitingSince is when a waiting
+	// step began waiting; SentAt is when an external step's last request that
+	// failed was sent at the latest, from which its settle window runs.
+	Pending      bool
+	WaitingSince *time.Time
+	SentAt       *time.Time
 	// LastError is the last failure's message for the client: it names nothing
 	// internal (no SQL, URL or Go error text). LastCause is the same failure for
 	// operators.
@@ -183,7 +207,12 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 			started := s.StartedAt
 			si.StartedAt = &started
 			si.FinishedAt = s.FinishedAt
+			si.SentAt = s.SentAt
 			switch s.State {
+			case store.StepWaiting:
+				si.Status = StepStatusWaiting
+				si.Pending = s.Pending
+				si.WaitingSince = s.WaitingSince
 			case store.StepSucceeded:
 				si.Status = StepStatusSucceeded
 			case store.StepCompensated:
@@ -229,13 +258,21 @@ func infoFromRecord(rec *store.Operation) *Info {
 		info.Attention = &Attention{Code: rec.AttentionCode, Reason: rec.Attention}
 	}
 	if len(rec.Error) > 0 && rec.State == store.OperationFailed {
-		pe := &PermanentError{}
-		if err := json.Unmarshal(rec.Error, pe); err != nil {
-			pe = fault(CodeUnreadableError, "", string(rec.Error))
-		}
-		info.Error = pe
+		info.Error = storedError(rec.Error)
+	}
+	if len(rec.PriorError) > 0 && rec.State == store.OperationInProgress {
+		info.PriorError = storedError(rec.PriorError)
 	}
 	return info
+}
+
+// storedError decodes an error stored with an operation.
+func storedError(raw []byte) *PermanentError {
+	pe := &PermanentError{}
+	if err := json.Unmarshal(raw, pe); err != nil {
+		pe = fault(CodeUnreadableError, "", string(raw))
+	}
+	return pe
 }
 
 func mapNotFound(err error) error {

@@ -76,7 +76,7 @@ func TestObserver(t *testing.T) {
 				panic("boom")
 			}
 			return nil
-		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return false, nil }).
+		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return false, nil }).Settle(0).
 			Compensate(func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
 	}, func(in int, _ *int) (int, error) { return in, nil },
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond, MaxAttempts: 2}})

@@ -41,6 +41,12 @@ type ExternalFunc[In, S any] func(ctx context.Context, at Attempt, in In, state 
 // LookupFunc asks the outside service whether an earlier attempt of an external
 // step, made with at.Key, went through. When it did, the function fills state as
 // the step would have and returns true: the step is checkpointed without a new call.
+// False with a nil error means that the service has nothing under the key.
+// Two errors are answers too: one that matches ErrOutcomePending (see Pending) says
+// that the service has the call but no final outcome yet (it is still
+// processing, or accepted it as pending), and a *PermanentError from Fail
+// says that the call ended without effect (a pending payout that failed):
+// the step fails with it. Any other error is a lookup that could not answer.
 type LookupFunc[In, S any] func(ctx context.Context, at Attempt, in In, state *S) (bool, error)
 
 // CompensateFunc undoes a succeeded step when a later step fails permanently. It
@@ -85,6 +91,10 @@ type stepSpec[In, S any] struct {
 	lookup     LookupFunc[In, S]
 	compensate CompensateFunc[In, S]
 	retry      RetryPolicy
+	// settle is the step's settle window; settleSet tells an explicit zero
+	// from the default.
+	settle    time.Duration
+	settleSet bool
 }
 
 // TxStepDef declares a transactional step. Make one with TxStep; its methods
@@ -151,6 +161,24 @@ func (d ExternalStepDef[In, S]) Retries(p RetryPolicy) ExternalStepDef[In, S] {
 	return d
 }
 
+// Settle returns the step with d as its settle window: the longest time the
+// outside service may take to carry out a request after it was sent, so that
+// a request that got no definite answer (a timeout, a lost connection, a 5xx,
+// a crash mid-call) may land up to d after it. A lookup that finds nothing
+// decides "not made" only once d has passed since the step's last request
+// was sent; until then the step waits (see the package documentation,
+// "Late and unknown outcomes"). A pending outcome that is not final after d
+// makes the operation need attention, while it goes on waiting. Zero means
+// that an answerless request never lands later: only for a service that
+// guarantees it. Defaults to DefaultSettle.
+func (d ExternalStepDef[In, S]) Settle(window time.Duration) ExternalStepDef[In, S] {
+	d.s.settle, d.s.settleSet = window, true
+	return d
+}
+
+// DefaultSettle is the settle window of an external step that does not set one.
+const DefaultSettle = 5 * time.Minute
+
 func (d ExternalStepDef[In, S]) spec() *stepSpec[In, S] { return &d.s }
 
 // RetryPolicy says how often and how fast a step that failed transiently is tried
@@ -164,7 +192,12 @@ type RetryPolicy struct {
 	// Cap bounds the delay. Defaults to 5 minutes.
 	Cap time.Duration
 	// MaxAttempts is the number of attempts after which a step that still fails
-	// transiently fails the operation. Defaults to 10.
+	// transiently fails the operation; it bounds an external step's calls:
+	// out of attempts, an external step whose outcome is unknown sends
+	// nothing more and only asks its lookup until the outcome is known (see
+	// ExternalStepDef.Settle). An attempt of a transactional step that failed
+	// because the database did not answer (IsUnavailable) does not count.
+	// Defaults to 10.
 	MaxAttempts int
 }
 
@@ -333,6 +366,9 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 		if err := s.retry.validate(); err != nil {
 			return nil, fmt.Errorf("engine: operation %q: step %q: %w", name, s.name, err)
 		}
+		if s.settle < 0 {
+			return nil, fmt.Errorf("engine: operation %q: step %q: settle window must not be negative", name, s.name)
+		}
 		seen[s.name] = true
 		specs[i] = s
 	}
@@ -416,6 +452,8 @@ type stepDef struct {
 	lookup     func(ctx context.Context, at Attempt, in, state any) (bool, error)
 	compensate func(ctx context.Context, tx Tx, at Attempt, in, state any) error
 	retry      RetryPolicy
+	// settle is an external step's settle window (see ExternalStepDef.Settle).
+	settle time.Duration
 }
 
 // pivot reports whether the step is a point of no return: it calls out and
@@ -496,7 +534,10 @@ func (op *Operation[In, S, Out]) erase() *opDef {
 		},
 	}
 	for i, s := range op.steps {
-		sd := &stepDef{name: s.name, kind: s.kind, retry: s.retry.merged(op.retry)}
+		sd := &stepDef{name: s.name, kind: s.kind, retry: s.retry.merged(op.retry), settle: s.settle}
+		if !s.settleSet {
+			sd.settle = DefaultSettle
+		}
 		if s.tx != nil {
 			fn := s.tx
 			sd.tx = func(ctx context.Context, tx Tx, at Attempt, in, state any) error {

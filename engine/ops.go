@@ -13,24 +13,39 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// Reopen gives a failed or parked operation another run, for an operator who has
-// mended the cause: the operation is in progress again, no longer needing
-// attention, and a River job runs it. A failed operation, or one parked on its
-// way forward, goes forward: its failed, compensated and retrying steps run
-// again (external ones with the same derived keys, asking their lookups
-// first), its succeeded steps stay done, and its stored answer is replaced by
-// the new run's. An operation parked while it was compensating (a
-// compensation failed for good) goes on compensating: its error stays, and
-// its compensations get their attempts again.
+// ReopenOpts are the optional parts of a Reopen.
+type ReopenOpts struct {
+	// Force reopens an operation that ended failed with a server fault (a step
+	// out of attempts, a failed compensation or result function): its client
+	// was told, and the key goes on replaying that answer (Info.PriorError)
+	// until the reopened operation finishes again. Without it such an
+	// operation is final (ErrFinal).
+	Force bool
+}
+
+// Reopen gives an operation that needs an operator another run, for an
+// operator who has mended the cause: a parked operation, or, with
+// opts.Force, one that failed with a server fault. It is in progress again,
+// no longer needing attention, and a River job runs it. A failed operation,
+// or one parked on its way forward, goes forward: its failed, compensated
+// and retrying steps run again (external ones with the same derived keys,
+// asking their lookups first), its succeeded steps stay done, and its stored
+// answer is replaced by the new run's. An operation parked while it was
+// compensating (a compensation failed for good) goes on compensating: its
+// error stays, and its compensations get their attempts again. opts may be
+// nil.
 //
-// It returns ErrNotFailed when the operation has neither failed nor been
-// parked, ErrRunning when a live run holds it (an operator's cancel), and
-// ErrCompensated, changing nothing, when it would go forward
-// although a step that calls out was compensated: run again under the same
-// derived key, that call would be answered with the one that was undone, and
-// the step would read as done. Such an operation is over; a new one, under a
-// new key, asks again.
-func (e *Engine) Reopen(ctx context.Context, id uuid.UUID) error {
+// A told answer is final: it returns ErrFinal, changing nothing, for an
+// operation that ended with a business answer (Fail) or an operator's cancel,
+// and for one that ended with a server fault unless opts.Force. It returns
+// ErrNotFailed when the operation is in progress and not parked, ErrRunning
+// when a live run holds it (an operator's cancel), and ErrCompensated,
+// changing nothing, when it would go forward although a step that calls out
+// was compensated: run again under the same derived key, that call would be
+// answered with the one that was undone, and the step would read as done.
+// Such an operation is over; a new one, under a new key, asks again.
+func (e *Engine) Reopen(ctx context.Context, id uuid.UUID, opts *ReopenOpts) error {
+	force := opts != nil && opts.Force
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("engine: retry: %w", err)
@@ -39,6 +54,17 @@ func (e *Engine) Reopen(ctx context.Context, id uuid.UUID) error {
 	rec, err := e.store.OperationGetForUpdate(ctx, tx, id)
 	if err != nil {
 		return mapNotFound(err)
+	}
+	if rec.State == store.OperationFailed {
+		pe := storedError(rec.Error)
+		switch {
+		case pe.Code == CodeCancelled:
+			return fmt.Errorf("engine: retry %s: %w: an operator cancelled it", id, ErrFinal)
+		case !pe.ServerFault():
+			return fmt.Errorf("engine: retry %s: %w: it ended with the answer %s", id, ErrFinal, pe.Code)
+		case !force:
+			return fmt.Errorf("engine: retry %s: %w: it ended with a server fault (%s), which only a forced retry reopens", id, ErrFinal, pe.Code)
+		}
 	}
 	compensating := rec.State == store.OperationInProgress && len(rec.Error) > 0
 	if !compensating {
@@ -50,7 +76,7 @@ func (e *Engine) Reopen(ctx context.Context, id uuid.UUID) error {
 			return fmt.Errorf("engine: retry %s: %w: step %s", id, ErrCompensated, name)
 		}
 	}
-	ok, err := e.store.OperationReopen(ctx, tx, id, e.cfg.Lease, compensating)
+	ok, err := e.store.OperationReopen(ctx, tx, id, e.cfg.Lease, compensating, rec.State == store.OperationFailed)
 	if err != nil {
 		return fmt.Errorf("engine: retry: %w", err)
 	}
@@ -102,7 +128,12 @@ func (e *Engine) compensatedCall(rec *store.Operation, steps []store.Step) strin
 // operation (try again once its lease expires), ErrFinished when it has
 // finished, and ErrPastPivot, changing nothing, when a step that cannot be
 // undone has succeeded or may have: the first unfinished step's lookup is
-// asked, by derived key, before anything is undone. An operation whose input or
+// asked, by derived key, before anything is undone. Silence is no answer: an
+// *OutcomeUnknownError (ErrOutcomeUnknown), changing nothing, refuses an
+// operation whose external step's last request may still land (its settle
+// window has not passed since it was sent, or since the lease of a run that
+// may have been sending it), whose call the outside service has pending, or
+// whose lookup cannot answer. An operation whose input or
 // state does not decode is cancelled only when nothing is to be compensated or
 // looked up; else Cancel says so and changes nothing.
 func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info, error) {
@@ -129,11 +160,15 @@ func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 		}
 	}
 	cancelled := &PermanentError{Code: CodeCancelled, Message: "the operation was cancelled by an operator", Cause: reason}
-	info, err := e.claimAndRun(ctx, id, rec.Name, &cancelling{err: cancelled, leftUntil: rec.LockedUntil}, false)
+	req := &cancelling{err: cancelled, leftUntil: rec.LockedUntil}
+	if rec.LockedBy != nil {
+		req.heldUntil = rec.LockedUntil
+	}
+	info, err := e.claimAndRun(ctx, id, rec.Name, req, false)
 	if errors.Is(err, errNotClaimed) {
 		return nil, fmt.Errorf("engine: cancel %s: %w", id, ErrRunning)
 	}
-	if errors.Is(err, ErrPastPivot) || errors.Is(err, errCannotCancel) {
+	if errors.Is(err, ErrPastPivot) || errors.Is(err, errCannotCancel) || errors.Is(err, ErrOutcomeUnknown) {
 		return nil, err
 	}
 	if err != nil {

@@ -74,6 +74,12 @@ type run struct {
 	// each step's compensation.
 	tries         map[string]int
 	compensations map[string]int
+	// rowed marks the steps that have a row of their own (a failed attempt
+	// recorded one), which their checkpoint then updates.
+	rowed map[string]bool
+	// waits holds what is known of the steps that wait for their outcome, and
+	// of the last request of external steps that failed an attempt.
+	waits map[string]*stepWait
 	// failure is the permanent error of a failed step, once there is one;
 	// failureStored is true once the operation's row holds it.
 	failure       *PermanentError
@@ -83,8 +89,10 @@ type run struct {
 	undecodable error
 	resumed     bool
 	// leftUntil is when the operation that Cancel claimed was left alone
-	// until, to give it back so.
+	// until, to give it back so; heldUntil is the same when a run held it
+	// (and may have been calling out until then), else zero.
 	leftUntil time.Time
+	heldUntil time.Time
 	// runs counts the runs of the operation, this one included.
 	runs int
 
@@ -398,6 +406,10 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 			return nil, err
 		}
 	}
+	if r.status[st.name] == store.StepWaiting {
+		// Out of calls: only its lookup, an event or an operator settles it.
+		return r.awaitOutcome(ctx, i, st, time.Now(), last)
+	}
 	attempt := r.tries[st.name] + 1
 	started := time.Now()
 	ctx = r.startStep(ctx, st, attempt)
@@ -422,6 +434,9 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 	})
 	if err == nil {
 		err = protect(func() error { return r.hook(ctx, st, PointAfterEffect, attempt) })
+	}
+	if err != nil && errors.Is(err, ErrOutcomePending) && context.Cause(ctx) == nil {
+		return r.pendingOutcome(ctx, i, st, attempt, started, err)
 	}
 	if err != nil {
 		return r.stepFailed(ctx, i, st, attempt, started, err)
@@ -485,8 +500,8 @@ func (r *run) succeeded(i int, st *stepDef, attempt int, started time.Time, reso
 		Output:     raw,
 		StartedAt:  started,
 		ResolvedBy: resolvedBy,
-		// Every attempt before this one failed and was recorded in the step's row.
-		Retried: attempt > 1,
+		// An attempt before this one failed and was recorded in the step's row.
+		Retried: attempt > 1 || r.rowed[st.name],
 	})
 	return nil
 }

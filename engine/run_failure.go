@@ -61,33 +61,32 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 		return r.retryLater(ctx, failure, policy.Cap, &attention{CodeRetryingPastPivot,
 			fmt.Sprintf("step %s has failed %d times after the point of no return; retried every %s until it succeeds", st.name, attempt, policy.Cap)})
 	}
+	if st.kind == StepKindTx && !permanent && IsUnavailable(stepErr) {
+		// The database did not answer: nothing says the step is at fault, and
+		// nothing left the process. The attempt is retried without counting.
+		log.WarnContext(ctx, "step could not reach the database; retrying later without counting the attempt", slog.Any("error", stepErr))
+		r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
+		failure.Attempts = attempt - 1
+		return r.retryLater(ctx, failure, backoff(policy, attempt, stepErr), nil)
+	}
 	exhausted := !permanent && attempt >= policy.MaxAttempts
 	if st.kind == StepKindExternal && (exhausted || permanent && pe.ServerFault()) {
-		// Its call may have gone through: a business answer (Fail) says it did
-		// not, a server fault or a run of failures does not. Only the lookup,
-		// by the derived key, can tell before anything is undone.
+		// Its call may have gone through, or may still: a business answer
+		// (Fail) says it did not, a server fault or a run of failures does
+		// not. It is called no more; only its lookup, by the derived key,
+		// can tell, and "not found" counts only once no request can land.
+		r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
 		if st.lookup == nil {
 			log.ErrorContext(ctx, "external step out of attempts, and no lookup can tell whether its call went through; parking the operation")
-			r.observeStep(ctx, st, attempt, started, StepFailed, stepErr)
 			return r.park(ctx, failure, CodeOutcomeUnknown,
 				fmt.Sprintf("step %s failed %d times and has no lookup: whether its call went through is unknown", st.name, attempt))
 		}
-		found, err := r.lookup(ctx, st, r.attempt(st, attempt))
-		if errors.As(err, &halt) {
-			failure.LastError, failure.LastCause = publicText(st.name, err), err.Error()
-			r.observeStep(ctx, st, attempt, started, StepFailed, stepErr)
-			return r.park(ctx, failure, halt.Code, fmt.Sprintf("step %s: %s", st.name, halt.Message))
-		}
-		if err != nil {
-			log.WarnContext(ctx, "external step out of attempts, and its lookup failed; retrying at the cap", slog.Any("error", err))
-			failure.LastCause = stepErr.Error() + "; " + err.Error()
-			r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
-			return r.retryLater(ctx, failure, policy.Cap, &attention{CodeOutcomeUnknown,
-				fmt.Sprintf("step %s failed %d times and its lookup fails: %s", st.name, attempt, err)})
-		}
-		if found {
-			return r.externalSucceeded(ctx, i, st, attempt, started, "lookup", i == len(r.steps)-1)
-		}
+		log.WarnContext(ctx, "external step out of attempts; its outcome is unknown, and it waits for it", slog.Any("error", stepErr))
+		r.tries[st.name] = attempt
+		r.status[st.name] = store.StepWaiting
+		w := r.stepWait(st.name)
+		w.sentAt, w.pending, w.cause = time.Now(), false, stepErr.Error()
+		return r.awaitOutcome(ctx, i, st, started, i == len(r.steps)-1)
 	}
 	if exhausted {
 		pe = fault(CodeAttemptsExhausted, st.name, fmt.Sprintf("step %s failed %d times; last error: %s", st.name, attempt, stepErr))
@@ -97,6 +96,11 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 		delay := backoff(policy, attempt, stepErr)
 		log.InfoContext(ctx, "step failed; retrying later", slog.Any("error", stepErr), slog.Duration("backoff", delay))
 		r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
+		if st.kind == StepKindExternal {
+			now := time.Now()
+			failure.SentAt = &now
+			r.stepWait(st.name).sentAt = now
+		}
 		return r.retryLater(ctx, failure, delay, nil)
 	}
 	pe = &PermanentError{Code: pe.Code, Message: pe.Message, Cause: pe.Cause, Details: pe.Details, Step: st.name, Fault: pe.ServerFault()}
@@ -107,6 +111,9 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 	r.status[st.name] = store.StepFailed
 	failure.State = store.StepFailed
 	failure.LastError, failure.LastCause = pe.Message, pe.Error()
+	if pan := (*panicError)(nil); errors.As(stepErr, &pan) {
+		failure.LastError = fmt.Sprintf("panic: step %s crashed in its last attempt; %s", st.name, pe.Message)
+	}
 	return r.compensateWith(ctx, failure)
 }
 
@@ -134,6 +141,7 @@ func (r *run) retryLater(ctx context.Context, failure *store.StepRecordFailurePa
 		}
 	}
 	r.tries[failure.Name] = failure.Attempts
+	r.markRowed(failure.Name)
 	if delay > r.e.cfg.InlineRetryMax {
 		return nil, r.handOff(ctx, tx, delay)
 	}
@@ -163,6 +171,7 @@ func (r *run) park(ctx context.Context, failure *store.StepRecordFailureParams, 
 			return nil, runError(err)
 		}
 		r.tries[failure.Name] = failure.Attempts
+		r.markRowed(failure.Name)
 	}
 	return r.parkIn(ctx, tx, code, reason)
 }

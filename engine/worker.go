@@ -221,13 +221,15 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 		status:        make(map[string]store.StepState, len(rec.Steps)),
 		tries:         make(map[string]int, len(rec.Steps)),
 		compensations: make(map[string]int, len(rec.Steps)),
+		rowed:         make(map[string]bool, len(rec.Steps)),
+		waits:         make(map[string]*stepWait),
 		resumed:       true,
 		reserved:      true,
 		runs:          rec.Runs,
 		leaseFrom:     leaseFrom,
 	}
 	if cancelReq != nil {
-		r.leftUntil = cancelReq.leftUntil
+		r.leftUntil, r.heldUntil = cancelReq.leftUntil, cancelReq.heldUntil
 	}
 	if recovery {
 		r.observeRecovered(ctx)
@@ -308,6 +310,11 @@ func (r *run) mayCancel(ctx context.Context) error {
 		if st == nil || st.kind != StepKindExternal || r.status[name] == store.StepFailed {
 			return nil // a transactional step, or an answer that said "not done"
 		}
+		w := r.waits[name]
+		if r.status[name] == store.StepWaiting && w != nil && w.pending {
+			return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name, Pending: true,
+				Reason: "the outside service accepted the call and has not settled it"})
+		}
 		if st.lookup == nil {
 			// Whether its call went through is unknown, and undoing the steps
 			// before it would be a guess (a compensation of its own would not
@@ -316,10 +323,22 @@ func (r *run) mayCancel(ctx context.Context) error {
 		}
 		attempt := r.tries[name] + 1
 		found, err := r.lookup(ctx, st, r.attempt(st, attempt))
-		if err != nil {
-			return fmt.Errorf("step %s: %w", name, err)
+		var pe *PermanentError
+		switch {
+		case errors.Is(err, ErrOutcomePending):
+			return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name, Pending: true,
+				Reason: "the outside service is still processing the call"})
+		case errors.As(err, &pe) && !pe.ServerFault():
+			return nil // the call ended without effect
+		case err != nil:
+			return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name,
+				Reason: "its lookup cannot answer: " + err.Error()})
 		}
 		if !found {
+			if end := r.settleEnd(st); time.Now().Before(end) {
+				return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name, KnownAt: end,
+					Reason: "its last request may still land at the outside service"})
+			}
 			return nil
 		}
 		if st.pivot() {
@@ -337,6 +356,9 @@ func (r *run) mayCancel(ctx context.Context) error {
 type cancelling struct {
 	err       *PermanentError
 	leftUntil time.Time
+	// heldUntil is leftUntil when a run held the operation, else zero: a run
+	// may have been calling out until its lease ran out.
+	heldUntil time.Time
 }
 
 // giveBack hands an operation that Cancel claimed but may not cancel back as
@@ -367,6 +389,19 @@ func (r *run) load(ctx context.Context, rec *store.Operation, recorded []store.S
 		r.status[s.Name] = s.State
 		r.tries[s.Name] = s.Attempts
 		r.compensations[s.Name] = s.Compensations
+		if s.State == store.StepRetrying || s.State == store.StepWaiting {
+			r.rowed[s.Name] = true
+		}
+		if s.SentAt != nil || s.State == store.StepWaiting {
+			w := &stepWait{pending: s.Pending}
+			if s.SentAt != nil {
+				w.sentAt = *s.SentAt
+			}
+			if s.WaitingSince != nil {
+				w.since = *s.WaitingSince
+			}
+			r.waits[s.Name] = w
+		}
 		if (s.State == store.StepSucceeded || s.State == store.StepCompensated) && s.Position > lastPos {
 			lastPos = s.Position
 			r.stateRaw = s.Output

@@ -300,12 +300,12 @@ type refusal struct {
 // act retries or cancels the operation id and returns it afterwards, with its
 // steps; a refusal when the engine refused (or there is no such operation).
 // The action is bounded by ActionTimeout and goes on if the client goes away.
-func (h *handler) act(r *http.Request, id uuid.UUID, a action, reason string) (*engine.Info, *refusal, error) {
+func (h *handler) act(r *http.Request, id uuid.UUID, a action, reason string, force bool) (*engine.Info, *refusal, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.cfg.ActionTimeout)
 	defer cancel()
 	var err error
 	if a == actionRetry {
-		err = h.e.Reopen(ctx, id)
+		err = h.e.Reopen(ctx, id, &engine.ReopenOpts{Force: force})
 	} else {
 		_, err = h.e.Cancel(ctx, id, reason)
 	}
@@ -324,6 +324,10 @@ func (h *handler) act(r *http.Request, id uuid.UUID, a action, reason string) (*
 		ref = &refusal{http.StatusConflict, "operation_finished", "the operation has finished: there is nothing to cancel"}
 	case errors.Is(err, engine.ErrRunning):
 		ref = &refusal{http.StatusConflict, "operation_running", "a live process holds the operation: try again once its lease expires"}
+	case errors.Is(err, engine.ErrFinal):
+		ref = &refusal{http.StatusConflict, "operation_final", "the operation's answer is final: it ended with a business answer or an operator's cancel, which its key keeps; one that failed with a server fault is reopened only when forced"}
+	case errors.Is(err, engine.ErrOutcomeUnknown):
+		ref = &refusal{http.StatusConflict, "outcome_unknown", outcomeUnknownMessage(err)}
 	case errors.Is(err, engine.ErrPastPivot):
 		ref = &refusal{http.StatusConflict, "past_point_of_no_return", "the operation is past its point of no return (a step that cannot be undone has succeeded, or may have): it only goes forward, so it cannot be cancelled"}
 	default:
@@ -350,6 +354,7 @@ func (h *handler) actionAPI(a action) http.HandlerFunc {
 		}
 		var body struct {
 			Reason string `json:"reason"`
+			Force  bool   `json:"force"`
 		}
 		raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxActionBody))
 		if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
@@ -365,7 +370,7 @@ func (h *handler) actionAPI(a action) http.HandlerFunc {
 			dec := json.NewDecoder(strings.NewReader(string(raw)))
 			dec.DisallowUnknownFields()
 			if err := dec.Decode(&body); err != nil || dec.More() {
-				h.fail(w, r, http.StatusBadRequest, "invalid_request", `the body is {"reason": "..."} (a cancel's, optional) or empty`, "")
+				h.fail(w, r, http.StatusBadRequest, "invalid_request", `the body is {"reason": "..."} (a cancel's, optional), {"force": true} (a retry's, optional) or empty`, "")
 				return
 			}
 		}
@@ -373,11 +378,15 @@ func (h *handler) actionAPI(a action) http.HandlerFunc {
 			h.fail(w, r, http.StatusBadRequest, "invalid_request", "a retry takes no reason", "reason")
 			return
 		}
+		if a == actionCancel && body.Force {
+			h.fail(w, r, http.StatusBadRequest, "invalid_request", "a cancel takes no force", "force")
+			return
+		}
 		if len(body.Reason) > maxReason {
 			h.fail(w, r, http.StatusBadRequest, "invalid_request", "the reason is longer than 1000 bytes", "reason")
 			return
 		}
-		info, ref, err := h.act(r, id, a, strings.TrimSpace(body.Reason))
+		info, ref, err := h.act(r, id, a, strings.TrimSpace(body.Reason), body.Force)
 		if err != nil {
 			h.internalError(w, r, err)
 			return
@@ -389,6 +398,24 @@ func (h *handler) actionAPI(a action) http.HandlerFunc {
 		w.Header().Set("Operation-Id", info.ID.String())
 		writeJSON(w, http.StatusOK, operationOf(info))
 	}
+}
+
+// outcomeUnknownMessage says why a cancel must wait, and until when when that
+// is known.
+func outcomeUnknownMessage(err error) string {
+	msg := "the outcome of the operation's call to the outside service is not known yet, so nothing can be undone"
+	var ou *engine.OutcomeUnknownError
+	if errors.As(err, &ou) {
+		switch {
+		case ou.Pending:
+			msg += ": the outside service has it pending"
+		case !ou.KnownAt.IsZero():
+			msg += "; it will be known by " + ou.KnownAt.UTC().Format(time.RFC3339)
+		default:
+			msg += ": " + ou.Reason
+		}
+	}
+	return msg
 }
 
 // internalError answers an error the handler has no better answer for: 503

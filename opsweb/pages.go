@@ -275,7 +275,7 @@ func (h *handler) actionPage(a action) http.HandlerFunc {
 			h.fail(w, r, http.StatusBadRequest, "invalid_request", "the reason is longer than 1000 bytes", "reason")
 			return
 		}
-		_, ref, err := h.act(r, id, a, reason)
+		_, ref, err := h.act(r, id, a, reason, a == actionRetry && r.PostForm.Get("force") != "")
 		if err != nil {
 			h.internalError(w, r, err)
 			return

@@ -183,10 +183,13 @@ SELECT * FROM idemflow_operation WHERE id = @id FOR UPDATE;
 -- name: OperationReopen :execrows
 -- Gives a failed or parked operation that no live run holds (a cancel may
 -- hold a parked one) back to the runs, for an operator's retry. With keep_error, a parked operation that was compensating keeps its
--- error, so that its next run goes on with the compensations.
+-- error, so that its next run goes on with the compensations. With
+-- keep_answer, a failed operation's error is kept as its prior answer, which
+-- its key replays until it finishes again.
 UPDATE idemflow_operation
 SET state = 'in_progress', result = NULL,
     error = CASE WHEN sqlc.arg(keep_error)::boolean THEN error END,
+    prior_error = CASE WHEN sqlc.arg(keep_answer)::boolean THEN error END,
     finished_at = NULL, expires_at = NULL,
     attention_code = NULL, attention = NULL, parked = false,
     locked_by = NULL, locked_until = now() + sqlc.arg(lease)::interval
@@ -232,6 +235,7 @@ WITH fin AS (
         attention = NULL,
         parked = false,
         locked_by = NULL,
+        prior_error = NULL,
         finished_at = coalesce(sqlc.narg(now)::timestamptz, now()),
         expires_at = coalesce(sqlc.narg(now)::timestamptz, now()) + sqlc.arg(retention)::interval
     WHERE id = sqlc.arg(operation_id)::uuid
@@ -280,3 +284,16 @@ FROM idemflow_operation
 WHERE state = 'in_progress'
 GROUP BY name, version
 ORDER BY name, version;
+
+-- name: OperationWake :execrows
+-- Makes an operation in progress whose waiting step was just settled from
+-- outside a run due at once, for the resume job inserted with it (or the
+-- sweeper): unless a live run holds it, whose lease stands. With error, the
+-- operation's permanent error is recorded first, so that its next run
+-- compensates. A parked operation stays parked.
+UPDATE idemflow_operation
+SET locked_until = CASE WHEN locked_by IS NULL OR locked_until < coalesce(sqlc.narg('now')::timestamptz, now())
+                        THEN least(locked_until, coalesce(sqlc.narg('now')::timestamptz, now()))
+                        ELSE locked_until END,
+    error = coalesce(sqlc.narg('error')::jsonb, error)
+WHERE id = @id AND state = 'in_progress';

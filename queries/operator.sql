@@ -17,8 +17,8 @@ WHERE seen_at + 3 * lease >= now()
 ORDER BY started_at, id;
 
 -- name: OperatorRequestInsert :one
-INSERT INTO idemflow_operator_request (operation_id, action, reason)
-VALUES (@operation_id, @action, @reason)
+INSERT INTO idemflow_operator_request (operation_id, action, reason, force)
+VALUES (@operation_id, @action, @reason, @force)
 RETURNING id;
 
 -- name: OperatorRequestGet :one
@@ -41,7 +41,7 @@ FROM (
     FOR UPDATE OF q SKIP LOCKED
 ) AS t
 WHERE r.id = t.id
-RETURNING r.id, r.operation_id, r.action, r.reason;
+RETURNING r.id, r.operation_id, r.action, r.reason, r.force;
 
 -- name: OperatorRequestRenew :exec
 -- Keeps the requests that taken_by took and has not finished taken, so that

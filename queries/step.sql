@@ -1,7 +1,8 @@
 -- name: StepListByOperation :many
 -- The operation's recorded steps: its rows and its checkpoints.
 SELECT operation_id, name, position, state, attempts, output, last_error,
-       started_at, finished_at, last_cause, resolved_by, compensations
+       started_at, finished_at, last_cause, resolved_by, compensations,
+       sent_at, pending, waiting_since
 FROM idemflow_step_recorded WHERE operation_id = @operation_id ORDER BY position;
 
 -- name: StepMaterialize :exec
@@ -15,14 +16,22 @@ WHERE r.operation_id = @operation_id AND r.name = @name
 ON CONFLICT (operation_id, name) DO NOTHING;
 
 -- name: StepRecordFailure :exec
--- Records a failed attempt: 'retrying' when another attempt will follow, 'failed'
--- when the step failed for good. 'retrying' never overwrites 'failed', and
--- nothing overwrites a succeeded or compensated step, nor a checkpoint in the
--- operation's row. The run that writes it is fenced by OperationFence in the
--- same transaction.
-INSERT INTO idemflow_step_row (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at)
+-- Records a failed attempt: 'retrying' when another attempt will follow,
+-- 'waiting' when the step waits for its outcome (no attempt follows; its
+-- lookup, an event or an operator settles it), 'failed' when the step failed
+-- for good. 'retrying' and 'waiting' never overwrite 'failed', and nothing
+-- overwrites a succeeded or compensated step, nor a checkpoint in the
+-- operation's row. sent_at, when given, is when the attempt's request was
+-- sent at the latest; a step keeps the last one. waiting_since is kept while
+-- the step goes on waiting. The run that writes it is fenced by
+-- OperationFence in the same transaction.
+INSERT INTO idemflow_step_row (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at,
+                               sent_at, pending, waiting_since, derived_key)
 SELECT @operation_id, @name, @position, @state, @attempts, @last_error, @last_cause, @started_at,
-       CASE WHEN @state::text = 'failed' THEN coalesce(sqlc.narg('now')::timestamptz, now()) END
+       CASE WHEN @state::text = 'failed' THEN coalesce(sqlc.narg('now')::timestamptz, now()) END,
+       sqlc.narg('sent_at')::timestamptz, @pending,
+       CASE WHEN @state::text = 'waiting' THEN coalesce(sqlc.narg('now')::timestamptz, now()) END,
+       sqlc.narg('derived_key')::text
 WHERE NOT EXISTS (
     SELECT 1 FROM idemflow_operation
     WHERE id = @operation_id AND checkpoints -> @name::text IS NOT NULL
@@ -32,9 +41,42 @@ SET state = excluded.state,
     attempts = excluded.attempts,
     last_error = excluded.last_error,
     last_cause = excluded.last_cause,
-    finished_at = excluded.finished_at
-WHERE idemflow_step_row.state = 'retrying'
+    finished_at = excluded.finished_at,
+    sent_at = coalesce(excluded.sent_at, idemflow_step_row.sent_at),
+    pending = excluded.pending,
+    derived_key = coalesce(excluded.derived_key, idemflow_step_row.derived_key),
+    waiting_since = CASE
+        WHEN excluded.state <> 'waiting' THEN NULL
+        WHEN idemflow_step_row.state = 'waiting' THEN idemflow_step_row.waiting_since
+        ELSE excluded.waiting_since
+    END
+WHERE idemflow_step_row.state IN ('retrying', 'waiting')
    OR idemflow_step_row.state = 'failed' AND excluded.state = 'failed';
+
+-- name: StepWaitingByKey :one
+-- The waiting step whose derived key is derived_key.
+SELECT operation_id, name FROM idemflow_step_row
+WHERE derived_key = @derived_key AND state = 'waiting';
+
+-- name: StepSettle :one
+-- Settles a waiting step from outside a run (an event, an operator): succeeded
+-- with output and resolved_by, or failed for good with its texts. Only a step
+-- that waits is settled; the operation's row is locked by the caller first
+-- (OperationGetForUpdate). Returns the number of rows settled.
+WITH u AS (
+    UPDATE idemflow_step_row
+    SET state = @state,
+        output = CASE WHEN @state::text = 'succeeded' THEN sqlc.narg('output')::json END,
+        resolved_by = sqlc.narg('resolved_by')::text,
+        last_error = sqlc.narg('last_error')::text,
+        last_cause = sqlc.narg('last_cause')::text,
+        pending = false,
+        waiting_since = NULL,
+        finished_at = coalesce(sqlc.narg('now')::timestamptz, now())
+    WHERE operation_id = @operation_id AND name = @name AND state = 'waiting'
+    RETURNING 1
+)
+SELECT count(*) FROM u;
 
 -- name: StepCompensated :execrows
 UPDATE idemflow_step_row
@@ -54,7 +96,7 @@ WHERE id = @operation_id AND checkpoints IS NOT NULL;
 
 -- name: StepUpdateSucceeded :exec
 -- Records steps that succeeded after failed attempts, whose rows say
--- 'retrying'. It raises SQLSTATE IF001 when a row says anything else, aborting
+-- 'retrying' or 'waiting'. It raises SQLSTATE IF001 when a row says anything else, aborting
 -- the transaction: another run recorded the step first, as succeeded, or as
 -- failed for good (an operator's retry deletes failed rows first).
 WITH u AS (
@@ -70,11 +112,13 @@ WITH u AS (
         resolved_by = u.resolved_by,
         last_error = NULL,
         last_cause = NULL,
+        pending = false,
+        waiting_since = NULL,
         finished_at = coalesce(sqlc.narg(now)::timestamptz, now())
     FROM u
     WHERE s.operation_id = sqlc.arg(operation_id)::uuid
       AND s.name = u.name
-      AND s.state = 'retrying'
+      AND s.state IN ('retrying', 'waiting')
     RETURNING 1
 )
 SELECT idemflow_fence((SELECT count(*) FROM upd) = cardinality(sqlc.arg(names)::text[]));

@@ -92,7 +92,7 @@ func TestCheckpoints(t *testing.T) {
 	require.Equal(t, "call", steps[2].ResolvedBy)
 
 	// A reopen forgets the compensated step, row and checkpoint; the others stay.
-	ok, err = st.OperationReopen(ctx, pool, id, time.Minute, false)
+	ok, err = st.OperationReopen(ctx, pool, id, time.Minute, false, false)
 	require.NoError(t, err)
 	require.True(t, ok)
 	steps, err = st.StepListByOperation(ctx, pool, id)

@@ -251,6 +251,7 @@ func operationFromRow(r *dbsqlc.IdemflowOperation) *Operation {
 		CreatedAt:     r.CreatedAt,
 		FinishedAt:    r.FinishedAt,
 		KeySecret:     r.KeySecret,
+		PriorError:    r.PriorError,
 		AttentionCode: deref(r.AttentionCode),
 		Attention:     deref(r.Attention),
 		Parked:        r.Parked,
@@ -263,6 +264,18 @@ func (s *Store) OperationSetError(ctx context.Context, db DBTX, id, run uuid.UUI
 	n, err := s.q.OperationSetError(ctx, db, dbsqlc.OperationSetErrorParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Error: errJSON})
 	if err != nil {
 		return false, fmt.Errorf("store: set operation error: %w", err)
+	}
+	return n == 1, nil
+}
+
+// OperationWake makes an operation in progress, whose waiting step was just
+// settled from outside a run, due at once for a resume job (unless a live run
+// holds it), recording errJSON, when not nil, as its permanent error first.
+// It returns false when the operation is not in progress.
+func (s *Store) OperationWake(ctx context.Context, db DBTX, id uuid.UUID, errJSON json.RawMessage) (bool, error) {
+	n, err := s.q.OperationWake(ctx, db, dbsqlc.OperationWakeParams{ID: pguuid.UUID(id), Error: errJSON})
+	if err != nil {
+		return false, fmt.Errorf("store: wake operation: %w", err)
 	}
 	return n == 1, nil
 }
@@ -334,10 +347,11 @@ type Beginner interface {
 // (compensating false), its error is cleared and its unsucceeded steps are
 // forgotten so that they run again; compensating, a parked operation keeps
 // its error and its failed and compensated steps, so that its next run goes
-// on undoing the rest. It returns false when the operation is neither failed
+// on undoing the rest. With keepAnswer, a failed operation's error is kept as
+// its PriorError until it finishes again. It returns false when the operation is neither failed
 // nor parked.
-func (s *Store) OperationReopen(ctx context.Context, db DBTX, id uuid.UUID, lease time.Duration, compensating bool) (bool, error) {
-	n, err := s.q.OperationReopen(ctx, db, dbsqlc.OperationReopenParams{ID: pguuid.UUID(id), Lease: lease, KeepError: compensating})
+func (s *Store) OperationReopen(ctx context.Context, db DBTX, id uuid.UUID, lease time.Duration, compensating, keepAnswer bool) (bool, error) {
+	n, err := s.q.OperationReopen(ctx, db, dbsqlc.OperationReopenParams{ID: pguuid.UUID(id), Lease: lease, KeepError: compensating, KeepAnswer: keepAnswer})
 	if err != nil {
 		return false, fmt.Errorf("store: reopen operation: %w", err)
 	}

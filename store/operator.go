@@ -65,6 +65,8 @@ type OperatorRequest struct {
 	Action      string
 	Reason      string
 	RequestedAt time.Time
+	// Force marks a retry that reopens an operation failed by a server fault.
+	Force bool
 	// Outcome is "done", "refused" or "failed" once DoneAt is set; Message
 	// says what happened.
 	DoneAt  *time.Time
@@ -73,8 +75,8 @@ type OperatorRequest struct {
 }
 
 // OperatorRequestInsert records a request and returns its id.
-func (s *Store) OperatorRequestInsert(ctx context.Context, db DBTX, operationID uuid.UUID, action, reason string) (int64, error) {
-	id, err := s.q.OperatorRequestInsert(ctx, db, dbsqlc.OperatorRequestInsertParams{OperationID: pguuid.UUID(operationID), Action: action, Reason: reason})
+func (s *Store) OperatorRequestInsert(ctx context.Context, db DBTX, operationID uuid.UUID, action, reason string, force bool) (int64, error) {
+	id, err := s.q.OperatorRequestInsert(ctx, db, dbsqlc.OperatorRequestInsertParams{OperationID: pguuid.UUID(operationID), Action: action, Reason: reason, Force: force})
 	if err != nil {
 		return 0, fmt.Errorf("store: record operator request: %w", err)
 	}
@@ -88,7 +90,7 @@ func (s *Store) OperatorRequestGet(ctx context.Context, db DBTX, id int64) (*Ope
 		return nil, mapErr("get operator request", err)
 	}
 	out := &OperatorRequest{ID: r.ID, OperationID: uuid.UUID(r.OperationID), Action: r.Action, Reason: r.Reason,
-		RequestedAt: r.RequestedAt, DoneAt: r.DoneAt}
+		RequestedAt: r.RequestedAt, DoneAt: r.DoneAt, Force: r.Force}
 	if r.Outcome != nil {
 		out.Outcome = *r.Outcome
 	}
@@ -109,7 +111,7 @@ func (s *Store) OperatorRequestTake(ctx context.Context, db DBTX, takenBy uuid.U
 	}
 	out := make([]OperatorRequest, len(rows))
 	for i, r := range rows {
-		out[i] = OperatorRequest{ID: r.ID, OperationID: uuid.UUID(r.OperationID), Action: r.Action, Reason: r.Reason}
+		out[i] = OperatorRequest{ID: r.ID, OperationID: uuid.UUID(r.OperationID), Action: r.Action, Reason: r.Reason, Force: r.Force}
 	}
 	return out, nil
 }

@@ -36,6 +36,9 @@ func (s *Store) StepListByOperation(ctx context.Context, db DBTX, operationID uu
 			ResolvedBy:  deref(r.ResolvedBy),
 			// The step's own attempts and its compensation's are counted apart.
 			Compensations: int(r.Compensations),
+			SentAt:        r.SentAt,
+			Pending:       r.Pending,
+			WaitingSince:  r.WaitingSince,
 		}
 	}
 	return out, nil
@@ -61,19 +64,29 @@ type StepRecordFailureParams struct {
 	OperationID uuid.UUID
 	Name        string
 	Position    int
-	// State is StepRetrying when another attempt follows, else StepFailed.
+	// State is StepRetrying when another attempt follows, StepWaiting when
+	// the step waits for its outcome, else StepFailed.
 	State    StepState
 	Attempts int
 	// LastError is the failure's message for clients, LastCause for operators.
 	LastError string
 	LastCause string
 	StartedAt time.Time
+	// SentAt, when not nil, is when the attempt's request was sent at the
+	// latest; the step keeps the last one given.
+	SentAt *time.Time
+	// Pending marks a waiting step whose call was accepted, its final status
+	// to come.
+	Pending bool
+	// DerivedKey, when not empty, is the step's derived key, by which a
+	// waiting step is found (StepWaitingByKey).
+	DerivedKey string
 }
 
 // StepRecordFailure records a failed attempt. A step already checkpointed keeps
 // its record.
 func (s *Store) StepRecordFailure(ctx context.Context, db DBTX, p StepRecordFailureParams) error {
-	err := s.q.StepRecordFailure(ctx, db, dbsqlc.StepRecordFailureParams{
+	arg := dbsqlc.StepRecordFailureParams{
 		OperationID: pguuid.UUID(p.OperationID),
 		Name:        p.Name,
 		Position:    int32(p.Position),
@@ -82,11 +95,62 @@ func (s *Store) StepRecordFailure(ctx context.Context, db DBTX, p StepRecordFail
 		LastError:   ptr(Text(p.LastError)),
 		LastCause:   ptr(Text(p.LastCause)),
 		StartedAt:   p.StartedAt,
-	})
+		SentAt:      p.SentAt,
+		Pending:     p.Pending,
+	}
+	if p.DerivedKey != "" {
+		arg.DerivedKey = ptr(p.DerivedKey)
+	}
+	err := s.q.StepRecordFailure(ctx, db, arg)
 	if err != nil {
 		return fmt.Errorf("store: record failure of step %q: %w", p.Name, err)
 	}
 	return nil
+}
+
+// StepSettleParams settle a waiting step from outside a run: succeeded, with
+// the operation's state after it and how it was resolved, or failed for good,
+// with the failure's texts.
+type StepSettleParams struct {
+	OperationID uuid.UUID
+	Name        string
+	// State is StepSucceeded or StepFailed.
+	State StepState
+	// Output is the operation's state after a succeeded step.
+	Output     json.RawMessage
+	ResolvedBy string
+	LastError  string
+	LastCause  string
+}
+
+// StepWaitingByKey returns the operation and the name of the waiting step
+// whose derived key is key; ErrNotFound when no step waits under it.
+func (s *Store) StepWaitingByKey(ctx context.Context, db DBTX, key string) (uuid.UUID, string, error) {
+	row, err := s.q.StepWaitingByKey(ctx, db, &key)
+	if err != nil {
+		return uuid.Nil, "", mapErr("find waiting step", err)
+	}
+	return uuid.UUID(row.OperationID), row.Name, nil
+}
+
+// StepSettle settles a waiting step; it returns false, changing nothing, when
+// the step does not wait (it was settled already, or has not begun waiting).
+// The caller locks the operation's row first.
+func (s *Store) StepSettle(ctx context.Context, db DBTX, p StepSettleParams) (bool, error) {
+	arg := dbsqlc.StepSettleParams{
+		OperationID: pguuid.UUID(p.OperationID), Name: p.Name, State: string(p.State), Output: p.Output,
+	}
+	if p.ResolvedBy != "" {
+		arg.ResolvedBy = ptr(p.ResolvedBy)
+	}
+	if p.State == StepFailed {
+		arg.LastError, arg.LastCause = ptr(Text(p.LastError)), ptr(Text(p.LastCause))
+	}
+	n, err := s.q.StepSettle(ctx, db, arg)
+	if err != nil {
+		return false, fmt.Errorf("store: settle step %q: %w", p.Name, err)
+	}
+	return n == 1, nil
 }
 
 // StepCompensationFailed records the failed attempt number n of a succeeded

@@ -111,6 +111,10 @@ type StepState string
 const (
 	// StepRetrying: an attempt failed and another will follow.
 	StepRetrying StepState = "retrying"
+	// StepWaiting: the step waits for its outcome, with no attempt to follow:
+	// its call got no definite answer and it is out of attempts, or the
+	// outside service accepted it and gives its final status later (Pending).
+	StepWaiting StepState = "waiting"
 	// StepSucceeded: the step is checkpointed and never runs again.
 	StepSucceeded StepState = "succeeded"
 	// StepFailed: the step failed for good and ended its operation.
@@ -154,6 +158,9 @@ type Operation struct {
 	// Parked is true while no run may take the operation up again but an
 	// operator's retry or cancel.
 	Parked bool
+	// PriorError is the error of a failed operation that an operator reopened
+	// by force, kept until it finishes again.
+	PriorError json.RawMessage
 }
 
 // Step is a recorded step: a row of idemflow_step_row, or a checkpoint in its
@@ -170,12 +177,22 @@ type Step struct {
 	// failure for operators.
 	LastError string
 	LastCause string
-	// ResolvedBy is "call" or "lookup" for an external step that succeeded.
+	// ResolvedBy is "call", "lookup", "event" or "operator" for an external
+	// step that succeeded.
 	ResolvedBy string
 	// Compensations counts the failed attempts of the step's compensation.
 	Compensations int
 	StartedAt     time.Time
 	FinishedAt    *time.Time
+	// SentAt is when the step's last request was sent at the latest (the end
+	// of its last attempt that called out), nil when no failed attempt
+	// recorded one.
+	SentAt *time.Time
+	// Pending is true for a waiting step whose call the outside service
+	// accepted, with its final status to come.
+	Pending bool
+	// WaitingSince is when a waiting step began waiting.
+	WaitingSince *time.Time
 }
 
 // Store runs idemflow's queries. The zero value is not usable: call New.

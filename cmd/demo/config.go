@@ -37,6 +37,10 @@ type config struct {
 	versions     []int         // -refund-versions, DEMO_REFUND_VERSIONS
 	providerAddr string        // -provider-addr, DEMO_PROVIDER_ADDR
 	adminToken   string        // -admin-token, DEMO_ADMIN_TOKEN
+	// providerTimeout bounds one attempt of the provider step; providerSettle
+	// is the provider's longest processing time (the step's settle window).
+	providerTimeout time.Duration // -provider-timeout, DEMO_PROVIDER_TIMEOUT
+	providerSettle  time.Duration // -provider-settle, DEMO_PROVIDER_SETTLE
 }
 
 // stepFault is a fault that DEMO_PANIC or DEMO_FAIL injects: the step's first n
@@ -100,6 +104,8 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	versions := fs.String("refund-versions", env("DEMO_REFUND_VERSIONS", "1"), "versions of the refund definition this process runs, comma-separated; new refunds start on the highest (DEMO_REFUND_VERSIONS)")
 	providerAddr := fs.String("provider-addr", env("DEMO_PROVIDER_ADDR", ""), "serve the fake provider on a listener of its own at this address instead of under /provider (DEMO_PROVIDER_ADDR)")
 	adminToken := fs.String("admin-token", env("DEMO_ADMIN_TOKEN", defaultAdminToken), "the operators' secret for /ops, /riverui/ and /admin: HTTP Basic's password (any user name) or a bearer token (DEMO_ADMIN_TOKEN)")
+	providerTimeout := fs.String("provider-timeout", env("DEMO_PROVIDER_TIMEOUT", "10s"), "how long one attempt of the provider step waits for the provider's answer (DEMO_PROVIDER_TIMEOUT)")
+	providerSettle := fs.String("provider-settle", env("DEMO_PROVIDER_SETTLE", "2m"), "the provider's longest processing time: a refund request that got no definite answer may still be carried out this long after it was sent (DEMO_PROVIDER_SETTLE)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -146,6 +152,12 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	}
 	if c.versions, err = parseVersions(*versions); err != nil {
 		return nil, fmt.Errorf("-refund-versions: %w", err)
+	}
+	if c.providerTimeout, err = parsePositiveDuration(*providerTimeout); err != nil {
+		return nil, fmt.Errorf("-provider-timeout: %w", err)
+	}
+	if c.providerSettle, err = parsePositiveDuration(*providerSettle); err != nil {
+		return nil, fmt.Errorf("-provider-settle: %w", err)
 	}
 	c.providerAddr = *providerAddr
 	if c.providerAddr != "" && c.providerURL != "" {

@@ -160,11 +160,11 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		return err
 	}
 	defer func() { _ = stopTraces(context.WithoutCancel(ctx)) }()
-	providerClient := &refund.ProviderClient{BaseURL: providerURL}
+	providerClient := &refund.ProviderClient{BaseURL: providerURL, HTTP: providerHTTP(cfg)}
 	if tp != nil {
-		providerClient.HTTP = &http.Client{Transport: idemflowotel.Transport(tp, refund.DefaultProviderHTTP.Transport), Timeout: refund.DefaultProviderHTTP.Timeout}
+		providerClient.HTTP.Transport = idemflowotel.Transport(tp, providerClient.HTTP.Transport)
 	}
-	wf, err := refund.New(providerClient, &refund.Config{Retry: retryPolicy(cfg), RefundVersions: cfg.versions})
+	wf, err := refund.New(providerClient, refundConfig(cfg))
 	if err != nil {
 		return err
 	}
@@ -303,6 +303,20 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 		return err
 	}
 	return fakeprovider.Migrate(ctx, pool)
+}
+
+// refundConfig is the refund operations' configuration from the demo's flags.
+func refundConfig(cfg *config) *refund.Config {
+	return &refund.Config{Retry: retryPolicy(cfg), RefundVersions: cfg.versions, ProviderSettle: cfg.providerSettle}
+}
+
+// providerHTTP is the provider client's HTTP, made once per process so that
+// its connections are kept: refund.DefaultProviderHTTP's transport, with each
+// request bounded by -provider-timeout.
+func providerHTTP(cfg *config) *http.Client {
+	t := refund.DefaultProviderHTTP.Transport.(*http.Transport).Clone()
+	t.ResponseHeaderTimeout = cfg.providerTimeout
+	return &http.Client{Transport: t, Timeout: cfg.providerTimeout}
 }
 
 // retryPolicy is the demo's retry policy: the backoff from -retry-backoff, its

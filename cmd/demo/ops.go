@@ -18,7 +18,7 @@ import (
 )
 
 const opsUsage = `usage: demo ops [flags] list [in_progress|succeeded|failed]   (default failed)
-       demo ops [flags] retry <operation id>
+       demo ops [flags] retry [-force] <operation id>   (-force reopens one that failed with a server fault)
        demo ops [flags] cancel <operation id> [reason]
        demo ops [flags] check   (exit status 1 when a process with -refund-versions could not run some unfinished operation)
        demo ops [flags] show <operation id>
@@ -70,7 +70,7 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 	if providerURL == "" {
 		providerURL = "http://" + cfg.addr + "/provider"
 	}
-	wf, err := refund.New(&refund.ProviderClient{BaseURL: providerURL}, &refund.Config{Retry: retryPolicy(cfg), RefundVersions: cfg.versions})
+	wf, err := refund.New(&refund.ProviderClient{BaseURL: providerURL, HTTP: providerHTTP(cfg)}, refundConfig(cfg))
 	if err != nil {
 		return err
 	}
@@ -135,6 +135,10 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 		}
 		return nil
 	case "retry", "cancel":
+		force := false
+		if args[0] == "retry" && len(args) > 1 && (args[1] == "-force" || args[1] == "--force") {
+			force, args = true, append([]string{args[0]}, args[2:]...)
+		}
 		if len(args) < 2 {
 			return fmt.Errorf("%s needs an operation id\n%s", args[0], opsUsage)
 		}
@@ -143,7 +147,7 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 			return fmt.Errorf("%q is not an operation id: %w", args[1], err)
 		}
 		if args[0] == "retry" {
-			if err := e.Reopen(ctx, id); err != nil {
+			if err := e.Reopen(ctx, id, &engine.ReopenOpts{Force: force}); err != nil {
 				return err
 			}
 			fmt.Fprintf(stdout, "operation %s reopened; a running demo resumes it\n", id)

@@ -428,7 +428,7 @@ func errorStatus(code string) int {
 		return http.StatusConflict
 	case refund.CodeAmountExceedsRefundable:
 		return http.StatusUnprocessableEntity
-	case refund.CodeProviderDeclined:
+	case refund.CodeProviderDeclined, refund.CodeProviderRefundFailed:
 		return http.StatusPaymentRequired
 	case refund.CodeInvalidRequest:
 		return http.StatusBadRequest

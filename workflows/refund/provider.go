@@ -50,7 +50,21 @@ type ProviderRefund struct {
 	// answer tells (a lookup by key does); else empty and zero.
 	OrderID string `json:"orderId"`
 	Amount  int64  `json:"amount"`
+	// Reference is the reference the refund was asked with, when the answer
+	// tells (a lookup by key does).
+	Reference string `json:"reference,omitempty"`
+	// Status is the refund's status: ProviderStatusSucceeded (or empty, for a
+	// provider that tells none), ProviderStatusPending (accepted, settled
+	// later) or ProviderStatusFailed (it paid nothing).
+	Status string `json:"status,omitempty"`
 }
+
+// The statuses of a provider's refund.
+const (
+	ProviderStatusPending   = "pending"
+	ProviderStatusSucceeded = "succeeded"
+	ProviderStatusFailed    = "failed"
+)
 
 // ErrProviderDeclined is matched by the error of a refund that the provider
 // declined (see ProviderError).

@@ -1,6 +1,7 @@
 package refund
 
 import (
+	"time"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -48,6 +49,9 @@ const (
 	CodeOrderNotFound           = "order_not_found"
 	CodeAmountExceedsRefundable = "amount_exceeds_refundable"
 	CodeProviderDeclined        = "provider_declined"
+	// CodeProviderRefundFailed: the provider accepted the refund as pending,
+	// then failed it: it paid nothing.
+	CodeProviderRefundFailed = "provider_refund_failed"
 	// CodeInvalidRequest is an input that the caller should have rejected: an
 	// empty order or customer id, or an amount that is not positive.
 	CodeInvalidRequest = "invalid_request"
@@ -84,6 +88,11 @@ type Config struct {
 	// (RefundV1, RefundV2); nil means version 1 only. New refunds start on the
 	// highest.
 	RefundVersions []int
+	// ProviderSettle is the provider's longest processing time: a refund
+	// request that got no definite answer may still be carried out up to this
+	// long after it was sent (the provider step's settle window, see
+	// engine.ExternalStepDef.Settle). Zero means engine.DefaultSettle.
+	ProviderSettle time.Duration
 }
 
 // Workflows holds the demo's operation types. Make it with New.
@@ -140,11 +149,15 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 	if len(versions) == 0 {
 		versions = []int{RefundV1}
 	}
+	settle := cfg.ProviderSettle
+	if settle <= 0 {
+		settle = engine.DefaultSettle
+	}
 	w.RefundVersions = make(map[int]*engine.Operation[RefundInput, RefundState, Refund], len(versions))
 	for _, v := range versions {
 		steps := []engine.Step[RefundInput, RefundState]{
 			engine.TxStep(StepLedger, w.ledger).Compensate(w.reverseLedger),
-			engine.ExternalStep(StepProvider, w.callProvider).Lookup(w.lookupProvider),
+			engine.ExternalStep(StepProvider, w.callProvider).Lookup(w.lookupProvider).Settle(settle),
 			engine.TxStep(StepFinalize, w.finalize),
 		}
 		switch v {

@@ -175,16 +175,33 @@ func decodeRefund(_ engine.Attempt, in RefundInput, s *RefundState, a httpstep.A
 }
 
 // recordRefund puts the provider's refund ref in the state, once it is the
-// refund asked for.
+// refund asked for and final: a pending refund is engine.Pending (the step
+// waits for the provider's word), a failed one a business answer (it paid
+// nothing, and the ledger move is reversed).
 func recordRefund(ref *ProviderRefund, in RefundInput, s *RefundState) error {
 	if ref.ID == "" {
 		return errors.New("the provider answered a refund without an id")
 	}
-	if err := matches(ref, in); err != nil {
+	if err := matches(ref, in, s); err != nil {
 		return err
+	}
+	switch ref.Status {
+	case ProviderStatusSucceeded, "":
+	case ProviderStatusPending:
+		return engine.Pending(fmt.Sprintf("the provider's refund %s is pending", ref.ID))
+	case ProviderStatusFailed:
+		return refundFailed()
+	default:
+		return fmt.Errorf("the provider answered refund %s with an unknown status %q", ref.ID, ref.Status)
 	}
 	s.ProviderRefundID = ref.ID
 	return nil
+}
+
+// refundFailed is the answer of a refund that the provider accepted as
+// pending, then failed.
+func refundFailed() error {
+	return engine.Fail(CodeProviderRefundFailed, "the payment provider failed the refund; nothing was refunded")
 }
 
 func declined() error {
@@ -192,14 +209,15 @@ func declined() error {
 }
 
 // matches halts the operation when the provider's refund under the derived key
-// is not the one asked for (another order or amount): that is no success, and
-// nothing may be undone on a guess either. An answer that does not tell the
-// order or the amount is taken as it is.
-func matches(ref *ProviderRefund, in RefundInput) error {
-	if ref.OrderID != "" && ref.OrderID != in.OrderID || ref.Amount != 0 && ref.Amount != in.Amount {
+// is not the one asked for (another order, amount or reference): that is no
+// success, and nothing may be undone on a guess either. An answer that does
+// not tell the order or the amount does not match; the reference is compared
+// when the answer tells it.
+func matches(ref *ProviderRefund, in RefundInput, s *RefundState) error {
+	if ref.OrderID != in.OrderID || ref.Amount != in.Amount || ref.Reference != "" && ref.Reference != s.RefundID {
 		return engine.Halt(CodeProviderMismatch, fmt.Sprintf(
-			"the provider's refund %s under the derived key is for order %q, amount %d; asked: order %q, amount %d",
-			ref.ID, ref.OrderID, ref.Amount, in.OrderID, in.Amount))
+			"the provider's refund %s under the derived key is for order %q, amount %d, reference %q; asked: order %q, amount %d, reference %q",
+			ref.ID, ref.OrderID, ref.Amount, ref.Reference, in.OrderID, in.Amount, s.RefundID))
 	}
 	return nil
 }

@@ -41,7 +41,7 @@ commands:
   show <operation id>
   processes
   check       (exit 1 when an unfinished operation's definition runs in no live process)
-  retry <operation id>
+  retry [-force] <operation id>   (-force reopens one that failed with a server fault)
   cancel <operation id> [reason]`
 
 // Exit statuses.
@@ -232,6 +232,10 @@ func (c *commands) check(ctx context.Context) int {
 }
 
 func (c *commands) request(ctx context.Context, action string, args []string) int {
+	force := false
+	if action == "retry" && len(args) > 0 && (args[0] == "-force" || args[0] == "--force") {
+		force, args = true, args[1:]
+	}
 	id, ok := c.operationID(args)
 	if !ok {
 		return exitUsage
@@ -241,7 +245,7 @@ func (c *commands) request(ctx context.Context, action string, args []string) in
 	var req *engine.OperatorRequest
 	var err error
 	if action == "retry" {
-		req, err = c.admin.Reopen(ctx, id)
+		req, err = c.admin.Reopen(ctx, id, &engine.ReopenOpts{Force: force})
 	} else {
 		req, err = c.admin.Cancel(ctx, id, strings.Join(args[1:], " "))
 	}

@@ -35,6 +35,7 @@ type IdemflowOperation struct {
 	ExpiresAt     *time.Time
 	Checkpoints   json.RawMessage
 	Format        int16
+	PriorError    json.RawMessage
 }
 
 type IdemflowOperatorRequest struct {
@@ -48,6 +49,7 @@ type IdemflowOperatorRequest struct {
 	DoneAt      *time.Time
 	Outcome     *string
 	Message     *string
+	Force       bool
 }
 
 type IdemflowProcess struct {
@@ -73,6 +75,9 @@ type IdemflowStepRecorded struct {
 	LastCause     *string
 	ResolvedBy    *string
 	Compensations int32
+	SentAt        *time.Time
+	Pending       bool
+	WaitingSince  *time.Time
 }
 
 type IdemflowStepRow struct {
@@ -88,4 +93,8 @@ type IdemflowStepRow struct {
 	LastCause     *string
 	ResolvedBy    *string
 	Compensations int32
+	SentAt        *time.Time
+	Pending       bool
+	WaitingSince  *time.Time
+	DerivedKey    *string
 }

@@ -51,7 +51,7 @@ WHERE id = $4
   AND version = ANY ($5::integer[])
   AND (locked_by IS NULL OR locked_until < coalesce($2::timestamptz, now()))
   AND (NOT parked OR $6::boolean)
-RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format
+RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, prior_error
 `
 
 type OperationClaimParams struct {
@@ -101,6 +101,7 @@ func (q *Queries) OperationClaim(ctx context.Context, db DBTX, arg OperationClai
 		&i.ExpiresAt,
 		&i.Checkpoints,
 		&i.Format,
+		&i.PriorError,
 	)
 	return &i, err
 }
@@ -235,6 +236,7 @@ WITH fin AS (
         attention = NULL,
         parked = false,
         locked_by = NULL,
+        prior_error = NULL,
         finished_at = coalesce($5::timestamptz, now()),
         expires_at = coalesce($5::timestamptz, now()) + $6::interval
     WHERE id = $7::uuid
@@ -283,7 +285,7 @@ func (q *Queries) OperationFinish(ctx context.Context, db DBTX, arg OperationFin
 }
 
 const operationGet = `-- name: OperationGet :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format FROM idemflow_operation WHERE id = $1
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, prior_error FROM idemflow_operation WHERE id = $1
 `
 
 func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*IdemflowOperation, error) {
@@ -313,12 +315,13 @@ func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*I
 		&i.ExpiresAt,
 		&i.Checkpoints,
 		&i.Format,
+		&i.PriorError,
 	)
 	return &i, err
 }
 
 const operationGetByKey = `-- name: OperationGetByKey :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format FROM idemflow_operation WHERE scope = $1 AND key = $2
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, prior_error FROM idemflow_operation WHERE scope = $1 AND key = $2
 `
 
 type OperationGetByKeyParams struct {
@@ -353,12 +356,13 @@ func (q *Queries) OperationGetByKey(ctx context.Context, db DBTX, arg OperationG
 		&i.ExpiresAt,
 		&i.Checkpoints,
 		&i.Format,
+		&i.PriorError,
 	)
 	return &i, err
 }
 
 const operationGetForUpdate = `-- name: OperationGetForUpdate :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format FROM idemflow_operation WHERE id = $1 FOR UPDATE
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, prior_error FROM idemflow_operation WHERE id = $1 FOR UPDATE
 `
 
 // The operation, locked until the transaction ends: an operator's retry
@@ -390,6 +394,7 @@ func (q *Queries) OperationGetForUpdate(ctx context.Context, db DBTX, id pguuid.
 		&i.ExpiresAt,
 		&i.Checkpoints,
 		&i.Format,
+		&i.PriorError,
 	)
 	return &i, err
 }
@@ -513,7 +518,7 @@ func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationIns
 }
 
 const operationList = `-- name: OperationList :many
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format FROM idemflow_operation
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, prior_error FROM idemflow_operation
 WHERE ($1::text IS NULL OR state = $1::text)
   AND ($2::text IS NULL OR name = $2::text)
   AND ($3::text IS NULL OR scope = $3::text)
@@ -581,6 +586,7 @@ func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListP
 			&i.ExpiresAt,
 			&i.Checkpoints,
 			&i.Format,
+			&i.PriorError,
 		); err != nil {
 			return nil, err
 		}
@@ -834,25 +840,34 @@ const operationReopen = `-- name: OperationReopen :execrows
 UPDATE idemflow_operation
 SET state = 'in_progress', result = NULL,
     error = CASE WHEN $1::boolean THEN error END,
+    prior_error = CASE WHEN $2::boolean THEN error END,
     finished_at = NULL, expires_at = NULL,
     attention_code = NULL, attention = NULL, parked = false,
-    locked_by = NULL, locked_until = now() + $2::interval
-WHERE id = $3
+    locked_by = NULL, locked_until = now() + $3::interval
+WHERE id = $4
   AND (state = 'failed' OR state = 'in_progress' AND parked)
   AND (locked_by IS NULL OR locked_until < now())
 `
 
 type OperationReopenParams struct {
-	KeepError bool
-	Lease     time.Duration
-	ID        pguuid.UUID
+	KeepError  bool
+	KeepAnswer bool
+	Lease      time.Duration
+	ID         pguuid.UUID
 }
 
 // Gives a failed or parked operation that no live run holds (a cancel may
 // hold a parked one) back to the runs, for an operator's retry. With keep_error, a parked operation that was compensating keeps its
-// error, so that its next run goes on with the compensations.
+// error, so that its next run goes on with the compensations. With
+// keep_answer, a failed operation's error is kept as its prior answer, which
+// its key replays until it finishes again.
 func (q *Queries) OperationReopen(ctx context.Context, db DBTX, arg OperationReopenParams) (int64, error) {
-	result, err := db.Exec(ctx, operationReopen, arg.KeepError, arg.Lease, arg.ID)
+	result, err := db.Exec(ctx, operationReopen,
+		arg.KeepError,
+		arg.KeepAnswer,
+		arg.Lease,
+		arg.ID,
+	)
 	if err != nil {
 		return 0, err
 	}
@@ -950,6 +965,34 @@ type OperationSetErrorParams struct {
 // a resumed run finishes it with the same error.
 func (q *Queries) OperationSetError(ctx context.Context, db DBTX, arg OperationSetErrorParams) (int64, error) {
 	result, err := db.Exec(ctx, operationSetError, arg.Error, arg.ID, arg.RunID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const operationWake = `-- name: OperationWake :execrows
+UPDATE idemflow_operation
+SET locked_until = CASE WHEN locked_by IS NULL OR locked_until < coalesce($1::timestamptz, now())
+                        THEN least(locked_until, coalesce($1::timestamptz, now()))
+                        ELSE locked_until END,
+    error = coalesce($2::jsonb, error)
+WHERE id = $3 AND state = 'in_progress'
+`
+
+type OperationWakeParams struct {
+	Now   *time.Time
+	Error json.RawMessage
+	ID    pguuid.UUID
+}
+
+// Makes an operation in progress whose waiting step was just settled from
+// outside a run due at once, for the resume job inserted with it (or the
+// sweeper): unless a live run holds it, whose lease stands. With error, the
+// operation's permanent error is recorded first, so that its next run
+// compensates. A parked operation stays parked.
+func (q *Queries) OperationWake(ctx context.Context, db DBTX, arg OperationWakeParams) (int64, error) {
+	result, err := db.Exec(ctx, operationWake, arg.Now, arg.Error, arg.ID)
 	if err != nil {
 		return 0, err
 	}

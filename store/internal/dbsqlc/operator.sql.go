@@ -52,7 +52,7 @@ func (q *Queries) OperatorRequestFinish(ctx context.Context, db DBTX, arg Operat
 }
 
 const operatorRequestGet = `-- name: OperatorRequestGet :one
-SELECT id, operation_id, action, reason, requested_at, taken_by, taken_at, done_at, outcome, message FROM idemflow_operator_request WHERE id = $1
+SELECT id, operation_id, action, reason, requested_at, taken_by, taken_at, done_at, outcome, message, force FROM idemflow_operator_request WHERE id = $1
 `
 
 func (q *Queries) OperatorRequestGet(ctx context.Context, db DBTX, id int64) (*IdemflowOperatorRequest, error) {
@@ -69,13 +69,14 @@ func (q *Queries) OperatorRequestGet(ctx context.Context, db DBTX, id int64) (*I
 		&i.DoneAt,
 		&i.Outcome,
 		&i.Message,
+		&i.Force,
 	)
 	return &i, err
 }
 
 const operatorRequestInsert = `-- name: OperatorRequestInsert :one
-INSERT INTO idemflow_operator_request (operation_id, action, reason)
-VALUES ($1, $2, $3)
+INSERT INTO idemflow_operator_request (operation_id, action, reason, force)
+VALUES ($1, $2, $3, $4)
 RETURNING id
 `
 
@@ -83,10 +84,16 @@ type OperatorRequestInsertParams struct {
 	OperationID pguuid.UUID
 	Action      string
 	Reason      string
+	Force       bool
 }
 
 func (q *Queries) OperatorRequestInsert(ctx context.Context, db DBTX, arg OperatorRequestInsertParams) (int64, error) {
-	row := db.QueryRow(ctx, operatorRequestInsert, arg.OperationID, arg.Action, arg.Reason)
+	row := db.QueryRow(ctx, operatorRequestInsert,
+		arg.OperationID,
+		arg.Action,
+		arg.Reason,
+		arg.Force,
+	)
 	var id int64
 	err := row.Scan(&id)
 	return id, err
@@ -125,7 +132,7 @@ FROM (
     FOR UPDATE OF q SKIP LOCKED
 ) AS t
 WHERE r.id = t.id
-RETURNING r.id, r.operation_id, r.action, r.reason
+RETURNING r.id, r.operation_id, r.action, r.reason, r.force
 `
 
 type OperatorRequestTakeParams struct {
@@ -140,6 +147,7 @@ type OperatorRequestTakeRow struct {
 	OperationID pguuid.UUID
 	Action      string
 	Reason      string
+	Force       bool
 }
 
 // Takes up to max pending requests for operations of the definitions given
@@ -164,6 +172,7 @@ func (q *Queries) OperatorRequestTake(ctx context.Context, db DBTX, arg Operator
 			&i.OperationID,
 			&i.Action,
 			&i.Reason,
+			&i.Force,
 		); err != nil {
 			return nil, err
 		}

@@ -78,7 +78,8 @@ func (q *Queries) StepDeleteUnsucceeded(ctx context.Context, db DBTX, operationI
 
 const stepListByOperation = `-- name: StepListByOperation :many
 SELECT operation_id, name, position, state, attempts, output, last_error,
-       started_at, finished_at, last_cause, resolved_by, compensations
+       started_at, finished_at, last_cause, resolved_by, compensations,
+       sent_at, pending, waiting_since
 FROM idemflow_step_recorded WHERE operation_id = $1 ORDER BY position
 `
 
@@ -105,6 +106,9 @@ func (q *Queries) StepListByOperation(ctx context.Context, db DBTX, operationID 
 			&i.LastCause,
 			&i.ResolvedBy,
 			&i.Compensations,
+			&i.SentAt,
+			&i.Pending,
+			&i.WaitingSince,
 		); err != nil {
 			return nil, err
 		}
@@ -138,9 +142,13 @@ func (q *Queries) StepMaterialize(ctx context.Context, db DBTX, arg StepMaterial
 }
 
 const stepRecordFailure = `-- name: StepRecordFailure :exec
-INSERT INTO idemflow_step_row (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at)
+INSERT INTO idemflow_step_row (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at,
+                               sent_at, pending, waiting_since, derived_key)
 SELECT $1, $2, $3, $4, $5, $6, $7, $8,
-       CASE WHEN $4::text = 'failed' THEN coalesce($9::timestamptz, now()) END
+       CASE WHEN $4::text = 'failed' THEN coalesce($9::timestamptz, now()) END,
+       $10::timestamptz, $11,
+       CASE WHEN $4::text = 'waiting' THEN coalesce($9::timestamptz, now()) END,
+       $12::text
 WHERE NOT EXISTS (
     SELECT 1 FROM idemflow_operation
     WHERE id = $1 AND checkpoints -> $2::text IS NOT NULL
@@ -150,8 +158,16 @@ SET state = excluded.state,
     attempts = excluded.attempts,
     last_error = excluded.last_error,
     last_cause = excluded.last_cause,
-    finished_at = excluded.finished_at
-WHERE idemflow_step_row.state = 'retrying'
+    finished_at = excluded.finished_at,
+    sent_at = coalesce(excluded.sent_at, idemflow_step_row.sent_at),
+    pending = excluded.pending,
+    derived_key = coalesce(excluded.derived_key, idemflow_step_row.derived_key),
+    waiting_since = CASE
+        WHEN excluded.state <> 'waiting' THEN NULL
+        WHEN idemflow_step_row.state = 'waiting' THEN idemflow_step_row.waiting_since
+        ELSE excluded.waiting_since
+    END
+WHERE idemflow_step_row.state IN ('retrying', 'waiting')
    OR idemflow_step_row.state = 'failed' AND excluded.state = 'failed'
 `
 
@@ -165,13 +181,20 @@ type StepRecordFailureParams struct {
 	LastCause   *string
 	StartedAt   time.Time
 	Now         *time.Time
+	SentAt      *time.Time
+	Pending     bool
+	DerivedKey  *string
 }
 
-// Records a failed attempt: 'retrying' when another attempt will follow, 'failed'
-// when the step failed for good. 'retrying' never overwrites 'failed', and
-// nothing overwrites a succeeded or compensated step, nor a checkpoint in the
-// operation's row. The run that writes it is fenced by OperationFence in the
-// same transaction.
+// Records a failed attempt: 'retrying' when another attempt will follow,
+// 'waiting' when the step waits for its outcome (no attempt follows; its
+// lookup, an event or an operator settles it), 'failed' when the step failed
+// for good. 'retrying' and 'waiting' never overwrite 'failed', and nothing
+// overwrites a succeeded or compensated step, nor a checkpoint in the
+// operation's row. sent_at, when given, is when the attempt's request was
+// sent at the latest; a step keeps the last one. waiting_since is kept while
+// the step goes on waiting. The run that writes it is fenced by
+// OperationFence in the same transaction.
 func (q *Queries) StepRecordFailure(ctx context.Context, db DBTX, arg StepRecordFailureParams) error {
 	_, err := db.Exec(ctx, stepRecordFailure,
 		arg.OperationID,
@@ -183,6 +206,9 @@ func (q *Queries) StepRecordFailure(ctx context.Context, db DBTX, arg StepRecord
 		arg.LastCause,
 		arg.StartedAt,
 		arg.Now,
+		arg.SentAt,
+		arg.Pending,
+		arg.DerivedKey,
 	)
 	return err
 }
@@ -200,6 +226,54 @@ func (q *Queries) StepResetSucceeded(ctx context.Context, db DBTX, operationID p
 	return err
 }
 
+const stepSettle = `-- name: StepSettle :one
+WITH u AS (
+    UPDATE idemflow_step_row
+    SET state = $1,
+        output = CASE WHEN $1::text = 'succeeded' THEN $2::json END,
+        resolved_by = $3::text,
+        last_error = $4::text,
+        last_cause = $5::text,
+        pending = false,
+        waiting_since = NULL,
+        finished_at = coalesce($6::timestamptz, now())
+    WHERE operation_id = $7 AND name = $8 AND state = 'waiting'
+    RETURNING 1
+)
+SELECT count(*) FROM u
+`
+
+type StepSettleParams struct {
+	State       string
+	Output      []byte
+	ResolvedBy  *string
+	LastError   *string
+	LastCause   *string
+	Now         *time.Time
+	OperationID pguuid.UUID
+	Name        string
+}
+
+// Settles a waiting step from outside a run (an event, an operator): succeeded
+// with output and resolved_by, or failed for good with its texts. Only a step
+// that waits is settled; the operation's row is locked by the caller first
+// (OperationGetForUpdate). Returns the number of rows settled.
+func (q *Queries) StepSettle(ctx context.Context, db DBTX, arg StepSettleParams) (int64, error) {
+	row := db.QueryRow(ctx, stepSettle,
+		arg.State,
+		arg.Output,
+		arg.ResolvedBy,
+		arg.LastError,
+		arg.LastCause,
+		arg.Now,
+		arg.OperationID,
+		arg.Name,
+	)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
 const stepUpdateSucceeded = `-- name: StepUpdateSucceeded :exec
 WITH u AS (
     SELECT unnest($1::text[]) AS name,
@@ -214,11 +288,13 @@ WITH u AS (
         resolved_by = u.resolved_by,
         last_error = NULL,
         last_cause = NULL,
+        pending = false,
+        waiting_since = NULL,
         finished_at = coalesce($5::timestamptz, now())
     FROM u
     WHERE s.operation_id = $6::uuid
       AND s.name = u.name
-      AND s.state = 'retrying'
+      AND s.state IN ('retrying', 'waiting')
     RETURNING 1
 )
 SELECT idemflow_fence((SELECT count(*) FROM upd) = cardinality($1::text[]))
@@ -234,7 +310,7 @@ type StepUpdateSucceededParams struct {
 }
 
 // Records steps that succeeded after failed attempts, whose rows say
-// 'retrying'. It raises SQLSTATE IF001 when a row says anything else, aborting
+// 'retrying' or 'waiting'. It raises SQLSTATE IF001 when a row says anything else, aborting
 // the transaction: another run recorded the step first, as succeeded, or as
 // failed for good (an operator's retry deletes failed rows first).
 func (q *Queries) StepUpdateSucceeded(ctx context.Context, db DBTX, arg StepUpdateSucceededParams) error {
@@ -247,4 +323,22 @@ func (q *Queries) StepUpdateSucceeded(ctx context.Context, db DBTX, arg StepUpda
 		arg.OperationID,
 	)
 	return err
+}
+
+const stepWaitingByKey = `-- name: StepWaitingByKey :one
+SELECT operation_id, name FROM idemflow_step_row
+WHERE derived_key = $1 AND state = 'waiting'
+`
+
+type StepWaitingByKeyRow struct {
+	OperationID pguuid.UUID
+	Name        string
+}
+
+// The waiting step whose derived key is derived_key.
+func (q *Queries) StepWaitingByKey(ctx context.Context, db DBTX, derivedKey *string) (*StepWaitingByKeyRow, error) {
+	row := db.QueryRow(ctx, stepWaitingByKey, derivedKey)
+	var i StepWaitingByKeyRow
+	err := row.Scan(&i.OperationID, &i.Name)
+	return &i, err
 }

@@ -117,6 +117,7 @@ type IdemflowOperation struct {
 	ExpiresAt     *time.Time
 	Checkpoints   []byte
 	Format        int16
+	PriorError    []byte
 }
 
 type IdemflowOperatorRequest struct {
@@ -130,6 +131,7 @@ type IdemflowOperatorRequest struct {
 	DoneAt      *time.Time
 	Outcome     *string
 	Message     *string
+	Force       bool
 }
 
 type IdemflowProcess struct {
@@ -155,6 +157,9 @@ type IdemflowStepRecorded struct {
 	LastCause     *string
 	ResolvedBy    *string
 	Compensations int32
+	SentAt        *time.Time
+	Pending       bool
+	WaitingSince  *time.Time
 }
 
 type IdemflowStepRow struct {
@@ -170,4 +175,8 @@ type IdemflowStepRow struct {
 	LastCause     *string
 	ResolvedBy    *string
 	Compensations int32
+	SentAt        *time.Time
+	Pending       bool
+	WaitingSince  *time.Time
+	DerivedKey    *string
 }

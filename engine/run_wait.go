@@ -1,0 +1,241 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemflow/idemflow/store"
+)
+
+// stepWait is what a run knows of an external step whose outcome is not
+// known: when its last request was sent at the latest, whether the outside
+// service accepted it as pending, and since when it waits.
+type stepWait struct {
+	sentAt  time.Time
+	pending bool
+	since   time.Time
+	// cause is the operators' text of why it waits, for its record.
+	cause string
+}
+
+// stepWait returns the wait record of the step named name, made when missing.
+func (r *run) stepWait(name string) *stepWait {
+	if r.waits == nil {
+		r.waits = make(map[string]*stepWait)
+	}
+	w := r.waits[name]
+	if w == nil {
+		w = &stepWait{}
+		r.waits[name] = w
+	}
+	return w
+}
+
+// markRowed notes that the step named name has a row of its own.
+func (r *run) markRowed(name string) {
+	if r.rowed == nil {
+		r.rowed = make(map[string]bool)
+	}
+	r.rowed[name] = true
+}
+
+// settleEnd is when a request of st that got no definite answer can no longer
+// land: its settle window after the step's last request was sent, or after the
+// lease of a run that may have been calling out when Cancel claimed the
+// operation (heldUntil), whichever is later. Zero when no request was sent.
+func (r *run) settleEnd(st *stepDef) time.Time {
+	sent := r.heldUntil
+	if w := r.waits[st.name]; w != nil && w.sentAt.After(sent) {
+		sent = w.sentAt
+	}
+	if sent.IsZero() {
+		return time.Time{}
+	}
+	return sent.Add(st.settle)
+}
+
+// pendingOutcome begins the wait of an external step whose call the outside
+// service accepted without a final outcome (or whose lookup found it still
+// being processed): the attempt counts as a call, and the operation is handed
+// back until the lookup is asked again, or an event or an operator settles it.
+func (r *run) pendingOutcome(ctx context.Context, i int, st *stepDef, attempt int, started time.Time, cause error) (*Info, error) {
+	if err := r.restoreState(); err != nil {
+		return nil, err
+	}
+	r.observeStep(ctx, st, attempt, started, StepRetried, cause)
+	r.logger().InfoContext(ctx, "external step's outcome is pending; waiting for it",
+		slog.String("step", st.name), slog.Int("attempt", attempt), slog.Any("reason", cause))
+	r.tries[st.name] = attempt
+	r.status[st.name] = store.StepWaiting
+	w := r.stepWait(st.name)
+	w.sentAt, w.pending, w.cause = time.Now(), true, cause.Error()
+	if w.since.IsZero() {
+		w.since = time.Now()
+	}
+	return r.waitOn(ctx, i, st, started, false)
+}
+
+// awaitOutcome decides a step that waits for its outcome, asking its lookup:
+// found goes forward; a final failure (Fail) fails the step and compensates;
+// nothing found once the settle window has passed means the call was not
+// made, and the operation fails and compensates; anything else (still
+// pending, nothing found within the window, a lookup that cannot answer)
+// waits on.
+func (r *run) awaitOutcome(ctx context.Context, i int, st *stepDef, started time.Time, last bool) (*Info, error) {
+	name := st.name
+	w := r.stepWait(name)
+	if w.since.IsZero() {
+		w.since = time.Now()
+	}
+	attempt := r.tries[name]
+	log := r.logger().With(slog.String("step", name), slog.Int("attempt", attempt))
+	if st.lookup == nil {
+		if !w.pending {
+			return r.park(ctx, r.waitRecord(i, st, started, ""), CodeOutcomeUnknown,
+				fmt.Sprintf("step %s has no lookup: whether its call went through is unknown", name))
+		}
+		// Only an event or an operator can settle it.
+		return r.waitOn(ctx, i, st, started, false)
+	}
+	if err := r.restoreState(); err != nil {
+		return nil, err
+	}
+	found, err := r.lookup(ctx, st, r.attempt(st, attempt))
+	if cause := context.Cause(ctx); cause != nil {
+		return nil, cause
+	}
+	var halt *HaltError
+	var pe *PermanentError
+	switch {
+	case errors.As(err, &halt):
+		rec := r.waitRecord(i, st, started, err.Error())
+		rec.LastError = publicText(name, err)
+		return r.park(ctx, rec, halt.Code, fmt.Sprintf("step %s: %s", name, halt.Message))
+	case err == nil && found:
+		return r.externalSucceeded(ctx, i, st, attempt, started, ResolvedByLookup, last)
+	case errors.Is(err, ErrOutcomePending):
+		if err := r.restoreState(); err != nil {
+			return nil, err
+		}
+		w.pending, w.cause = true, err.Error()
+		return r.waitOn(ctx, i, st, started, false)
+	case errors.As(err, &pe) && !pe.ServerFault():
+		// The call ended without effect: the step failed, with that answer.
+		log.InfoContext(ctx, "lookup found the call's final outcome: it failed", slog.String("code", pe.Code))
+		return r.waitFailed(ctx, i, st, started, pe)
+	case err != nil:
+		if err := r.restoreState(); err != nil {
+			return nil, err
+		}
+		log.WarnContext(ctx, "lookup of a step waiting for its outcome failed; asking again later", slog.Any("error", err))
+		w.cause = err.Error()
+		return r.waitOn(ctx, i, st, started, true)
+	case w.pending:
+		// The service said it had the call, and now finds nothing: not an
+		// answer to act on.
+		log.WarnContext(ctx, "lookup finds nothing for a call the service accepted as pending; asking again later")
+		w.cause = "the lookup finds nothing under the key of a call that was accepted as pending"
+		return r.waitOn(ctx, i, st, started, true)
+	}
+	end := r.settleEnd(st)
+	if time.Now().Before(end) {
+		return r.waitOn(ctx, i, st, started, false)
+	}
+	log.InfoContext(ctx, "nothing found under the step's key after its settle window: its call was not made")
+	return r.waitFailed(ctx, i, st, started, fault(CodeAttemptsExhausted, name,
+		fmt.Sprintf("step %s failed %d times, and nothing was found under its key after its settle window (%s); last error: %s",
+			name, attempt, st.settle, w.cause)))
+}
+
+// waitFailed fails a waiting step for good with pe and compensates.
+func (r *run) waitFailed(ctx context.Context, i int, st *stepDef, started time.Time, pe *PermanentError) (*Info, error) {
+	if err := r.restoreState(); err != nil {
+		return nil, err
+	}
+	pe = &PermanentError{Code: pe.Code, Message: pe.Message, Cause: pe.Cause, Details: pe.Details, Step: st.name, Fault: pe.ServerFault()}
+	r.failure = pe
+	r.status[st.name] = store.StepFailed
+	rec := r.waitRecord(i, st, started, pe.Error())
+	rec.State = store.StepFailed
+	rec.LastError = pe.Message
+	return r.compensateWith(ctx, rec)
+}
+
+// waitRecord is the record of a step that waits for its outcome.
+func (r *run) waitRecord(i int, st *stepDef, started time.Time, cause string) *store.StepRecordFailureParams {
+	w := r.stepWait(st.name)
+	if cause == "" {
+		cause = w.cause
+	}
+	text := fmt.Sprintf("the outcome of step %s is not known yet; it waits for it", st.name)
+	if w.pending {
+		text = fmt.Sprintf("step %s was accepted and waits for its final outcome", st.name)
+	}
+	rec := &store.StepRecordFailureParams{
+		OperationID: r.id, Name: st.name, Position: i, State: store.StepWaiting,
+		Attempts: r.tries[st.name], LastError: text, LastCause: cause, StartedAt: started, Pending: w.pending,
+		DerivedKey: r.attempt(st, r.tries[st.name]).Key,
+	}
+	if !w.sentAt.IsZero() {
+		sent := w.sentAt
+		rec.SentAt = &sent
+	}
+	return rec
+}
+
+// waitOn records that the step waits for its outcome and hands the operation
+// back until its lookup is asked again: at the step's backoff, growing with the
+// time waited, at most ten times its base (and its cap), and once more just
+// after its settle window. No run holds it meanwhile. Past the window (or with
+// a lookup that cannot answer past it) it needs attention.
+func (r *run) waitOn(ctx context.Context, i int, st *stepDef, started time.Time, lookupFailed bool) (*Info, error) {
+	w := r.stepWait(st.name)
+	now := time.Now()
+	p := st.retry
+	delay := min(max(now.Sub(w.since), p.Base), 10*p.Base, p.Cap)
+	if st.lookup == nil {
+		// Nothing to poll: an event or an operator settles it. The
+		// operation is looked at again after the window, to mark it.
+		delay = max(p.Cap, time.Minute)
+	}
+	end := r.settleEnd(st)
+	if now.Before(end) && end.Sub(now) < delay {
+		delay = end.Sub(now) + settleMargin
+	}
+	var need *attention
+	if !end.IsZero() && !now.Before(end) {
+		reason := fmt.Sprintf("step %s has waited for its outcome past its settle window (%s)", st.name, st.settle)
+		switch {
+		case lookupFailed:
+			reason += "; its lookup cannot answer: " + w.cause
+		case w.pending:
+			reason += "; the outside service has not settled it"
+		}
+		need = &attention{CodeOutcomeOverdue, reason}
+	}
+	rec := r.waitRecord(i, st, started, "")
+	tx := r.begin(ctx)
+	defer tx.end(ctx)
+	if err := r.e.store.StepRecordFailure(ctx, tx, *rec); err != nil {
+		return nil, runError(err)
+	}
+	r.markRowed(st.name)
+	if need != nil {
+		ok, err := r.e.store.OperationSetAttention(ctx, tx, r.id, r.runID, need.code, need.reason)
+		if err != nil {
+			return nil, runError(err)
+		}
+		if !ok {
+			return nil, errLost
+		}
+	}
+	r.logger().InfoContext(ctx, "step waits for its outcome; the operation is handed back until it is asked again",
+		slog.String("step", st.name), slog.Bool("pending", w.pending), slog.Duration("next_lookup", delay))
+	return nil, r.handOff(ctx, tx, delay)
+}
+
+// settleMargin puts the lookup after a settle window just after its end.
+const settleMargin = 50 * time.Millisecond
