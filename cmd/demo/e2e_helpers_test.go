@@ -540,6 +540,7 @@ type (
 		IdempotencyKey string    `json:"idempotencyKey"`
 		OrderID        string    `json:"orderId"`
 		Amount         int64     `json:"amount"`
+		Status         string    `json:"status"`
 		Requests       int       `json:"requests"`
 		CreatedAt      time.Time `json:"createdAt"`
 	}
@@ -594,6 +595,7 @@ func (c *apiClient) providerRefunds() []providerRefund {
 	requireStatus(c.t, r, http.StatusOK)
 	body := decodeAs[struct {
 		Refunds []providerRefund `json:"refunds"`
+		Next    *string          `json:"next"`
 	}](c.t, r)
 	require.NotNil(c.t, body.Refunds, "refunds must be [], not null")
 	return body.Refunds

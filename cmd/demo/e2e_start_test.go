@@ -122,6 +122,7 @@ func TestProviderURL(t *testing.T) {
 		requireStatus(t, r, http.StatusOK)
 		body := decodeAs[struct {
 			Refunds []providerRefund `json:"refunds"`
+			Next    *string          `json:"next"`
 		}](t, r)
 		require.Len(t, body.Refunds, 1)
 		require.Equal(t, *ref.ProviderRefundID, body.Refunds[0].ID)

@@ -197,6 +197,8 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 	if err != nil {
 		return err
 	}
+	// Provider events settle the refunds that wait for them.
+	wf.Bind(e)
 	if err := consumer.bind(e, pool); err != nil {
 		return err
 	}

@@ -31,16 +31,17 @@ func (s *server) webhooks(secrets [][]byte) (http.Handler, error) {
 	return h, nil
 }
 
-// decodeProviderEvent reads a signed event of the provider: a refund it made
-// (refund.succeeded), whose data names the provider's refund id; events of
-// other types are ignored (200, nothing recorded).
+// decodeProviderEvent reads a signed event of the provider about a refund: one
+// it made (refund.succeeded) or a pending one it failed (refund.failed), whose
+// data names the provider's refund id; events of other types are ignored (200,
+// nothing recorded).
 func decodeProviderEvent(_ *http.Request, body []byte) (webhook.Event, refund.ProviderEventInput, error) {
 	var in refund.ProviderEventInput
 	ev, err := webhook.ParseEvent(body)
 	if err != nil {
 		return ev, in, err
 	}
-	if ev.Type != refund.EventRefundSucceeded {
+	if ev.Type != refund.EventRefundSucceeded && ev.Type != refund.EventRefundFailed {
 		return ev, in, webhook.ErrIgnore
 	}
 	if err := json.Unmarshal(body, &in); err != nil {

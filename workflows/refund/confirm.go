@@ -2,6 +2,7 @@ package refund
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/idemflow/idemflow/engine"
@@ -16,9 +17,14 @@ const (
 	StepConfirm            = "confirm"
 )
 
-// EventRefundSucceeded is the type of the provider's event about a refund it
-// made, the one event that the demo acts on.
-const EventRefundSucceeded = "refund.succeeded"
+// The types of the provider's events that the demo acts on:
+// EventRefundSucceeded for a refund it made (at once, or after it was
+// pending), EventRefundFailed for a pending refund that it failed (it paid
+// nothing).
+const (
+	EventRefundSucceeded = "refund.succeeded"
+	EventRefundFailed    = "refund.failed"
+)
 
 // ProviderEventInput is a provider's webhook event, as its body says, and the
 // input of the provider event operation. Every delivery of an event carries
@@ -40,6 +46,8 @@ type ProviderEventData struct {
 	IdempotencyKey string `json:"idempotencyKey"`
 	OrderID        string `json:"orderId"`
 	Amount         int64  `json:"amount"`
+	// Status is the refund's status: "succeeded" or "failed".
+	Status string `json:"status,omitempty"`
 }
 
 // ProviderEventState is the provider event operation's state: none.
@@ -65,9 +73,22 @@ func (w *Workflows) newProviderEvent(opts *engine.OperationOpts) (*engine.Operat
 // and confirms the refund it names, or keeps it for the refund's finalize step
 // to apply when the refund has not got there yet (see the package
 // documentation, "Webhooks").
+//
+// It then settles the refund whose provider step waits for that refund's
+// outcome (see the package documentation, "Late and unknown outcomes"), in
+// the same transaction: succeeded goes forward, failed compensates. A refund
+// whose step does not wait (it has its answer already, or its call is still
+// being made: its own answer or lookup tells then) is not touched, nor is one
+// whose order or amount the event contradicts (its lookup halts it).
 func (w *Workflows) confirm(ctx context.Context, tx engine.Tx, at engine.Attempt, in ProviderEventInput, _ *ProviderEventState) error {
 	if in.Data.RefundID == "" {
 		return engine.Fail(CodeInvalidRequest, "the event names no refund")
+	}
+	if err := w.settleWaiting(ctx, tx, in); err != nil {
+		return err
+	}
+	if in.Type == EventRefundFailed {
+		return nil // nothing was paid: nothing to confirm
 	}
 	err := w.q.ProviderEventRecord(ctx, engine.AtCommit(tx), refunddb.ProviderEventRecordParams{
 		EventID:          at.OperationKey,
@@ -81,4 +102,30 @@ func (w *Workflows) confirm(ctx context.Context, tx engine.Tx, at engine.Attempt
 		return fmt.Errorf("record provider event %s: %w", at.OperationKey, err)
 	}
 	return nil
+}
+
+// settleWaiting settles the refund whose provider step waits under the event's
+// idempotency key, when Bind gave the workflows their engine.
+func (w *Workflows) settleWaiting(ctx context.Context, tx engine.Tx, in ProviderEventInput) error {
+	e := w.engine.Load()
+	if e == nil || in.Data.IdempotencyKey == "" {
+		return nil
+	}
+	ptx, err := engine.PgxTx(ctx, tx)
+	if err != nil {
+		return err
+	}
+	ref := engine.StepRef{DerivedKey: in.Data.IdempotencyKey}
+	if in.Type == EventRefundFailed {
+		_, err := engine.SettleFailed(ctx, ptx, e, ref, refundFailed())
+		return err
+	}
+	_, err = engine.SettleSucceeded(ctx, ptx, e, w.Refund, ref, func(req RefundInput, s *RefundState) error {
+		return recordRefund(&ProviderRefund{ID: in.Data.RefundID, OrderID: in.Data.OrderID, Amount: in.Data.Amount,
+			Status: ProviderStatusSucceeded}, req, s)
+	})
+	if halt := (*engine.HaltError)(nil); errors.As(err, &halt) {
+		return nil // the event contradicts the refund: its lookup halts it
+	}
+	return err
 }

@@ -1,13 +1,14 @@
 package refund
 
 import (
-	"time"
 	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -116,6 +117,17 @@ type Workflows struct {
 
 	provider Provider
 	q        *refunddb.Queries
+	// engine, once Bind has set it, is what provider events settle waiting
+	// refunds with.
+	engine atomic.Pointer[engine.Engine]
+}
+
+// Bind gives the workflows the engine that runs them, which a provider's
+// event needs to settle a refund that waits for it (see confirm). Call it
+// once engine.New has made the engine, before its workers start. Without it,
+// a waiting refund is settled by its lookup alone.
+func (w *Workflows) Bind(e *engine.Engine) {
+	w.engine.Store(e)
 }
 
 // New declares the order and refund operations, with refunds asked of provider.

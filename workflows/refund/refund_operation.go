@@ -200,7 +200,7 @@ func recordRefund(ref *ProviderRefund, in RefundInput, s *RefundState) error {
 
 // refundFailed is the answer of a refund that the provider accepted as
 // pending, then failed.
-func refundFailed() error {
+func refundFailed() *engine.PermanentError {
 	return engine.Fail(CodeProviderRefundFailed, "the payment provider failed the refund; nothing was refunded")
 }
 
