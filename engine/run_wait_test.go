@@ -1,0 +1,471 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/testdb"
+)
+
+// lateProvider is an outside service whose requests may land after their
+// caller gave up, or be accepted as pending and settled later: what the
+// outcome tests call. Its refunds are by idempotency key.
+type lateProvider struct {
+	mu sync.Mutex
+	// made are the calls carried out, by key; pending those accepted and
+	// not settled; failed those settled as failed.
+	made    map[string]bool
+	pending map[string]bool
+	failed  map[string]bool
+	calls   atomic.Int32
+	lookups atomic.Int32
+	undos   atomic.Int32
+	// callFunc decides each call (by its number from 1): "timeout" (the
+	// request is not carried out, the caller hears nothing), "late" (the
+	// caller hears nothing, the request lands later by land), "pending", or
+	// "" (made at once).
+	callFunc func(n int32) string
+	// lookupErr, when set, is what the lookup answers instead.
+	lookupErr atomic.Pointer[error]
+}
+
+func newLateProvider(callFunc func(n int32) string) *lateProvider {
+	return &lateProvider{made: map[string]bool{}, pending: map[string]bool{}, failed: map[string]bool{}, callFunc: callFunc}
+}
+
+var errTimeout = errors.New("provider: timeout")
+
+func (p *lateProvider) call(_ context.Context, at engine.Attempt, _ int, s *lateState) error {
+	n := p.calls.Add(1)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch p.callFunc(n) {
+	case "timeout":
+		return errTimeout
+	case "late":
+		go func() {
+			time.Sleep(150 * time.Millisecond)
+			p.land(at.Key)
+		}()
+		return errTimeout
+	case "pending":
+		p.pending[at.Key] = true
+		return engine.Pending("accepted; final status later")
+	}
+	p.made[at.Key] = true
+	s.Ref = "made:" + at.Key[:8]
+	return nil
+}
+
+// land carries out a request that arrived earlier.
+func (p *lateProvider) land(key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.made[key] = true
+}
+
+// settle ends a pending call, made or failed.
+func (p *lateProvider) settle(key string, made bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.pending, key)
+	if made {
+		p.made[key] = true
+	} else {
+		p.failed[key] = true
+	}
+}
+
+func (p *lateProvider) lookup(_ context.Context, at engine.Attempt, _ int, s *lateState) (bool, error) {
+	p.lookups.Add(1)
+	if err := p.lookupErr.Load(); err != nil {
+		return false, *err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.pending[at.Key]:
+		return false, engine.Pending("still pending")
+	case p.failed[at.Key]:
+		return false, engine.Fail("payment_failed", "the provider failed the payment")
+	case p.made[at.Key]:
+		s.Ref = "made:" + at.Key[:8]
+		return true, nil
+	}
+	return false, nil
+}
+
+type lateState struct {
+	Ref string `json:"ref"`
+}
+
+// lateOp is an operation of a compensatable transactional step, then the
+// provider's call (a pivot) with the given settle window.
+func lateOp(t *testing.T, p *lateProvider, name string, settle time.Duration, attempts int) *engine.Operation[int, lateState, string] {
+	t.Helper()
+	noop := func(context.Context, engine.Tx, engine.Attempt, int, *lateState) error { return nil }
+	op, err := engine.NewOperation(name, []engine.Step[int, lateState]{
+		engine.TxStep("hold", noop).Compensate(func(context.Context, engine.Tx, engine.Attempt, int, *lateState) error {
+			p.undos.Add(1)
+			return nil
+		}),
+		engine.ExternalStep("pay", p.call).Lookup(p.lookup).Settle(settle),
+	}, func(_ int, s *lateState) (string, error) { return s.Ref, nil },
+		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: attempts}})
+	require.NoError(t, err)
+	return op
+}
+
+func lateEngine(t *testing.T, op engine.Definition) (*engine.Engine, *pgxpool.Pool) {
+	t.Helper()
+	pool := testdb.Pool(t)
+	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+	fsHurry(t, pool)
+	return e, pool
+}
+
+// TestUnknownOutcome: an external step out of attempts whose calls got no
+// answer calls no more and waits for its settle window; what its lookup finds
+// decides, and "nothing" only once the window has passed.
+func TestUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("LateLandingGoesForward", func(t *testing.T) {
+		t.Parallel()
+		p := newLateProvider(func(int32) string { return "late" })
+		op := lateOp(t, p, "late_landing", 10*time.Second, 2)
+		e, _ := lateEngine(t, op)
+		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+		require.NoError(t, err)
+		info := fsWait(t, e, s.ID)
+		require.Equal(t, engine.StatusSucceeded, info.Status)
+		require.Equal(t, int32(2), p.calls.Load(), "MaxAttempts bounds the calls")
+		require.Zero(t, p.undos.Load(), "nothing was undone on a guess")
+		pay := fsGet(t, e, s.ID).Steps[1]
+		require.Equal(t, engine.ResolvedByLookup, pay.ResolvedBy)
+		require.Equal(t, 2, pay.Attempts)
+	})
+
+	t.Run("NothingFoundFailsAfterTheWindow", func(t *testing.T) {
+		t.Parallel()
+		const settle = 700 * time.Millisecond
+		p := newLateProvider(func(int32) string { return "timeout" })
+		op := lateOp(t, p, "never_landed", settle, 2)
+		e, _ := lateEngine(t, op)
+		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+		require.NoError(t, err)
+		waiting := fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool {
+			return i.Steps[1].Status == engine.StepStatusWaiting
+		})
+		require.Equal(t, engine.StatusInProgress, waiting.Status)
+		require.False(t, waiting.Steps[1].Pending)
+		require.NotNil(t, waiting.Steps[1].SentAt)
+		require.NotNil(t, waiting.Steps[1].WaitingSince)
+		require.Zero(t, p.undos.Load())
+
+		info := fsWait(t, e, s.ID)
+		require.Equal(t, engine.StatusFailed, info.Status)
+		require.Equal(t, engine.CodeAttemptsExhausted, info.Error.Code)
+		require.True(t, info.Error.ServerFault())
+		require.False(t, info.FinishedAt.Before(waiting.Steps[1].SentAt.Add(settle)),
+			"failed at %s, before the window's end %s", info.FinishedAt, waiting.Steps[1].SentAt.Add(settle))
+		require.Equal(t, int32(1), p.undos.Load())
+		require.Equal(t, int32(2), p.calls.Load())
+	})
+
+	t.Run("FailingLookupNeitherCallsNorGivesUp", func(t *testing.T) {
+		t.Parallel()
+		p := newLateProvider(func(int32) string { return "timeout" })
+		lookupDown := errors.New("provider: lookup unavailable")
+		p.lookupErr.Store(&lookupDown)
+		op := lateOp(t, p, "lookup_down", 200*time.Millisecond, 3)
+		e, _ := lateEngine(t, op)
+		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+		require.NoError(t, err)
+		overdue := fsAwait(t, e, s.ID, "it needs attention past its window", func(i *engine.Info) bool {
+			return i.NeedsAttention()
+		})
+		require.Equal(t, engine.CodeOutcomeOverdue, overdue.Attention.Code)
+		require.Equal(t, engine.StepStatusWaiting, overdue.Steps[1].Status)
+		// (An attempt after the first asks the lookup first, which fails: it
+		// sends nothing either.)
+		calls, seen := p.calls.Load(), p.lookups.Load()
+		require.LessOrEqual(t, calls, int32(3))
+		require.Eventually(t, func() bool { return p.lookups.Load() > seen+2 }, fsTimeout, 10*time.Millisecond, "the lookup is asked again")
+		require.Equal(t, calls, p.calls.Load(), "out of attempts, the step sends nothing more")
+		require.Zero(t, p.undos.Load())
+
+		// The provider answers again: the call had landed.
+		p.land(fsGet(t, e, s.ID).Steps[1].DerivedKey)
+		p.lookupErr.Store(nil)
+		info := fsWait(t, e, s.ID)
+		require.Equal(t, engine.StatusSucceeded, info.Status)
+		require.Equal(t, calls, p.calls.Load())
+		require.Zero(t, p.undos.Load())
+	})
+
+	t.Run("CancelWaitsForTheWindow", func(t *testing.T) {
+		t.Parallel()
+		const settle = time.Hour
+		p := newLateProvider(func(int32) string { return "timeout" })
+		op := lateOp(t, p, "cancel_unknown", settle, 1)
+		e, _ := lateEngine(t, op)
+		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+		require.NoError(t, err)
+		waiting := fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool {
+			return i.Steps[1].Status == engine.StepStatusWaiting
+		})
+		var cancelErr error
+		require.Eventually(t, func() bool {
+			_, cancelErr = e.Cancel(ctx, s.ID, "customer gave up")
+			return !errors.Is(cancelErr, engine.ErrRunning)
+		}, fsTimeout, 10*time.Millisecond)
+		require.ErrorIs(t, cancelErr, engine.ErrOutcomeUnknown)
+		var ou *engine.OutcomeUnknownError
+		require.ErrorAs(t, cancelErr, &ou)
+		require.Equal(t, "pay", ou.Step)
+		require.WithinDuration(t, waiting.Steps[1].SentAt.Add(settle), ou.KnownAt, time.Second)
+		require.Zero(t, p.undos.Load())
+		require.Equal(t, engine.StatusInProgress, fsGet(t, e, s.ID).Status)
+	})
+}
+
+// TestPendingOutcome: a call accepted as pending waits, with no run holding
+// it, for its lookup, an event or a failure; the pivot is the provider's
+// success, not its acceptance.
+func TestPendingOutcome(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pendingOnce := func(n int32) string {
+		if n == 1 {
+			return "pending"
+		}
+		return ""
+	}
+
+	t.Run("SettledByLookup", func(t *testing.T) {
+		t.Parallel()
+		p := newLateProvider(pendingOnce)
+		op := lateOp(t, p, "pending_lookup", time.Hour, 3)
+		e, _ := lateEngine(t, op)
+		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+		require.NoError(t, err)
+		waiting := fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool {
+			return i.Steps[1].Status == engine.StepStatusWaiting && i.Steps[1].Pending
+		})
+		require.False(t, waiting.NeedsAttention())
+		seen := p.lookups.Load()
+		require.Eventually(t, func() bool { return p.lookups.Load() > seen+1 }, fsTimeout, 10*time.Millisecond)
+		p.settle(waiting.Steps[1].DerivedKey, true)
+		info := fsWait(t, e, s.ID)
+		require.Equal(t, engine.StatusSucceeded, info.Status)
+		require.Equal(t, int32(1), p.calls.Load(), "a pending call is not made again")
+		require.Equal(t, engine.ResolvedByLookup, fsGet(t, e, s.ID).Steps[1].ResolvedBy)
+	})
+
+	t.Run("FailedByLookup", func(t *testing.T) {
+		t.Parallel()
+		p := newLateProvider(pendingOnce)
+		op := lateOp(t, p, "pending_failed", time.Hour, 3)
+		e, _ := lateEngine(t, op)
+		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+		require.NoError(t, err)
+		waiting := fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool {
+			return i.Steps[1].Status == engine.StepStatusWaiting
+		})
+		var cancelErr error
+		require.Eventually(t, func() bool {
+			_, cancelErr = e.Cancel(ctx, s.ID, "")
+			return !errors.Is(cancelErr, engine.ErrRunning)
+		}, fsTimeout, 10*time.Millisecond)
+		var ou *engine.OutcomeUnknownError
+		require.ErrorAs(t, cancelErr, &ou)
+		require.True(t, ou.Pending)
+
+		p.settle(waiting.Steps[1].DerivedKey, false)
+		info := fsWait(t, e, s.ID)
+		require.Equal(t, engine.StatusFailed, info.Status)
+		require.Equal(t, "payment_failed", info.Error.Code)
+		require.False(t, info.Error.ServerFault())
+		require.Equal(t, int32(1), p.undos.Load())
+		require.Equal(t, engine.StepStatusFailed, fsGet(t, e, s.ID).Steps[1].Status)
+	})
+
+	for _, byKey := range []bool{false, true} {
+		name := "SettledByEventByStep"
+		if byKey {
+			name = "SettledByEventByKey"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			p := newLateProvider(pendingOnce)
+			// A lookup that never answers: only the event settles it.
+			down := errors.New("provider: lookup unavailable")
+			p.lookupErr.Store(&down)
+			op := lateOp(t, p, "pending_event", time.Hour, 3)
+			e, pool := lateEngine(t, op)
+			s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+			require.NoError(t, err)
+			waiting := fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool {
+				return i.Steps[1].Status == engine.StepStatusWaiting
+			})
+			ref := engine.StepRef{OperationID: s.ID, Step: "pay"}
+			if byKey {
+				ref = engine.StepRef{DerivedKey: waiting.Steps[1].DerivedKey}
+			}
+			for i, want := range []bool{true, false} { // delivered twice: settled once
+				tx, err := pool.Begin(ctx)
+				require.NoError(t, err)
+				ok, err := engine.SettleSucceeded(ctx, tx, e, op, ref, func(_ int, s *lateState) error {
+					s.Ref = "event"
+					return nil
+				})
+				require.NoError(t, err)
+				require.Equal(t, want, ok, "delivery %d", i+1)
+				require.NoError(t, tx.Commit(ctx))
+			}
+			info := fsWait(t, e, s.ID)
+			require.Equal(t, engine.StatusSucceeded, info.Status)
+			out, err := op.Result(info)
+			require.NoError(t, err)
+			require.Equal(t, "event", out)
+			require.Equal(t, engine.ResolvedByEvent, fsGet(t, e, s.ID).Steps[1].ResolvedBy)
+			require.Equal(t, int32(1), p.calls.Load())
+			require.Zero(t, p.undos.Load())
+		})
+	}
+
+	t.Run("FailedByEvent", func(t *testing.T) {
+		t.Parallel()
+		p := newLateProvider(pendingOnce)
+		op := lateOp(t, p, "pending_event_failed", time.Hour, 3)
+		e, pool := lateEngine(t, op)
+		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+		require.NoError(t, err)
+		waiting := fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool {
+			return i.Steps[1].Status == engine.StepStatusWaiting
+		})
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		ok, err := engine.SettleFailed(ctx, tx, e, engine.StepRef{DerivedKey: waiting.Steps[1].DerivedKey},
+			engine.Fail("payment_failed", "the provider failed the payment"))
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.NoError(t, tx.Commit(ctx))
+		info := fsWait(t, e, s.ID)
+		require.Equal(t, engine.StatusFailed, info.Status)
+		require.Equal(t, "payment_failed", info.Error.Code)
+		require.Equal(t, int32(1), p.undos.Load())
+	})
+}
+
+// TestToldAnswersFinal: Reopen refuses what the client was told (a business
+// answer, a cancel), and reopens a server fault only when forced, whose
+// answer stays visible until the operation finishes again.
+func TestToldAnswersFinal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var fail atomic.Pointer[error]
+	noop := func(context.Context, engine.Tx, engine.Attempt, string, *struct{}) error { return nil }
+	op, err := engine.NewOperation("told", []engine.Step[string, struct{}]{
+		engine.TxStep("a", noop),
+		engine.TxStep("b", func(context.Context, engine.Tx, engine.Attempt, string, *struct{}) error {
+			if err := fail.Load(); err != nil {
+				return *err
+			}
+			return nil
+		}),
+	}, func(in string, _ *struct{}) (string, error) { return in, nil },
+		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond, MaxAttempts: 1}})
+	require.NoError(t, err)
+	pool := testdb.Pool(t)
+	// No workers yet: a reopened operation waits in the database, to be read.
+	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
+	fsHurry(t, pool)
+
+	business := error(engine.Fail("declined", "declined"))
+	fail.Store(&business)
+	s, err := engine.Start(ctx, e, op, "c", "business", "x", nil)
+	require.NoError(t, err)
+	require.Equal(t, "declined", fsWait(t, e, s.ID).Error.Code)
+	require.ErrorIs(t, e.Reopen(ctx, s.ID, nil), engine.ErrFinal)
+	require.ErrorIs(t, e.Reopen(ctx, s.ID, &engine.ReopenOpts{Force: true}), engine.ErrFinal)
+
+	transient := errors.New("flaky")
+	fail.Store(&transient)
+	s, err = engine.Start(ctx, e, op, "c", "fault", "x", nil)
+	require.NoError(t, err)
+	failed := fsWait(t, e, s.ID)
+	require.True(t, failed.Error.ServerFault())
+	require.ErrorIs(t, e.Reopen(ctx, s.ID, nil), engine.ErrFinal)
+	require.Equal(t, engine.StatusFailed, fsGet(t, e, s.ID).Status, "a refused retry changes nothing")
+
+	// Forced: the reopened operation shows the answer its client was told
+	// until it finishes again.
+	fail.Store(nil)
+	require.NoError(t, e.Reopen(ctx, s.ID, &engine.ReopenOpts{Force: true}))
+	reopened := fsGet(t, e, s.ID)
+	require.Equal(t, engine.StatusInProgress, reopened.Status)
+	require.NotNil(t, reopened.PriorError)
+	require.Equal(t, failed.Error.Code, reopened.PriorError.Code)
+	require.NoError(t, e.StartWorkers(ctx))
+	done := fsWait(t, e, s.ID)
+	require.Equal(t, engine.StatusSucceeded, done.Status)
+	require.Nil(t, fsGet(t, e, s.ID).PriorError)
+}
+
+// TestDatabaseTroubleIsNotTheStepsFault: a transactional step whose statements
+// time out on a lock is retried without using up its attempts.
+func TestDatabaseTroubleIsNotTheStepsFault(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	_, err := pool.Exec(ctx, `CREATE TABLE dbt_row (id int PRIMARY KEY, n int NOT NULL); INSERT INTO dbt_row VALUES (1, 0)`)
+	require.NoError(t, err)
+	var tries atomic.Int32
+	op, err := engine.NewOperation("dbt", []engine.Step[int, struct{}]{
+		engine.TxStep("bump", func(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ int, _ *struct{}) error {
+			tries.Add(1)
+			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '20ms'`); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `UPDATE dbt_row SET n = n + 1 WHERE id = 1`)
+			return err
+		}),
+	}, func(int, *struct{}) (int, error) { return 0, nil },
+		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: 2}})
+	require.NoError(t, err)
+	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+	fsHurry(t, pool)
+
+	// Hold the row's lock while the step tries more often than it may fail.
+	holder, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, `SELECT 1 FROM dbt_row WHERE id = 1 FOR UPDATE`)
+	require.NoError(t, err)
+	s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+	require.NoError(t, err)
+	held := fsAwait(t, e, s.ID, "it failed for want of the lock", func(i *engine.Info) bool {
+		return i.Steps[0].LastError != ""
+	})
+	require.Contains(t, held.Steps[0].LastError, "database")
+	require.Eventually(t, func() bool { return tries.Load() > 4 }, fsTimeout, 5*time.Millisecond,
+		"tried more often than MaxAttempts allows")
+	require.Equal(t, engine.StatusInProgress, fsGet(t, e, s.ID).Status)
+	require.NoError(t, holder.Rollback(ctx))
+
+	info := fsWait(t, e, s.ID)
+	require.Equal(t, engine.StatusSucceeded, info.Status)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT n FROM dbt_row WHERE id = 1`).Scan(&n))
+	require.Equal(t, 1, n)
+}
