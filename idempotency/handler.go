@@ -258,7 +258,7 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 		ep.internalError(ctx, w, log(), "start the operation", err)
 		return
 	case !started.Created:
-		if started.Existing.Status == engine.StatusInProgress {
+		if started.Existing.Status == engine.StatusInProgress && started.Existing.PriorError == nil {
 			ep.observe(ctx, OutcomeInProgress)
 		} else {
 			ep.observe(ctx, OutcomeReplayed)
@@ -354,9 +354,16 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 
 // answerExisting answers a request whose key an operation started by the same
 // request already holds (the engine refused a different one): 409 while the
-// operation runs, its stored answer once it finished.
+// operation runs, its stored answer once it finished. An operation that an
+// operator reopened by force answers what its client was told before
+// (engine.Info.PriorError) until it finishes again.
 func (ep *endpoint[In, S, Out]) answerExisting(w http.ResponseWriter, info *engine.Info) {
 	w.Header().Set(HeaderOperationID, info.ID.String())
+	if info.Status == engine.StatusInProgress && info.PriorError != nil {
+		w.Header().Set(HeaderReplayed, "true")
+		ep.answerFinished(w, &engine.Info{ID: info.ID, Status: engine.StatusFailed, Error: info.PriorError})
+		return
+	}
 	if info.Status == engine.StatusInProgress {
 		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(ep.cfg.RetryAfter), 10))
 		WriteError(w, http.StatusConflict, CodeRequestInProgress,

@@ -290,16 +290,18 @@ func TestFinalizePastPivot(t *testing.T) {
 
 // TestProviderOutOfAttempts runs the provider step out of its -max-attempts
 // attempts. The ledger move is reversed only when the provider, asked by the
-// derived key, has no refund: then the answer is a stored 500 operation_failed;
-// when it has one, the refund succeeds through the lookup; when it cannot be
-// asked, nothing is undone and the operation needs attention.
+// derived key once -provider-settle has passed since the last request, has
+// no refund: then the answer is a stored 500 operation_failed; when it has
+// one, the refund succeeds through the lookup; when it cannot be asked,
+// nothing is undone and the operation needs attention past the window.
 func TestProviderOutOfAttempts(t *testing.T) {
 	t.Parallel()
 
 	t.Run("NoRefund", func(t *testing.T) {
 		t.Parallel()
+		const settle = 2 * time.Second
 		d := startDemo(t, testdb.URL(t), &demoOpts{
-			args: []string{"-max-attempts", "2", "-retry-backoff", "20ms"},
+			args: []string{"-max-attempts", "2", "-retry-backoff", "20ms", "-provider-settle", settle.String()},
 			env:  []string{"DEMO_FAIL=provider:100"},
 		})
 		c := d.client(t, tokenA)
@@ -330,6 +332,8 @@ func TestProviderOutOfAttempts(t *testing.T) {
 		require.Equal(t, []string{"ledger:compensated", "provider:failed", "finalize:skipped"}, stepStatuses(op))
 		prov := stepOf(t, op, "provider")
 		require.Equal(t, 2, prov.Attempts)
+		require.GreaterOrEqual(t, op.FinishedAt.Sub(*prov.StartedAt), settle,
+			"nothing found counts only once -provider-settle has passed since the last request")
 		require.Empty(t, prov.ResolvedBy)
 		require.NotNil(t, prov.LastError)
 		requireNothingInternal(t, *prov.LastError)
@@ -383,7 +387,7 @@ func TestProviderOutOfAttempts(t *testing.T) {
 		// Neither the refund nor the lookup gets an answer: nobody can tell
 		// whether the refund went through, so nothing is undone.
 		d := startDemo(t, testdb.URL(t), &demoOpts{args: []string{
-			"-max-attempts", "2", "-retry-backoff", "20ms", "-wait", "300ms",
+			"-max-attempts", "2", "-retry-backoff", "20ms", "-wait", "300ms", "-provider-settle", "1s",
 			"-provider-url", "http://" + closedPort(t) + "/provider",
 		}})
 		c := d.client(t, tokenA)

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -75,7 +76,7 @@ type adminOperation struct {
 
 func TestOperators(t *testing.T) {
 	t.Parallel()
-	d := startDemo(t, testdb.URL(t), &demoOpts{args: []string{"-max-attempts", "3"}})
+	d := startDemo(t, testdb.URL(t), &demoOpts{args: []string{"-max-attempts", "3", "-provider-settle", "500ms"}})
 	require.Contains(t, d.stdout.String(), adminToken, "the admin token is printed at start")
 	a, b := d.client(t, tokenA), d.client(t, tokenB)
 
@@ -87,7 +88,7 @@ func TestOperators(t *testing.T) {
 	b.setFault("error", 3, 0)
 	key := newKey()
 	body := map[string]any{"orderId": "B-1", "amount": 1000}
-	r := b.post("/refunds", key, body)
+	r := b.postUntilFinal("/refunds", key, body)
 	requireError(t, r, http.StatusInternalServerError, "operation_failed")
 	failedID := r.header.Get("Operation-Id")
 
@@ -205,10 +206,24 @@ func TestOperators(t *testing.T) {
 		require.Equal(t, stepOf(t, b.getOperation(failedID), "provider").DerivedKey, prov.DerivedKey)
 
 		requireError(t, d.admin(t, http.MethodPost, "/admin/operations/"+failedID+"/cancel", ""), http.StatusConflict, "operation_finished")
-		r = d.admin(t, http.MethodPost, "/admin/operations/"+failedID+"/retry", "")
+		// The client was told 500: only a forced retry reopens it.
+		requireError(t, d.admin(t, http.MethodPost, "/admin/operations/"+failedID+"/retry", ""), http.StatusConflict, "operation_final")
+		told := b.post("/refunds", key, body)
+		requireError(t, told, http.StatusInternalServerError, "operation_failed")
+		r = d.admin(t, http.MethodPost, "/admin/operations/"+failedID+"/retry", `{"force": true}`)
 		requireStatus(t, r, http.StatusOK)
-		// The client's retry of its key gets the new run's answer.
-		r = b.postUntilFinal("/refunds", key, body)
+		// The key replays the 500 until the reopened operation finishes, then
+		// answers the new run's answer.
+		var final *response
+		require.Eventually(t, func() bool {
+			final = b.post("/refunds", key, body)
+			if final.status == http.StatusInternalServerError {
+				require.Equal(t, string(told.body), string(final.body))
+				require.Equal(t, "true", final.header.Get("Idempotent-Replayed"))
+			}
+			return final.status != http.StatusInternalServerError
+		}, 60*time.Second, 50*time.Millisecond)
+		r = final
 		requireStatus(t, r, http.StatusCreated)
 		require.Equal(t, "succeeded", decodeAs[refundBody](t, r).Status)
 		refunds := b.providerRefunds()

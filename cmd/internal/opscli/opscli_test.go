@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -44,10 +45,11 @@ func TestCommand(t *testing.T) {
 			Compensate(func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
 		engine.ExternalStep("bank", func(context.Context, engine.Attempt, int, *int) error {
 			if fail.Load() {
-				return engine.Fail("declined", "the bank declined")
+				return engine.Permanent(errors.New("the bank is down"))
 			}
 			return nil
-		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return false, nil }),
+		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return false, nil }).
+			Settle(0), // the bank answers for good or never
 	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
 	require.NoError(t, err)
 	// The service's process, on the database the command is given.
@@ -60,7 +62,7 @@ func TestCommand(t *testing.T) {
 	r := idemflow(t, dbURL, "list", "-status", "failed")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, s.ID.String())
-	require.Contains(t, r.stdout, "declined")
+	require.Contains(t, r.stdout, engine.CodeAttemptsExhausted)
 
 	r = idemflow(t, dbURL, "show", s.ID.String())
 	require.Equal(t, 0, r.code, r.stderr)
@@ -80,7 +82,12 @@ func TestCommand(t *testing.T) {
 	require.Equal(t, 1, r.code, r.stdout+r.stderr)
 	require.Contains(t, r.stdout, "refused")
 	fail.Store(false)
+	// Its client was told of a server fault: only a forced retry reopens it.
 	r = idemflow(t, dbURL, "retry", s.ID.String())
+	require.Equal(t, 1, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, "refused")
+	require.Contains(t, r.stdout, "final")
+	r = idemflow(t, dbURL, "retry", "-force", s.ID.String())
 	require.Equal(t, 0, r.code, r.stdout+r.stderr)
 	require.Contains(t, r.stdout, ": done: reopened")
 	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
