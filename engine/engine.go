@@ -39,6 +39,9 @@ const (
 	// PointAfterCompensation is after the compensation returned successfully
 	// and before it commits.
 	PointAfterCompensation Point = "after-compensation"
+	// PointLookup: an external step's lookup has answered (TestConfig.Lookup
+	// only).
+	PointLookup Point = "lookup"
 )
 
 // HookEvent describes the moment at which a HookFunc is called.
@@ -143,6 +146,11 @@ type TestConfig struct {
 	// Hook, when set, is called at each Point of every step attempt: to crash
 	// the process there, or to make the attempt fail or panic.
 	Hook HookFunc
+	// Lookup, when set, is given every answer of an external step's lookup
+	// (ev.Point is PointLookup) and returns the answer the engine acts on: to
+	// make a call land late (found, hidden until later) or stay pending for a
+	// while (an error matching ErrOutcomePending).
+	Lookup func(ctx context.Context, ev HookEvent, found bool, err error) (bool, error)
 }
 
 // The defaults of Config.

@@ -386,6 +386,10 @@ func (r *run) lookup(ctx context.Context, st *stepDef, at Attempt) (bool, error)
 	err := protect(func() error {
 		var err error
 		found, err = st.lookup(ctx, at, r.in, r.state)
+		if test := r.e.cfg.Test.Lookup; test != nil {
+			found, err = test(ctx, HookEvent{Operation: r.def.name, OperationID: r.id, Step: st.name, Point: PointLookup,
+				Attempt: at.Number, Resumed: r.resumed}, found, err)
+		}
 		return err
 	})
 	if err != nil {

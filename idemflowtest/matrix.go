@@ -82,10 +82,27 @@ const (
 	// FaultTimeout: the call takes effect and the step times out waiting for
 	// its answer.
 	FaultTimeout Fault = "timeout"
+	// FaultLateLanding: the call times out and lands at the service only
+	// LateLanding later: the step's lookup finds nothing until then. The
+	// attempt's answer is lost to a server fault (engine.Permanent), which
+	// ends the step's calls at once, so that only the lookup, after the
+	// step's settle window, decides: a step whose window is shorter than the
+	// landing compensates a call that went through.
+	FaultLateLanding Fault = "late-landing"
+	// FaultPending: the service accepts the call as pending (the attempt
+	// answers engine.Pending) and its lookup answers "still pending" for
+	// PendingFor, then the call's outcome as the service has it.
+	FaultPending Fault = "pending"
+)
+
+// How late FaultLateLanding lands, and how long FaultPending stays pending.
+const (
+	LateLanding = 300 * time.Millisecond
+	PendingFor  = 300 * time.Millisecond
 )
 
 // Faults lists every Fault, in the order the fault matrix tries them.
-var Faults = []Fault{FaultError, FaultLostResponse, FaultTimeout}
+var Faults = []Fault{FaultError, FaultLostResponse, FaultTimeout, FaultLateLanding, FaultPending}
 
 // The child's environment.
 const (
@@ -290,6 +307,13 @@ func (m Matrix[In, S, Out]) prepare(t *testing.T) (string, *pgxpool.Pool, *Run) 
 // engine makes the operation and an engine for it with hook.
 func (m Matrix[In, S, Out]) engine(t *testing.T, pool *pgxpool.Pool, run *Run, hook engine.HookFunc, workers bool) (*engine.Engine, *engine.Operation[In, S, Out]) {
 	t.Helper()
+	return m.engineWith(t, pool, run, hook, nil, workers)
+}
+
+// engineWith is engine with a lookup hook (engine.TestConfig.Lookup) too.
+func (m Matrix[In, S, Out]) engineWith(t *testing.T, pool *pgxpool.Pool, run *Run, hook engine.HookFunc,
+	lookup func(context.Context, engine.HookEvent, bool, error) (bool, error), workers bool) (*engine.Engine, *engine.Operation[In, S, Out]) {
+	t.Helper()
 	op, err := m.Operation(pool, run.Env)
 	if err != nil {
 		t.Fatalf("idemflowtest: build the operation: %v", err)
@@ -300,6 +324,7 @@ func (m Matrix[In, S, Out]) engine(t *testing.T, pool *pgxpool.Pool, run *Run, h
 	}
 	cfg.Operations = []engine.Definition{op}
 	cfg.Test.Hook = hook
+	cfg.Test.Lookup = lookup
 	e := newEngine(t, pool, &cfg)
 	if workers {
 		if err := e.StartWorkers(t.Context()); err != nil {
@@ -477,7 +502,12 @@ func (m Matrix[In, S, Out]) child(t *testing.T, p point) {
 func (m Matrix[In, S, Out]) withFault(t *testing.T, step string, fault Fault) Result {
 	t.Helper()
 	_, pool, run := m.prepare(t)
-	var once sync.Once
+	var (
+		once sync.Once
+		mu   sync.Mutex
+		// until is when the late call lands, or stops being pending.
+		until time.Time
+	)
 	hook := func(_ context.Context, ev engine.HookEvent) error {
 		if ev.Step != step || ev.Attempt != 1 {
 			return nil
@@ -490,17 +520,38 @@ func (m Matrix[In, S, Out]) withFault(t *testing.T, step string, fault Fault) Re
 			err = errors.New("idemflowtest: injected loss of the call's answer (connection reset)")
 		case fault == FaultTimeout && ev.Point == engine.PointAfterEffect:
 			err = fmt.Errorf("idemflowtest: injected timeout waiting for the call's answer: %w", context.DeadlineExceeded)
+		case fault == FaultLateLanding && ev.Point == engine.PointAfterEffect:
+			err = engine.Permanent(fmt.Errorf("idemflowtest: injected timeout of a call that lands later: %w", context.DeadlineExceeded))
+		case fault == FaultPending && ev.Point == engine.PointAfterEffect:
+			err = engine.Pending("idemflowtest: injected: the service accepted the call as pending")
 		}
 		if err != nil {
 			injected := false
 			once.Do(func() { injected = true })
 			if injected {
+				mu.Lock()
+				until = time.Now().Add(max(LateLanding, PendingFor))
+				mu.Unlock()
 				return err
 			}
 		}
 		return nil
 	}
-	e, op := m.engine(t, pool, run, hook, true)
+	lookup := func(_ context.Context, ev engine.HookEvent, found bool, err error) (bool, error) {
+		mu.Lock()
+		hidden := ev.Step == step && time.Now().Before(until)
+		mu.Unlock()
+		switch {
+		case !hidden:
+			return found, err
+		case fault == FaultLateLanding:
+			return false, nil // not landed yet
+		case fault == FaultPending:
+			return false, engine.Pending("idemflowtest: injected: still pending")
+		}
+		return found, err
+	}
+	e, op := m.engineWith(t, pool, run, hook, lookup, true)
 	return m.finish(t, e, op, run, step+"/"+string(fault))
 }
 

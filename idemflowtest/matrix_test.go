@@ -75,6 +75,9 @@ const (
 	// debitOutsideTx debits the wallet on the pool, not in the step's
 	// transaction, so the debit commits without its checkpoint.
 	debitOutsideTx
+	// noSettle gives the bank's step no settle window, as if a request that
+	// got no answer could never land later.
+	noSettle
 )
 
 const walletSchema = `CREATE TABLE wallet (id text PRIMARY KEY, balance bigint NOT NULL CHECK (balance >= 0));
@@ -137,9 +140,13 @@ func payoutOp(pool *pgxpool.Pool, bankURL string, f flaw) (*engine.Operation[pay
 		_, err := tx.Exec(ctx, "INSERT INTO paid VALUES ($1, $2)", in.Wallet, s.PayoutID)
 		return err
 	}
+	bankStep := engine.ExternalStep("bank", pay).Lookup(find)
+	if f == noSettle {
+		bankStep = bankStep.Settle(0)
+	}
 	return engine.NewOperation("payout", []engine.Step[payIn, payState]{
 		engine.TxStep("debit", debit).Compensate(credit),
-		engine.ExternalStep("bank", pay).Lookup(find),
+		bankStep,
 		engine.TxStep("mark_paid", markPaid),
 	}, func(_ payIn, s *payState) (payState, error) { return *s, nil }, nil)
 }
@@ -237,9 +244,19 @@ func TestCrashMatrixFindsFlaws(t *testing.T) {
 }
 
 // TestFaultMatrixFindsFlaws: the fault matrix catches the fresh key on a lost
-// answer and a timeout.
+// answer, a timeout, a late landing and a pending outcome (whose lookups ask
+// under a key the bank never saw), and a step without a settle window on a
+// late landing, which it compensates although the bank paid.
 func TestFaultMatrixFindsFlaws(t *testing.T) {
 	t.Parallel()
-	results := payoutMatrix(freshKey).FaultResults(t)
-	require.Equal(t, []string{"bank/lost-response", "bank/timeout"}, brokenAt(t, results))
+	t.Run("FreshKey", func(t *testing.T) {
+		t.Parallel()
+		results := payoutMatrix(freshKey).FaultResults(t)
+		require.Equal(t, []string{"bank/lost-response", "bank/timeout", "bank/late-landing", "bank/pending"}, brokenAt(t, results))
+	})
+	t.Run("NoSettleWindow", func(t *testing.T) {
+		t.Parallel()
+		results := payoutMatrix(noSettle).FaultResults(t)
+		require.Equal(t, []string{"bank/late-landing"}, brokenAt(t, results))
+	})
 }
