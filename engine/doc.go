@@ -74,27 +74,70 @@
 // Before the pivot, a step that returns a *PermanentError (Fail, Permanent) or
 // runs out of attempts ends the operation failed: the compensations of the
 // steps that had succeeded run, last first, and the error is stored as the
-// operation's answer. Money is not moved back on a guess: an external step out
-// of attempts (or failing with a server fault) may have gone through, so its
-// lookup is asked by derived key first; found, the operation goes forward;
-// not found, it is compensated; without a lookup it is parked, needing
-// attention, with nothing undone. Engine.Cancel asks the same way, and refuses
+// operation's answer. Money is not moved back on a guess: an external step
+// whose call may have gone through waits for its outcome (see "Late and
+// unknown outcomes"), and without a lookup it is parked, needing attention,
+// with nothing undone. Engine.Cancel asks the same way, and refuses
 // (ErrPastPivot) an operation past its pivot.
 //
 // A transient failure is retried after a backoff (RetryPolicy): waited out in
 // the run when short, else by a River job scheduled in the transaction that
 // records the failure. A panic in a step, a lookup, a compensation or the
-// result function is one failed attempt, never the process's end.
+// result function is one failed attempt, never the process's end. An attempt
+// of a transactional step that failed because the database did not answer
+// (IsUnavailable: a lock or statement timeout, a lost connection) is retried
+// at the backoff without counting against MaxAttempts.
+//
+// # Late and unknown outcomes
+//
+// A call to the outside world ends in one of three ways, and only the first
+// is an outcome:
+//
+//   - Known: an answer that says done (the step returns nil) or refused (Fail,
+//     a business answer).
+//   - Unknown: no definite answer (a timeout, a lost connection, a 5xx, a crash
+//     mid-call). The request may still land, up to the step's settle window
+//     (ExternalStepDef.Settle, DefaultSettle) after it was sent. Silence is
+//     never "not made".
+//   - Pending: the service accepted the call and gives its final status later
+//     (the step returns Pending).
+//
+// MaxAttempts bounds the calls. An external step out of attempts with its
+// outcome unknown (or failed with a server fault) sends nothing more: it
+// waits (StepStatusWaiting), with no run, lease or busy River job on it,
+// while its lookup is asked at the step's backoff (at most ten times its
+// Base) and once more just after the window. Found: the step succeeds and the
+// operation goes forward. Nothing found once the window has passed since the
+// last request was sent: the call was not made, and the operation fails and
+// compensates. A pending call waits the same way until its lookup finds it
+// final (found, or a Fail: it ended without effect, and the operation
+// compensates with that answer), or the application delivers the outcome
+// (SettleSucceeded, SettleFailed, in its own transaction, by operation and
+// step or by derived key: a webhook handler's), or an operator does. A lookup
+// answers "still processing" with Pending too. A step that waits past its
+// window, pending or with a lookup that cannot answer, needs attention
+// (CodeOutcomeOverdue) and goes on waiting; one without a lookup whose
+// outcome is unknown is parked.
+//
+// Who may decide: the step's own answer, its lookup, the application's
+// delivered outcome, and an operator; never the engine on a guess. Cancel
+// follows the same rule: it refuses an operation whose call may still land or
+// is pending, with an *OutcomeUnknownError saying when the outcome will be
+// known. Told answers are final: Reopen refuses (ErrFinal) an operation that
+// ended with a business answer or an operator's cancel, and reopens one that
+// failed with a server fault only with ReopenOpts.Force, its answer kept as
+// Info.PriorError (what an HTTP layer replays) until it finishes again.
 //
 // # Parked operations
 //
 // Some operations can go neither forward nor back without a person: a step
 // returned a HaltError (a provider's answer that does not match the request), a
-// permanent failure after the pivot, an outcome nobody can tell, an input or
-// state that no longer decodes, a compensation that failed for good (the
-// operation is half undone; a reopen goes on compensating). Those are parked: in progress, needing
-// attention, left alone by every run until an operator reopens (Engine.Reopen)
-// or cancels (Engine.Cancel) them. A client retrying its key meanwhile gets the
+// permanent failure after the pivot, an outcome nobody can tell (an external
+// step without a lookup), an input or state that no longer decodes, a
+// compensation that failed for good (the operation is half undone; a reopen
+// goes on compensating). Those are parked: in progress, needing attention,
+// left alone by every run until an operator reopens (Engine.Reopen) or
+// cancels (Engine.Cancel) them. A client retrying its key meanwhile gets the
 // operation in progress.
 //
 // # Errors

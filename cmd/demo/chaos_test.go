@@ -61,7 +61,10 @@ var chaosClients = []struct{ name, token string }{{"merchant-a", tokenA}, {"merc
 // once and at random:
 //
 //   - SIGKILL of one of the demos every 0.5 to 3 seconds, restarted at once;
-//   - provider faults (error, lost_response, slow) through /provider/faults;
+//   - provider faults (error, lost_response, slow, pending) through
+//     /provider/faults: slow answers outlast the demos' -provider-timeout
+//     (500ms) and land late, within -provider-settle (4s); pending refunds
+//     settle succeeded or failed later, told by webhook or found by lookup;
 //   - PostgreSQL restarted (fast shutdown, then start) every 3 to 12 seconds;
 //   - faults of the network between the demos and PostgreSQL, through a proxy
 //     of the test's (faultProxy): latency spikes (every byte delayed 50 to 300
@@ -278,7 +281,8 @@ func (r *chaosRun) spawn() *demo {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = stdoutLog.Close() })
 
-	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-retry-backoff", "50ms", "-wait", "2s", "-lease", "1s"}, chaosEntryArgs...)...)
+	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-retry-backoff", "50ms", "-wait", "2s", "-lease", "1s",
+		"-provider-timeout", "500ms", "-provider-settle", "4s"}, chaosEntryArgs...)...)
 	cmd.Env = append(demoEnviron(), "DATABASE_URL="+r.demoURL)
 	// Every demo but one in four also injects step faults of its own, in every
 	// operation it runs: panics before and at the provider call, and a finalize
@@ -477,16 +481,24 @@ func (r *chaosRun) reviveExited() {
 }
 
 // fault injects a provider fault for the next refund requests: one to three
-// errors or lost responses, or one to six slow answers.
+// errors or lost responses, one to six slow answers, or one to six pending
+// refunds that succeed or fail later.
 func (r *chaosRun) fault() {
-	mode := []string{"error", "lost_response", "slow"}[r.rng.IntN(3)]
+	mode := []string{"error", "lost_response", "slow", "pending"}[r.rng.IntN(4)]
 	count, delay := 1+r.rng.IntN(3), 0
-	if mode == "slow" {
+	fault := map[string]any{"mode": mode}
+	switch mode {
+	case "slow":
 		// Slow answers keep operations in flight when a process is killed;
-		// some outlast the lease (renewed) and the client timeouts.
+		// some outlast the lease (renewed) and the client timeouts, and those
+		// over -provider-timeout land after their call gave up.
 		count, delay = 1+r.rng.IntN(6), 100+r.rng.IntN(1400)
+	case "pending":
+		count, delay = 1+r.rng.IntN(6), 100+r.rng.IntN(1400)
+		fault["outcome"] = []string{"succeeded", "failed"}[r.rng.IntN(2)]
 	}
-	body, err := json.Marshal(map[string]any{"mode": mode, "count": count, "delayMs": delay})
+	fault["count"], fault["delayMs"] = count, delay
+	body, err := json.Marshal(fault)
 	require.NoError(r.t, err)
 	resp, err := r.send(r.ctx, r.base(r.rng), http.MethodPost, "/provider/faults", "", "", body, 2*time.Second)
 	if err != nil || resp.status != http.StatusNoContent {
@@ -762,8 +774,9 @@ func (r *chaosRun) observe(k *chaosKey, resp *response, err error) bool {
 		r.broken(true, false, "%s: two final answers: %d %s and %d %s", k, k.final.status, k.final.body, resp.status, resp.body)
 	}
 	want := map[string][]string{
-		"/orders":  {"201"},
-		"/refunds": {"201", "422 amount_exceeds_refundable"},
+		"/orders": {"201"},
+		// 402 provider_refund_failed: a pending refund that the provider failed.
+		"/refunds": {"201", "422 amount_exceeds_refundable", "402 provider_refund_failed"},
 	}[k.path]
 	switch {
 	case strings.HasPrefix(k.orderID, "NOPE-"):
@@ -879,7 +892,23 @@ func (r *chaosRun) check() {
 			refunds = append(refunds, k)
 		}
 	}
-	providerRefunds := clients[0].providerRefunds()
+	// A refund that the provider failed (pending, then failed) paid nothing:
+	// only its succeeded refunds count.
+	var providerRefunds []providerRefund
+	failedAtProvider := map[string]bool{}
+	for _, pr := range clients[0].providerRefunds() {
+		switch pr.Status {
+		case "succeeded":
+			providerRefunds = append(providerRefunds, pr)
+		case "failed":
+			if failedAtProvider[pr.IdempotencyKey] {
+				r.broken(true, false, "the provider made two refunds under the key %s", pr.IdempotencyKey)
+			}
+			failedAtProvider[pr.IdempotencyKey] = true
+		default:
+			r.broken(false, true, "the provider's refund %+v is not settled after the faults stopped", pr)
+		}
+	}
 	byKey := map[string]providerRefund{}
 	for _, pr := range providerRefunds {
 		if _, dup := byKey[pr.IdempotencyKey]; dup {
@@ -1163,7 +1192,7 @@ func (r *chaosRun) report() {
 	}
 	requests := r.requests.Load()
 	lines := []string{
-		fmt.Sprintf("chaos report: seed %d, %s of faults against %d demo processes (-lease 1s -retry-backoff 50ms -wait 2s), %d client goroutines",
+		fmt.Sprintf("chaos report: seed %d, %s of faults against %d demo processes (-lease 1s -retry-backoff 50ms -wait 2s -provider-timeout 500ms -provider-settle 4s), %d client goroutines",
 			r.seed, r.faultsEnd.Sub(r.faultsStart).Round(time.Second), chaosProcesses, chaosWorkers),
 		fmt.Sprintf("  operations:         %d keys: %d orders, %d refunds (%d succeeded, %d declined 402, %d exceeded 422, %d order not found 404)",
 			len(r.keys), orders, refunds, succeeded, declined, exceeded, notFound),
@@ -1172,8 +1201,8 @@ func (r *chaosRun) report() {
 		fmt.Sprintf("  resends:            %d rounds of 2-3 concurrent copies; %d different-amount checks (422), %d metadata-only replays",
 			r.concurrent.Load(), r.reuseChecks.Load(), r.replayChecks.Load()),
 		fmt.Sprintf("  kills:              %d (SIGKILL, restarted at once); %d demos exited by themselves", r.kills.Load(), r.exits.Load()),
-		fmt.Sprintf("  provider faults:    %d injections (error %d, lost_response %d, slow %d) for up to %d refund requests",
-			r.faultInjections.Load(), r.faults["error"], r.faults["lost_response"], r.faults["slow"], r.faultRequests.Load()),
+		fmt.Sprintf("  provider faults:    %d injections (error %d, lost_response %d, slow %d, pending %d) for up to %d refund requests",
+			r.faultInjections.Load(), r.faults["error"], r.faults["lost_response"], r.faults["slow"], r.faults["pending"], r.faultRequests.Load()),
 		fmt.Sprintf("  database restarts:  %d (fast shutdown, down up to 1s, start)", r.dbRestarts.Load()),
 		fmt.Sprintf("  database proxy:     %d latency spikes, %d resets (%d connections), %d stalls",
 			r.spikes.Load(), r.resets.Load(), r.resetConns.Load(), r.stalls.Load()),

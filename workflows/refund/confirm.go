@@ -87,9 +87,8 @@ func (w *Workflows) confirm(ctx context.Context, tx engine.Tx, at engine.Attempt
 	if err := w.settleWaiting(ctx, tx, in); err != nil {
 		return err
 	}
-	if in.Type == EventRefundFailed {
-		return nil // nothing was paid: nothing to confirm
-	}
+	// A failed refund's event is recorded too; nothing finalizes such a
+	// refund, so nothing confirms it.
 	err := w.q.ProviderEventRecord(ctx, engine.AtCommit(tx), refunddb.ProviderEventRecordParams{
 		EventID:          at.OperationKey,
 		Type:             in.Type,
