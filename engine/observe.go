@@ -238,8 +238,11 @@ type InProgress struct {
 	// operations that wait for a process that does.
 	Runnable bool
 	Count    int64
-	// NeedingAttention counts those that wait for an operator (Info.Attention).
+	// NeedingAttention counts those that wait for an operator (Info.Attention);
+	// WaitingOutcome those with a step that waits for its outcome
+	// (StepStatusWaiting).
 	NeedingAttention int64
+	WaitingOutcome   int64
 	Oldest           time.Duration
 }
 
@@ -256,7 +259,7 @@ func (e *Engine) InProgress(ctx context.Context) ([]InProgress, error) {
 	out := make([]InProgress, len(stats))
 	for i, s := range stats {
 		out[i] = InProgress{Name: s.Name, Version: s.Version, Runnable: e.def(s.Name, s.Version) != nil,
-			Count: s.InProgress, NeedingAttention: s.NeedingAttention, Oldest: s.Oldest}
+			Count: s.InProgress, NeedingAttention: s.NeedingAttention, WaitingOutcome: s.WaitingOutcome, Oldest: s.Oldest}
 	}
 	return out, nil
 }

@@ -274,15 +274,19 @@ LIMIT @max;
 
 -- name: OperationInProgressStats :many
 -- Per operation type and version, the operations in progress, how many of
--- them need attention, and the age of the oldest, by the database's clock: a
--- scan of idemflow_operation_unfinished, which reads the rows of unfinished
--- operations only.
-SELECT name, version, count(*)::bigint AS in_progress,
-       count(*) FILTER (WHERE attention_code IS NOT NULL)::bigint AS needing_attention,
-       extract(epoch FROM now() - min(created_at))::float8 AS oldest_seconds
-FROM idemflow_operation
-WHERE state = 'in_progress'
-GROUP BY name, version
+-- them need attention, how many wait for a step's outcome, and the age of the
+-- oldest, by the database's clock: a scan of idemflow_operation_unfinished,
+-- which reads the rows of unfinished operations only, and a probe of each
+-- one's step rows.
+SELECT o.name, o.version, count(*)::bigint AS in_progress,
+       count(*) FILTER (WHERE o.attention_code IS NOT NULL)::bigint AS needing_attention,
+       count(*) FILTER (WHERE EXISTS (
+           SELECT 1 FROM idemflow_step_row AS s WHERE s.operation_id = o.id AND s.state = 'waiting'
+       ))::bigint AS waiting_outcome,
+       extract(epoch FROM now() - min(o.created_at))::float8 AS oldest_seconds
+FROM idemflow_operation AS o
+WHERE o.state = 'in_progress'
+GROUP BY o.name, o.version
 ORDER BY name, version;
 
 -- name: OperationWake :execrows

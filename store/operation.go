@@ -471,8 +471,10 @@ type InProgressStat struct {
 	Name       string
 	Version    int
 	InProgress int64
-	// NeedingAttention counts those that wait for an operator.
+	// NeedingAttention counts those that wait for an operator;
+	// WaitingOutcome those with a step that waits for its outcome.
 	NeedingAttention int64
+	WaitingOutcome   int64
 	Oldest           time.Duration
 }
 
@@ -486,7 +488,7 @@ func (s *Store) OperationInProgressStats(ctx context.Context, db DBTX) ([]InProg
 	out := make([]InProgressStat, len(rows))
 	for i, r := range rows {
 		out[i] = InProgressStat{Name: r.Name, Version: int(r.Version), InProgress: r.InProgress, NeedingAttention: r.NeedingAttention,
-			Oldest: time.Duration(r.OldestSeconds * float64(time.Second))}
+			WaitingOutcome: r.WaitingOutcome, Oldest: time.Duration(r.OldestSeconds * float64(time.Second))}
 	}
 	return out, nil
 }

@@ -38,6 +38,7 @@ type Metrics struct {
 	requests   *prometheus.CounterVec
 	inProgress *prometheus.GaugeVec
 	attention  *prometheus.GaugeVec
+	outcome    *prometheus.GaugeVec
 	oldest     *prometheus.GaugeVec
 	waiting    *prometheus.GaugeVec
 
@@ -92,6 +93,9 @@ func New(reg prometheus.Registerer, opts *Opts) (*Metrics, error) {
 		attention: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemflow_operations_needing_attention", Help: "Unfinished operations that wait for an operator.",
 		}, []string{"operation"}),
+		outcome: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idemflow_operations_waiting_for_outcome", Help: "Unfinished operations with a step that waits for its outcome: a call whose outcome is unknown or pending.",
+		}, []string{"operation"}),
 		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemflow_oldest_in_progress_seconds", Help: "Age of the oldest unfinished operation (0 when none).",
 		}, []string{"operation"}),
@@ -100,7 +104,7 @@ func New(reg prometheus.Registerer, opts *Opts) (*Metrics, error) {
 		}, []string{"operation", "version"}),
 		seen: map[string]bool{},
 	}
-	for _, c := range []prometheus.Collector{m.started, m.finished, m.attempts, m.duration, m.recoveries, m.lookups, m.requests, m.inProgress, m.attention, m.oldest, m.waiting} {
+	for _, c := range []prometheus.Collector{m.started, m.finished, m.attempts, m.duration, m.recoveries, m.lookups, m.requests, m.inProgress, m.attention, m.outcome, m.oldest, m.waiting} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -146,6 +150,7 @@ func (m *Metrics) Declare(defs ...engine.Definition) {
 		m.started.WithLabelValues(d.Name())
 		m.inProgress.WithLabelValues(d.Name()).Set(0)
 		m.attention.WithLabelValues(d.Name()).Set(0)
+		m.outcome.WithLabelValues(d.Name()).Set(0)
 		m.oldest.WithLabelValues(d.Name()).Set(0)
 		m.seen[d.Name()] = true
 	}
@@ -160,8 +165,8 @@ func (m *Metrics) Refresh(ctx context.Context, e *engine.Engine) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	type sums struct {
-		count, attention int64
-		oldest           time.Duration
+		count, attention, outcome int64
+		oldest                    time.Duration
 	}
 	byName := map[string]*sums{}
 	m.waiting.Reset()
@@ -173,6 +178,7 @@ func (m *Metrics) Refresh(ctx context.Context, e *engine.Engine) error {
 		}
 		t.count += s.Count
 		t.attention += s.NeedingAttention
+		t.outcome += s.WaitingOutcome
 		t.oldest = max(t.oldest, s.Oldest)
 		if !s.Runnable {
 			m.waiting.WithLabelValues(s.Name, strconv.Itoa(s.Version)).Set(float64(s.Count))
@@ -182,6 +188,7 @@ func (m *Metrics) Refresh(ctx context.Context, e *engine.Engine) error {
 	for name, t := range byName {
 		m.inProgress.WithLabelValues(name).Set(float64(t.count))
 		m.attention.WithLabelValues(name).Set(float64(t.attention))
+		m.outcome.WithLabelValues(name).Set(float64(t.outcome))
 		m.oldest.WithLabelValues(name).Set(t.oldest.Seconds())
 		now[name] = true
 	}
@@ -189,6 +196,7 @@ func (m *Metrics) Refresh(ctx context.Context, e *engine.Engine) error {
 		if !now[name] {
 			m.inProgress.WithLabelValues(name).Set(0)
 			m.attention.WithLabelValues(name).Set(0)
+			m.outcome.WithLabelValues(name).Set(0)
 			m.oldest.WithLabelValues(name).Set(0)
 		}
 	}

@@ -424,12 +424,15 @@ func (q *Queries) OperationGiveBack(ctx context.Context, db DBTX, arg OperationG
 }
 
 const operationInProgressStats = `-- name: OperationInProgressStats :many
-SELECT name, version, count(*)::bigint AS in_progress,
-       count(*) FILTER (WHERE attention_code IS NOT NULL)::bigint AS needing_attention,
-       extract(epoch FROM now() - min(created_at))::float8 AS oldest_seconds
-FROM idemflow_operation
-WHERE state = 'in_progress'
-GROUP BY name, version
+SELECT o.name, o.version, count(*)::bigint AS in_progress,
+       count(*) FILTER (WHERE o.attention_code IS NOT NULL)::bigint AS needing_attention,
+       count(*) FILTER (WHERE EXISTS (
+           SELECT 1 FROM idemflow_step_row AS s WHERE s.operation_id = o.id AND s.state = 'waiting'
+       ))::bigint AS waiting_outcome,
+       extract(epoch FROM now() - min(o.created_at))::float8 AS oldest_seconds
+FROM idemflow_operation AS o
+WHERE o.state = 'in_progress'
+GROUP BY o.name, o.version
 ORDER BY name, version
 `
 
@@ -438,13 +441,15 @@ type OperationInProgressStatsRow struct {
 	Version          int32
 	InProgress       int64
 	NeedingAttention int64
+	WaitingOutcome   int64
 	OldestSeconds    float64
 }
 
 // Per operation type and version, the operations in progress, how many of
-// them need attention, and the age of the oldest, by the database's clock: a
-// scan of idemflow_operation_unfinished, which reads the rows of unfinished
-// operations only.
+// them need attention, how many wait for a step's outcome, and the age of the
+// oldest, by the database's clock: a scan of idemflow_operation_unfinished,
+// which reads the rows of unfinished operations only, and a probe of each
+// one's step rows.
 func (q *Queries) OperationInProgressStats(ctx context.Context, db DBTX) ([]*OperationInProgressStatsRow, error) {
 	rows, err := db.Query(ctx, operationInProgressStats)
 	if err != nil {
@@ -459,6 +464,7 @@ func (q *Queries) OperationInProgressStats(ctx context.Context, db DBTX) ([]*Ope
 			&i.Version,
 			&i.InProgress,
 			&i.NeedingAttention,
+			&i.WaitingOutcome,
 			&i.OldestSeconds,
 		); err != nil {
 			return nil, err
