@@ -213,6 +213,11 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 				si.Status = StepStatusWaiting
 				si.Pending = s.Pending
 				si.WaitingSince = s.WaitingSince
+				if rec.State != store.OperationInProgress {
+					// Its operation ended without it (an operator's cancel
+					// once its window had passed): its calls took no effect.
+					si.Status, si.Pending, si.WaitingSince = StepStatusFailed, false, nil
+				}
 			case store.StepSucceeded:
 				si.Status = StepStatusSucceeded
 			case store.StepCompensated:

@@ -164,6 +164,9 @@ func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 	if rec.LockedBy != nil {
 		req.heldUntil = rec.LockedUntil
 	}
+	if rec.CallsUntil != nil && rec.CallsUntil.After(req.heldUntil) {
+		req.heldUntil = *rec.CallsUntil
+	}
 	info, err := e.claimAndRun(ctx, id, rec.Name, req, false)
 	if errors.Is(err, errNotClaimed) {
 		return nil, fmt.Errorf("engine: cancel %s: %w", id, ErrRunning)

@@ -161,7 +161,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		// waiting for the lease to expire.
 		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
-		if _, _, rerr := r.e.store.OperationRelease(releaseCtx, r.e.control, r.id, r.runID, 0, 0); rerr != nil {
+		if _, _, rerr := r.e.store.OperationRelease(releaseCtx, r.e.control, r.id, r.runID, 0, 0, true); rerr != nil {
 			r.logger().WarnContext(ctx, "could not release the operation; it resumes once its lease expires", slog.Any("error", rerr))
 		} else {
 			r.logger().InfoContext(ctx, "run stopped with the engine; the operation resumes at the next sweep")

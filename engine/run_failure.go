@@ -202,7 +202,7 @@ func (r *run) parkUndecodable(ctx context.Context, err error) (*Info, error) {
 // handOff writes the pending checkpoints, gives the operation to a River job
 // scheduled after delay (by the database's clock), and commits.
 func (r *run) handOff(ctx context.Context, tx *txn, delay time.Duration) error {
-	runAt, ok, err := r.e.store.OperationRelease(ctx, tx, r.id, r.runID, delay, r.e.cfg.Lease)
+	runAt, ok, err := r.e.store.OperationRelease(ctx, tx, r.id, r.runID, delay, r.e.cfg.Lease, false)
 	if err != nil {
 		return runError(err)
 	}

@@ -43,11 +43,16 @@ func newLateProvider(callFunc func(n int32) string) *lateProvider {
 
 var errTimeout = errors.New("provider: timeout")
 
-func (p *lateProvider) call(_ context.Context, at engine.Attempt, _ int, s *lateState) error {
+func (p *lateProvider) call(ctx context.Context, at engine.Attempt, _ int, s *lateState) error {
 	n := p.calls.Add(1)
+	what := p.callFunc(n)
+	if what == "hang" { // sent, and no answer until the caller gives up
+		<-ctx.Done()
+		return ctx.Err()
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	switch p.callFunc(n) {
+	switch what {
 	case "timeout":
 		return errTimeout
 	case "late":
@@ -211,6 +216,30 @@ func TestUnknownOutcome(t *testing.T) {
 		require.Equal(t, engine.StatusSucceeded, info.Status)
 		require.Equal(t, calls, p.calls.Load())
 		require.Zero(t, p.undos.Load())
+	})
+
+	t.Run("CancelAfterARunStoppedMidCall", func(t *testing.T) {
+		t.Parallel()
+		const settle = time.Hour
+		p := newLateProvider(func(int32) string { return "hang" })
+		op := lateOp(t, p, "cancel_mid_call", settle, 3)
+		pool := testdb.Pool(t)
+		e := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{op}})
+		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return p.calls.Load() == 1 }, fsTimeout, time.Millisecond)
+		stopCtx, stop := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer stop()
+		_ = e.Stop(stopCtx) // the call is cut: its request may still land
+		stopped := time.Now()
+
+		other := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
+		_, err = other.Cancel(ctx, s.ID, "customer gave up")
+		var ou *engine.OutcomeUnknownError
+		require.ErrorAs(t, err, &ou)
+		require.WithinDuration(t, stopped.Add(settle), ou.KnownAt, 5*time.Second)
+		require.Zero(t, p.undos.Load())
+		require.Equal(t, engine.StatusInProgress, fsGet(t, other, s.ID).Status)
 	})
 
 	t.Run("CancelWaitsForTheWindow", func(t *testing.T) {

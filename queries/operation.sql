@@ -68,11 +68,13 @@ WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
 -- database's clock, and returns that time; the sweeper looks again only if
 -- nothing has claimed it a lease after that. No row: run_id no longer holds it.
 -- A parked operation that an operator cancels is unparked, so that the job
--- goes on with its compensations.
+-- goes on with its compensations. interrupted says that the run stopped in the
+-- middle of its work, maybe of a call out: calls_until records when.
 UPDATE idemflow_operation
 SET locked_by = NULL,
     parked = false,
-    locked_until = now() + sqlc.arg(delay)::interval + sqlc.arg(lease)::interval
+    locked_until = now() + sqlc.arg(delay)::interval + sqlc.arg(lease)::interval,
+    calls_until = CASE WHEN sqlc.arg(interrupted)::boolean THEN now() ELSE calls_until END
 WHERE id = @id AND locked_by = @run_id AND state = 'in_progress'
 RETURNING (now() + sqlc.arg(delay)::interval)::timestamptz AS run_at;
 
@@ -129,10 +131,12 @@ LIMIT @max;
 
 -- name: OperationExtendExpired :execrows
 -- Pushes an expired lease forward while a resume job is queued, so that the next
--- sweep does not enqueue the same operation again.
+-- sweep does not enqueue the same operation again. The lease of a run that
+-- held it (and may have been calling out) is kept as calls_until.
 UPDATE idemflow_operation
 SET locked_by = NULL,
-    locked_until = coalesce(sqlc.narg('now')::timestamptz, now()) + @lease::interval
+    locked_until = coalesce(sqlc.narg('now')::timestamptz, now()) + @lease::interval,
+    calls_until = CASE WHEN locked_by IS NOT NULL THEN greatest(calls_until, locked_until) ELSE calls_until END
 WHERE id = @id
   AND state = 'in_progress' AND NOT parked
   AND locked_until < coalesce(sqlc.narg('now')::timestamptz, now());

@@ -156,8 +156,8 @@ func (s *Store) OperationRenewLease(ctx context.Context, db DBTX, id, run uuid.U
 // now, by the database's clock, and returns when that is. The sweeper considers
 // the operation again only a lease after it. It returns false when run no longer
 // held the operation.
-func (s *Store) OperationRelease(ctx context.Context, db DBTX, id, run uuid.UUID, delay, lease time.Duration) (time.Time, bool, error) {
-	runAt, err := s.q.OperationRelease(ctx, db, dbsqlc.OperationReleaseParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Delay: delay, Lease: lease})
+func (s *Store) OperationRelease(ctx context.Context, db DBTX, id, run uuid.UUID, delay, lease time.Duration, interrupted bool) (time.Time, bool, error) {
+	runAt, err := s.q.OperationRelease(ctx, db, dbsqlc.OperationReleaseParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Delay: delay, Lease: lease, Interrupted: interrupted})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, false, nil
 	}
@@ -252,6 +252,7 @@ func operationFromRow(r *dbsqlc.IdemflowOperation) *Operation {
 		FinishedAt:    r.FinishedAt,
 		KeySecret:     r.KeySecret,
 		PriorError:    r.PriorError,
+		CallsUntil:    r.CallsUntil,
 		AttentionCode: deref(r.AttentionCode),
 		Attention:     deref(r.Attention),
 		Parked:        r.Parked,

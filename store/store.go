@@ -161,6 +161,10 @@ type Operation struct {
 	// PriorError is the error of a failed operation that an operator reopened
 	// by force, kept until it finishes again.
 	PriorError json.RawMessage
+	// CallsUntil, when not nil, is when a run that held the operation may
+	// have been calling out until, with no failure recorded: the lease end of
+	// a run whose lease expired, or when a stopped run let go of it.
+	CallsUntil *time.Time
 }
 
 // Step is a recorded step: a row of idemflow_step_row, or a checkpoint in its

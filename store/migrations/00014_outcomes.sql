@@ -28,6 +28,13 @@ ALTER TABLE idemflow_step_row
 CREATE INDEX idemflow_step_row_waiting_key ON idemflow_step_row (derived_key)
     WHERE state = 'waiting';
 
+-- calls_until: a run may have been calling out until then, although no
+-- failure of the call was recorded: the lease end of a run whose lease
+-- expired (the sweeper hands the operation on) or the moment a stopped run
+-- let go of it. A request sent then may still land up to its settle window
+-- later; Cancel waits for it.
+ALTER TABLE idemflow_operation ADD COLUMN calls_until timestamptz;
+
 -- prior_error: the server-fault answer of a failed operation that an
 -- operator reopened by force, which its key replays until it finishes again.
 ALTER TABLE idemflow_operation ADD COLUMN prior_error jsonb;
@@ -64,6 +71,7 @@ WHERE o.checkpoints IS NOT NULL
 -- it only once no step waits), and the new resolutions read as 'lookup'.
 UPDATE idemflow_step_row SET state = 'retrying' WHERE state = 'waiting';
 ALTER TABLE idemflow_operation DROP COLUMN prior_error;
+ALTER TABLE idemflow_operation DROP COLUMN calls_until;
 ALTER TABLE idemflow_operator_request DROP COLUMN force;
 UPDATE idemflow_step_row SET resolved_by = 'lookup' WHERE resolved_by IN ('event', 'operator');
 DROP VIEW idemflow_step_recorded;

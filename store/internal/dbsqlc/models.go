@@ -35,6 +35,7 @@ type IdemflowOperation struct {
 	ExpiresAt     *time.Time
 	Checkpoints   json.RawMessage
 	Format        int16
+	CallsUntil    *time.Time
 	PriorError    json.RawMessage
 }
 

@@ -51,7 +51,7 @@ WHERE id = $4
   AND version = ANY ($5::integer[])
   AND (locked_by IS NULL OR locked_until < coalesce($2::timestamptz, now()))
   AND (NOT parked OR $6::boolean)
-RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, prior_error
+RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error
 `
 
 type OperationClaimParams struct {
@@ -101,6 +101,7 @@ func (q *Queries) OperationClaim(ctx context.Context, db DBTX, arg OperationClai
 		&i.ExpiresAt,
 		&i.Checkpoints,
 		&i.Format,
+		&i.CallsUntil,
 		&i.PriorError,
 	)
 	return &i, err
@@ -177,7 +178,8 @@ func (q *Queries) OperationDeleteFinished(ctx context.Context, db DBTX, arg Oper
 const operationExtendExpired = `-- name: OperationExtendExpired :execrows
 UPDATE idemflow_operation
 SET locked_by = NULL,
-    locked_until = coalesce($1::timestamptz, now()) + $2::interval
+    locked_until = coalesce($1::timestamptz, now()) + $2::interval,
+    calls_until = CASE WHEN locked_by IS NOT NULL THEN greatest(calls_until, locked_until) ELSE calls_until END
 WHERE id = $3
   AND state = 'in_progress' AND NOT parked
   AND locked_until < coalesce($1::timestamptz, now())
@@ -190,7 +192,8 @@ type OperationExtendExpiredParams struct {
 }
 
 // Pushes an expired lease forward while a resume job is queued, so that the next
-// sweep does not enqueue the same operation again.
+// sweep does not enqueue the same operation again. The lease of a run that
+// held it (and may have been calling out) is kept as calls_until.
 func (q *Queries) OperationExtendExpired(ctx context.Context, db DBTX, arg OperationExtendExpiredParams) (int64, error) {
 	result, err := db.Exec(ctx, operationExtendExpired, arg.Now, arg.Lease, arg.ID)
 	if err != nil {
@@ -285,7 +288,7 @@ func (q *Queries) OperationFinish(ctx context.Context, db DBTX, arg OperationFin
 }
 
 const operationGet = `-- name: OperationGet :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, prior_error FROM idemflow_operation WHERE id = $1
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error FROM idemflow_operation WHERE id = $1
 `
 
 func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*IdemflowOperation, error) {
@@ -315,13 +318,14 @@ func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*I
 		&i.ExpiresAt,
 		&i.Checkpoints,
 		&i.Format,
+		&i.CallsUntil,
 		&i.PriorError,
 	)
 	return &i, err
 }
 
 const operationGetByKey = `-- name: OperationGetByKey :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, prior_error FROM idemflow_operation WHERE scope = $1 AND key = $2
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error FROM idemflow_operation WHERE scope = $1 AND key = $2
 `
 
 type OperationGetByKeyParams struct {
@@ -356,13 +360,14 @@ func (q *Queries) OperationGetByKey(ctx context.Context, db DBTX, arg OperationG
 		&i.ExpiresAt,
 		&i.Checkpoints,
 		&i.Format,
+		&i.CallsUntil,
 		&i.PriorError,
 	)
 	return &i, err
 }
 
 const operationGetForUpdate = `-- name: OperationGetForUpdate :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, prior_error FROM idemflow_operation WHERE id = $1 FOR UPDATE
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error FROM idemflow_operation WHERE id = $1 FOR UPDATE
 `
 
 // The operation, locked until the transaction ends: an operator's retry
@@ -394,6 +399,7 @@ func (q *Queries) OperationGetForUpdate(ctx context.Context, db DBTX, id pguuid.
 		&i.ExpiresAt,
 		&i.Checkpoints,
 		&i.Format,
+		&i.CallsUntil,
 		&i.PriorError,
 	)
 	return &i, err
@@ -524,7 +530,7 @@ func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationIns
 }
 
 const operationList = `-- name: OperationList :many
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, prior_error FROM idemflow_operation
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error FROM idemflow_operation
 WHERE ($1::text IS NULL OR state = $1::text)
   AND ($2::text IS NULL OR name = $2::text)
   AND ($3::text IS NULL OR scope = $3::text)
@@ -592,6 +598,7 @@ func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListP
 			&i.ExpiresAt,
 			&i.Checkpoints,
 			&i.Format,
+			&i.CallsUntil,
 			&i.PriorError,
 		); err != nil {
 			return nil, err
@@ -787,27 +794,31 @@ const operationRelease = `-- name: OperationRelease :one
 UPDATE idemflow_operation
 SET locked_by = NULL,
     parked = false,
-    locked_until = now() + $1::interval + $2::interval
-WHERE id = $3 AND locked_by = $4 AND state = 'in_progress'
+    locked_until = now() + $1::interval + $2::interval,
+    calls_until = CASE WHEN $3::boolean THEN now() ELSE calls_until END
+WHERE id = $4 AND locked_by = $5 AND state = 'in_progress'
 RETURNING (now() + $1::interval)::timestamptz AS run_at
 `
 
 type OperationReleaseParams struct {
-	Delay time.Duration
-	Lease time.Duration
-	ID    pguuid.UUID
-	RunID *pguuid.UUID
+	Delay       time.Duration
+	Lease       time.Duration
+	Interrupted bool
+	ID          pguuid.UUID
+	RunID       *pguuid.UUID
 }
 
 // Hands the operation to a River job scheduled delay from now, by the
 // database's clock, and returns that time; the sweeper looks again only if
 // nothing has claimed it a lease after that. No row: run_id no longer holds it.
 // A parked operation that an operator cancels is unparked, so that the job
-// goes on with its compensations.
+// goes on with its compensations. interrupted says that the run stopped in the
+// middle of its work, maybe of a call out: calls_until records when.
 func (q *Queries) OperationRelease(ctx context.Context, db DBTX, arg OperationReleaseParams) (time.Time, error) {
 	row := db.QueryRow(ctx, operationRelease,
 		arg.Delay,
 		arg.Lease,
+		arg.Interrupted,
 		arg.ID,
 		arg.RunID,
 	)

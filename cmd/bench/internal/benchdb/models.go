@@ -117,6 +117,7 @@ type IdemflowOperation struct {
 	ExpiresAt     *time.Time
 	Checkpoints   []byte
 	Format        int16
+	CallsUntil    *time.Time
 	PriorError    []byte
 }
 
