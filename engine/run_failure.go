@@ -44,6 +44,14 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 	var pe *PermanentError
 	permanent := errors.As(stepErr, &pe)
 	policy := st.retry
+	if st.kind == StepKindTx && !permanent && IsUnavailable(stepErr) {
+		// The database did not answer: nothing says the step is at fault, and
+		// nothing left the process. The attempt is retried without counting.
+		log.WarnContext(ctx, "step could not reach the database; retrying later without counting the attempt", slog.Any("error", stepErr))
+		r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
+		failure.Attempts = attempt - 1
+		return r.retryLater(ctx, failure, backoff(policy, attempt, stepErr), nil)
+	}
 	if r.pastPivot() {
 		if permanent {
 			log.ErrorContext(ctx, "step failed for good after the point of no return; parking the operation", slog.String("error", stepErr.Error()))
@@ -60,14 +68,6 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 		r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
 		return r.retryLater(ctx, failure, policy.Cap, &attention{CodeRetryingPastPivot,
 			fmt.Sprintf("step %s has failed %d times after the point of no return; retried every %s until it succeeds", st.name, attempt, policy.Cap)})
-	}
-	if st.kind == StepKindTx && !permanent && IsUnavailable(stepErr) {
-		// The database did not answer: nothing says the step is at fault, and
-		// nothing left the process. The attempt is retried without counting.
-		log.WarnContext(ctx, "step could not reach the database; retrying later without counting the attempt", slog.Any("error", stepErr))
-		r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
-		failure.Attempts = attempt - 1
-		return r.retryLater(ctx, failure, backoff(policy, attempt, stepErr), nil)
 	}
 	exhausted := !permanent && attempt >= policy.MaxAttempts
 	if st.kind == StepKindExternal && (exhausted || permanent && pe.ServerFault()) {

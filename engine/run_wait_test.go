@@ -385,8 +385,8 @@ func TestPendingOutcome(t *testing.T) {
 		})
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
-		ok, err := engine.SettleFailed(ctx, tx, e, engine.StepRef{DerivedKey: waiting.Steps[1].DerivedKey},
-			engine.Fail("payment_failed", "the provider failed the payment"))
+		ok, err := engine.SettleFailed(ctx, tx, e, op, engine.StepRef{DerivedKey: waiting.Steps[1].DerivedKey},
+			engine.Fail("payment_failed", "the provider failed the payment"), nil)
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.NoError(t, tx.Commit(ctx))

@@ -37,19 +37,7 @@ func SettleSucceeded[In, S, Out any](ctx context.Context, tx pgx.Tx, e *Engine, 
 		return false, err
 	}
 	id, step := rec.ID, st.name
-	def := op.definition()
-	var raw []byte
-	last := -1
-	for _, s := range recorded {
-		if (s.State == store.StepSucceeded || s.State == store.StepCompensated) && s.Position > last {
-			last, raw = s.Position, s.Output
-		}
-	}
-	inAny, err := def.decodeInput(rec.Input)
-	if err != nil {
-		return false, fmt.Errorf("engine: settle %s step %s: %w", id, step, err)
-	}
-	stateAny, err := def.decodeState(raw)
+	inAny, stateAny, err := settleValues(op.definition(), rec, recorded)
 	if err != nil {
 		return false, fmt.Errorf("engine: settle %s step %s: %w", id, step, err)
 	}
@@ -81,17 +69,30 @@ func SettleSucceeded[In, S, Out any](ctx context.Context, tx pgx.Tx, e *Engine, 
 // the provider failed), with failure as the step's answer (a business answer,
 // made with Fail). The step fails, and the operation compensates what it did
 // and ends failed with failure, in a River job that starts at once (past its
-// point of no return it is parked instead, as for any failure there). It runs
-// in tx, as SettleSucceeded does, and returns what it returns.
-func SettleFailed(ctx context.Context, tx pgx.Tx, e *Engine, ref StepRef, failure *PermanentError) (bool, error) {
+// point of no return it is parked instead, as for any failure there). check,
+// when not nil, is asked first whether the outcome is the step's (the event
+// names the order and amount asked): its error settles nothing and is
+// returned. It runs in tx, as SettleSucceeded does, and returns what it
+// returns.
+func SettleFailed[In, S, Out any](ctx context.Context, tx pgx.Tx, e *Engine, op *Operation[In, S, Out], ref StepRef,
+	failure *PermanentError, check func(in In, state *S) error) (bool, error) {
 	if failure == nil {
 		return false, errors.New("engine: settle failed: no failure given")
 	}
-	rec, st, _, err := e.waitingStep(ctx, tx, "", ref)
+	rec, st, recorded, err := e.waitingStep(ctx, tx, op.name, ref)
 	if err != nil || st == nil {
 		return false, err
 	}
 	id, step := rec.ID, st.name
+	if check != nil {
+		inAny, stateAny, err := settleValues(op.definition(), rec, recorded)
+		if err != nil {
+			return false, fmt.Errorf("engine: settle %s step %s: %w", id, step, err)
+		}
+		if err := protect(func() error { return check(inAny.(In), stateAny.(*S)) }); err != nil {
+			return false, fmt.Errorf("engine: settle %s step %s: %w", id, step, err)
+		}
+	}
 	pe := &PermanentError{Code: failure.Code, Message: failure.Message, Cause: failure.Cause, Details: failure.Details,
 		Step: step, Fault: failure.ServerFault()}
 	ok, err := e.store.StepSettle(ctx, tx, store.StepSettleParams{
@@ -111,6 +112,25 @@ func SettleFailed(ctx context.Context, tx pgx.Tx, e *Engine, ref StepRef, failur
 		slog.String("operation_id", id.String()), slog.String("operation", rec.Name), slog.String("step", step),
 		slog.String("code", pe.Code))
 	return true, nil
+}
+
+// settleValues decodes the operation's input and its state after its last
+// succeeded step.
+func settleValues(def *opDef, rec *store.Operation, recorded []store.Step) (in, state any, err error) {
+	var raw []byte
+	last := -1
+	for _, s := range recorded {
+		if (s.State == store.StepSucceeded || s.State == store.StepCompensated) && s.Position > last {
+			last, raw = s.Position, s.Output
+		}
+	}
+	if in, err = def.decodeInput(rec.Input); err != nil {
+		return nil, nil, err
+	}
+	if state, err = def.decodeState(raw); err != nil {
+		return nil, nil, err
+	}
+	return in, state, nil
 }
 
 // StepRef names a step of an operation: by OperationID and Step, or, for a

@@ -259,7 +259,10 @@ func TestRetryAPI(t *testing.T) {
 	requireError(t, b.admin(http.MethodPost, path, strings.Repeat(" ", 17<<10)), http.StatusRequestEntityTooLarge, "request_too_large")
 
 	b.healed.Store("k-fail", true)
-	op := decode[operation](t, b.admin(http.MethodPost, path, ""))
+	// Its client was told of a server fault: only a forced retry reopens it.
+	requireError(t, b.admin(http.MethodPost, path, ""), http.StatusConflict, "operation_final")
+	requireError(t, b.admin(http.MethodPost, "/admin/operations/"+failed.ID.String()+"/cancel", `{"force": true}`), http.StatusBadRequest, "invalid_request")
+	op := decode[operation](t, b.admin(http.MethodPost, path, `{"force": true}`))
 	require.Contains(t, []string{"in_progress", "succeeded"}, op.Status, "reopened")
 	require.Nil(t, op.Failure)
 

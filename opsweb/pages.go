@@ -213,8 +213,11 @@ type operationPage struct {
 	Info      *engine.Info
 	CanRetry  bool
 	CanCancel bool
-	Flash     string
-	Problem   *refusal
+	// ForceRetry: the retry reopens an operation whose client was told of a
+	// server fault (a forced retry).
+	ForceRetry bool
+	Flash      string
+	Problem    *refusal
 }
 
 // doneMessage is the flash of ?done= after an action, for the operation as it
@@ -249,9 +252,10 @@ func (h *handler) operationPage(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) newOperationPage(info *engine.Info) *operationPage {
 	return &operationPage{
-		Info:      info,
-		CanRetry:  info.Status == engine.StatusFailed || info.Parked,
-		CanCancel: info.Status == engine.StatusInProgress,
+		Info:       info,
+		CanRetry:   info.Parked || reopenable(info),
+		ForceRetry: reopenable(info),
+		CanCancel:  info.Status == engine.StatusInProgress,
 	}
 }
 
@@ -300,4 +304,11 @@ func (h *handler) actionPage(a action) http.HandlerFunc {
 		page.Problem = ref
 		h.render(w, r, ref.Status, "operation", page)
 	}
+}
+
+// reopenable reports whether info ended with an answer that only a forced
+// retry reopens: a server fault (not a business answer, nor a cancel, which
+// are final).
+func reopenable(info *engine.Info) bool {
+	return info.Status == engine.StatusFailed && info.Error != nil && info.Error.ServerFault() && info.Error.Code != engine.CodeCancelled
 }

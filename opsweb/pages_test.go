@@ -96,12 +96,16 @@ func TestOperationPage(t *testing.T) {
 	require.Contains(t, r.body, "dial tcp 10.0.0.7:443", "the operators' cause")
 	require.Contains(t, r.body, engine.CodeAttemptsExhausted)
 	require.Contains(t, r.body, `<form method="post" action="`+page+`/retry">`)
+	require.Contains(t, r.body, `<input type="hidden" name="force" value="1">`, "a server fault: a forced retry")
 	require.NotContains(t, r.body, `/cancel">`, "a failed operation cannot be cancelled")
 	require.NotContains(t, r.body, `http-equiv="refresh"`)
 
 	// The retry button: 303 to the page, which follows the run.
 	b.healed.Store("k-fail", true)
 	r = b.browser(http.MethodPost, page+"/retry", url.Values{})
+	requirePage(t, r, http.StatusConflict)
+	require.Contains(t, r.body, "operation_final", "unforced")
+	r = b.browser(http.MethodPost, page+"/retry", url.Values{"force": {"1"}})
 	require.Equal(t, http.StatusSeeOther, r.status, r.body)
 	require.Equal(t, page+"?done=retried", r.header.Get("Location"))
 	r = b.browser(http.MethodGet, page+"?done=retried", nil)

@@ -115,14 +115,17 @@ func (w *Workflows) settleWaiting(ctx context.Context, tx engine.Tx, in Provider
 		return err
 	}
 	ref := engine.StepRef{DerivedKey: in.Data.IdempotencyKey}
+	told := &ProviderRefund{ID: in.Data.RefundID, OrderID: in.Data.OrderID, Amount: in.Data.Amount}
 	if in.Type == EventRefundFailed {
-		_, err := engine.SettleFailed(ctx, ptx, e, ref, refundFailed())
-		return err
+		_, err = engine.SettleFailed(ctx, ptx, e, w.Refund, ref, refundFailed(), func(req RefundInput, s *RefundState) error {
+			return matches(told, req, s)
+		})
+	} else {
+		told.Status = ProviderStatusSucceeded
+		_, err = engine.SettleSucceeded(ctx, ptx, e, w.Refund, ref, func(req RefundInput, s *RefundState) error {
+			return recordRefund(told, req, s)
+		})
 	}
-	_, err = engine.SettleSucceeded(ctx, ptx, e, w.Refund, ref, func(req RefundInput, s *RefundState) error {
-		return recordRefund(&ProviderRefund{ID: in.Data.RefundID, OrderID: in.Data.OrderID, Amount: in.Data.Amount,
-			Status: ProviderStatusSucceeded}, req, s)
-	})
 	if halt := (*engine.HaltError)(nil); errors.As(err, &halt) {
 		return nil // the event contradicts the refund: its lookup halts it
 	}
