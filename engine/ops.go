@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
 	"github.com/idemflow/idemflow/store"
@@ -25,7 +26,10 @@ type ReopenOpts struct {
 
 // Reopen gives an operation that needs an operator another run, for an
 // operator who has mended the cause: a parked operation, or, with
-// opts.Force, one that failed with a server fault. It is in progress again,
+// opts.Force, one that failed with a server fault. An operation in progress
+// that needs attention but is not parked (a step retried past its point of no
+// return, or waiting for its outcome past its settle window) runs again at
+// once, from where it is. It is in progress again,
 // no longer needing attention, and a River job runs it. A failed operation,
 // or one parked on its way forward, goes forward: its failed, compensated
 // and retrying steps run again (external ones with the same derived keys,
@@ -38,7 +42,7 @@ type ReopenOpts struct {
 // A told answer is final: it returns ErrFinal, changing nothing, for an
 // operation that ended with a business answer (Fail) or an operator's cancel,
 // and for one that ended with a server fault unless opts.Force. It returns
-// ErrNotFailed when the operation is in progress and not parked, ErrRunning
+// ErrNotFailed when the operation is in progress and needs no operator, ErrRunning
 // when a live run holds it (an operator's cancel), and ErrCompensated,
 // changing nothing, when it would go forward although a step that calls out
 // was compensated: run again under the same derived key, that call would be
@@ -65,6 +69,9 @@ func (e *Engine) Reopen(ctx context.Context, id uuid.UUID, opts *ReopenOpts) err
 		case !force:
 			return fmt.Errorf("engine: retry %s: %w: it ended with a server fault (%s), which only a forced retry reopens", id, ErrFinal, pe.Code)
 		}
+	}
+	if rec.State == store.OperationInProgress && !rec.Parked {
+		return e.runNow(ctx, tx, rec)
 	}
 	compensating := rec.State == store.OperationInProgress && len(rec.Error) > 0
 	if !compensating {
@@ -98,6 +105,29 @@ func (e *Engine) Reopen(ctx context.Context, id uuid.UUID, opts *ReopenOpts) err
 		msg = "operation reopened by an operator; it goes on compensating"
 	}
 	e.logger.InfoContext(ctx, msg, slog.String("operation_id", id.String()), slog.String("operation", rec.Name))
+	return nil
+}
+
+// runNow is Reopen of an operation in progress that is not parked: one that
+// needs attention (a step retried past its point of no return, a step that
+// waits for its outcome past its settle window) runs again at once, from
+// where it is, in a River job: a waiting step asks its lookup, and sends
+// nothing. One that does not need attention is refused (ErrNotFailed), and so
+// is one that a live run holds (ErrRunning). tx is committed.
+func (e *Engine) runNow(ctx context.Context, tx pgx.Tx, rec *store.Operation) error {
+	if rec.AttentionCode == "" {
+		return fmt.Errorf("engine: retry %s: %w (it is in progress and needs no operator)", rec.ID, ErrNotFailed)
+	}
+	if rec.LockedBy != nil && rec.LockedUntil.After(time.Now()) {
+		return fmt.Errorf("engine: retry %s: %w", rec.ID, ErrRunning)
+	}
+	if err := e.wake(ctx, tx, rec, nil); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("engine: retry: %w", err)
+	}
+	e.logger.InfoContext(ctx, "operation run again at once by an operator", slog.String("operation_id", rec.ID.String()), slog.String("operation", rec.Name))
 	return nil
 }
 

@@ -208,6 +208,11 @@ func TestUnknownOutcome(t *testing.T) {
 		require.Eventually(t, func() bool { return p.lookups.Load() > seen+2 }, fsTimeout, 10*time.Millisecond, "the lookup is asked again")
 		require.Equal(t, calls, p.calls.Load(), "out of attempts, the step sends nothing more")
 		require.Zero(t, p.undos.Load())
+		// An operator's retry runs it again at once: a lookup, no call.
+		seen = p.lookups.Load()
+		require.Eventually(t, func() bool { return !errors.Is(e.Reopen(ctx, s.ID, nil), engine.ErrRunning) }, fsTimeout, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return p.lookups.Load() > seen }, fsTimeout, 5*time.Millisecond)
+		require.Equal(t, calls, p.calls.Load())
 
 		// The provider answers again: the call had landed.
 		p.land(fsGet(t, e, s.ID).Steps[1].DerivedKey)
