@@ -95,6 +95,7 @@ type stepSpec[In, S any] struct {
 	// from the default.
 	settle    time.Duration
 	settleSet bool
+	resolve   ResolveFunc[In, S]
 }
 
 // TxStepDef declares a transactional step. Make one with TxStep; its methods
@@ -173,6 +174,15 @@ func (d ExternalStepDef[In, S]) Retries(p RetryPolicy) ExternalStepDef[In, S] {
 // guarantees it. Defaults to DefaultSettle.
 func (d ExternalStepDef[In, S]) Settle(window time.Duration) ExternalStepDef[In, S] {
 	d.s.settle, d.s.settleSet = window, true
+	return d
+}
+
+// Resolve returns the step with fn as what records, in the state, a call that
+// an operator says was made, under the outside service's reference (see
+// Engine.Resolve). Without one, an operator's "made" leaves the state as the
+// step's lookup, or else the step before it, left it.
+func (d ExternalStepDef[In, S]) Resolve(fn ResolveFunc[In, S]) ExternalStepDef[In, S] {
+	d.s.resolve = fn
 	return d
 }
 
@@ -454,6 +464,8 @@ type stepDef struct {
 	retry      RetryPolicy
 	// settle is an external step's settle window (see ExternalStepDef.Settle).
 	settle time.Duration
+	// resolve records an operator's reference in the state (ExternalStepDef.Resolve).
+	resolve func(in, state any, reference string) error
 }
 
 // pivot reports whether the step is a point of no return: it calls out and
@@ -553,6 +565,10 @@ func (op *Operation[In, S, Out]) erase() *opDef {
 			sd.lookup = func(ctx context.Context, at Attempt, in, state any) (bool, error) {
 				return fn(ctx, at, in.(In), state.(*S))
 			}
+		}
+		if s.resolve != nil {
+			fn := s.resolve
+			sd.resolve = func(in, state any, reference string) error { return fn(in.(In), state.(*S), reference) }
 		}
 		if s.compensate != nil {
 			fn := s.compensate

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -502,4 +503,108 @@ func TestDatabaseTroubleIsNotTheStepsFault(t *testing.T) {
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT n FROM dbt_row WHERE id = 1`).Scan(&n))
 	require.Equal(t, 1, n)
+}
+
+// TestResolve: an operator closes what waits past its window or is parked:
+// "made" goes forward, "not made" compensates; the lookup, when it answers,
+// must agree, and a refusal changes nothing.
+func TestResolve(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// waiting starts an operation whose pay step, out of attempts, waits past
+	// its (short) settle window, the lookup failing.
+	waiting := func(t *testing.T, name string) (*lateProvider, *engine.Engine, *engine.Operation[int, lateState, string], *engine.Info) {
+		p := newLateProvider(func(int32) string { return "timeout" })
+		down := errors.New("provider: lookup unavailable")
+		p.lookupErr.Store(&down)
+		noop := func(context.Context, engine.Tx, engine.Attempt, int, *lateState) error { return nil }
+		op, err := engine.NewOperation(name, []engine.Step[int, lateState]{
+			engine.TxStep("hold", noop).Compensate(func(context.Context, engine.Tx, engine.Attempt, int, *lateState) error {
+				p.undos.Add(1)
+				return nil
+			}),
+			engine.ExternalStep("pay", p.call).Lookup(p.lookup).Settle(100 * time.Millisecond).
+				Resolve(func(_ int, s *lateState, ref string) error {
+					if ref == "" {
+						return errors.New("empty")
+					}
+					s.Ref = ref
+					return nil
+				}),
+		}, func(_ int, s *lateState) (string, error) { return s.Ref, nil },
+			&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: 1}})
+		require.NoError(t, err)
+		e, _ := lateEngine(t, op)
+		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+		require.NoError(t, err)
+		info := fsAwait(t, e, s.ID, "waiting past its window", func(i *engine.Info) bool { return i.NeedsAttention() })
+		return p, e, op, info
+	}
+	resolve := func(t *testing.T, e *engine.Engine, id uuid.UUID, res engine.Resolution) (*engine.Info, error) {
+		var info *engine.Info
+		var err error
+		require.Eventually(t, func() bool {
+			info, err = e.Resolve(ctx, id, res)
+			return !errors.Is(err, engine.ErrRunning)
+		}, fsTimeout, 5*time.Millisecond)
+		return info, err
+	}
+
+	t.Run("MadeOnTheOperatorsWord", func(t *testing.T) {
+		t.Parallel()
+		p, e, _, info := waiting(t, "resolve_made")
+		_, err := e.Resolve(ctx, info.ID, engine.Resolution{Made: true, Reference: "pay_1"})
+		require.ErrorIs(t, err, engine.ErrInvalidResolution, "no reason")
+		_, err = resolve(t, e, info.ID, engine.Resolution{Made: true, Reason: "the bank's statement shows it"})
+		require.ErrorIs(t, err, engine.ErrInvalidResolution, "no reference")
+		_, err = resolve(t, e, info.ID, engine.Resolution{Made: true, Reference: "pay_1", Reason: "the bank's statement shows it"})
+		require.NoError(t, err)
+		done := fsWait(t, e, info.ID)
+		require.Equal(t, engine.StatusSucceeded, done.Status)
+		require.Equal(t, engine.ResolvedByOperator, fsGet(t, e, info.ID).Steps[1].ResolvedBy)
+		require.Zero(t, p.undos.Load())
+		_, err = e.Resolve(ctx, info.ID, engine.Resolution{Made: true, Reference: "pay_1", Reason: "again"})
+		require.ErrorIs(t, err, engine.ErrNotResolvable)
+	})
+
+	t.Run("ContradictedByTheLookup", func(t *testing.T) {
+		t.Parallel()
+		p, e, _, info := waiting(t, "resolve_contradicted")
+		p.land(info.Steps[1].DerivedKey) // the call went through after all
+		p.lookupErr.Store(nil)
+		_, err := resolve(t, e, info.ID, engine.Resolution{Made: true, Reference: "someone else's", Reason: "x"})
+		require.ErrorIs(t, err, engine.ErrResolutionContradicts, "another reference")
+		_, err = resolve(t, e, info.ID, engine.Resolution{Made: false, Reason: "x"})
+		require.ErrorIs(t, err, engine.ErrResolutionContradicts, "it was made")
+		require.Zero(t, p.undos.Load())
+		require.Equal(t, engine.StatusInProgress, fsGet(t, e, info.ID).Status, "refusals change nothing")
+	})
+
+	t.Run("NotMade", func(t *testing.T) {
+		t.Parallel()
+		p, e, op, info := waiting(t, "resolve_not_made")
+		got, err := resolve(t, e, info.ID, engine.Resolution{Made: false, Reason: "the bank never got it"})
+		require.NoError(t, err)
+		if got.Status == engine.StatusInProgress {
+			got = fsWait(t, e, info.ID)
+		}
+		require.Equal(t, engine.StatusFailed, got.Status)
+		require.Equal(t, engine.CodeResolvedNotMade, got.Error.Code)
+		require.True(t, got.Error.ServerFault())
+		require.Equal(t, int32(1), p.undos.Load())
+		_ = op
+	})
+
+	t.Run("NotResolvableWithinTheWindow", func(t *testing.T) {
+		t.Parallel()
+		p := newLateProvider(func(int32) string { return "timeout" })
+		op := lateOp(t, p, "resolve_early", time.Hour, 1)
+		e, _ := lateEngine(t, op)
+		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+		require.NoError(t, err)
+		fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool { return i.Steps[1].Status == engine.StepStatusWaiting })
+		_, err = resolve(t, e, s.ID, engine.Resolution{Made: false, Reason: "impatient"})
+		require.ErrorIs(t, err, engine.ErrNotResolvable)
+		require.Contains(t, err.Error(), "settle window")
+	})
 }

@@ -195,7 +195,7 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 	leaseFrom := time.Now()
 	// Only an operation of a version this process runs is claimed: one of
 	// another is left exactly as it is.
-	rec, err := e.store.OperationClaim(ctx, e.pool, id, runID, e.cfg.Lease, cancelWith != nil, versions)
+	rec, err := e.store.OperationClaim(ctx, e.pool, id, runID, e.cfg.Lease, cancelReq != nil, versions)
 	if errors.Is(err, store.ErrNotFound) {
 		if other, err := e.store.OperationGet(ctx, e.pool, id); err == nil && other.State == store.OperationInProgress &&
 			!slices.Contains(versions, int32(other.Version)) {
@@ -250,9 +250,22 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 
-	info, err := r.load(ctx, rec, recorded, cancelWith != nil)
+	info, err := r.load(ctx, rec, recorded, cancelReq != nil)
 	if err == nil && info == nil {
 		switch {
+		case cancelReq != nil && cancelReq.resolve != nil:
+			r.logger().InfoContext(ctx, "resolving operation", slog.Int("run", rec.Runs))
+			failed, err := r.resolveStep(ctx, rec.Parked, cancelReq.resolve)
+			if err != nil {
+				r.giveBack(ctx, rec)
+				r.end(ctx, nil, ErrHandedOff) // handed back, nothing to log
+				return nil, err
+			}
+			if failed != nil {
+				info, err = r.compensateWith(ctx, failed)
+				r.end(ctx, info, err)
+				return info, err
+			}
 		case cancelWith != nil && r.failure != nil && r.undecodable != nil:
 			// Compensating already, and its compensations need the state.
 			r.giveBack(ctx, rec)
@@ -354,7 +367,10 @@ func (r *run) mayCancel(ctx context.Context) error {
 // err, and, if it may not, to leave it alone again until leftUntil, its lease
 // as Cancel read it before claiming.
 type cancelling struct {
+	// err is the cancel's error; resolve, instead, an operator's resolution
+	// (Resolve).
 	err       *PermanentError
+	resolve   *Resolution
 	leftUntil time.Time
 	// heldUntil is leftUntil when a run held the operation, else zero: a run
 	// may have been calling out until its lease ran out.

@@ -169,7 +169,7 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 	for _, v := range versions {
 		steps := []engine.Step[RefundInput, RefundState]{
 			engine.TxStep(StepLedger, w.ledger).Compensate(w.reverseLedger),
-			engine.ExternalStep(StepProvider, w.callProvider).Lookup(w.lookupProvider).Settle(settle),
+			engine.ExternalStep(StepProvider, w.callProvider).Lookup(w.lookupProvider).Settle(settle).Resolve(resolveProvider),
 			engine.TxStep(StepFinalize, w.finalize),
 		}
 		switch v {

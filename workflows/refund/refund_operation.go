@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -195,6 +196,16 @@ func recordRefund(ref *ProviderRefund, in RefundInput, s *RefundState) error {
 		return fmt.Errorf("the provider answered refund %s with an unknown status %q", ref.ID, ref.Status)
 	}
 	s.ProviderRefundID = ref.ID
+	return nil
+}
+
+// resolveProvider records the provider's refund that an operator says the
+// provider step made (engine.Engine.Resolve): its id, as the step would have.
+func resolveProvider(_ RefundInput, s *RefundState, reference string) error {
+	if !strings.HasPrefix(reference, "pr_") || len(reference) > 255 {
+		return fmt.Errorf("%q is not a provider refund id (pr_...)", reference)
+	}
+	s.ProviderRefundID = reference
 	return nil
 }
 

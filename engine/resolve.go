@@ -1,0 +1,203 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemflow/idemflow/store"
+)
+
+// ResolveFunc records in the state a call that an operator says was made,
+// under the outside service's reference for what it made (a provider's refund
+// id), as the step itself would have. It returns an error for a reference it
+// cannot take (a malformed id): the resolve is refused.
+type ResolveFunc[In, S any] func(in In, state *S, reference string) error
+
+// Resolution is an operator's word on how the call of an operation's waiting
+// or parked external step ended (see Engine.Resolve).
+type Resolution struct {
+	// Made says the call went through; false, that it did not.
+	Made bool
+	// Reference is the outside service's reference for what a made call made,
+	// handed to the step's ResolveFunc. Required when the step has one.
+	Reference string
+	// Reason says why, for the audit and the logs. Required.
+	Reason string
+}
+
+// ErrNotResolvable is returned by Resolve, changing nothing, for an operation
+// that is not waiting on an external step's outcome an operator may decide:
+// finished, running, compensating, or stopped at a step that does not call
+// out.
+var ErrNotResolvable = errors.New("operation is not resolvable")
+
+// ErrResolutionContradicts is matched by the error of a Resolve, which
+// changed nothing, whose word the step's lookup contradicts: "made" while the
+// service has nothing under the key, another reference or a pending call;
+// "not made" while it has the call.
+var ErrResolutionContradicts = errors.New("the resolution contradicts the outside service")
+
+// CodeResolvedNotMade is the error of an operation whose external step an
+// operator resolved as not made: a server fault (its client is answered as
+// for a step out of attempts).
+const CodeResolvedNotMade = "resolved_not_made"
+
+// Resolve closes, on an operator's word, what the engine cannot decide alone:
+// an operation in progress whose first unfinished step calls out and either
+// waits for its outcome past its settle window or is parked. "Made" (with the
+// reference of what it made) succeeds the step, resolved by the operator
+// (ResolvedByOperator), and the operation goes forward; "not made" fails the
+// step and the operation compensates and ends failed (CodeResolvedNotMade).
+// The step's lookup is asked first: when it answers, it must agree (a made
+// call found under the key, with the same reference; a call not made found
+// nowhere), else ErrResolutionContradicts, changing nothing; when it cannot
+// answer, the operator's word is taken. What follows runs here, as Cancel's
+// compensations do, and Resolve returns the operation as it is then.
+//
+// It returns ErrNotResolvable for an operation that is not so, ErrRunning when
+// a live run holds it, ErrNotFound when there is none, and an error naming the
+// field for a Resolution without a Reason, or without a Reference for a made
+// call of a step with a ResolveFunc.
+func (e *Engine) Resolve(ctx context.Context, id uuid.UUID, res Resolution) (*Info, error) {
+	if res.Reason == "" {
+		return nil, fmt.Errorf("engine: resolve %s: %w: a reason is required", id, ErrInvalidResolution)
+	}
+	rec, err := e.store.OperationGet(ctx, e.pool, id)
+	if err != nil {
+		return nil, mapNotFound(err)
+	}
+	if rec.State != store.OperationInProgress {
+		return nil, fmt.Errorf("engine: resolve %s: %w: it has finished", id, ErrNotResolvable)
+	}
+	req := &cancelling{resolve: &res, leftUntil: rec.LockedUntil}
+	if rec.LockedBy != nil {
+		req.heldUntil = rec.LockedUntil
+	}
+	if rec.CallsUntil != nil && rec.CallsUntil.After(req.heldUntil) {
+		req.heldUntil = *rec.CallsUntil
+	}
+	_, err = e.claimAndRun(ctx, id, rec.Name, req, false)
+	switch {
+	case errors.Is(err, errNotClaimed):
+		return nil, fmt.Errorf("engine: resolve %s: %w", id, ErrRunning)
+	case errors.Is(err, ErrNotResolvable), errors.Is(err, ErrResolutionContradicts), errors.Is(err, ErrInvalidResolution):
+		return nil, err
+	case err != nil && !errors.Is(err, ErrHandedOff) && !errors.Is(err, ErrParked):
+		return nil, fmt.Errorf("engine: resolve %s: %w", id, err)
+	}
+	return e.Get(ctx, id)
+}
+
+// ErrInvalidResolution is matched by the error of a Resolve whose Resolution
+// lacks what it needs (a reason; a reference for a step that records one).
+var ErrInvalidResolution = errors.New("invalid resolution")
+
+// resolveStep applies res to the operation's first unfinished step, which
+// must call out and wait past its settle window or be parked. For a made call
+// it queues the step's checkpoint; for one not made it returns the failure
+// record to compensate with.
+func (r *run) resolveStep(ctx context.Context, parked bool, res *Resolution) (*store.StepRecordFailureParams, error) {
+	refuse := func(format string, args ...any) error {
+		return fmt.Errorf("engine: resolve %s: %w: "+format, append([]any{r.id, ErrNotResolvable}, args...)...)
+	}
+	if r.failure != nil {
+		return nil, refuse("it is compensating")
+	}
+	if r.undecodable != nil {
+		return nil, refuse("its input or state does not decode: %w", r.undecodable)
+	}
+	i, st := -1, (*stepDef)(nil)
+	for k, s := range r.steps {
+		if r.status[r.stepName(k)] != store.StepSucceeded {
+			i, st = k, s
+			break
+		}
+	}
+	switch {
+	case st == nil:
+		return nil, refuse("it has no unfinished step this process can run")
+	case st.kind != StepKindExternal:
+		return nil, refuse("its first unfinished step, %s, does not call out", st.name)
+	case !parked && r.status[st.name] != store.StepWaiting:
+		return nil, refuse("step %s is not waiting for its outcome, and the operation is not parked", st.name)
+	case !parked && time.Now().Before(r.settleEnd(st)):
+		return nil, refuse("step %s's settle window runs until %s: its lookup decides until then",
+			st.name, r.settleEnd(st).UTC().Format(time.RFC3339))
+	}
+	if res.Made && st.resolve != nil && res.Reference == "" {
+		return nil, fmt.Errorf("engine: resolve %s: %w: step %s needs the reference of what the call made", r.id, ErrInvalidResolution, st.name)
+	}
+	contradicts := func(format string, args ...any) error {
+		return fmt.Errorf("engine: resolve %s: %w: "+format, append([]any{r.id, ErrResolutionContradicts}, args...)...)
+	}
+	attempt := max(r.tries[st.name], 1)
+	// The operator's state: the step's as it was, with the reference recorded.
+	mine, err := r.def.decodeState(r.stateRaw)
+	if err != nil {
+		return nil, err
+	}
+	if res.Made && st.resolve != nil {
+		if err := protect(func() error { return st.resolve(r.in, mine, res.Reference) }); err != nil {
+			return nil, fmt.Errorf("engine: resolve %s: %w: the reference: %w", r.id, ErrInvalidResolution, err)
+		}
+	}
+	state := mine
+	if st.lookup != nil {
+		if err := r.restoreState(); err != nil {
+			return nil, err
+		}
+		found, lerr := r.lookup(ctx, st, r.attempt(st, attempt))
+		if cause := context.Cause(ctx); cause != nil {
+			return nil, cause
+		}
+		var pe *PermanentError
+		var halt *HaltError
+		switch {
+		case lerr == nil && found && !res.Made:
+			return nil, contradicts("step %s's lookup finds the call under its key", st.name)
+		case lerr == nil && found:
+			got, _ := json.Marshal(r.state)
+			want, _ := json.Marshal(mine)
+			if st.resolve != nil && !bytes.Equal(got, want) {
+				return nil, contradicts("step %s's lookup finds another call under its key than the one named (%s)", st.name, res.Reference)
+			}
+			state = r.state
+		case lerr == nil && res.Made:
+			return nil, contradicts("step %s's lookup finds nothing under its key", st.name)
+		case errors.Is(lerr, ErrOutcomePending):
+			return nil, contradicts("the outside service is still processing step %s's call", st.name)
+		case errors.As(lerr, &halt):
+			return nil, contradicts("step %s's lookup finds a call under its key that is not the one asked for: %s", st.name, halt.Message)
+		case errors.As(lerr, &pe) && !pe.ServerFault() && res.Made:
+			return nil, contradicts("step %s's lookup finds that the call failed: %s", st.name, pe.Message)
+		case errors.As(lerr, &pe) && !pe.ServerFault():
+			// Failed at the service: not made, as the operator says.
+		case lerr != nil:
+			r.logger().WarnContext(ctx, "the lookup cannot answer; the operator's word is taken",
+				slog.String("step", st.name), slog.Any("error", lerr))
+		}
+	}
+	r.logger().InfoContext(ctx, "an operator resolved the step", slog.String("step", st.name),
+		slog.Bool("made", res.Made), slog.String("reference", res.Reference), slog.String("reason", res.Reason))
+	if res.Made {
+		r.state = state
+		return nil, r.succeeded(i, st, attempt, time.Now(), ResolvedByOperator)
+	}
+	if err := r.restoreState(); err != nil {
+		return nil, err
+	}
+	pe := fault(CodeResolvedNotMade, st.name, fmt.Sprintf("an operator resolved step %s as not made: %s", st.name, res.Reason))
+	r.failure = pe
+	r.status[st.name] = store.StepFailed
+	return &store.StepRecordFailureParams{
+		OperationID: r.id, Name: st.name, Position: i, State: store.StepFailed, Attempts: r.tries[st.name],
+		LastError: pe.Message, LastCause: pe.Error(), StartedAt: time.Now(),
+	}, nil
+}
