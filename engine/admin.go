@@ -141,8 +141,9 @@ func (a *Admin) Check(ctx context.Context) ([]Unrunnable, error) {
 type OperatorRequest struct {
 	ID          int64
 	OperationID uuid.UUID
-	// Action is "retry" or "cancel".
+	// Action is ActionRetry, ActionCancel or ActionResolve; Actor who asked.
 	Action      string
+	Actor       string
 	Reason      string
 	RequestedAt time.Time
 	// Done is set once a process carried the request out; Outcome is then
@@ -163,21 +164,39 @@ var ErrPending = errors.New("the request is recorded; no process has carried it 
 // request's outcome says what happened: "refused" for an operation that is
 // not parked, or whose answer is final. opts may be nil.
 func (a *Admin) Reopen(ctx context.Context, id uuid.UUID, opts *ReopenOpts) (*OperatorRequest, error) {
-	return a.request(ctx, id, "retry", "", opts != nil && opts.Force)
+	o := ReopenOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	return a.request(ctx, store.OperatorRequest{OperationID: id, Action: ActionRetry, Reason: o.Reason, Force: o.Force})
+}
+
+// Resolve asks the live processes to resolve the operation id, as
+// Engine.Resolve does, and waits until one has, or ctx ends (ErrPending).
+func (a *Admin) Resolve(ctx context.Context, id uuid.UUID, res Resolution) (*OperatorRequest, error) {
+	if res.Reason == "" {
+		return nil, fmt.Errorf("engine: resolve %s: %w: a reason is required", id, ErrInvalidResolution)
+	}
+	made := res.Made
+	return a.request(ctx, store.OperatorRequest{OperationID: id, Action: ActionResolve, Reason: res.Reason, Made: &made, Reference: res.Reference})
 }
 
 // Cancel asks the live processes to cancel the operation id, as Engine.Cancel
 // does (refused past its point of no return), and waits until one has, or ctx
 // ends (ErrPending).
 func (a *Admin) Cancel(ctx context.Context, id uuid.UUID, reason string) (*OperatorRequest, error) {
-	return a.request(ctx, id, "cancel", reason, false)
+	return a.request(ctx, store.OperatorRequest{OperationID: id, Action: ActionCancel, Reason: reason})
 }
 
-func (a *Admin) request(ctx context.Context, id uuid.UUID, action, reason string, force bool) (*OperatorRequest, error) {
+// request records an operator's request, by ctx's actor (WithActor), and
+// waits until a process has carried it out.
+func (a *Admin) request(ctx context.Context, r store.OperatorRequest) (*OperatorRequest, error) {
+	id := r.OperationID
 	if _, err := a.store.OperationGet(ctx, a.pool, id); err != nil {
 		return nil, mapNotFound(err)
 	}
-	reqID, err := a.store.OperatorRequestInsert(ctx, a.pool, id, action, reason, force)
+	r.Actor = actorOf(ctx)
+	reqID, err := a.store.OperatorRequestInsert(ctx, a.pool, r)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
@@ -187,7 +206,7 @@ func (a *Admin) request(ctx context.Context, id uuid.UUID, action, reason string
 		if err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
 		}
-		req := &OperatorRequest{ID: r.ID, OperationID: r.OperationID, Action: r.Action, Reason: r.Reason,
+		req := &OperatorRequest{ID: r.ID, OperationID: r.OperationID, Action: r.Action, Actor: r.Actor, Reason: r.Reason,
 			RequestedAt: r.RequestedAt, Done: r.DoneAt, Outcome: r.Outcome, Message: r.Message}
 		if req.Done != nil {
 			return req, nil
@@ -240,15 +259,22 @@ func (e *Engine) serveOperators(ctx context.Context) error {
 	for _, r := range reqs {
 		outcome, message := "done", ""
 		var err error
+		// The request's row is its audit entry: the engine records no other.
+		ctx := context.WithValue(WithActor(ctx, r.Actor), auditedKey{}, true)
 		switch r.Action {
-		case "retry":
-			if err = e.Reopen(ctx, r.OperationID, &ReopenOpts{Force: r.Force}); err == nil {
+		case ActionRetry:
+			if err = e.Reopen(ctx, r.OperationID, &ReopenOpts{Force: r.Force, Reason: r.Reason}); err == nil {
 				message = "reopened; it runs again"
 			}
-		case "cancel":
+		case ActionCancel:
 			var info *Info
 			if info, err = e.Cancel(ctx, r.OperationID, r.Reason); err == nil {
 				message = "cancelled: " + string(info.Status)
+			}
+		case ActionResolve:
+			res := Resolution{Made: r.Made != nil && *r.Made, Reference: r.Reference, Reason: r.Reason}
+			if _, err = e.Resolve(ctx, r.OperationID, res); err == nil {
+				message = "resolved"
 			}
 		default:
 			err = fmt.Errorf("unknown action %q", r.Action)
@@ -305,6 +331,6 @@ func (e *Engine) keepRequests(ctx context.Context, ids []int64) (stop func()) {
 // changed nothing.
 func refusal(err error) bool {
 	return slices.ContainsFunc([]error{ErrPastPivot, ErrFinished, ErrNotFailed, ErrCompensated, ErrRunning, errCannotCancel, ErrNotFound,
-		ErrFinal, ErrOutcomeUnknown},
+		ErrFinal, ErrOutcomeUnknown, ErrNotResolvable, ErrResolutionContradicts, ErrInvalidResolution},
 		func(target error) bool { return errors.Is(err, target) })
 }

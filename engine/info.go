@@ -87,6 +87,9 @@ type Info struct {
 	// Steps lists every step the operation was started with, in order. Get fills
 	// it; the Info that Start and Wait return leave it nil.
 	Steps []StepInfo
+	// Audit lists the operators' requests on the operation, oldest first
+	// (Reopen, Cancel, Resolve, done or refused). Get fills it.
+	Audit []AuditEntry
 }
 
 // Attention is why an operation waits for an operator.
@@ -174,6 +177,9 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	info := infoFromRecord(rec)
+	if info.Audit, err = e.auditOf(ctx, rec.ID); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
 	byName := make(map[string]store.Step, len(steps))
 	for _, s := range steps {
 		byName[s.Name] = s

@@ -45,6 +45,10 @@ type Observer struct {
 	// attempt's: the step's function gets it (an HTTP call made with it
 	// carries a span's context), and StepAttempted ends the attempt with it.
 	StepStarted func(ctx context.Context, step StepEvent) context.Context
+	// OperatorRequested: this process carried out, or refused, an operator's
+	// request (Reopen, Cancel, Resolve): action is ActionRetry, ActionCancel or
+	// ActionResolve, result "done", "refused" or "failed".
+	OperatorRequested func(ctx context.Context, action, result string)
 }
 
 // Observers combines observers into one that tells each, in order; nil ones
@@ -117,6 +121,13 @@ func Observers(obs ...*Observer) *Observer {
 				}
 			}
 			return ctx
+		},
+		OperatorRequested: func(ctx context.Context, action, result string) {
+			for _, o := range list {
+				if o.OperatorRequested != nil {
+					o.OperatorRequested(ctx, action, result)
+				}
+			}
 		},
 	}
 }

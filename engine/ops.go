@@ -22,6 +22,8 @@ type ReopenOpts struct {
 	// until the reopened operation finishes again. Without it such an
 	// operation is final (ErrFinal).
 	Force bool
+	// Reason says why, for the audit trail.
+	Reason string
 }
 
 // Reopen gives an operation that needs an operator another run, for an
@@ -49,7 +51,16 @@ type ReopenOpts struct {
 // answered with the one that was undone, and the step would read as done.
 // Such an operation is over; a new one, under a new key, asks again.
 func (e *Engine) Reopen(ctx context.Context, id uuid.UUID, opts *ReopenOpts) error {
-	force := opts != nil && opts.Force
+	o := ReopenOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	err := e.reopen(ctx, id, o.Force)
+	e.audit(ctx, store.OperatorRequest{OperationID: id, Action: ActionRetry, Reason: o.Reason, Force: o.Force}, "reopened; it runs again", err)
+	return err
+}
+
+func (e *Engine) reopen(ctx context.Context, id uuid.UUID, force bool) error {
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("engine: retry: %w", err)
@@ -167,6 +178,16 @@ func (e *Engine) compensatedCall(rec *store.Operation, steps []store.Step) strin
 // state does not decode is cancelled only when nothing is to be compensated or
 // looked up; else Cancel says so and changes nothing.
 func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info, error) {
+	info, err := e.cancel(ctx, id, reason)
+	detail := ""
+	if info != nil {
+		detail = "cancelled: " + string(info.Status)
+	}
+	e.audit(ctx, store.OperatorRequest{OperationID: id, Action: ActionCancel, Reason: reason}, detail, err)
+	return info, err
+}
+
+func (e *Engine) cancel(ctx context.Context, id uuid.UUID, reason string) (*Info, error) {
 	rec, err := e.store.OperationGet(ctx, e.pool, id)
 	if err != nil {
 		return nil, mapNotFound(err)

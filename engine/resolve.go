@@ -66,6 +66,17 @@ const CodeResolvedNotMade = "resolved_not_made"
 // field for a Resolution without a Reason, or without a Reference for a made
 // call of a step with a ResolveFunc.
 func (e *Engine) Resolve(ctx context.Context, id uuid.UUID, res Resolution) (*Info, error) {
+	info, err := e.resolve(ctx, id, res)
+	made := res.Made
+	detail := "resolved: the call was not made"
+	if made {
+		detail = "resolved: the call was made"
+	}
+	e.audit(ctx, store.OperatorRequest{OperationID: id, Action: ActionResolve, Reason: res.Reason, Made: &made, Reference: res.Reference}, detail, err)
+	return info, err
+}
+
+func (e *Engine) resolve(ctx context.Context, id uuid.UUID, res Resolution) (*Info, error) {
 	if res.Reason == "" {
 		return nil, fmt.Errorf("engine: resolve %s: %w: a reason is required", id, ErrInvalidResolution)
 	}

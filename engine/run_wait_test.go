@@ -557,14 +557,34 @@ func TestResolve(t *testing.T) {
 		require.ErrorIs(t, err, engine.ErrInvalidResolution, "no reason")
 		_, err = resolve(t, e, info.ID, engine.Resolution{Made: true, Reason: "the bank's statement shows it"})
 		require.ErrorIs(t, err, engine.ErrInvalidResolution, "no reference")
-		_, err = resolve(t, e, info.ID, engine.Resolution{Made: true, Reference: "pay_1", Reason: "the bank's statement shows it"})
+		_, err = e.Resolve(engine.WithActor(ctx, "alice"), info.ID, engine.Resolution{Made: true, Reference: "pay_1", Reason: "the bank's statement shows it"})
 		require.NoError(t, err)
-		done := fsWait(t, e, info.ID)
-		require.Equal(t, engine.StatusSucceeded, done.Status)
-		require.Equal(t, engine.ResolvedByOperator, fsGet(t, e, info.ID).Steps[1].ResolvedBy)
+		finished := fsWait(t, e, info.ID)
+		require.Equal(t, engine.StatusSucceeded, finished.Status)
+		got := fsGet(t, e, info.ID)
+		require.Equal(t, engine.ResolvedByOperator, got.Steps[1].ResolvedBy)
 		require.Zero(t, p.undos.Load())
 		_, err = e.Resolve(ctx, info.ID, engine.Resolution{Made: true, Reference: "pay_1", Reason: "again"})
 		require.ErrorIs(t, err, engine.ErrNotResolvable)
+
+		// Every request is in the audit trail, done or refused, oldest first.
+		audit := fsGet(t, e, info.ID).Audit
+		var results []string
+		for _, a := range audit {
+			require.Equal(t, engine.ActionResolve, a.Action)
+			results = append(results, a.Result)
+		}
+		// (A request refused while a run held the operation is in it too.)
+		require.GreaterOrEqual(t, len(results), 4)
+		require.Equal(t, "refused", results[0], "no reason")
+		done := audit[len(audit)-2]
+		require.Equal(t, "done", done.Result)
+		require.Equal(t, "alice", done.Actor)
+		require.Equal(t, "the bank's statement shows it", done.Reason)
+		last := audit[len(audit)-1]
+		require.Equal(t, "refused", last.Result)
+		require.Equal(t, engine.DefaultActor, last.Actor)
+		require.Contains(t, last.Detail, "not resolvable")
 	})
 
 	t.Run("ContradictedByTheLookup", func(t *testing.T) {

@@ -17,8 +17,8 @@ WHERE seen_at + 3 * lease >= now()
 ORDER BY started_at, id;
 
 -- name: OperatorRequestInsert :one
-INSERT INTO idemflow_operator_request (operation_id, action, reason, force)
-VALUES (@operation_id, @action, @reason, @force)
+INSERT INTO idemflow_operator_request (operation_id, action, reason, force, actor, made, reference)
+VALUES (@operation_id, @action, @reason, @force, @actor, sqlc.narg('made'), sqlc.narg('reference'))
 RETURNING id;
 
 -- name: OperatorRequestGet :one
@@ -41,7 +41,7 @@ FROM (
     FOR UPDATE OF q SKIP LOCKED
 ) AS t
 WHERE r.id = t.id
-RETURNING r.id, r.operation_id, r.action, r.reason, r.force;
+RETURNING r.id, r.operation_id, r.action, r.reason, r.force, r.actor, r.made, r.reference;
 
 -- name: OperatorRequestRenew :exec
 -- Keeps the requests that taken_by took and has not finished taken, so that
@@ -62,3 +62,16 @@ UPDATE idemflow_operator_request AS r
 SET done_at = now(), outcome = 'refused', message = 'no such operation'
 WHERE r.done_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM idemflow_operation AS o WHERE o.id = r.operation_id);
+
+-- name: OperatorRequestRecord :exec
+-- Records an operator's request that was carried out at once (not through a
+-- process that takes it): the audit trail's entry, done or refused.
+INSERT INTO idemflow_operator_request (operation_id, action, reason, force, actor, made, reference, done_at, outcome, message)
+VALUES (@operation_id, @action, @reason, @force, @actor, sqlc.narg('made'), sqlc.narg('reference'), now(), @outcome, @message);
+
+-- name: OperatorRequestListByOperation :many
+-- The operation's audit trail: its operators' requests, oldest first.
+SELECT id, action, reason, actor, force, made, reference, requested_at, done_at, outcome, message
+FROM idemflow_operator_request
+WHERE operation_id = @operation_id
+ORDER BY id;

@@ -67,6 +67,11 @@ type OperatorRequest struct {
 	RequestedAt time.Time
 	// Force marks a retry that reopens an operation failed by a server fault.
 	Force bool
+	// Actor is who asked; Made and Reference are a resolve's word (Made nil
+	// for another action).
+	Actor     string
+	Made      *bool
+	Reference string
 	// Outcome is "done", "refused" or "failed" once DoneAt is set; Message
 	// says what happened.
 	DoneAt  *time.Time
@@ -75,8 +80,11 @@ type OperatorRequest struct {
 }
 
 // OperatorRequestInsert records a request and returns its id.
-func (s *Store) OperatorRequestInsert(ctx context.Context, db DBTX, operationID uuid.UUID, action, reason string, force bool) (int64, error) {
-	id, err := s.q.OperatorRequestInsert(ctx, db, dbsqlc.OperatorRequestInsertParams{OperationID: pguuid.UUID(operationID), Action: action, Reason: reason, Force: force})
+func (s *Store) OperatorRequestInsert(ctx context.Context, db DBTX, r OperatorRequest) (int64, error) {
+	id, err := s.q.OperatorRequestInsert(ctx, db, dbsqlc.OperatorRequestInsertParams{
+		OperationID: pguuid.UUID(r.OperationID), Action: r.Action, Reason: Text(r.Reason), Force: r.Force,
+		Actor: Text(r.Actor), Made: r.Made, Reference: nonEmpty(Text(r.Reference)),
+	})
 	if err != nil {
 		return 0, fmt.Errorf("store: record operator request: %w", err)
 	}
@@ -90,7 +98,7 @@ func (s *Store) OperatorRequestGet(ctx context.Context, db DBTX, id int64) (*Ope
 		return nil, mapErr("get operator request", err)
 	}
 	out := &OperatorRequest{ID: r.ID, OperationID: uuid.UUID(r.OperationID), Action: r.Action, Reason: r.Reason,
-		RequestedAt: r.RequestedAt, DoneAt: r.DoneAt, Force: r.Force}
+		RequestedAt: r.RequestedAt, DoneAt: r.DoneAt, Force: r.Force, Actor: r.Actor, Made: r.Made, Reference: deref(r.Reference)}
 	if r.Outcome != nil {
 		out.Outcome = *r.Outcome
 	}
@@ -111,7 +119,8 @@ func (s *Store) OperatorRequestTake(ctx context.Context, db DBTX, takenBy uuid.U
 	}
 	out := make([]OperatorRequest, len(rows))
 	for i, r := range rows {
-		out[i] = OperatorRequest{ID: r.ID, OperationID: uuid.UUID(r.OperationID), Action: r.Action, Reason: r.Reason, Force: r.Force}
+		out[i] = OperatorRequest{ID: r.ID, OperationID: uuid.UUID(r.OperationID), Action: r.Action, Reason: r.Reason, Force: r.Force,
+			Actor: r.Actor, Made: r.Made, Reference: deref(r.Reference)}
 	}
 	return out, nil
 }
@@ -144,4 +153,35 @@ func (s *Store) OperatorRequestFailUnknown(ctx context.Context, db DBTX) (int64,
 		return 0, fmt.Errorf("store: end requests for unknown operations: %w", err)
 	}
 	return n, nil
+}
+
+// OperatorRequestRecord records a request carried out at once, with its
+// outcome ("done", "refused" or "failed") and message: an entry of the
+// operation's audit trail.
+func (s *Store) OperatorRequestRecord(ctx context.Context, db DBTX, r OperatorRequest) error {
+	err := s.q.OperatorRequestRecord(ctx, db, dbsqlc.OperatorRequestRecordParams{
+		OperationID: pguuid.UUID(r.OperationID), Action: r.Action, Reason: Text(r.Reason), Force: r.Force,
+		Actor: Text(r.Actor), Made: r.Made, Reference: nonEmpty(Text(r.Reference)),
+		Outcome: ptr(r.Outcome), Message: ptr(Text(r.Message)),
+	})
+	if err != nil {
+		return fmt.Errorf("store: record operator request: %w", err)
+	}
+	return nil
+}
+
+// OperatorRequestListByOperation reads the operation's operator requests,
+// oldest first: its audit trail.
+func (s *Store) OperatorRequestListByOperation(ctx context.Context, db DBTX, operationID uuid.UUID) ([]OperatorRequest, error) {
+	rows, err := s.q.OperatorRequestListByOperation(ctx, db, pguuid.UUID(operationID))
+	if err != nil {
+		return nil, fmt.Errorf("store: list operator requests: %w", err)
+	}
+	out := make([]OperatorRequest, len(rows))
+	for i, r := range rows {
+		out[i] = OperatorRequest{ID: r.ID, OperationID: operationID, Action: r.Action, Reason: r.Reason, Actor: r.Actor,
+			Force: r.Force, Made: r.Made, Reference: deref(r.Reference), RequestedAt: r.RequestedAt, DoneAt: r.DoneAt,
+			Outcome: deref(r.Outcome), Message: deref(r.Message)}
+	}
+	return out, nil
 }

@@ -39,9 +39,22 @@ ALTER TABLE idemflow_operation ADD COLUMN calls_until timestamptz;
 -- operator reopened by force, which its key replays until it finishes again.
 ALTER TABLE idemflow_operation ADD COLUMN prior_error jsonb;
 
--- force: an operator's retry of an operation that ended with a server fault,
--- which only a forced retry reopens.
-ALTER TABLE idemflow_operator_request ADD COLUMN force boolean NOT NULL DEFAULT false;
+-- The operators' requests become the operation's audit trail: every retry,
+-- cancel and resolve, done or refused, whoever asked (actor), kept as long as
+-- the operation (a cascade from its row). force: a retry of an operation that
+-- ended with a server fault, which only a forced retry reopens; made and
+-- reference: a resolve's word. The new checks allow what the old one did.
+ALTER TABLE idemflow_operator_request
+    ADD COLUMN force     boolean NOT NULL DEFAULT false,
+    ADD COLUMN actor     text    NOT NULL DEFAULT '',
+    ADD COLUMN made      boolean,
+    ADD COLUMN reference text,
+    ADD CONSTRAINT idemflow_operator_request_action
+        CHECK (action IN ('retry', 'cancel', 'resolve')) NOT VALID,
+    DROP CONSTRAINT idemflow_operator_request_action_check,
+    ADD CONSTRAINT idemflow_operator_request_operation
+        FOREIGN KEY (operation_id) REFERENCES idemflow_operation (id) ON DELETE CASCADE NOT VALID;
+CREATE INDEX idemflow_operator_request_operation ON idemflow_operator_request (operation_id);
 
 -- The view gains the new columns at its end (CREATE OR REPLACE VIEW may only
 -- add columns there); a checkpoint in the operation's row never waits.
@@ -72,7 +85,16 @@ WHERE o.checkpoints IS NOT NULL
 UPDATE idemflow_step_row SET state = 'retrying' WHERE state = 'waiting';
 ALTER TABLE idemflow_operation DROP COLUMN prior_error;
 ALTER TABLE idemflow_operation DROP COLUMN calls_until;
-ALTER TABLE idemflow_operator_request DROP COLUMN force;
+DELETE FROM idemflow_operator_request WHERE action = 'resolve';
+DROP INDEX idemflow_operator_request_operation;
+ALTER TABLE idemflow_operator_request
+    ADD CONSTRAINT idemflow_operator_request_action_check CHECK (action IN ('retry', 'cancel')) NOT VALID,
+    DROP CONSTRAINT idemflow_operator_request_action,
+    DROP CONSTRAINT idemflow_operator_request_operation,
+    DROP COLUMN reference,
+    DROP COLUMN made,
+    DROP COLUMN actor,
+    DROP COLUMN force;
 UPDATE idemflow_step_row SET resolved_by = 'lookup' WHERE resolved_by IN ('event', 'operator');
 DROP VIEW idemflow_step_recorded;
 CREATE VIEW idemflow_step_recorded AS

@@ -51,6 +51,9 @@ type IdemflowOperatorRequest struct {
 	Outcome     *string
 	Message     *string
 	Force       bool
+	Actor       string
+	Made        *bool
+	Reference   *string
 }
 
 type IdemflowProcess struct {

@@ -7,9 +7,9 @@ package dbsqlc
 
 import (
 	"context"
+	"time"
 
 	"github.com/idemflow/idemflow/internal/pguuid"
-	"time"
 )
 
 const operatorRequestFailUnknown = `-- name: OperatorRequestFailUnknown :execrows
@@ -52,7 +52,7 @@ func (q *Queries) OperatorRequestFinish(ctx context.Context, db DBTX, arg Operat
 }
 
 const operatorRequestGet = `-- name: OperatorRequestGet :one
-SELECT id, operation_id, action, reason, requested_at, taken_by, taken_at, done_at, outcome, message, force FROM idemflow_operator_request WHERE id = $1
+SELECT id, operation_id, action, reason, requested_at, taken_by, taken_at, done_at, outcome, message, force, actor, made, reference FROM idemflow_operator_request WHERE id = $1
 `
 
 func (q *Queries) OperatorRequestGet(ctx context.Context, db DBTX, id int64) (*IdemflowOperatorRequest, error) {
@@ -70,13 +70,16 @@ func (q *Queries) OperatorRequestGet(ctx context.Context, db DBTX, id int64) (*I
 		&i.Outcome,
 		&i.Message,
 		&i.Force,
+		&i.Actor,
+		&i.Made,
+		&i.Reference,
 	)
 	return &i, err
 }
 
 const operatorRequestInsert = `-- name: OperatorRequestInsert :one
-INSERT INTO idemflow_operator_request (operation_id, action, reason, force)
-VALUES ($1, $2, $3, $4)
+INSERT INTO idemflow_operator_request (operation_id, action, reason, force, actor, made, reference)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
 RETURNING id
 `
 
@@ -85,6 +88,9 @@ type OperatorRequestInsertParams struct {
 	Action      string
 	Reason      string
 	Force       bool
+	Actor       string
+	Made        *bool
+	Reference   *string
 }
 
 func (q *Queries) OperatorRequestInsert(ctx context.Context, db DBTX, arg OperatorRequestInsertParams) (int64, error) {
@@ -93,10 +99,101 @@ func (q *Queries) OperatorRequestInsert(ctx context.Context, db DBTX, arg Operat
 		arg.Action,
 		arg.Reason,
 		arg.Force,
+		arg.Actor,
+		arg.Made,
+		arg.Reference,
 	)
 	var id int64
 	err := row.Scan(&id)
 	return id, err
+}
+
+const operatorRequestListByOperation = `-- name: OperatorRequestListByOperation :many
+SELECT id, action, reason, actor, force, made, reference, requested_at, done_at, outcome, message
+FROM idemflow_operator_request
+WHERE operation_id = $1
+ORDER BY id
+`
+
+type OperatorRequestListByOperationRow struct {
+	ID          int64
+	Action      string
+	Reason      string
+	Actor       string
+	Force       bool
+	Made        *bool
+	Reference   *string
+	RequestedAt time.Time
+	DoneAt      *time.Time
+	Outcome     *string
+	Message     *string
+}
+
+// The operation's audit trail: its operators' requests, oldest first.
+func (q *Queries) OperatorRequestListByOperation(ctx context.Context, db DBTX, operationID pguuid.UUID) ([]*OperatorRequestListByOperationRow, error) {
+	rows, err := db.Query(ctx, operatorRequestListByOperation, operationID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*OperatorRequestListByOperationRow
+	for rows.Next() {
+		var i OperatorRequestListByOperationRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Action,
+			&i.Reason,
+			&i.Actor,
+			&i.Force,
+			&i.Made,
+			&i.Reference,
+			&i.RequestedAt,
+			&i.DoneAt,
+			&i.Outcome,
+			&i.Message,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const operatorRequestRecord = `-- name: OperatorRequestRecord :exec
+INSERT INTO idemflow_operator_request (operation_id, action, reason, force, actor, made, reference, done_at, outcome, message)
+VALUES ($1, $2, $3, $4, $5, $6, $7, now(), $8, $9)
+`
+
+type OperatorRequestRecordParams struct {
+	OperationID pguuid.UUID
+	Action      string
+	Reason      string
+	Force       bool
+	Actor       string
+	Made        *bool
+	Reference   *string
+	Outcome     *string
+	Message     *string
+}
+
+// Records an operator's request that was carried out at once (not through a
+// process that takes it): the audit trail's entry, done or refused.
+func (q *Queries) OperatorRequestRecord(ctx context.Context, db DBTX, arg OperatorRequestRecordParams) error {
+	_, err := db.Exec(ctx, operatorRequestRecord,
+		arg.OperationID,
+		arg.Action,
+		arg.Reason,
+		arg.Force,
+		arg.Actor,
+		arg.Made,
+		arg.Reference,
+		arg.Outcome,
+		arg.Message,
+	)
+	return err
 }
 
 const operatorRequestRenew = `-- name: OperatorRequestRenew :exec
@@ -132,7 +229,7 @@ FROM (
     FOR UPDATE OF q SKIP LOCKED
 ) AS t
 WHERE r.id = t.id
-RETURNING r.id, r.operation_id, r.action, r.reason, r.force
+RETURNING r.id, r.operation_id, r.action, r.reason, r.force, r.actor, r.made, r.reference
 `
 
 type OperatorRequestTakeParams struct {
@@ -148,6 +245,9 @@ type OperatorRequestTakeRow struct {
 	Action      string
 	Reason      string
 	Force       bool
+	Actor       string
+	Made        *bool
+	Reference   *string
 }
 
 // Takes up to max pending requests for operations of the definitions given
@@ -173,6 +273,9 @@ func (q *Queries) OperatorRequestTake(ctx context.Context, db DBTX, arg Operator
 			&i.Action,
 			&i.Reason,
 			&i.Force,
+			&i.Actor,
+			&i.Made,
+			&i.Reference,
 		); err != nil {
 			return nil, err
 		}

@@ -1,0 +1,114 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemflow/idemflow/store"
+)
+
+// The actions of operators, as the audit trail names them.
+const (
+	ActionRetry   = "retry"
+	ActionCancel  = "cancel"
+	ActionResolve = "resolve"
+)
+
+// AuditEntry is one operator request on an operation: a retry (Reopen), a
+// cancel or a resolve, done or refused, kept with the operation for as long
+// as it is.
+type AuditEntry struct {
+	// At is when the request was carried out, or asked while it waits for a
+	// process (Result "pending").
+	At time.Time
+	// Action is ActionRetry, ActionCancel or ActionResolve.
+	Action string
+	// Actor is who asked (WithActor), Reason why.
+	Actor  string
+	Reason string
+	// Result is "done", "refused" (by rule; nothing changed), "failed" (it
+	// could not be carried out, the database did not answer, say) or
+	// "pending" (an Admin request no process has carried out yet).
+	Result string
+	// Detail says what happened, or why it was refused.
+	Detail string
+}
+
+type actorKey struct{}
+
+// auditedKey marks a context whose request is recorded already (an Admin
+// request that a process carries out): the engine records nothing more.
+type auditedKey struct{}
+
+// DefaultActor is the actor of a request whose context names none.
+const DefaultActor = "operator"
+
+// WithActor returns ctx naming actor as the operator whose requests (Reopen,
+// Cancel, Resolve, and Admin's) are carried with it: what the audit trail
+// records. Without it, DefaultActor.
+func WithActor(ctx context.Context, actor string) context.Context {
+	return context.WithValue(ctx, actorKey{}, actor)
+}
+
+func actorOf(ctx context.Context) string {
+	if a, ok := ctx.Value(actorKey{}).(string); ok && a != "" {
+		return a
+	}
+	return DefaultActor
+}
+
+// audit records an operator's request on operation id and how it ended (err:
+// nil when done), unless ctx's request is recorded already or there is no
+// such operation. A request that could not be recorded is logged; the
+// action stands.
+func (e *Engine) audit(ctx context.Context, req store.OperatorRequest, detail string, err error) {
+	if ctx.Value(auditedKey{}) != nil || errors.Is(err, ErrNotFound) {
+		return
+	}
+	req.Actor = actorOf(ctx)
+	req.Outcome, req.Message = "done", detail
+	if err != nil {
+		req.Outcome, req.Message = "failed", err.Error()
+		if refusal(err) {
+			req.Outcome = "refused"
+		}
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), existingReadTimeout)
+	defer cancel()
+	if rerr := e.store.OperatorRequestRecord(rctx, e.control, req); rerr != nil {
+		e.logger.ErrorContext(ctx, "could not record an operator's request in the audit trail",
+			slog.String("operation_id", req.OperationID.String()), slog.String("action", req.Action),
+			slog.String("actor", req.Actor), slog.String("outcome", req.Outcome), slog.Any("error", rerr))
+	}
+	if obs := e.cfg.Observer; obs != nil && obs.OperatorRequested != nil {
+		func() {
+			defer func() {
+				if v := recover(); v != nil {
+					e.logger.ErrorContext(ctx, "observer panicked; ignored", slog.String("call", "OperatorRequested"), slog.Any("panic", v))
+				}
+			}()
+			obs.OperatorRequested(ctx, req.Action, req.Outcome)
+		}()
+	}
+}
+
+// auditOf reads operation id's audit trail.
+func (e *Engine) auditOf(ctx context.Context, id uuid.UUID) ([]AuditEntry, error) {
+	reqs, err := e.store.OperatorRequestListByOperation(ctx, e.pool, id)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]AuditEntry, len(reqs))
+	for i, r := range reqs {
+		a := AuditEntry{At: r.RequestedAt, Action: r.Action, Actor: r.Actor, Reason: r.Reason, Result: "pending", Detail: r.Message}
+		if r.DoneAt != nil {
+			a.At, a.Result = *r.DoneAt, r.Outcome
+		}
+		out[i] = a
+	}
+	return out, nil
+}
