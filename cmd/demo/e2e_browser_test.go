@@ -99,13 +99,13 @@ func TestOperatorsBrowser(t *testing.T) {
 
 	// A refund that fails: the provider answers 503 to each of its three
 	// attempts, and asked by key it has no refund.
-	d := startDemo(t, testdb.URL(t), &demoOpts{args: []string{"-max-attempts", "3"}})
+	d := startDemo(t, testdb.URL(t), &demoOpts{args: []string{"-max-attempts", "3", "-provider-settle", "500ms"}})
 	c := d.client(t, tokenB)
 	c.createOrder("B-7", "cus_7", 3000)
 	c.setFault("error", 3, 0)
 	key := newKey()
 	body := map[string]any{"orderId": "B-7", "amount": 1200}
-	r := c.post("/refunds", key, body)
+	r := c.postUntilFinal("/refunds", key, body)
 	requireError(t, r, http.StatusInternalServerError, "operation_failed")
 	id := r.header.Get("Operation-Id")
 	derivedKey := stepOf(t, c.getOperation(id), "provider").DerivedKey
@@ -136,8 +136,8 @@ func TestOperatorsBrowser(t *testing.T) {
 	require.Equal(t, derivedKey, text(ctx, t, "#step-provider .derived-key"), "the provider step's derived key")
 	screenshot(ctx, t, filepath.Join(shots, "2-operation-failed.png"))
 
-	// The retry button; the page it leads to reloads itself until the run
-	// ends.
+	// The retry button, a forced retry of the 500 its client was told; the
+	// page it leads to reloads itself until the run ends.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#retry")), chromedp.WaitVisible(chromedp.CSS("#status.st-succeeded"))))
 	require.Equal(t, "succeeded", text(ctx, t, "#status"))
 	done, err := chromedp.Run(ctx, chromedp.Nodes(chromedp.CSSAll("tr.step.st-succeeded")))
