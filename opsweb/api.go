@@ -3,6 +3,7 @@ package opsweb
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"errors"
 	"io"
 	"log/slog"
@@ -61,6 +62,17 @@ type operationBody struct {
 	Runs    int             `json:"runs"`
 	Result  json.RawMessage `json:"result"`
 	Steps   []stepBody      `json:"steps"`
+	// Audit is every operator request on it, oldest first.
+	Audit []auditBody `json:"audit"`
+}
+
+type auditBody struct {
+	At     time.Time `json:"at"`
+	Action string    `json:"action"`
+	Actor  string    `json:"actor"`
+	Reason string    `json:"reason"`
+	Result string    `json:"result"`
+	Detail string    `json:"detail"`
 }
 
 type attentionBody struct {
@@ -93,7 +105,10 @@ type stepBody struct {
 }
 
 func operationOf(info *engine.Info) operationBody {
-	body := operationBody{listItem: itemOf(info), Parked: info.Parked, Runs: info.Runs, Result: info.Result, Steps: []stepBody{}}
+	body := operationBody{listItem: itemOf(info), Parked: info.Parked, Runs: info.Runs, Result: info.Result, Steps: []stepBody{}, Audit: []auditBody{}}
+	for _, a := range info.Audit {
+		body.Audit = append(body.Audit, auditBody{At: a.At, Action: a.Action, Actor: a.Actor, Reason: a.Reason, Result: a.Result, Detail: a.Detail})
+	}
 	if a := info.Attention; a != nil {
 		body.Attention = &attentionBody{Code: a.Code, Reason: a.Reason}
 	}
@@ -287,9 +302,20 @@ func (h *handler) operationAPI(w http.ResponseWriter, r *http.Request) {
 type action string
 
 const (
-	actionRetry  action = "retry"
-	actionCancel action = "cancel"
+	actionRetry   action = "retry"
+	actionCancel  action = "cancel"
+	actionResolve action = "resolve"
 )
+
+// request is an operator's request as a form or a body gives it.
+type request struct {
+	action action
+	actor  string
+	reason string
+	// force: a retry of a server fault; resolution: a resolve's word.
+	force      bool
+	resolution engine.Resolution
+}
 
 // refusal is an action that the engine refused by rule, changing nothing.
 type refusal struct {
@@ -300,14 +326,19 @@ type refusal struct {
 // act retries or cancels the operation id and returns it afterwards, with its
 // steps; a refusal when the engine refused (or there is no such operation).
 // The action is bounded by ActionTimeout and goes on if the client goes away.
-func (h *handler) act(r *http.Request, id uuid.UUID, a action, reason string, force bool) (*engine.Info, *refusal, error) {
+func (h *handler) act(r *http.Request, id uuid.UUID, req request) (*engine.Info, *refusal, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.cfg.ActionTimeout)
 	defer cancel()
+	ctx = engine.WithActor(ctx, req.actor)
+	a, reason := req.action, req.reason
 	var err error
-	if a == actionRetry {
-		err = h.e.Reopen(ctx, id, &engine.ReopenOpts{Force: force})
-	} else {
+	switch a {
+	case actionRetry:
+		err = h.e.Reopen(ctx, id, &engine.ReopenOpts{Force: req.force, Reason: reason})
+	case actionCancel:
 		_, err = h.e.Cancel(ctx, id, reason)
+	case actionResolve:
+		_, err = h.e.Resolve(ctx, id, req.resolution)
 	}
 	var ref *refusal
 	switch {
@@ -323,7 +354,13 @@ func (h *handler) act(r *http.Request, id uuid.UUID, a action, reason string, fo
 	case errors.Is(err, engine.ErrFinished):
 		ref = &refusal{http.StatusConflict, "operation_finished", "the operation has finished: there is nothing to cancel"}
 	case errors.Is(err, engine.ErrRunning):
-		ref = &refusal{http.StatusConflict, "operation_running", "a live process holds the operation: try again once its lease expires"}
+		ref = &refusal{http.StatusConflict, "held_by_live_process", "a live process holds the operation (a step or a lookup runs): try again in a moment"}
+	case errors.Is(err, engine.ErrNotResolvable):
+		ref = &refusal{http.StatusConflict, "not_resolvable", "only an operation in progress whose call out waits past its settle window, or that is parked at one, can be resolved: " + err.Error()}
+	case errors.Is(err, engine.ErrResolutionContradicts):
+		ref = &refusal{http.StatusConflict, "resolution_contradicts_provider", "the outside service, asked by the step's derived key, says otherwise: " + err.Error()}
+	case errors.Is(err, engine.ErrInvalidResolution):
+		ref = &refusal{http.StatusBadRequest, "invalid_request", err.Error()}
 	case errors.Is(err, engine.ErrFinal):
 		ref = &refusal{http.StatusConflict, "operation_final", "the operation's answer is final: it ended with a business answer or an operator's cancel, which its key keeps; one that failed with a server fault is reopened only when forced"}
 	case errors.Is(err, engine.ErrOutcomeUnknown):
@@ -352,10 +389,7 @@ func (h *handler) actionAPI(a action) http.HandlerFunc {
 			h.fail(w, r, http.StatusNotFound, "operation_not_found", "no such operation", "")
 			return
 		}
-		var body struct {
-			Reason string `json:"reason"`
-			Force  bool   `json:"force"`
-		}
+		body := map[string]json.RawMessage{}
 		raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxActionBody))
 		if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
 			refuseBody(w)
@@ -368,25 +402,17 @@ func (h *handler) actionAPI(a action) http.HandlerFunc {
 		}
 		if len(strings.TrimSpace(string(raw))) > 0 {
 			dec := json.NewDecoder(strings.NewReader(string(raw)))
-			dec.DisallowUnknownFields()
 			if err := dec.Decode(&body); err != nil || dec.More() {
-				h.fail(w, r, http.StatusBadRequest, "invalid_request", `the body is {"reason": "..."} (a cancel's, optional), {"force": true} (a retry's, optional) or empty`, "")
+				h.fail(w, r, http.StatusBadRequest, "invalid_request", "the body is a JSON object or empty", "")
 				return
 			}
 		}
-		if a == actionRetry && body.Reason != "" {
-			h.fail(w, r, http.StatusBadRequest, "invalid_request", "a retry takes no reason", "reason")
+		req, param, msg := h.requestFromBody(a, body)
+		if msg != "" {
+			h.fail(w, r, http.StatusBadRequest, "invalid_request", msg, param)
 			return
 		}
-		if a == actionCancel && body.Force {
-			h.fail(w, r, http.StatusBadRequest, "invalid_request", "a cancel takes no force", "force")
-			return
-		}
-		if len(body.Reason) > maxReason {
-			h.fail(w, r, http.StatusBadRequest, "invalid_request", "the reason is longer than 1000 bytes", "reason")
-			return
-		}
-		info, ref, err := h.act(r, id, a, strings.TrimSpace(body.Reason), body.Force)
+		info, ref, err := h.act(r, id, req)
 		if err != nil {
 			h.internalError(w, r, err)
 			return
@@ -398,6 +424,71 @@ func (h *handler) actionAPI(a action) http.HandlerFunc {
 		w.Header().Set("Operation-Id", info.ID.String())
 		writeJSON(w, http.StatusOK, operationOf(info))
 	}
+}
+
+// requestFromBody reads an action's JSON body: "reason" and "actor" for
+// every action (the actor defaults to "admin"), "force" for a retry,
+// "outcome" ("made" or "not_made") and Config.ReferenceField for a resolve,
+// which needs a reason. A bad body returns the field at fault and why.
+func (h *handler) requestFromBody(a action, body map[string]json.RawMessage) (req request, param, msg string) {
+	req = request{action: a, actor: "admin"}
+	allowed := map[string]bool{"reason": true, "actor": true}
+	switch a {
+	case actionRetry:
+		allowed["force"] = true
+	case actionResolve:
+		allowed["outcome"], allowed[h.cfg.ReferenceField] = true, true
+	}
+	for k := range body {
+		if !allowed[k] {
+			return req, k, fmt.Sprintf("a %s takes no %q", a, k)
+		}
+	}
+	text := func(k string, dst *string) bool {
+		raw, ok := body[k]
+		if !ok {
+			return true
+		}
+		if json.Unmarshal(raw, dst) != nil {
+			return false
+		}
+		*dst = strings.TrimSpace(*dst)
+		return true
+	}
+	if !text("reason", &req.reason) {
+		return req, "reason", "reason is a string"
+	}
+	if len(req.reason) > maxReason {
+		return req, "reason", "the reason is longer than 1000 bytes"
+	}
+	var actor string
+	if !text("actor", &actor) || len(actor) > maxReason {
+		return req, "actor", "actor is a string of at most 1000 bytes"
+	}
+	if actor != "" {
+		req.actor = actor
+	}
+	if raw, ok := body["force"]; ok && json.Unmarshal(raw, &req.force) != nil {
+		return req, "force", "force is true or false"
+	}
+	if a != actionResolve {
+		return req, "", ""
+	}
+	var outcome, reference string
+	if !text("outcome", &outcome) || outcome != "made" && outcome != "not_made" {
+		return req, "outcome", `outcome is "made" or "not_made"`
+	}
+	if !text(h.cfg.ReferenceField, &reference) || len(reference) > maxReason {
+		return req, h.cfg.ReferenceField, h.cfg.ReferenceField + " is a string"
+	}
+	if outcome == "not_made" && reference != "" {
+		return req, h.cfg.ReferenceField, "a call that was not made has no " + h.cfg.ReferenceField
+	}
+	if req.reason == "" {
+		return req, "reason", "a resolve needs a reason"
+	}
+	req.resolution = engine.Resolution{Made: outcome == "made", Reference: reference, Reason: req.reason}
+	return req, "", ""
 }
 
 // outcomeUnknownMessage says why a cancel must wait, and until when when that

@@ -254,7 +254,7 @@ func TestRetryAPI(t *testing.T) {
 	failed := b.start("client-b", "k-fail", modeFail)
 	path := "/admin/operations/" + failed.ID.String() + "/retry"
 
-	requireError(t, b.admin(http.MethodPost, path, `{"reason":"x"}`), http.StatusBadRequest, "invalid_request")
+	requireError(t, b.admin(http.MethodPost, path, `{"reason": 1}`), http.StatusBadRequest, "invalid_request")
 	requireError(t, b.admin(http.MethodPost, path, `{"because":"x"}`), http.StatusBadRequest, "invalid_request")
 	requireError(t, b.admin(http.MethodPost, path, strings.Repeat(" ", 17<<10)), http.StatusRequestEntityTooLarge, "request_too_large")
 
@@ -302,6 +302,22 @@ func TestCancelAPI(t *testing.T) {
 		require.Equal(t, "in_progress", op.Status, "nothing changed")
 		require.True(t, op.Parked)
 		require.Equal(t, "ledger_mismatch", op.Attention.Code)
+
+		// Resolve: a reason is required, and a step that does not call out
+		// is no call to resolve; every refusal is in the audit trail.
+		requireError(t, b.admin(http.MethodPost, path+"/resolve", `{"outcome": "made"}`), http.StatusBadRequest, "invalid_request")
+		requireError(t, b.admin(http.MethodPost, path+"/resolve", `{"outcome": "maybe", "reason": "x"}`), http.StatusBadRequest, "invalid_request")
+		requireError(t, b.admin(http.MethodPost, path+"/resolve", `{"outcome": "not_made", "reference": "r", "reason": "x"}`), http.StatusBadRequest, "invalid_request")
+		requireError(t, b.admin(http.MethodPost, path+"/resolve", `{"outcome": "made", "reference": "r", "reason": "the bank says so", "actor": "bob"}`),
+			http.StatusConflict, "not_resolvable")
+		op = decode[operation](t, b.admin(http.MethodGet, path, ""))
+		last := op.Audit[len(op.Audit)-1]
+		require.Equal(t, "resolve", last.Action)
+		require.Equal(t, "bob", last.Actor)
+		require.Equal(t, "the bank says so", last.Reason)
+		require.Equal(t, "refused", last.Result)
+		require.Equal(t, "cancel", op.Audit[0].Action)
+		require.Equal(t, "refused", op.Audit[0].Result)
 
 		b.healed.Store("k-after", true)
 		decode[operation](t, b.admin(http.MethodPost, path+"/retry", ""))

@@ -49,6 +49,11 @@ type Config struct {
 	// Logger receives a line per retry and cancel, and the errors the handler
 	// could not answer with. Defaults to slog.Default().
 	Logger *slog.Logger
+	// ReferenceField names the member of a resolve's body, and the field of
+	// its form, that holds the reference of what a made call made (see
+	// engine.Engine.Resolve), such as "providerRefundId". Defaults to
+	// "reference".
+	ReferenceField string
 }
 
 func (c *Config) withDefaults() Config {
@@ -64,6 +69,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.ActionTimeout <= 0 {
 		out.ActionTimeout = DefaultActionTimeout
+	}
+	if out.ReferenceField == "" {
+		out.ReferenceField = "reference"
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -148,10 +156,12 @@ func (h *handler) routes() (mux *http.ServeMux, err error) {
 	mux.HandleFunc("GET "+a+"/operations/{id}", h.operationAPI)
 	mux.HandleFunc("POST "+a+"/operations/{id}/retry", h.actionAPI(actionRetry))
 	mux.HandleFunc("POST "+a+"/operations/{id}/cancel", h.actionAPI(actionCancel))
+	mux.HandleFunc("POST "+b+"/operations/{id}/resolve", h.actionPage(actionResolve))
+	mux.HandleFunc("POST "+a+"/operations/{id}/resolve", h.actionAPI(actionResolve))
 	// Patterns without a method catch the other methods: 405, not 404.
 	for _, p := range []string{
-		b, b + "/{$}", b + "/operations/{id}", b + "/operations/{id}/retry", b + "/operations/{id}/cancel",
-		a + "/operations", a + "/operations/{id}", a + "/operations/{id}/retry", a + "/operations/{id}/cancel",
+		b, b + "/{$}", b + "/operations/{id}", b + "/operations/{id}/retry", b + "/operations/{id}/cancel", b + "/operations/{id}/resolve",
+		a + "/operations", a + "/operations/{id}", a + "/operations/{id}/retry", a + "/operations/{id}/cancel", a + "/operations/{id}/resolve",
 	} {
 		mux.HandleFunc(p, h.methodNotAllowed)
 	}

@@ -225,6 +225,14 @@ type (
 		Runs   int             `json:"runs"`
 		Result json.RawMessage `json:"result"`
 		Steps  []step          `json:"steps"`
+		Audit  []struct {
+			At     time.Time `json:"at"`
+			Action string    `json:"action"`
+			Actor  string    `json:"actor"`
+			Reason string    `json:"reason"`
+			Result string    `json:"result"`
+			Detail string    `json:"detail"`
+		} `json:"audit"`
 	}
 	step struct {
 		Name       string     `json:"name"`

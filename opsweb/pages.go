@@ -6,12 +6,12 @@ import (
 	"crypto/sha256"
 	_ "embed"
 	"encoding/base64"
+	"encoding/json"
 	"html/template"
 	"log/slog"
 	"net/http"
 	"net/url"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -216,6 +216,10 @@ type operationPage struct {
 	// ForceRetry: the retry reopens an operation whose client was told of a
 	// server fault (a forced retry).
 	ForceRetry bool
+	// CanResolve: the operation may be resolved (a parked one, or one whose
+	// step waits for its outcome); RefField is the reference's form field.
+	CanResolve bool
+	RefField   string
 	Flash      string
 	Problem    *refusal
 }
@@ -226,6 +230,8 @@ func doneMessage(done string, info *engine.Info) string {
 	switch {
 	case done == "cancelled":
 		return "Cancelled: its succeeded steps were undone, last first."
+	case done == "resolved":
+		return "Resolved: the operation goes on from your word (" + string(info.Status) + ")."
 	case done != "retried":
 		return ""
 	case info.Parked:
@@ -256,6 +262,8 @@ func (h *handler) newOperationPage(info *engine.Info) *operationPage {
 		CanRetry:   info.Parked || reopenable(info),
 		ForceRetry: reopenable(info),
 		CanCancel:  info.Status == engine.StatusInProgress,
+		CanResolve: resolvable(info),
+		RefField:   h.cfg.ReferenceField,
 	}
 }
 
@@ -274,21 +282,32 @@ func (h *handler) actionPage(a action) http.HandlerFunc {
 			h.fail(w, r, http.StatusBadRequest, "invalid_request", "the form could not be read", "")
 			return
 		}
-		reason := strings.TrimSpace(r.PostForm.Get("reason"))
-		if len(reason) > maxReason {
-			h.fail(w, r, http.StatusBadRequest, "invalid_request", "the reason is longer than 1000 bytes", "reason")
+		form := map[string]json.RawMessage{}
+		for k := range r.PostForm {
+			if k == "force" {
+				form[k] = json.RawMessage("true")
+				continue
+			}
+			v, _ := json.Marshal(r.PostForm.Get(k))
+			form[k] = v
+		}
+		// The actor is the HTTP Basic user name, whatever the form says.
+		delete(form, "actor")
+		if user, _, ok := r.BasicAuth(); ok && user != "" {
+			form["actor"], _ = json.Marshal(user)
+		}
+		req, param, msg := h.requestFromBody(a, form)
+		if msg != "" {
+			h.fail(w, r, http.StatusBadRequest, "invalid_request", msg, param)
 			return
 		}
-		_, ref, err := h.act(r, id, a, reason, a == actionRetry && r.PostForm.Get("force") != "")
+		_, ref, err := h.act(r, id, req)
 		if err != nil {
 			h.internalError(w, r, err)
 			return
 		}
 		if ref == nil {
-			done := "retried"
-			if a == actionCancel {
-				done = "cancelled"
-			}
+			done := map[action]string{actionRetry: "retried", actionCancel: "cancelled", actionResolve: "resolved"}[a]
 			http.Redirect(w, r, h.cfg.BasePath+"/operations/"+id.String()+"?done="+done, http.StatusSeeOther)
 			return
 		}
@@ -311,4 +330,22 @@ func (h *handler) actionPage(a action) http.HandlerFunc {
 // are final).
 func reopenable(info *engine.Info) bool {
 	return info.Status == engine.StatusFailed && info.Error != nil && info.Error.ServerFault() && info.Error.Code != engine.CodeCancelled
+}
+
+// resolvable reports whether an operator may be offered Resolve for info: it
+// is in progress, and parked or waiting for an external step's outcome (the
+// engine refuses one whose settle window has not passed, saying until when).
+func resolvable(info *engine.Info) bool {
+	if info.Status != engine.StatusInProgress {
+		return false
+	}
+	if info.Parked {
+		return true
+	}
+	for _, s := range info.Steps {
+		if s.Status == engine.StepStatusWaiting {
+			return true
+		}
+	}
+	return false
 }
