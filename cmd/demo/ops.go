@@ -20,6 +20,9 @@ import (
 const opsUsage = `usage: demo ops [flags] list [in_progress|succeeded|failed]   (default failed)
        demo ops [flags] retry [-force] <operation id>   (-force reopens one that failed with a server fault)
        demo ops [flags] cancel <operation id> [reason]
+       demo ops [flags] resolve <operation id> made <provider refund id> <reason>
+       demo ops [flags] resolve <operation id> not-made <reason>
+-actor NAME (default $USER, else operator) is who the audit trail names for retry, cancel and resolve.
        demo ops [flags] check   (exit status 1 when a process with -refund-versions could not run some unfinished operation)
        demo ops [flags] show <operation id>
        demo ops [flags] processes
@@ -31,11 +34,17 @@ const opsUsage = `usage: demo ops [flags] list [in_progress|succeeded|failed]   
 func runOps(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, logger *slog.Logger) int {
 	var flagArgs, rest []string
 	for i, a := range args {
-		if a == "list" || a == "retry" || a == "cancel" || a == "check" || a == "show" || a == "processes" {
+		if a == "list" || a == "retry" || a == "cancel" || a == "resolve" || a == "check" || a == "show" || a == "processes" {
 			flagArgs, rest = args[:i], args[i:]
 			break
 		}
 	}
+	actor, flagArgs, err := actorFlag(flagArgs, getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "demo ops: %v\n%s\n", err, opsUsage)
+		return 2
+	}
+	ctx = engine.WithActor(ctx, actor)
 	if len(rest) == 0 {
 		fmt.Fprintln(stderr, opsUsage)
 		return 2
@@ -134,6 +143,8 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 			return fmt.Errorf("%w: %d unfinished operation(s) that refund versions %v could not run (%s)", errUnrunnable, n, cfg.versions, strings.Join(why, "; "))
 		}
 		return nil
+	case "resolve":
+		return resolveOp(ctx, e, args[1:], out)
 	case "retry", "cancel":
 		force := false
 		if args[0] == "retry" && len(args) > 1 && (args[1] == "-force" || args[1] == "--force") {
@@ -169,3 +180,61 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 // errUnrunnable is what demo ops check reports when it found operations that
 // the given versions could not run.
 var errUnrunnable = errors.New("not runnable")
+
+// actorFlag takes -actor NAME (or -actor=NAME) out of the flags: who the audit
+// trail names. It defaults to the USER variable, else engine.DefaultActor.
+func actorFlag(args []string, getenv func(string) string) (string, []string, error) {
+	actor := getenv("USER")
+	if actor == "" {
+		actor = engine.DefaultActor
+	}
+	var rest []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "-actor" || a == "--actor":
+			if i+1 >= len(args) || args[i+1] == "" {
+				return "", nil, errors.New("-actor needs a name")
+			}
+			actor = args[i+1]
+			i++
+		case strings.HasPrefix(a, "-actor=") || strings.HasPrefix(a, "--actor="):
+			actor = a[strings.Index(a, "=")+1:]
+			if actor == "" {
+				return "", nil, errors.New("-actor needs a name")
+			}
+		default:
+			rest = append(rest, a)
+		}
+	}
+	return actor, rest, nil
+}
+
+// resolveOp is demo ops resolve: <id> made <provider refund id> <reason...>,
+// or <id> not-made <reason...>.
+func resolveOp(ctx context.Context, e *engine.Engine, args []string, out *json.Encoder) error {
+	if len(args) < 3 {
+		return fmt.Errorf("resolve needs an operation id, made or not-made, and a reason\n%s", opsUsage)
+	}
+	id, err := uuid.Parse(args[0])
+	if err != nil {
+		return fmt.Errorf("%q is not an operation id: %w", args[0], err)
+	}
+	res := engine.Resolution{}
+	switch args[1] {
+	case "made":
+		if len(args) < 4 {
+			return fmt.Errorf("resolve made needs the provider's refund id and a reason\n%s", opsUsage)
+		}
+		res.Made, res.Reference, res.Reason = true, args[2], strings.Join(args[3:], " ")
+	case "not-made":
+		res.Reason = strings.Join(args[2:], " ")
+	default:
+		return fmt.Errorf("resolve: %q is neither made nor not-made\n%s", args[1], opsUsage)
+	}
+	info, err := e.Resolve(ctx, id, res)
+	if err != nil {
+		return err
+	}
+	return out.Encode(map[string]any{"operationId": info.ID, "status": info.Status, "error": info.Error})
+}

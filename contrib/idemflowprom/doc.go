@@ -26,6 +26,8 @@
 //   - idemflow_idempotency_requests_total{operation,outcome}
 //   - idemflow_operations_in_progress{operation}
 //   - idemflow_operations_needing_attention{operation}
+//   - idemflow_operator_requests_total{action,result}: operators' retries,
+//     cancels and resolves, done or refused
 //   - idemflow_operations_waiting_for_outcome{operation}: unfinished operations
 //     with a step that waits for its outcome (unknown or pending)
 //   - idemflow_oldest_in_progress_seconds{operation}

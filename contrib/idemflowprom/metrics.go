@@ -39,6 +39,7 @@ type Metrics struct {
 	inProgress *prometheus.GaugeVec
 	attention  *prometheus.GaugeVec
 	outcome    *prometheus.GaugeVec
+	operators  *prometheus.CounterVec
 	oldest     *prometheus.GaugeVec
 	waiting    *prometheus.GaugeVec
 
@@ -93,6 +94,9 @@ func New(reg prometheus.Registerer, opts *Opts) (*Metrics, error) {
 		attention: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemflow_operations_needing_attention", Help: "Unfinished operations that wait for an operator.",
 		}, []string{"operation"}),
+		operators: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemflow_operator_requests_total", Help: "Operators' requests (retry, cancel, resolve) this process carried out or refused.",
+		}, []string{"action", "result"}),
 		outcome: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemflow_operations_waiting_for_outcome", Help: "Unfinished operations with a step that waits for its outcome: a call whose outcome is unknown or pending.",
 		}, []string{"operation"}),
@@ -104,7 +108,7 @@ func New(reg prometheus.Registerer, opts *Opts) (*Metrics, error) {
 		}, []string{"operation", "version"}),
 		seen: map[string]bool{},
 	}
-	for _, c := range []prometheus.Collector{m.started, m.finished, m.attempts, m.duration, m.recoveries, m.lookups, m.requests, m.inProgress, m.attention, m.outcome, m.oldest, m.waiting} {
+	for _, c := range []prometheus.Collector{m.started, m.finished, m.attempts, m.duration, m.recoveries, m.lookups, m.requests, m.inProgress, m.attention, m.outcome, m.oldest, m.waiting, m.operators} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -129,6 +133,9 @@ func (m *Metrics) Observer() *engine.Observer {
 			m.attempts.WithLabelValues(s.Operation.Name, s.Step, string(s.Outcome)).Inc()
 			m.duration.WithLabelValues(s.Operation.Name, s.Step).Observe(s.Duration.Seconds())
 		},
+		OperatorRequested: func(_ context.Context, action, result string) {
+			m.operators.WithLabelValues(action, result).Inc()
+		},
 		LookedUp: func(_ context.Context, s engine.StepEvent, found bool) {
 			m.lookups.WithLabelValues(s.Operation.Name, s.Step, strconv.FormatBool(found)).Inc()
 		},
@@ -146,6 +153,11 @@ func (m *Metrics) ObserveRequest(_ context.Context, operation string, outcome id
 func (m *Metrics) Declare(defs ...engine.Definition) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	for _, a := range []string{engine.ActionRetry, engine.ActionCancel, engine.ActionResolve} {
+		for _, r := range []string{"done", "refused"} {
+			m.operators.WithLabelValues(a, r)
+		}
+	}
 	for _, d := range defs {
 		m.started.WithLabelValues(d.Name())
 		m.inProgress.WithLabelValues(d.Name()).Set(0)

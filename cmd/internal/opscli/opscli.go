@@ -42,7 +42,9 @@ commands:
   processes
   check       (exit 1 when an unfinished operation's definition runs in no live process)
   retry [-force] <operation id>   (-force reopens one that failed with a server fault)
-  cancel <operation id> [reason]`
+  cancel <operation id> [reason]
+  resolve <operation id> made <reference> <reason> | resolve <operation id> not-made <reason>
+Set -actor NAME (default $USER) to name yourself in the audit trail.`
 
 // Exit statuses.
 const (
@@ -60,7 +62,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprintln(stderr, usage) }
 	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "the service's database (DATABASE_URL)")
-	wait := fs.Duration("wait", 30*time.Second, "how long retry and cancel wait for a live process to carry them out")
+	wait := fs.Duration("wait", 30*time.Second, "how long retry, cancel and resolve wait for a live process to carry them out")
+	defaultActor := getenv("USER")
+	if defaultActor == "" {
+		defaultActor = engine.DefaultActor
+	}
+	actor := fs.String("actor", defaultActor, "who the audit trail names for retry, cancel and resolve (default $USER)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -82,6 +89,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintf(stderr, "idemflow: %v\n", err)
 		return exitRefused
 	}
+	ctx = engine.WithActor(ctx, *actor)
 	cmd, rest := fs.Arg(0), fs.Args()[1:]
 	c := &commands{admin: admin, stdout: stdout, stderr: stderr, wait: *wait}
 	switch cmd {
@@ -93,7 +101,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return c.processes(ctx)
 	case "check":
 		return c.check(ctx)
-	case "retry", "cancel":
+	case "retry", "cancel", "resolve":
 		return c.request(ctx, cmd, rest)
 	}
 	fmt.Fprintf(stderr, "idemflow: unknown command %q\n%s\n", cmd, usage)
@@ -190,6 +198,15 @@ func (c *commands) show(ctx context.Context, args []string) int {
 		fmt.Fprintf(w, "  %s\t%s\t%d\t%s\t%s\t%s\n", s.Name, s.Status, s.Attempts, s.ResolvedBy, s.DerivedKey, s.LastCause)
 	}
 	_ = w.Flush()
+	if len(i.Audit) > 0 {
+		fmt.Fprintln(c.stdout, "  audit:")
+		w = tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "  AT\tACTION\tACTOR\tRESULT\tREASON\tDETAIL")
+		for _, a := range i.Audit {
+			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%s\n", a.At.UTC().Format(time.RFC3339), a.Action, a.Actor, a.Result, a.Reason, a.Detail)
+		}
+		_ = w.Flush()
+	}
 	return exitOK
 }
 
@@ -244,9 +261,17 @@ func (c *commands) request(ctx context.Context, action string, args []string) in
 	defer cancel()
 	var req *engine.OperatorRequest
 	var err error
-	if action == "retry" {
+	switch action {
+	case "retry":
 		req, err = c.admin.Reopen(ctx, id, &engine.ReopenOpts{Force: force})
-	} else {
+	case "resolve":
+		res, ok := parseResolution(args[1:])
+		if !ok {
+			fmt.Fprintf(c.stderr, "idemflow: resolve <operation id> made <reference> <reason>, or resolve <operation id> not-made <reason>\n%s\n", usage)
+			return exitUsage
+		}
+		req, err = c.admin.Resolve(ctx, id, res)
+	default:
 		req, err = c.admin.Cancel(ctx, id, strings.Join(args[1:], " "))
 	}
 	switch {
@@ -262,4 +287,16 @@ func (c *commands) request(ctx context.Context, action string, args []string) in
 		return exitRefused
 	}
 	return exitOK
+}
+
+// parseResolution reads "made <reference> <reason...>" or "not-made
+// <reason...>".
+func parseResolution(args []string) (engine.Resolution, bool) {
+	switch {
+	case len(args) >= 3 && args[0] == "made":
+		return engine.Resolution{Made: true, Reference: args[1], Reason: strings.Join(args[2:], " ")}, true
+	case len(args) >= 2 && args[0] == "not-made":
+		return engine.Resolution{Reason: strings.Join(args[1:], " ")}, true
+	}
+	return engine.Resolution{}, false
 }

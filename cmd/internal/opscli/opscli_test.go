@@ -87,7 +87,7 @@ func TestCommand(t *testing.T) {
 	require.Equal(t, 1, r.code, r.stdout+r.stderr)
 	require.Contains(t, r.stdout, "refused")
 	require.Contains(t, r.stdout, "final")
-	r = idemflow(t, dbURL, "retry", "-force", s.ID.String())
+	r = idemflow(t, dbURL, "-actor", "carol", "retry", "-force", s.ID.String())
 	require.Equal(t, 0, r.code, r.stdout+r.stderr)
 	require.Contains(t, r.stdout, ": done: reopened")
 	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -95,6 +95,12 @@ func TestCommand(t *testing.T) {
 	got, err := e.Wait(waitCtx, s.ID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, got.Status)
+	// The audit trail: the refused cancel and retry, and carol's forced retry.
+	r = idemflow(t, dbURL, "show", s.ID.String())
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "audit:")
+	require.Regexp(t, `retry\s+carol\s+done`, r.stdout)
+	require.Regexp(t, `cancel\s+\S+\s+refused`, r.stdout)
 
 	r = idemflow(t, dbURL, "show", "not-an-id")
 	require.Equal(t, 2, r.code)
