@@ -67,6 +67,10 @@ type Info struct {
 	// Error is the error that ended a failed operation: its Message for the
 	// client, its Cause for operators.
 	Error *PermanentError
+	// Compensating, for an operation in progress, is the failure whose
+	// compensations it runs (or is parked in the middle of): its answer once
+	// they are done.
+	Compensating *PermanentError
 	// PriorError, for an operation in progress that an operator reopened by
 	// force (ReopenOpts.Force), is the server fault it had ended with: what its
 	// client was told, and what an HTTP layer replays for its key until it
@@ -270,6 +274,9 @@ func infoFromRecord(rec *store.Operation) *Info {
 	}
 	if len(rec.Error) > 0 && rec.State == store.OperationFailed {
 		info.Error = storedError(rec.Error)
+	}
+	if len(rec.Error) > 0 && rec.State == store.OperationInProgress {
+		info.Compensating = storedError(rec.Error)
 	}
 	if len(rec.PriorError) > 0 && rec.State == store.OperationInProgress {
 		info.PriorError = storedError(rec.PriorError)

@@ -112,7 +112,11 @@ func operationOf(info *engine.Info) operationBody {
 	if a := info.Attention; a != nil {
 		body.Attention = &attentionBody{Code: a.Code, Reason: a.Reason}
 	}
-	if f := info.Error; f != nil {
+	f := info.Error
+	if f == nil {
+		f = info.Compensating // the failure it is undoing, parked or not
+	}
+	if f != nil {
 		body.Failure = &failureBody{Code: f.Code, Message: f.Message, Cause: f.Cause, Step: f.Step, ServerFault: f.ServerFault()}
 	}
 	for _, st := range info.Steps {

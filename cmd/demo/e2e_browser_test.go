@@ -167,3 +167,48 @@ func TestOperatorsBrowser(t *testing.T) {
 	require.Equal(t, 1, n, "one provider refund under the derived key")
 	t.Logf("browser test took %s; screenshots in %s", time.Since(start).Round(time.Millisecond), shots)
 }
+
+// TestResolveBrowser: a refund whose provider step waits past -provider-settle
+// while the provider cannot be asked is resolved from its page: the operator
+// types the provider's refund id and a reason and clicks Resolve; the refund
+// goes on to 201 with that id, and the page's audit trail names the operator.
+func TestResolveBrowser(t *testing.T) {
+	t.Parallel()
+	chromium := chromiumPath(t)
+	d := startDemo(t, testdb.URL(t), &demoOpts{args: []string{"-max-attempts", "1", "-retry-backoff", "30s", "-wait", "200ms",
+		"-provider-settle", "500ms", "-provider-url", "http://" + closedPort(t) + "/provider"}})
+	c := d.client(t, tokenA)
+	c.createOrder("A-9", "cus_9", 3000)
+	key := newKey()
+	body := map[string]any{"orderId": "A-9", "amount": 900}
+	id := requireAccepted(t, c.post("/refunds", key, body))
+	c.awaitOperation(id, pollInterval, "needing attention", needsAttention)
+
+	ctx := newBrowser(t, chromium)
+	shots := t.ArtifactDir()
+	_, err := chromedp.Call(ctx, network.Enable, network.EnableParams{})
+	require.NoError(t, err)
+	_, err = chromedp.Call(ctx, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{
+		Headers: network.Headers{"Authorization": basicAuth("frank", adminToken)},
+	})
+	require.NoError(t, err)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(d.base+"/ops/operations/"+id), chromedp.WaitVisible(chromedp.CSS("#resolve"))))
+	require.Equal(t, "waiting", text(ctx, t, "#step-provider td:nth-child(4)"))
+	screenshot(ctx, t, filepath.Join(shots, "1-operation-waiting.png"))
+
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.SetValue(chromedp.CSS("#resolve-outcome"), "made"),
+		chromedp.SendKeys(chromedp.CSS("#resolve-reference"), "pr_FROMTHEBROWSER"),
+		chromedp.SendKeys(chromedp.CSS("#resolve-reason"), "the provider's dashboard lists it"),
+		chromedp.Click(chromedp.CSS("#resolve")),
+		chromedp.WaitVisible(chromedp.CSS("p.flash.ok"))))
+	require.Contains(t, text(ctx, t, "p.flash.ok"), "Resolved")
+	require.Contains(t, text(ctx, t, "#audit"), "frank")
+	require.Contains(t, text(ctx, t, "#audit"), "the provider's dashboard lists it")
+	screenshot(ctx, t, filepath.Join(shots, "2-operation-resolved.png"))
+
+	r := c.postUntilFinal("/refunds", key, body)
+	requireStatus(t, r, http.StatusCreated)
+	require.Equal(t, "pr_FROMTHEBROWSER", *decodeAs[refundBody](t, r).ProviderRefundID)
+	require.Equal(t, "operator", stepOf(t, c.getOperation(id), "provider").ResolvedBy)
+}
