@@ -120,7 +120,9 @@
 // outcome is unknown is parked.
 //
 // Who may decide: the step's own answer, its lookup, the application's
-// delivered outcome, and an operator; never the engine on a guess. Cancel
+// delivered outcome, and an operator (Engine.Resolve, with the reference of
+// what a made call made, recorded by the step's ResolveFunc; refused while
+// the lookup says otherwise); never the engine on a guess. Cancel
 // follows the same rule: it refuses an operation whose call may still land or
 // is pending, with an *OutcomeUnknownError saying when the outcome will be
 // known. Told answers are final: Reopen refuses (ErrFinal) an operation that
@@ -139,6 +141,16 @@
 // left alone by every run until an operator reopens (Engine.Reopen) or
 // cancels (Engine.Cancel) them. A client retrying its key meanwhile gets the
 // operation in progress.
+//
+// # Operators
+//
+// Reopen (retry), Cancel and Resolve are what an operator asks of an operation;
+// an Admin asks the live processes the same without the definitions. Each
+// request, done or refused, is recorded with the operation and kept as long as
+// it (Info.Audit): the action, who asked (WithActor), why, and what became of
+// it. Refusals are typed errors (ErrFinal, ErrOutcomeUnknown, ErrPastPivot,
+// ErrNotResolvable, ErrResolutionContradicts, ErrRunning...), never a failure
+// of the operation.
 //
 // # Errors
 //
