@@ -274,7 +274,10 @@ func (e *Engine) serveOperators(ctx context.Context) error {
 		case ActionResolve:
 			res := Resolution{Made: r.Made != nil && *r.Made, Reference: r.Reference, Reason: r.Reason}
 			if _, err = e.Resolve(ctx, r.OperationID, res); err == nil {
-				message = "resolved"
+				message = "resolved: the call was not made"
+				if res.Made {
+					message = "resolved: the call was made"
+				}
 			}
 		default:
 			err = fmt.Errorf("unknown action %q", r.Action)

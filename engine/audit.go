@@ -66,7 +66,7 @@ func actorOf(ctx context.Context) string {
 // such operation. A request that could not be recorded is logged; the
 // action stands.
 func (e *Engine) audit(ctx context.Context, req store.OperatorRequest, detail string, err error) {
-	if ctx.Value(auditedKey{}) != nil || errors.Is(err, ErrNotFound) {
+	if errors.Is(err, ErrNotFound) {
 		return
 	}
 	req.Actor = actorOf(ctx)
@@ -77,6 +77,10 @@ func (e *Engine) audit(ctx context.Context, req store.OperatorRequest, detail st
 			req.Outcome = "refused"
 		}
 	}
+	e.observeOperator(ctx, req.Action, req.Outcome)
+	if ctx.Value(auditedKey{}) != nil {
+		return // an Admin request: its own row is the entry
+	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), existingReadTimeout)
 	defer cancel()
 	if rerr := e.store.OperatorRequestRecord(rctx, e.control, req); rerr != nil {
@@ -84,16 +88,21 @@ func (e *Engine) audit(ctx context.Context, req store.OperatorRequest, detail st
 			slog.String("operation_id", req.OperationID.String()), slog.String("action", req.Action),
 			slog.String("actor", req.Actor), slog.String("outcome", req.Outcome), slog.Any("error", rerr))
 	}
-	if obs := e.cfg.Observer; obs != nil && obs.OperatorRequested != nil {
-		func() {
-			defer func() {
-				if v := recover(); v != nil {
-					e.logger.ErrorContext(ctx, "observer panicked; ignored", slog.String("call", "OperatorRequested"), slog.Any("panic", v))
-				}
-			}()
-			obs.OperatorRequested(ctx, req.Action, req.Outcome)
-		}()
+}
+
+// observeOperator tells the observer of an operator's request carried out
+// here, containing its panic.
+func (e *Engine) observeOperator(ctx context.Context, action, result string) {
+	obs := e.cfg.Observer
+	if obs == nil || obs.OperatorRequested == nil {
+		return
 	}
+	defer func() {
+		if v := recover(); v != nil {
+			e.logger.ErrorContext(ctx, "observer panicked; ignored", slog.String("call", "OperatorRequested"), slog.Any("panic", v))
+		}
+	}()
+	obs.OperatorRequested(ctx, action, result)
 }
 
 // auditOf reads operation id's audit trail.

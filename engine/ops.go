@@ -183,6 +183,9 @@ func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 	if info != nil {
 		detail = "cancelled: " + string(info.Status)
 	}
+	if reason == "" {
+		reason = defaultCancelReason
+	}
 	e.audit(ctx, store.OperatorRequest{OperationID: id, Action: ActionCancel, Reason: reason}, detail, err)
 	return info, err
 }
@@ -196,7 +199,7 @@ func (e *Engine) cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 		return nil, fmt.Errorf("engine: cancel %s: %w", id, ErrFinished)
 	}
 	if reason == "" {
-		reason = "cancelled by an operator"
+		reason = defaultCancelReason
 	}
 	if def := e.def(rec.Name, rec.Version); def != nil {
 		// Refused whoever holds it: a live run too only goes forward from here.
@@ -230,6 +233,9 @@ func (e *Engine) cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 	}
 	return info, nil
 }
+
+// defaultCancelReason is a cancel's reason when the operator gives none.
+const defaultCancelReason = "cancelled by an operator"
 
 // ListOpts select the operations that List returns; zero fields select all.
 type ListOpts struct {

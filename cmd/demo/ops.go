@@ -164,10 +164,7 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 			fmt.Fprintf(stdout, "operation %s reopened; a running demo resumes it\n", id)
 			return nil
 		}
-		reason := ""
-		if len(args) > 2 {
-			reason = args[2]
-		}
+		reason := strings.Join(args[2:], " ")
 		info, err := e.Cancel(ctx, id, reason)
 		if err != nil {
 			return err
