@@ -146,6 +146,11 @@ const (
 	// settle window: the call is still pending, or its lookup cannot answer.
 	// The operation goes on waiting; an operator may settle it.
 	CodeOutcomeOverdue = "outcome_overdue"
+	// CodeDatabaseUnavailable (attention): a transactional step has not
+	// reached the database (lock or statement timeouts, lost connections) for
+	// longer than its retry policy's cap (at least a minute); it is retried
+	// without using up its attempts meanwhile.
+	CodeDatabaseUnavailable = "database_unavailable"
 	// CodeUndecodableState (attention, parked): the operation's stored input or
 	// state does not decode into this process's types.
 	CodeUndecodableState = "undecodable_state"

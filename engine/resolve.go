@@ -141,6 +141,10 @@ func (r *run) resolveStep(ctx context.Context, parked bool, res *Resolution) (*s
 	case !parked && time.Now().Before(r.settleEnd(st)):
 		return nil, refuse("step %s's settle window runs until %s: its lookup decides until then",
 			st.name, r.settleEnd(st).UTC().Format(time.RFC3339))
+	case parked && !res.Made && st.lookup == nil && time.Now().Before(r.settleEnd(st)):
+		// Nothing can tell; "not made" would undo what may still land.
+		return nil, refuse("step %s's last request may still land until %s: not made cannot be said before",
+			st.name, r.settleEnd(st).UTC().Format(time.RFC3339))
 	}
 	if res.Made && st.resolve != nil && res.Reference == "" {
 		return nil, fmt.Errorf("engine: resolve %s: %w: step %s needs the reference of what the call made", r.id, ErrInvalidResolution, st.name)
@@ -200,6 +204,12 @@ func (r *run) resolveStep(ctx context.Context, parked bool, res *Resolution) (*s
 	if res.Made {
 		r.state = state
 		return nil, r.succeeded(i, st, attempt, time.Now(), ResolvedByOperator)
+	}
+	if end := r.settleEnd(st); time.Now().Before(end) {
+		// Nothing was found, or nothing can tell: either way the last request
+		// may still land until the window has passed.
+		return nil, refuse("step %s's last request may still land until %s: not made cannot be said before",
+			st.name, end.UTC().Format(time.RFC3339))
 	}
 	if err := r.restoreState(); err != nil {
 		return nil, err

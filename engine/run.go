@@ -80,6 +80,9 @@ type run struct {
 	// waits holds what is known of the steps that wait for their outcome, and
 	// of the last request of external steps that failed an attempt.
 	waits map[string]*stepWait
+	// failingSince is when each step's first recorded failure began (its
+	// row's start), or this run's first failure of it.
+	failingSince map[string]time.Time
 	// failure is the permanent error of a failed step, once there is one;
 	// failureStored is true once the operation's row holds it.
 	failure       *PermanentError

@@ -50,7 +50,21 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 		log.WarnContext(ctx, "step could not reach the database; retrying later without counting the attempt", slog.Any("error", stepErr))
 		r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
 		failure.Attempts = attempt - 1
-		return r.retryLater(ctx, failure, backoff(policy, attempt, stepErr), nil)
+		if r.failingSince == nil {
+			r.failingSince = make(map[string]time.Time)
+		}
+		since, ok := r.failingSince[st.name]
+		if !ok {
+			since = started
+			r.failingSince[st.name] = since
+		}
+		var need *attention
+		if bound := max(policy.Cap, time.Minute); time.Since(since) > bound {
+			// Not the step's fault, but nobody would see it otherwise.
+			need = &attention{CodeDatabaseUnavailable, fmt.Sprintf("step %s has not reached the database for %s (since %s): %s",
+				st.name, time.Since(since).Round(time.Second), since.UTC().Format(time.RFC3339), stepErr)}
+		}
+		return r.retryLater(ctx, failure, backoff(policy, attempt, stepErr), need)
 	}
 	if r.pastPivot() {
 		if permanent {
@@ -78,6 +92,8 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 		r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
 		if st.lookup == nil {
 			log.ErrorContext(ctx, "external step out of attempts, and no lookup can tell whether its call went through; parking the operation")
+			now := time.Now()
+			failure.SentAt = &now
 			return r.park(ctx, failure, CodeOutcomeUnknown,
 				fmt.Sprintf("step %s failed %d times and has no lookup: whether its call went through is unknown", st.name, attempt))
 		}

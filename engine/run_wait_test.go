@@ -36,6 +36,10 @@ type lateProvider struct {
 	callFunc func(n int32) string
 	// lookupErr, when set, is what the lookup answers instead.
 	lookupErr atomic.Pointer[error]
+	// hold, when set, holds every lookup until it is closed; held counts
+	// the lookups it holds.
+	hold atomic.Pointer[chan struct{}]
+	held atomic.Int32
 }
 
 func newLateProvider(callFunc func(n int32) string) *lateProvider {
@@ -90,8 +94,16 @@ func (p *lateProvider) settle(key string, made bool) {
 	}
 }
 
-func (p *lateProvider) lookup(_ context.Context, at engine.Attempt, _ int, s *lateState) (bool, error) {
+func (p *lateProvider) lookup(ctx context.Context, at engine.Attempt, _ int, s *lateState) (bool, error) {
 	p.lookups.Add(1)
+	if hold := p.hold.Load(); hold != nil {
+		p.held.Add(1)
+		select {
+		case <-*hold:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
 	if err := p.lookupErr.Load(); err != nil {
 		return false, *err
 	}
@@ -378,6 +390,34 @@ func TestPendingOutcome(t *testing.T) {
 			require.Zero(t, p.undos.Load())
 		})
 	}
+
+	t.Run("NotSettledUnderARunsFeet", func(t *testing.T) {
+		t.Parallel()
+		p := newLateProvider(pendingOnce)
+		op := lateOp(t, p, "pending_held", time.Hour, 3)
+		e, pool := lateEngine(t, op)
+		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+		require.NoError(t, err)
+		waiting := fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool {
+			return i.Steps[1].Status == engine.StepStatusWaiting
+		})
+		// A run asks the lookup, and is held there: an event now must not
+		// settle the step behind its back.
+		hold := make(chan struct{})
+		p.hold.Store(&hold)
+		require.Eventually(t, func() bool { return p.held.Load() > 0 }, fsTimeout, 5*time.Millisecond)
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = engine.SettleFailed(ctx, tx, e, op, engine.StepRef{DerivedKey: waiting.Steps[1].DerivedKey},
+			engine.Fail("payment_failed", "failed"), nil)
+		require.ErrorIs(t, err, engine.ErrRunning)
+		require.NoError(t, tx.Rollback(ctx))
+		p.hold.Store(nil)
+		p.settle(waiting.Steps[1].DerivedKey, true)
+		close(hold)
+		require.Equal(t, engine.StatusSucceeded, fsWait(t, e, s.ID).Status)
+		require.Zero(t, p.undos.Load())
+	})
 
 	t.Run("FailedByEvent", func(t *testing.T) {
 		t.Parallel()

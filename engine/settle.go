@@ -23,8 +23,10 @@ import (
 // handler's, which records the event in the same commit), and takes effect
 // when tx commits.
 //
-// It returns false, changing nothing, when the step does not wait (or no step
-// waits under ref.DerivedKey): it was
+// It returns ErrRunning, changing nothing, while a live run holds the
+// operation (its lookup may be deciding): try again shortly. It returns false,
+// changing nothing, when the step does not wait (or no step waits under
+// ref.DerivedKey): it was
 // settled already (an event delivered twice, or the step's lookup was first),
 // or it has not begun waiting (its call is still being made, and its own answer
 // or lookup will tell), or the operation has finished. ErrNotFound when there
@@ -178,6 +180,16 @@ func (e *Engine) waitingStep(ctx context.Context, tx pgx.Tx, name string, ref St
 	}
 	if rec.State != store.OperationInProgress {
 		return rec, nil, nil, nil
+	}
+	// A live run may be asking the step's lookup, or deciding on it: it
+	// would not see this outcome and could act against it. The caller tries
+	// again (a webhook's step is retried), or the run's own lookup tells.
+	held, err := e.store.OperationHeld(ctx, tx, id)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("engine: settle %s: %w", id, err)
+	}
+	if held {
+		return nil, nil, nil, fmt.Errorf("engine: settle %s: %w: a live run holds it; try again shortly", id, ErrRunning)
 	}
 	recorded, err := e.store.StepListByOperation(ctx, tx, id)
 	if err != nil {

@@ -261,6 +261,15 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 				r.end(ctx, nil, ErrHandedOff) // handed back, nothing to log
 				return nil, err
 			}
+			// Decided: no longer parked nor needing attention, so that the
+			// sweeper resumes it if this run dies on the way.
+			if ok, err := e.store.OperationUnpark(ctx, e.pool, id, runID); err != nil || !ok {
+				if err == nil {
+					err = errLost
+				}
+				r.end(ctx, nil, err)
+				return nil, err
+			}
 			if failed != nil {
 				info, err = r.compensateWith(ctx, failed)
 				r.end(ctx, info, err)
@@ -407,9 +416,13 @@ func (r *run) load(ctx context.Context, rec *store.Operation, recorded []store.S
 		r.compensations[s.Name] = s.Compensations
 		if s.State == store.StepRetrying || s.State == store.StepWaiting {
 			r.rowed[s.Name] = true
+			if r.failingSince == nil {
+				r.failingSince = make(map[string]time.Time)
+			}
+			r.failingSince[s.Name] = s.StartedAt
 		}
 		if s.SentAt != nil || s.State == store.StepWaiting {
-			w := &stepWait{pending: s.Pending}
+			w := &stepWait{pending: s.Pending, cause: s.LastCause}
 			if s.SentAt != nil {
 				w.sentAt = *s.SentAt
 			}

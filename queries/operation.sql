@@ -298,10 +298,26 @@ ORDER BY name, version;
 -- outside a run due at once, for the resume job inserted with it (or the
 -- sweeper): unless a live run holds it, whose lease stands. With error, the
 -- operation's permanent error is recorded first, so that its next run
--- compensates. A parked operation stays parked.
+-- compensates. Its attention is cleared (the next run marks it again if it
+-- must); a parked operation stays parked, with its attention.
 UPDATE idemflow_operation
 SET locked_until = CASE WHEN locked_by IS NULL OR locked_until < coalesce(sqlc.narg('now')::timestamptz, now())
                         THEN least(locked_until, coalesce(sqlc.narg('now')::timestamptz, now()))
                         ELSE locked_until END,
-    error = coalesce(sqlc.narg('error')::jsonb, error)
+    error = coalesce(sqlc.narg('error')::jsonb, error),
+    attention_code = CASE WHEN parked THEN attention_code END,
+    attention = CASE WHEN parked THEN attention END
 WHERE id = @id AND state = 'in_progress';
+
+-- name: OperationHeld :one
+-- Whether a live run holds the operation (its lease has not run out by the
+-- database's clock).
+SELECT (locked_by IS NOT NULL AND locked_until >= coalesce(sqlc.narg('now')::timestamptz, now()))::boolean AS held
+FROM idemflow_operation WHERE id = @id;
+
+-- name: OperationUnpark :execrows
+-- Unparks the operation that run_id holds and clears why it needed attention:
+-- an operator has decided, and the run goes on from there.
+UPDATE idemflow_operation
+SET parked = false, attention_code = NULL, attention = NULL
+WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';

@@ -281,6 +281,26 @@ func (s *Store) OperationWake(ctx context.Context, db DBTX, id uuid.UUID, errJSO
 	return n == 1, nil
 }
 
+// OperationHeld reports whether a live run holds operation id (its lease has
+// not run out by the database's clock).
+func (s *Store) OperationHeld(ctx context.Context, db DBTX, id uuid.UUID) (bool, error) {
+	held, err := s.q.OperationHeld(ctx, db, dbsqlc.OperationHeldParams{ID: pguuid.UUID(id)})
+	if err != nil {
+		return false, mapErr("read operation lease", err)
+	}
+	return held, nil
+}
+
+// OperationUnpark unparks the operation that run holds and clears its
+// attention; false when run no longer holds it.
+func (s *Store) OperationUnpark(ctx context.Context, db DBTX, id, run uuid.UUID) (bool, error) {
+	n, err := s.q.OperationUnpark(ctx, db, dbsqlc.OperationUnparkParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run)})
+	if err != nil {
+		return false, fmt.Errorf("store: unpark operation: %w", err)
+	}
+	return n == 1, nil
+}
+
 // OperationDeleteFinishedParams select finished operations to delete.
 type OperationDeleteFinishedParams struct {
 	// Expired selects the operations whose expiry (set when they finished)

@@ -429,6 +429,25 @@ func (q *Queries) OperationGiveBack(ctx context.Context, db DBTX, arg OperationG
 	return result.RowsAffected(), nil
 }
 
+const operationHeld = `-- name: OperationHeld :one
+SELECT (locked_by IS NOT NULL AND locked_until >= coalesce($1::timestamptz, now()))::boolean AS held
+FROM idemflow_operation WHERE id = $2
+`
+
+type OperationHeldParams struct {
+	Now *time.Time
+	ID  pguuid.UUID
+}
+
+// Whether a live run holds the operation (its lease has not run out by the
+// database's clock).
+func (q *Queries) OperationHeld(ctx context.Context, db DBTX, arg OperationHeldParams) (bool, error) {
+	row := db.QueryRow(ctx, operationHeld, arg.Now, arg.ID)
+	var held bool
+	err := row.Scan(&held)
+	return held, err
+}
+
 const operationInProgressStats = `-- name: OperationInProgressStats :many
 SELECT o.name, o.version, count(*)::bigint AS in_progress,
        count(*) FILTER (WHERE o.attention_code IS NOT NULL)::bigint AS needing_attention,
@@ -988,12 +1007,35 @@ func (q *Queries) OperationSetError(ctx context.Context, db DBTX, arg OperationS
 	return result.RowsAffected(), nil
 }
 
+const operationUnpark = `-- name: OperationUnpark :execrows
+UPDATE idemflow_operation
+SET parked = false, attention_code = NULL, attention = NULL
+WHERE id = $1 AND locked_by = $2 AND state = 'in_progress'
+`
+
+type OperationUnparkParams struct {
+	ID    pguuid.UUID
+	RunID *pguuid.UUID
+}
+
+// Unparks the operation that run_id holds and clears why it needed attention:
+// an operator has decided, and the run goes on from there.
+func (q *Queries) OperationUnpark(ctx context.Context, db DBTX, arg OperationUnparkParams) (int64, error) {
+	result, err := db.Exec(ctx, operationUnpark, arg.ID, arg.RunID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const operationWake = `-- name: OperationWake :execrows
 UPDATE idemflow_operation
 SET locked_until = CASE WHEN locked_by IS NULL OR locked_until < coalesce($1::timestamptz, now())
                         THEN least(locked_until, coalesce($1::timestamptz, now()))
                         ELSE locked_until END,
-    error = coalesce($2::jsonb, error)
+    error = coalesce($2::jsonb, error),
+    attention_code = CASE WHEN parked THEN attention_code END,
+    attention = CASE WHEN parked THEN attention END
 WHERE id = $3 AND state = 'in_progress'
 `
 
@@ -1007,7 +1049,8 @@ type OperationWakeParams struct {
 // outside a run due at once, for the resume job inserted with it (or the
 // sweeper): unless a live run holds it, whose lease stands. With error, the
 // operation's permanent error is recorded first, so that its next run
-// compensates. A parked operation stays parked.
+// compensates. Its attention is cleared (the next run marks it again if it
+// must); a parked operation stays parked, with its attention.
 func (q *Queries) OperationWake(ctx context.Context, db DBTX, arg OperationWakeParams) (int64, error) {
 	result, err := db.Exec(ctx, operationWake, arg.Now, arg.Error, arg.ID)
 	if err != nil {
