@@ -28,18 +28,17 @@ type ReopenOpts struct {
 
 // Reopen gives an operation that needs an operator another run, for an
 // operator who has mended the cause: a parked operation, or, with
-// opts.Force, one that failed with a server fault. An operation in progress
-// that needs attention but is not parked (a step retried past its point of no
-// return, or waiting for its outcome past its settle window) runs again at
-// once, from where it is. It is in progress again,
+// opts.Force, one that failed with a server fault. It is in progress again,
 // no longer needing attention, and a River job runs it. A failed operation,
 // or one parked on its way forward, goes forward: its failed, compensated
 // and retrying steps run again (external ones with the same derived keys,
 // asking their lookups first), its succeeded steps stay done, and its stored
 // answer is replaced by the new run's. An operation parked while it was
 // compensating (a compensation failed for good) goes on compensating: its
-// error stays, and its compensations get their attempts again. opts may be
-// nil.
+// error stays, and its compensations get their attempts again. An operation
+// in progress that needs attention but is not parked (a step retried past
+// its point of no return, or waiting for its outcome past its settle window)
+// runs again at once, from where it is. opts may be nil.
 //
 // A told answer is final: it returns ErrFinal, changing nothing, for an
 // operation that ended with a business answer (Fail) or an operator's cancel,
@@ -214,13 +213,8 @@ func (e *Engine) cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 		}
 	}
 	cancelled := &PermanentError{Code: CodeCancelled, Message: "the operation was cancelled by an operator", Cause: reason}
-	req := &cancelling{err: cancelled, leftUntil: rec.LockedUntil}
-	if rec.LockedBy != nil {
-		req.heldUntil = rec.LockedUntil
-	}
-	if rec.CallsUntil != nil && rec.CallsUntil.After(req.heldUntil) {
-		req.heldUntil = *rec.CallsUntil
-	}
+	req := operatorClaim(rec)
+	req.err = cancelled
 	info, err := e.claimAndRun(ctx, id, rec.Name, req, false)
 	if errors.Is(err, errNotClaimed) {
 		return nil, fmt.Errorf("engine: cancel %s: %w", id, ErrRunning)

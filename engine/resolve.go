@@ -87,13 +87,8 @@ func (e *Engine) resolve(ctx context.Context, id uuid.UUID, res Resolution) (*In
 	if rec.State != store.OperationInProgress {
 		return nil, fmt.Errorf("engine: resolve %s: %w: it has finished", id, ErrNotResolvable)
 	}
-	req := &cancelling{resolve: &res, leftUntil: rec.LockedUntil}
-	if rec.LockedBy != nil {
-		req.heldUntil = rec.LockedUntil
-	}
-	if rec.CallsUntil != nil && rec.CallsUntil.After(req.heldUntil) {
-		req.heldUntil = *rec.CallsUntil
-	}
+	req := operatorClaim(rec)
+	req.resolve = &res
 	_, err = e.claimAndRun(ctx, id, rec.Name, req, false)
 	switch {
 	case errors.Is(err, errNotClaimed):
@@ -141,10 +136,6 @@ func (r *run) resolveStep(ctx context.Context, parked bool, res *Resolution) (*s
 	case !parked && time.Now().Before(r.settleEnd(st)):
 		return nil, refuse("step %s's settle window runs until %s: its lookup decides until then",
 			st.name, r.settleEnd(st).UTC().Format(time.RFC3339))
-	case parked && !res.Made && st.lookup == nil && time.Now().Before(r.settleEnd(st)):
-		// Nothing can tell; "not made" would undo what may still land.
-		return nil, refuse("step %s's last request may still land until %s: not made cannot be said before",
-			st.name, r.settleEnd(st).UTC().Format(time.RFC3339))
 	}
 	if res.Made && st.resolve != nil && res.Reference == "" {
 		return nil, fmt.Errorf("engine: resolve %s: %w: step %s needs the reference of what the call made", r.id, ErrInvalidResolution, st.name)
@@ -172,29 +163,26 @@ func (r *run) resolveStep(ctx context.Context, parked bool, res *Resolution) (*s
 		if cause := context.Cause(ctx); cause != nil {
 			return nil, cause
 		}
-		var pe *PermanentError
-		var halt *HaltError
+		answer, pe, halt := readLookup(found, lerr)
 		switch {
-		case lerr == nil && found && !res.Made:
+		case answer == answerFound && !res.Made:
 			return nil, contradicts("step %s's lookup finds the call under its key", st.name)
-		case lerr == nil && found:
+		case answer == answerFound:
 			got, _ := json.Marshal(r.state)
 			want, _ := json.Marshal(mine)
 			if st.resolve != nil && !bytes.Equal(got, want) {
 				return nil, contradicts("step %s's lookup finds another call under its key than the one named (%s)", st.name, res.Reference)
 			}
 			state = r.state
-		case lerr == nil && res.Made:
+		case answer == answerNothing && res.Made:
 			return nil, contradicts("step %s's lookup finds nothing under its key", st.name)
-		case errors.Is(lerr, ErrOutcomePending):
+		case answer == answerPending:
 			return nil, contradicts("the outside service is still processing step %s's call", st.name)
-		case errors.As(lerr, &halt):
+		case answer == answerHalted:
 			return nil, contradicts("step %s's lookup finds a call under its key that is not the one asked for: %s", st.name, halt.Message)
-		case errors.As(lerr, &pe) && !pe.ServerFault() && res.Made:
+		case answer == answerFailed && res.Made:
 			return nil, contradicts("step %s's lookup finds that the call failed: %s", st.name, pe.Message)
-		case errors.As(lerr, &pe) && !pe.ServerFault():
-			// Failed at the service: not made, as the operator says.
-		case lerr != nil:
+		case answer == answerNone:
 			r.logger().WarnContext(ctx, "the lookup cannot answer; the operator's word is taken",
 				slog.String("step", st.name), slog.Any("error", lerr))
 		}

@@ -21,6 +21,47 @@ type stepWait struct {
 	cause string
 }
 
+// lookupAnswer is what a step's lookup said of its call: the one reading of
+// found and the lookup's error that awaitOutcome, mayCancel and resolveStep
+// decide on.
+type lookupAnswer int
+
+const (
+	// answerFound: the call went through (the lookup filled the state).
+	answerFound lookupAnswer = iota
+	// answerNothing: nothing under the key, which decides only once no
+	// request can land any more (settleEnd).
+	answerNothing
+	// answerPending: the service has the call, with no final outcome yet.
+	answerPending
+	// answerFailed: the call ended without effect (a business answer, Fail).
+	answerFailed
+	// answerHalted: something under the key that is not the call asked for.
+	answerHalted
+	// answerNone: the lookup could not answer.
+	answerNone
+)
+
+// readLookup reads a lookup's found and error as a lookupAnswer, with the
+// business failure or the halt that it carries.
+func readLookup(found bool, err error) (lookupAnswer, *PermanentError, *HaltError) {
+	var pe *PermanentError
+	var halt *HaltError
+	switch {
+	case err == nil && found:
+		return answerFound, nil, nil
+	case err == nil:
+		return answerNothing, nil, nil
+	case errors.As(err, &halt):
+		return answerHalted, nil, halt
+	case errors.Is(err, ErrOutcomePending):
+		return answerPending, nil, nil
+	case errors.As(err, &pe) && !pe.ServerFault():
+		return answerFailed, pe, nil
+	}
+	return answerNone, nil, nil
+}
+
 // stepWait returns the wait record of the step named name, made when missing.
 func (r *run) stepWait(name string) *stepWait {
 	if r.waits == nil {
@@ -62,9 +103,6 @@ func (r *run) settleEnd(st *stepDef) time.Time {
 // being processed): the attempt counts as a call, and the operation is handed
 // back until the lookup is asked again, or an event or an operator settles it.
 func (r *run) pendingOutcome(ctx context.Context, i int, st *stepDef, attempt int, started time.Time, cause error) (*Info, error) {
-	if err := r.restoreState(); err != nil {
-		return nil, err
-	}
 	r.observeStep(ctx, st, attempt, started, StepRetried, cause)
 	r.logger().InfoContext(ctx, "external step's outcome is pending; waiting for it",
 		slog.String("step", st.name), slog.Int("attempt", attempt), slog.Any("reason", cause))
@@ -72,9 +110,6 @@ func (r *run) pendingOutcome(ctx context.Context, i int, st *stepDef, attempt in
 	r.status[st.name] = store.StepWaiting
 	w := r.stepWait(st.name)
 	w.sentAt, w.pending, w.cause = time.Now(), true, cause.Error()
-	if w.since.IsZero() {
-		w.since = time.Now()
-	}
 	return r.waitOn(ctx, i, st, started, false)
 }
 
@@ -87,9 +122,6 @@ func (r *run) pendingOutcome(ctx context.Context, i int, st *stepDef, attempt in
 func (r *run) awaitOutcome(ctx context.Context, i int, st *stepDef, started time.Time, last bool) (*Info, error) {
 	name := st.name
 	w := r.stepWait(name)
-	if w.since.IsZero() {
-		w.since = time.Now()
-	}
 	attempt := r.tries[name]
 	log := r.logger().With(slog.String("step", name), slog.Int("attempt", attempt))
 	if st.lookup == nil {
@@ -107,29 +139,25 @@ func (r *run) awaitOutcome(ctx context.Context, i int, st *stepDef, started time
 	if cause := context.Cause(ctx); cause != nil {
 		return nil, cause
 	}
-	var halt *HaltError
-	var pe *PermanentError
+	// What the lookup may have put in the state stays only when it found the
+	// call; every other way ends the run (a hand-off, a park) or compensates
+	// from the state restored.
+	answer, pe, halt := readLookup(found, err)
 	switch {
-	case errors.As(err, &halt):
+	case answer == answerHalted:
 		rec := r.waitRecord(i, st, started, err.Error())
 		rec.LastError = publicText(name, err)
 		return r.park(ctx, rec, halt.Code, fmt.Sprintf("step %s: %s", name, halt.Message))
-	case err == nil && found:
+	case answer == answerFound:
 		return r.externalSucceeded(ctx, i, st, attempt, started, ResolvedByLookup, last)
-	case errors.Is(err, ErrOutcomePending):
-		if err := r.restoreState(); err != nil {
-			return nil, err
-		}
+	case answer == answerPending:
 		w.pending, w.cause = true, err.Error()
 		return r.waitOn(ctx, i, st, started, false)
-	case errors.As(err, &pe) && !pe.ServerFault():
+	case answer == answerFailed:
 		// The call ended without effect: the step failed, with that answer.
 		log.InfoContext(ctx, "lookup found the call's final outcome: it failed", slog.String("code", pe.Code))
 		return r.waitFailed(ctx, i, st, started, pe)
-	case err != nil:
-		if err := r.restoreState(); err != nil {
-			return nil, err
-		}
+	case answer == answerNone:
 		log.WarnContext(ctx, "lookup of a step waiting for its outcome failed; asking again later", slog.Any("error", err))
 		w.cause = err.Error()
 		return r.waitOn(ctx, i, st, started, true)
@@ -194,6 +222,9 @@ func (r *run) waitRecord(i int, st *stepDef, started time.Time, cause string) *s
 func (r *run) waitOn(ctx context.Context, i int, st *stepDef, started time.Time, lookupFailed bool) (*Info, error) {
 	w := r.stepWait(st.name)
 	now := time.Now()
+	if w.since.IsZero() {
+		w.since = now
+	}
 	p := st.retry
 	delay := min(max(now.Sub(w.since), p.Base), 10*p.Base, p.Cap)
 	if st.lookup == nil {

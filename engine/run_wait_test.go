@@ -150,6 +150,16 @@ func lateEngine(t *testing.T, op engine.Definition) (*engine.Engine, *pgxpool.Po
 	return e, pool
 }
 
+// startWaiting starts op and waits until its pay step waits for its outcome.
+func startWaiting(t *testing.T, e *engine.Engine, op *engine.Operation[int, lateState, string]) (*engine.Started, *engine.Info) {
+	t.Helper()
+	s, err := engine.Start(context.Background(), e, op, "c", "k", 1, nil)
+	require.NoError(t, err)
+	return s, fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool {
+		return i.Steps[1].Status == engine.StepStatusWaiting
+	})
+}
+
 // TestUnknownOutcome: an external step out of attempts whose calls got no
 // answer calls no more and waits for its settle window; what its lookup finds
 // decides, and "nothing" only once the window has passed.
@@ -179,11 +189,7 @@ func TestUnknownOutcome(t *testing.T) {
 		p := newLateProvider(func(int32) string { return "timeout" })
 		op := lateOp(t, p, "never_landed", settle, 2)
 		e, _ := lateEngine(t, op)
-		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
-		require.NoError(t, err)
-		waiting := fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool {
-			return i.Steps[1].Status == engine.StepStatusWaiting
-		})
+		s, waiting := startWaiting(t, e, op)
 		require.Equal(t, engine.StatusInProgress, waiting.Status)
 		require.False(t, waiting.Steps[1].Pending)
 		require.NotNil(t, waiting.Steps[1].SentAt)
@@ -266,11 +272,7 @@ func TestUnknownOutcome(t *testing.T) {
 		p := newLateProvider(func(int32) string { return "timeout" })
 		op := lateOp(t, p, "cancel_unknown", settle, 1)
 		e, _ := lateEngine(t, op)
-		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
-		require.NoError(t, err)
-		waiting := fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool {
-			return i.Steps[1].Status == engine.StepStatusWaiting
-		})
+		s, waiting := startWaiting(t, e, op)
 		var cancelErr error
 		require.Eventually(t, func() bool {
 			_, cancelErr = e.Cancel(ctx, s.ID, "customer gave up")
@@ -304,11 +306,8 @@ func TestPendingOutcome(t *testing.T) {
 		p := newLateProvider(pendingOnce)
 		op := lateOp(t, p, "pending_lookup", time.Hour, 3)
 		e, _ := lateEngine(t, op)
-		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
-		require.NoError(t, err)
-		waiting := fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool {
-			return i.Steps[1].Status == engine.StepStatusWaiting && i.Steps[1].Pending
-		})
+		s, waiting := startWaiting(t, e, op)
+		require.True(t, waiting.Steps[1].Pending)
 		require.False(t, waiting.NeedsAttention())
 		seen := p.lookups.Load()
 		require.Eventually(t, func() bool { return p.lookups.Load() > seen+1 }, fsTimeout, 10*time.Millisecond)
@@ -324,11 +323,7 @@ func TestPendingOutcome(t *testing.T) {
 		p := newLateProvider(pendingOnce)
 		op := lateOp(t, p, "pending_failed", time.Hour, 3)
 		e, _ := lateEngine(t, op)
-		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
-		require.NoError(t, err)
-		waiting := fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool {
-			return i.Steps[1].Status == engine.StepStatusWaiting
-		})
+		s, waiting := startWaiting(t, e, op)
 		var cancelErr error
 		require.Eventually(t, func() bool {
 			_, cancelErr = e.Cancel(ctx, s.ID, "")
@@ -360,11 +355,7 @@ func TestPendingOutcome(t *testing.T) {
 			p.lookupErr.Store(&down)
 			op := lateOp(t, p, "pending_event", time.Hour, 3)
 			e, pool := lateEngine(t, op)
-			s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
-			require.NoError(t, err)
-			waiting := fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool {
-				return i.Steps[1].Status == engine.StepStatusWaiting
-			})
+			s, waiting := startWaiting(t, e, op)
 			ref := engine.StepRef{OperationID: s.ID, Step: "pay"}
 			if byKey {
 				ref = engine.StepRef{DerivedKey: waiting.Steps[1].DerivedKey}
@@ -396,11 +387,7 @@ func TestPendingOutcome(t *testing.T) {
 		p := newLateProvider(pendingOnce)
 		op := lateOp(t, p, "pending_held", time.Hour, 3)
 		e, pool := lateEngine(t, op)
-		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
-		require.NoError(t, err)
-		waiting := fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool {
-			return i.Steps[1].Status == engine.StepStatusWaiting
-		})
+		s, waiting := startWaiting(t, e, op)
 		// A run asks the lookup, and is held there: an event now must not
 		// settle the step behind its back.
 		hold := make(chan struct{})
@@ -424,11 +411,7 @@ func TestPendingOutcome(t *testing.T) {
 		p := newLateProvider(pendingOnce)
 		op := lateOp(t, p, "pending_event_failed", time.Hour, 3)
 		e, pool := lateEngine(t, op)
-		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
-		require.NoError(t, err)
-		waiting := fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool {
-			return i.Steps[1].Status == engine.StepStatusWaiting
-		})
+		s, waiting := startWaiting(t, e, op)
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
 		ok, err := engine.SettleFailed(ctx, tx, e, op, engine.StepRef{DerivedKey: waiting.Steps[1].DerivedKey},
@@ -660,10 +643,8 @@ func TestResolve(t *testing.T) {
 		p := newLateProvider(func(int32) string { return "timeout" })
 		op := lateOp(t, p, "resolve_early", time.Hour, 1)
 		e, _ := lateEngine(t, op)
-		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
-		require.NoError(t, err)
-		fsAwait(t, e, s.ID, "the step waits", func(i *engine.Info) bool { return i.Steps[1].Status == engine.StepStatusWaiting })
-		_, err = resolve(t, e, s.ID, engine.Resolution{Made: false, Reason: "impatient"})
+		s, _ := startWaiting(t, e, op)
+		_, err := resolve(t, e, s.ID, engine.Resolution{Made: false, Reason: "impatient"})
 		require.ErrorIs(t, err, engine.ErrNotResolvable)
 		require.Contains(t, err.Error(), "settle window")
 	})

@@ -345,18 +345,16 @@ func (r *run) mayCancel(ctx context.Context) error {
 		}
 		attempt := r.tries[name] + 1
 		found, err := r.lookup(ctx, st, r.attempt(st, attempt))
-		var pe *PermanentError
-		switch {
-		case errors.Is(err, ErrOutcomePending):
+		switch answer, _, _ := readLookup(found, err); answer {
+		case answerPending:
 			return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name, Pending: true,
 				Reason: "the outside service is still processing the call"})
-		case errors.As(err, &pe) && !pe.ServerFault():
+		case answerFailed:
 			return nil // the call ended without effect
-		case err != nil:
+		case answerHalted, answerNone:
 			return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name,
 				Reason: "its lookup cannot answer: " + err.Error()})
-		}
-		if !found {
+		case answerNothing:
 			if end := r.settleEnd(st); time.Now().Before(end) {
 				return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name, KnownAt: end,
 					Reason: "its last request may still land at the outside service"})
@@ -384,6 +382,21 @@ type cancelling struct {
 	// heldUntil is leftUntil when a run held the operation, else zero: a run
 	// may have been calling out until its lease ran out.
 	heldUntil time.Time
+}
+
+// operatorClaim is the start of what Cancel or Resolve asks of claimAndRun
+// for rec as they read it: when it was left alone until, and, when a run held
+// it or may have been calling out (calls_until), until when a request of its
+// may have been sent.
+func operatorClaim(rec *store.Operation) *cancelling {
+	req := &cancelling{leftUntil: rec.LockedUntil}
+	if rec.LockedBy != nil {
+		req.heldUntil = rec.LockedUntil
+	}
+	if rec.CallsUntil != nil && rec.CallsUntil.After(req.heldUntil) {
+		req.heldUntil = *rec.CallsUntil
+	}
+	return req
 }
 
 // giveBack hands an operation that Cancel claimed but may not cancel back as
