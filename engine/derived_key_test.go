@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -11,6 +12,33 @@ func TestDerivedKey(t *testing.T) {
 	t.Parallel()
 	id := uuid.MustParse("0193a6f0-0000-7000-8000-000000000001")
 	secret := []byte("0123456789abcdef")
+
+	t.Run("Scheme3", func(t *testing.T) {
+		t.Parallel()
+		secret3 := append([]byte{keyScheme3}, secret...)
+		k := derivedKey(id, secret3, "refund", "merchant-a", "8e03978e", "provider")
+		require.Regexp(t, `^idf3_[A-Za-z0-9_-]{48}$`, k)
+		require.Equal(t, k, derivedKey(id, secret3, "x", "y", "z", "provider"), "the id and secret stand for the rest")
+		for _, other := range []string{
+			derivedKey(uuid.MustParse("0193a6f0-0000-7000-8000-000000000002"), secret3, "refund", "merchant-a", "8e03978e", "provider"),
+			derivedKey(id, append([]byte{keyScheme3}, "0123456789abcdeg"...), "refund", "merchant-a", "8e03978e", "provider"),
+			derivedKey(id, secret3, "refund", "merchant-a", "8e03978e", "ledger"),
+		} {
+			require.NotEqual(t, k, other)
+		}
+		// The key carries its operation's id, for reconciliation.
+		got, ok := operationOfKey(k)
+		require.True(t, ok)
+		require.Equal(t, id, got)
+		for _, bad := range []string{"", "idf3_", "idf2_" + k[5:], k + "A", k[:len(k)-1], "idf3_" + strings.Repeat("*", 48)} {
+			_, ok := operationOfKey(bad)
+			require.False(t, ok, bad)
+		}
+		require.True(t, olderKeyScheme(derivedKey(id, secret, "refund", "merchant-a", "8e03978e", "provider")))
+		require.False(t, olderKeyScheme(k))
+		// Pinned: a changed scheme would make retries ask providers for new refunds.
+		require.Equal(t, "idf3_AZOm8AAAcACAAAAAAAAAAUeC2oE2e_hc83ZmmjaE_iripsvX", k)
+	})
 
 	t.Run("Scheme2", func(t *testing.T) {
 		t.Parallel()
@@ -53,6 +81,7 @@ func TestDerivedKey(t *testing.T) {
 	t.Run("SecretsDiffer", func(t *testing.T) {
 		t.Parallel()
 		require.Len(t, newKeySecret(), keySecretSize)
+		require.Equal(t, byte(keyScheme3), newKeySecret()[0])
 		require.NotEqual(t, newKeySecret(), newKeySecret())
 	})
 }

@@ -138,6 +138,9 @@ type Config struct {
 	// reservation: the Start, with ErrUnavailable) rather than wait for ever.
 	// Defaults to 5 seconds.
 	AcquireTimeout time.Duration
+	// Reconcile configures reconciliation: the outside services whose records
+	// are checked against the steps (see Engine.Reconcile).
+	Reconcile ReconcileConfig
 }
 
 // TestConfig holds the knobs of Config that exist for tests and fault
@@ -319,6 +322,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		e.versions[d.name] = append(e.versions[d.name], int32(d.version))
 		slices.Sort(e.versions[d.name])
 	}
+	if err := e.cfg.Reconcile.validate(e.shortestRetention()); err != nil {
+		return nil, fmt.Errorf("engine: invalid config: %w", err)
+	}
 	e.baseCtx, e.cancelBase = context.WithCancel(context.Background())
 	e.idleRunners = make(chan func())
 
@@ -327,6 +333,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	if err := river.AddWorkerSafely(workers, &retentionWorker{e: e}); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if err := river.AddWorkerSafely(workers, &reconcileWorker{e: e}); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	if c.RiverWorkers != nil {
@@ -341,6 +350,21 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		}
 		queues[name] = q
 	}
+	periodic := []*river.PeriodicJob{
+		river.NewPeriodicJob(river.PeriodicInterval(c.RetentionInterval), func() (river.JobArgs, *river.InsertOpts) {
+			return retentionArgs{}, &river.InsertOpts{Queue: c.Queue}
+		}, &river.PeriodicJobOpts{RunOnStart: true}),
+	}
+	if r := c.Reconcile; len(r.Sources) > 0 && r.Interval >= 0 {
+		interval := r.Interval
+		if interval == 0 {
+			interval = DefaultReconcileInterval
+		}
+		periodic = append(periodic, river.NewPeriodicJob(river.PeriodicInterval(interval), func() (river.JobArgs, *river.InsertOpts) {
+			// One run at a time: a slow run is not joined by the next.
+			return reconcileArgs{}, &river.InsertOpts{Queue: c.Queue, UniqueOpts: river.UniqueOpts{ByState: reconcileUniqueStates}}
+		}, nil))
+	}
 	rc, err := river.NewClient(riverpgxv5.New(control), &river.Config{
 		Logger:     c.Logger,
 		Queues:     queues,
@@ -349,12 +373,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		// Zero keeps River's default.
 		RescueStuckJobsAfter: c.RiverRescueStuckJobsAfter,
 		// The lease, not River's timeout, bounds a run: a long step renews its lease.
-		JobTimeout: -1,
-		PeriodicJobs: []*river.PeriodicJob{
-			river.NewPeriodicJob(river.PeriodicInterval(c.RetentionInterval), func() (river.JobArgs, *river.InsertOpts) {
-				return retentionArgs{}, &river.InsertOpts{Queue: c.Queue}
-			}, &river.PeriodicJobOpts{RunOnStart: true}),
-		},
+		JobTimeout:   -1,
+		PeriodicJobs: periodic,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("engine: river client: %w", err)

@@ -44,7 +44,7 @@ func TestStart(t *testing.T) {
 			require.Equal(t, engine.StepStatusSucceeded, got.Steps[i].Status)
 			require.Equal(t, 1, got.Steps[i].Attempts)
 		}
-		require.Regexp(t, `^idf2_[A-Za-z0-9_-]{43}$`, got.Steps[1].DerivedKey)
+		require.Regexp(t, `^idf3_[A-Za-z0-9_-]{48}$`, got.Steps[1].DerivedKey)
 		require.Empty(t, got.Steps[0].DerivedKey)
 	})
 

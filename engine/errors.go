@@ -157,10 +157,15 @@ const (
 	// CodeDefinitionChanged (attention): this process's definition lacks a step
 	// that the operation still needs; it waits for a process that has it.
 	CodeDefinitionChanged = "definition_changed"
-	// CodeVersionNotRun (attention, as Get reports it in a process that does
-	// not run the operation's version; never stored): the operation waits for
-	// a process that runs its version.
+	// CodeVersionNotRun (attention, never stored): the operation is in
+	// progress on a version that no live process runs (none that runs
+	// workers has it), while one runs another version of its name: a deploy
+	// moved on without it. It waits for a process that runs its version.
 	CodeVersionNotRun = "version_not_run"
+	// CodeReconciliationMismatch (attention, never stored; finished
+	// operations too): a reconciliation mismatch names the operation (see
+	// Engine.Reconcile, Info.Mismatches).
+	CodeReconciliationMismatch = "reconciliation_mismatch"
 )
 
 // serverFaultMessage is what a client is told of a server fault.

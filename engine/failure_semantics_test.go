@@ -1717,7 +1717,7 @@ func TestDerivedKeyAfterRetention(t *testing.T) {
 	require.NotEqual(t, keys[0], keys[1], "the key's new operation got the old derived key")
 	for _, k := range keys {
 		require.True(t, strings.HasPrefix(k, engine.DerivedKeyPrefix), "key %q", k)
-		require.True(t, strings.HasPrefix(k, "idf2_"), "key %q", k)
+		require.True(t, strings.HasPrefix(k, "idf3_"), "key %q", k)
 	}
 	require.Equal(t, keys[1], fsGet(t, e, second.ID).Steps[1].DerivedKey)
 	require.Equal(t, fsBooks{debits: 2, payments: 2, requests: 2, bookings: 2}, fsReadBooks(t, pool))

@@ -76,9 +76,11 @@ type Info struct {
 	// client was told, and what an HTTP layer replays for its key until it
 	// finishes again.
 	PriorError *PermanentError
-	// Attention, while not nil, says why the unfinished operation waits for an
-	// operator: a step that keeps failing after the point of no return, a halt,
-	// an outcome nobody can tell, a state that does not decode.
+	// Attention, while not nil, says why the operation waits for an operator
+	// (see NeedsAttention): a step that keeps failing after the point of no
+	// return, a halt, an outcome nobody can tell, a state that does not
+	// decode, a version no live process runs, or (finished operations too) a
+	// reconciliation mismatch.
 	Attention *Attention
 	// Parked is true when no run takes the operation up again until an operator
 	// reopens (Engine.Reopen) or cancels (Engine.Cancel) it.
@@ -94,6 +96,9 @@ type Info struct {
 	// Audit lists the operators' requests on the operation, oldest first
 	// (Reopen, Cancel, Resolve, done or refused). Get fills it.
 	Audit []AuditEntry
+	// Mismatches are the reconciliation mismatches that name the operation
+	// (see Engine.Reconcile). Get fills it.
+	Mismatches []Mismatch
 }
 
 // Attention is why an operation waits for an operator.
@@ -106,11 +111,16 @@ type Attention struct {
 	Reason string
 }
 
-// NeedsAttention reports whether the operation is unfinished and waits for an
-// operator. An operation that waits for a process that runs its version
-// (CodeVersionNotRun) waits for a deploy, not for an operator.
+// NeedsAttention reports whether the operation waits for an operator: one in
+// progress with an Attention, and any operation that a reconciliation
+// mismatch names. It is what List's NeedsAttention selects, and what the
+// gauges count. An in-progress operation whose attention was recorded and
+// that has finished since does not need it any more.
 func (i *Info) NeedsAttention() bool {
-	return i.Attention != nil && i.Attention.Code != CodeVersionNotRun && i.Status == StatusInProgress
+	if i.Attention == nil {
+		return false
+	}
+	return i.Status == StatusInProgress || i.Attention.Code == CodeReconciliationMismatch
 }
 
 // The values of StepInfo.ResolvedBy.
@@ -189,9 +199,21 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 		byName[s.Name] = s
 	}
 	def := e.def(rec.Name, rec.Version)
-	if def == nil && rec.State == store.OperationInProgress && info.Attention == nil && len(e.versions[rec.Name]) > 0 {
-		info.Attention = &Attention{Code: CodeVersionNotRun, Reason: fmt.Sprintf(
-			"this process does not run version %d of %s (it runs %v): the operation waits for a process that does", rec.Version, rec.Name, e.versions[rec.Name])}
+	if def == nil && rec.State == store.OperationInProgress && info.Attention == nil {
+		waits, err := e.versionWaits(ctx, rec.Name, rec.Version)
+		if err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		if waits {
+			info.Attention = versionNotRun(rec.Name, rec.Version)
+		}
+	}
+	if info.Mismatches, err = e.mismatches(ctx, "", &rec.ID); err != nil {
+		return nil, err
+	}
+	if m := info.Mismatches; len(m) > 0 && (info.Attention == nil || rec.State != store.OperationInProgress) {
+		info.Attention = &Attention{Code: CodeReconciliationMismatch, Reason: fmt.Sprintf(
+			"reconciliation: %s record %s of %s: %s", m[0].Kind, m[0].Reference, m[0].Source, m[0].Detail)}
 	}
 	held := rec.State == store.OperationInProgress && rec.LockedBy != nil && rec.LockedUntil.After(time.Now())
 	sawUnfinished := false
@@ -254,6 +276,35 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 	return info, nil
 }
 
+// versionNotRun is the attention of an operation on a version no live process
+// runs.
+func versionNotRun(name string, version int) *Attention {
+	return &Attention{Code: CodeVersionNotRun, Reason: fmt.Sprintf(
+		"no live process runs version %d of %s: the operation waits for a process that does", version, name)}
+}
+
+// versionWaits reports whether no live process runs version of name while
+// one runs another version of it, this process included when it runs one.
+func (e *Engine) versionWaits(ctx context.Context, name string, version int) (bool, error) {
+	procs, err := e.store.ProcessListLive(ctx, e.pool)
+	if err != nil {
+		return false, err
+	}
+	other := len(e.versions[name]) > 0
+	this := DefinitionName{name, version}.String()
+	for _, p := range procs {
+		for _, d := range p.Definitions {
+			if d == this {
+				return false, nil
+			}
+			if parseDefinitionName(d).Name == name {
+				other = true
+			}
+		}
+	}
+	return other, nil
+}
+
 func infoFromRecord(rec *store.Operation) *Info {
 	info := &Info{
 		ID:          rec.ID,
@@ -271,6 +322,12 @@ func infoFromRecord(rec *store.Operation) *Info {
 	}
 	if rec.AttentionCode != "" {
 		info.Attention = &Attention{Code: rec.AttentionCode, Reason: rec.Attention}
+	}
+	if rec.VersionWaiting && info.Attention == nil {
+		info.Attention = versionNotRun(rec.Name, rec.Version)
+	}
+	if rec.Mismatched && (info.Attention == nil || rec.State != store.OperationInProgress) {
+		info.Attention = &Attention{Code: CodeReconciliationMismatch, Reason: "a reconciliation mismatch names the operation"}
 	}
 	if len(rec.Error) > 0 && rec.State == store.OperationFailed {
 		info.Error = storedError(rec.Error)

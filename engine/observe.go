@@ -49,6 +49,10 @@ type Observer struct {
 	// request (Reopen, Cancel, Resolve): action is ActionRetry, ActionCancel or
 	// ActionResolve, result "done", "refused" or "failed".
 	OperatorRequested func(ctx context.Context, action, result string)
+	// Reconciled: a reconciliation run of a source ended here; counts are
+	// the mismatches of each kind now (as Engine.MismatchCounts), so that a
+	// gauge shows a run's findings at once.
+	Reconciled func(ctx context.Context, source string, counts map[MismatchKind]int64)
 }
 
 // Observers combines observers into one that tells each, in order; nil ones
@@ -126,6 +130,13 @@ func Observers(obs ...*Observer) *Observer {
 			for _, o := range list {
 				if o.OperatorRequested != nil {
 					o.OperatorRequested(ctx, action, result)
+				}
+			}
+		},
+		Reconciled: func(ctx context.Context, source string, counts map[MismatchKind]int64) {
+			for _, o := range list {
+				if o.Reconciled != nil {
+					o.Reconciled(ctx, source, counts)
 				}
 			}
 		},

@@ -96,6 +96,7 @@ type stepSpec[In, S any] struct {
 	settle    time.Duration
 	settleSet bool
 	resolve   ResolveFunc[In, S]
+	reconcile ReconcileFunc[In]
 }
 
 // TxStepDef declares a transactional step. Make one with TxStep; its methods
@@ -183,6 +184,16 @@ func (d ExternalStepDef[In, S]) Settle(window time.Duration) ExternalStepDef[In,
 // step's lookup, or else the step before it, left it.
 func (d ExternalStepDef[In, S]) Resolve(fn ResolveFunc[In, S]) ExternalStepDef[In, S] {
 	d.s.resolve = fn
+	return d
+}
+
+// Reconcile returns the step with fn as what compares a record of the outside
+// service under the step's derived key with the operation's input, once the
+// step succeeded (see Engine.Reconcile): an amount or an order that is not
+// what was asked. Without one, reconciliation checks only that the record and
+// the step agree on whether the call was carried out.
+func (d ExternalStepDef[In, S]) Reconcile(fn ReconcileFunc[In]) ExternalStepDef[In, S] {
+	d.s.reconcile = fn
 	return d
 }
 
@@ -466,6 +477,8 @@ type stepDef struct {
 	settle time.Duration
 	// resolve records an operator's reference in the state (ExternalStepDef.Resolve).
 	resolve func(in, state any, reference string) error
+	// reconcile compares a record with the input (ExternalStepDef.Reconcile).
+	reconcile func(in any, rec Record) MismatchKind
 }
 
 // pivot reports whether the step is a point of no return: it calls out and
@@ -569,6 +582,10 @@ func (op *Operation[In, S, Out]) erase() *opDef {
 		if s.resolve != nil {
 			fn := s.resolve
 			sd.resolve = func(in, state any, reference string) error { return fn(in.(In), state.(*S), reference) }
+		}
+		if s.reconcile != nil {
+			fn := s.reconcile
+			sd.reconcile = func(in any, rec Record) MismatchKind { return fn(in.(In), rec) }
 		}
 		if s.compensate != nil {
 			fn := s.compensate

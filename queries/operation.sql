@@ -2,7 +2,7 @@
 -- The lease counts from the statement, not from the start of the caller's
 -- transaction, which may have begun long before.
 -- Without locked_by, its runs start at 0: the River job's claim counts the first.
-INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at, runs, format)
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_seed, locked_by, locked_until, created_at, runs, format)
 VALUES (@id, @name, @version, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @key_secret, sqlc.narg('locked_by'), coalesce(sqlc.narg('now')::timestamptz, clock_timestamp()) + @lease::interval, coalesce(sqlc.narg('now')::timestamptz, now()),
         CASE WHEN sqlc.narg('locked_by')::uuid IS NULL THEN 0 ELSE 1 END, 2)
 ON CONFLICT (scope, key) DO NOTHING
@@ -16,7 +16,7 @@ RETURNING created_at;
 -- The lease counts from the statement (clock_timestamp), not from the start of
 -- its transaction. checkpoints are those of the steps that its transaction
 -- carries, sent with it when the transaction sends nothing before its commit.
-INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, checkpoints, format)
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_seed, locked_by, locked_until, checkpoints, format)
 VALUES (@id, @name, @version, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @key_secret, @locked_by, clock_timestamp() + @lease::interval,
         sqlc.narg('checkpoints')::jsonb, 2);
 
@@ -205,15 +205,32 @@ WHERE id = sqlc.arg(id)
 -- Operations newest first, for operators, with optional filters: a state, a
 -- name, a scope, created before a time, needing attention; after, when set,
 -- pages on from the operation (created_at, id) of the previous page's last.
-SELECT * FROM idemflow_operation
-WHERE (sqlc.narg(state)::text IS NULL OR state = sqlc.narg(state)::text)
-  AND (sqlc.narg(name)::text IS NULL OR name = sqlc.narg(name)::text)
-  AND (sqlc.narg(scope)::text IS NULL OR scope = sqlc.narg(scope)::text)
-  AND (sqlc.narg(created_before)::timestamptz IS NULL OR created_at < sqlc.narg(created_before)::timestamptz)
-  AND (NOT sqlc.arg(needs_attention)::boolean OR (state = 'in_progress' AND attention_code IS NOT NULL))
+-- mismatched: a reconciliation mismatch names the operation (which needs
+-- attention then, finished or not).
+-- version_waiting: the operation is in progress on a version that no live
+-- process runs, while one runs another version of its name (a deploy moved
+-- on without it).
+SELECT sqlc.embed(o),
+       EXISTS (SELECT 1 FROM idemflow_mismatch AS m WHERE m.operation_id = o.id) AS mismatched,
+       coalesce(o.state = 'in_progress' AND w.waits, false)::boolean AS version_waiting
+FROM idemflow_operation AS o
+CROSS JOIN LATERAL (
+    SELECT EXISTS (SELECT 1 FROM idemflow_process AS p, unnest(p.definitions) AS d
+                   WHERE p.seen_at + 3 * p.lease >= now() AND left(d, length(o.name) + 1) = o.name || '@')
+       AND NOT EXISTS (SELECT 1 FROM idemflow_process AS p
+                       WHERE p.seen_at + 3 * p.lease >= now() AND o.name || '@' || o.version = ANY (p.definitions)) AS waits
+) AS w
+WHERE (sqlc.narg(state)::text IS NULL OR o.state = sqlc.narg(state)::text)
+  AND (sqlc.narg(name)::text IS NULL OR o.name = sqlc.narg(name)::text)
+  AND (sqlc.narg(scope)::text IS NULL OR o.scope = sqlc.narg(scope)::text)
+  AND (sqlc.narg(created_before)::timestamptz IS NULL OR o.created_at < sqlc.narg(created_before)::timestamptz)
+  AND (NOT sqlc.arg(needs_attention)::boolean
+       OR (o.state = 'in_progress' AND o.attention_code IS NOT NULL)
+       OR EXISTS (SELECT 1 FROM idemflow_mismatch AS m WHERE m.operation_id = o.id)
+       OR (o.state = 'in_progress' AND w.waits))
   AND (sqlc.narg(after_created)::timestamptz IS NULL
-       OR (created_at, id) < (sqlc.narg(after_created)::timestamptz, sqlc.narg(after_id)::uuid))
-ORDER BY created_at DESC, id DESC
+       OR (o.created_at, o.id) < (sqlc.narg(after_created)::timestamptz, sqlc.narg(after_id)::uuid))
+ORDER BY o.created_at DESC, o.id DESC
 LIMIT sqlc.arg(max);
 
 -- name: OperationFinish :exec
@@ -278,17 +295,26 @@ LIMIT @max;
 
 -- name: OperationInProgressStats :many
 -- Per operation type and version, the operations in progress, how many of
--- them need attention, how many wait for a step's outcome, and the age of the
+-- them need attention (as Info.NeedsAttention has it), how many wait for a step's outcome, and the age of the
 -- oldest, by the database's clock: a scan of idemflow_operation_unfinished,
 -- which reads the rows of unfinished operations only, and a probe of each
 -- one's step rows.
 SELECT o.name, o.version, count(*)::bigint AS in_progress,
-       count(*) FILTER (WHERE o.attention_code IS NOT NULL)::bigint AS needing_attention,
+       count(*) FILTER (WHERE o.attention_code IS NOT NULL OR w.waits
+                        OR EXISTS (SELECT 1 FROM idemflow_mismatch AS m WHERE m.operation_id = o.id))::bigint AS needing_attention,
        count(*) FILTER (WHERE EXISTS (
            SELECT 1 FROM idemflow_step_row AS s WHERE s.operation_id = o.id AND s.state = 'waiting'
        ))::bigint AS waiting_outcome,
        extract(epoch FROM now() - min(o.created_at))::float8 AS oldest_seconds
 FROM idemflow_operation AS o
+-- As OperationList's version_waiting: no live process runs the version, one
+-- runs another version of the name.
+CROSS JOIN LATERAL (
+    SELECT EXISTS (SELECT 1 FROM idemflow_process AS p, unnest(p.definitions) AS d
+                   WHERE p.seen_at + 3 * p.lease >= now() AND left(d, length(o.name) + 1) = o.name || '@')
+       AND NOT EXISTS (SELECT 1 FROM idemflow_process AS p
+                       WHERE p.seen_at + 3 * p.lease >= now() AND o.name || '@' || o.version = ANY (p.definitions)) AS waits
+) AS w
 WHERE o.state = 'in_progress'
 GROUP BY o.name, o.version
 ORDER BY name, version;

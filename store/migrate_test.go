@@ -37,7 +37,7 @@ func TestMigrateAdoptsGoose(t *testing.T) {
 	require.Equal(t, latest, version)
 	var hasSecret bool
 	require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns
-		WHERE table_name = 'idemflow_operation' AND column_name = 'key_secret')`).Scan(&hasSecret))
+		WHERE table_name = 'idemflow_operation' AND column_name = 'key_seed')`).Scan(&hasSecret))
 	require.True(t, hasSecret, "migration 4 applied")
 	require.NoError(t, store.CheckSchema(ctx, pool))
 }

@@ -250,7 +250,7 @@ func operationFromRow(r *dbsqlc.IdemflowOperation) *Operation {
 		LockedUntil:   r.LockedUntil,
 		CreatedAt:     r.CreatedAt,
 		FinishedAt:    r.FinishedAt,
-		KeySecret:     r.KeySecret,
+		KeySecret:     r.KeySeed,
 		PriorError:    r.PriorError,
 		CallsUntil:    r.CallsUntil,
 		AttentionCode: deref(r.AttentionCode),
@@ -433,7 +433,8 @@ func (s *Store) OperationList(ctx context.Context, db DBTX, f OperationFilter) (
 	}
 	out := make([]*Operation, len(rows))
 	for i, r := range rows {
-		out[i] = operationFromRow(r)
+		out[i] = operationFromRow(&r.IdemflowOperation)
+		out[i].Mismatched, out[i].VersionWaiting = r.Mismatched, r.VersionWaiting
 	}
 	return out, nil
 }

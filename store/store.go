@@ -165,6 +165,13 @@ type Operation struct {
 	// have been calling out until, with no failure recorded: the lease end of
 	// a run whose lease expired, or when a stopped run let go of it.
 	CallsUntil *time.Time
+	// Mismatched is true when a reconciliation mismatch names the operation
+	// (OperationList fills it).
+	Mismatched bool
+	// VersionWaiting is true when the operation is in progress on a version
+	// that no live process runs, while one runs another version of its name
+	// (OperationList fills it).
+	VersionWaiting bool
 }
 
 // Step is a recorded step: a row of idemflow_step_row, or a checkpoint in its

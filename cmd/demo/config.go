@@ -41,6 +41,10 @@ type config struct {
 	// is the provider's longest processing time (the step's settle window).
 	providerTimeout time.Duration // -provider-timeout, DEMO_PROVIDER_TIMEOUT
 	providerSettle  time.Duration // -provider-settle, DEMO_PROVIDER_SETTLE
+	// reconcileInterval is how often the books are checked against the
+	// provider's records (0: only on request); reconcileWindow how far back.
+	reconcileInterval time.Duration // -reconcile-interval, DEMO_RECONCILE_INTERVAL
+	reconcileWindow   time.Duration // -reconcile-window, DEMO_RECONCILE_WINDOW
 }
 
 // stepFault is a fault that DEMO_PANIC or DEMO_FAIL injects: the step's first n
@@ -106,6 +110,8 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	adminToken := fs.String("admin-token", env("DEMO_ADMIN_TOKEN", defaultAdminToken), "the operators' secret for /ops, /riverui/ and /admin: HTTP Basic's password (any user name) or a bearer token (DEMO_ADMIN_TOKEN)")
 	providerTimeout := fs.String("provider-timeout", env("DEMO_PROVIDER_TIMEOUT", "10s"), "how long one attempt of the provider step waits for the provider's answer (DEMO_PROVIDER_TIMEOUT)")
 	providerSettle := fs.String("provider-settle", env("DEMO_PROVIDER_SETTLE", "2m"), "the provider's longest processing time: a refund request that got no definite answer may still be carried out this long after it was sent (DEMO_PROVIDER_SETTLE)")
+	reconcileInterval := fs.String("reconcile-interval", env("DEMO_RECONCILE_INTERVAL", "1m"), "how often the books are checked against the provider's records; 0: only on POST /admin/reconciliation/run (DEMO_RECONCILE_INTERVAL)")
+	reconcileWindow := fs.String("reconcile-window", env("DEMO_RECONCILE_WINDOW", ""), "how far back reconciliation reads the provider's records; default and at most -retention (DEMO_RECONCILE_WINDOW)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -158,6 +164,18 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	}
 	if c.providerSettle, err = parsePositiveDuration(*providerSettle); err != nil {
 		return nil, fmt.Errorf("-provider-settle: %w", err)
+	}
+	if c.reconcileInterval, err = time.ParseDuration(strings.TrimSpace(*reconcileInterval)); err != nil || c.reconcileInterval < 0 {
+		return nil, fmt.Errorf("-reconcile-interval: %q is not a duration of 0 or more", *reconcileInterval)
+	}
+	c.reconcileWindow = c.retention
+	if w := strings.TrimSpace(*reconcileWindow); w != "" {
+		if c.reconcileWindow, err = parsePositiveDuration(w); err != nil {
+			return nil, fmt.Errorf("-reconcile-window: %w", err)
+		}
+		if c.reconcileWindow > c.retention {
+			return nil, fmt.Errorf("-reconcile-window: %s is longer than -retention (%s): refunds deleted by retention would look unknown", c.reconcileWindow, c.retention)
+		}
 	}
 	c.providerAddr = *providerAddr
 	if c.providerAddr != "" && c.providerURL != "" {

@@ -109,7 +109,7 @@ func TestOperatorsBrowser(t *testing.T) {
 	requireError(t, r, http.StatusInternalServerError, "operation_failed")
 	id := r.header.Get("Operation-Id")
 	derivedKey := stepOf(t, c.getOperation(id), "provider").DerivedKey
-	require.True(t, strings.HasPrefix(derivedKey, "idf2_"), derivedKey)
+	require.True(t, strings.HasPrefix(derivedKey, "idf3_"), derivedKey)
 
 	ctx := newBrowser(t, chromium)
 	shots := t.ArtifactDir()

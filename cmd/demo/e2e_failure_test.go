@@ -116,7 +116,7 @@ func requireNothingInternal(t *testing.T, text string) {
 	for _, s := range []string{
 		"http://", "https://", "127.0.0.1", "localhost", "SQLSTATE", "ERROR:", "pgx", "goroutine",
 		"DEMO_FAIL", "DEMO_PANIC", "injected", "dial tcp", "connection refused", "provider answered",
-		"service_unavailable", "idf1_", "idf2_",
+		"service_unavailable", "idf1_", "idf2_", "idf3_",
 	} {
 		require.NotContains(t, text, s, "a text for clients names nothing internal")
 	}
@@ -193,7 +193,7 @@ func TestFinalizePastPivot(t *testing.T) {
 	prov, fin := stepOf(t, op, "provider"), stepOf(t, op, "finalize")
 	require.Equal(t, 1, prov.Attempts)
 	require.Equal(t, "call", prov.ResolvedBy)
-	require.True(t, strings.HasPrefix(prov.DerivedKey, "idf2_"), prov.DerivedKey)
+	require.True(t, strings.HasPrefix(prov.DerivedKey, "idf3_"), prov.DerivedKey)
 	require.GreaterOrEqual(t, fin.Attempts, 2, "finalize failed its -max-attempts attempts")
 	require.NotNil(t, fin.LastError)
 	requireNothingInternal(t, *fin.LastError)
@@ -568,8 +568,8 @@ func TestRetention(t *testing.T) {
 	require.Equal(t, key, op2.Key)
 	key2 := stepOf(t, op2, "provider").DerivedKey
 
-	require.True(t, strings.HasPrefix(key1, "idf2_"), key1)
-	require.True(t, strings.HasPrefix(key2, "idf2_"), key2)
+	require.True(t, strings.HasPrefix(key1, "idf3_"), key1)
+	require.True(t, strings.HasPrefix(key2, "idf3_"), key2)
 	require.NotEqual(t, key1, key2, "each operation has its own derived key")
 	byKey := map[string]providerRefund{}
 	var total int64

@@ -193,6 +193,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		// A delivery cut by a crash is delivered again after this, not River's
 		// hour: riverjob's consumer, and the engine's jobs, are safe to run twice.
 		RiverRescueStuckJobsAfter: max(2*cfg.lease, 10*time.Second),
+		Reconcile:                 reconcileConfig(cfg, providerURL),
 	})
 	if err != nil {
 		return err
@@ -360,5 +361,21 @@ func faultHook(cfg *config) engine.HookFunc {
 			os.Exit(crashExitCode)
 		}
 		return nil
+	}
+}
+
+// reconcileConfig checks the books against the provider at providerURL every
+// -reconcile-interval (never when 0: only on request), within
+// -reconcile-window. Its list has a client of its own: -provider-timeout bounds
+// the refunds' calls, not a page of the list.
+func reconcileConfig(cfg *config, providerURL string) engine.ReconcileConfig {
+	interval := cfg.reconcileInterval
+	if interval == 0 {
+		interval = -1
+	}
+	return engine.ReconcileConfig{
+		Sources:  []engine.Source{refund.Source(&refund.ProviderClient{BaseURL: providerURL})},
+		Interval: interval,
+		Window:   cfg.reconcileWindow,
 	}
 }

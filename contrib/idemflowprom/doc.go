@@ -25,7 +25,8 @@
 //   - idemflow_lookups_total{operation,step,found}
 //   - idemflow_idempotency_requests_total{operation,outcome}
 //   - idemflow_operations_in_progress{operation}
-//   - idemflow_operations_needing_attention{operation}
+//   - idemflow_operations_needing_attention{operation}: unfinished operations
+//     that need attention (engine.Info.NeedsAttention)
 //   - idemflow_operator_requests_total{action,result}: operators' retries,
 //     cancels and resolves, done or refused
 //   - idemflow_operations_waiting_for_outcome{operation}: unfinished operations
@@ -33,4 +34,6 @@
 //   - idemflow_oldest_in_progress_seconds{operation}
 //   - idemflow_operations_waiting_for_version{operation,version}: unfinished
 //     operations of a version this process does not run
+//   - idemflow_reconciliation_mismatches{kind}: reconciliation mismatches now
+//     (engine.MismatchKinds, 0 when none), set as a run ends and by Refresh
 package idemflowprom

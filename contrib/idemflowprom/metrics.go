@@ -42,6 +42,7 @@ type Metrics struct {
 	operators  *prometheus.CounterVec
 	oldest     *prometheus.GaugeVec
 	waiting    *prometheus.GaugeVec
+	mismatches *prometheus.GaugeVec
 
 	// mu guards seen, the operation types the gauges reported last time: a
 	// type with nothing in progress any more is reported 0, not dropped.
@@ -106,9 +107,15 @@ func New(reg prometheus.Registerer, opts *Opts) (*Metrics, error) {
 		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemflow_operations_waiting_for_version", Help: "Unfinished operations of a version this process does not run: they wait for a process that does.",
 		}, []string{"operation", "version"}),
+		mismatches: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idemflow_reconciliation_mismatches", Help: "Reconciliation mismatches, by kind: records of outside services that disagree with the steps.",
+		}, []string{"kind"}),
 		seen: map[string]bool{},
 	}
-	for _, c := range []prometheus.Collector{m.started, m.finished, m.attempts, m.duration, m.recoveries, m.lookups, m.requests, m.inProgress, m.attention, m.outcome, m.oldest, m.waiting, m.operators} {
+	for _, k := range engine.MismatchKinds {
+		m.mismatches.WithLabelValues(string(k)).Set(0)
+	}
+	for _, c := range []prometheus.Collector{m.started, m.finished, m.attempts, m.duration, m.recoveries, m.lookups, m.requests, m.inProgress, m.attention, m.outcome, m.oldest, m.waiting, m.operators, m.mismatches} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -135,6 +142,9 @@ func (m *Metrics) Observer() *engine.Observer {
 		},
 		OperatorRequested: func(_ context.Context, action, result string) {
 			m.operators.WithLabelValues(action, result).Inc()
+		},
+		Reconciled: func(_ context.Context, _ string, counts map[engine.MismatchKind]int64) {
+			m.setMismatches(counts)
 		},
 		LookedUp: func(_ context.Context, s engine.StepEvent, found bool) {
 			m.lookups.WithLabelValues(s.Operation.Name, s.Step, strconv.FormatBool(found)).Inc()
@@ -168,12 +178,33 @@ func (m *Metrics) Declare(defs ...engine.Definition) {
 	}
 }
 
-// Refresh reads the gauges of unfinished operations once.
+// setMismatches sets the mismatches' gauge, every kind it showed before kept
+// (at 0 when gone).
+func (m *Metrics) setMismatches(counts map[engine.MismatchKind]int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k, n := range counts {
+		m.mismatches.WithLabelValues(string(k)).Set(float64(n))
+	}
+	for _, k := range engine.MismatchKinds {
+		if _, ok := counts[k]; !ok {
+			m.mismatches.WithLabelValues(string(k)).Set(0)
+		}
+	}
+}
+
+// Refresh reads the gauges of unfinished operations and of reconciliation
+// mismatches once.
 func (m *Metrics) Refresh(ctx context.Context, e *engine.Engine) error {
 	stats, err := e.InProgress(ctx)
 	if err != nil {
 		return err
 	}
+	counts, err := e.MismatchCounts(ctx)
+	if err != nil {
+		return err
+	}
+	m.setMismatches(counts)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	type sums struct {

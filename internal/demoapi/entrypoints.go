@@ -13,7 +13,9 @@ import (
 // EntryPoints configures the demo's ways in beyond the clients' keyed
 // requests: the provider's webhooks (POST /webhooks/provider), the queue of
 // orders (POST /queue/orders, GET /queue/orders/{messageId}), and settlements
-// (GET /settlements, and POST /admin/settlements behind Config.AdminToken).
+// (GET /settlements, and POST /admin/settlements behind Config.AdminToken),
+// and the reconciliation's report (GET /admin/reconciliation, POST
+// /admin/reconciliation/run, behind Config.AdminToken too).
 type EntryPoints struct {
 	// WebhookSecrets are the secrets the provider's webhooks may be signed
 	// with, all accepted at once: the current one and, during a rotation, the
@@ -55,6 +57,7 @@ func (s *server) entryPoints() error {
 		s.mux.Handle("POST /admin/settlements", s.adminOnly(http.HandlerFunc(s.fireSettlements)))
 		// Behind the token even for a wrong method, as all of /admin.
 		s.mux.Handle("/admin/settlements", s.adminOnly(http.HandlerFunc(methodNotAllowed)))
+		s.reconciliation()
 	}
 	for _, path := range paths {
 		s.mux.HandleFunc(path, methodNotAllowed)

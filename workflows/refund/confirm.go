@@ -87,6 +87,9 @@ func (w *Workflows) confirm(ctx context.Context, tx engine.Tx, at engine.Attempt
 	if err := w.settleWaiting(ctx, tx, in); err != nil {
 		return err
 	}
+	if err := w.checkRecord(ctx, tx, in); err != nil {
+		return err
+	}
 	// A failed refund's event is recorded too; nothing finalizes such a
 	// refund, so nothing confirms it.
 	err := w.q.ProviderEventRecord(ctx, engine.AtCommit(tx), refunddb.ProviderEventRecordParams{
@@ -128,6 +131,35 @@ func (w *Workflows) settleWaiting(ctx context.Context, tx engine.Tx, in Provider
 	}
 	if halt := (*engine.HaltError)(nil); errors.As(err, &halt) {
 		return nil // the event contradicts the refund: its lookup halts it
+	}
+	return err
+}
+
+// checkRecord checks the event's refund against the refund operation that
+// holds its key, as a reconciliation run would, in the event's transaction:
+// a refund the provider made for a refund whose operation failed, or for
+// another order or amount, is a mismatch at once (see Workflows.Bind). Without
+// an engine, or with one whose reconciliation has no provider source, the
+// next run finds it instead.
+func (w *Workflows) checkRecord(ctx context.Context, tx engine.Tx, in ProviderEventInput) error {
+	e := w.engine.Load()
+	if e == nil || in.Data.IdempotencyKey == "" {
+		return nil
+	}
+	ptx, err := engine.PgxTx(ctx, tx)
+	if err != nil {
+		return err
+	}
+	status := engine.RecordSucceeded
+	if in.Type == EventRefundFailed {
+		status = engine.RecordFailed
+	}
+	_, err = e.CheckRecord(ctx, ptx, ProviderSource, engine.Record{
+		Key: in.Data.IdempotencyKey, Reference: in.Data.RefundID, Amount: in.Data.Amount, Status: status,
+		Data: RecordData{OrderID: in.Data.OrderID},
+	})
+	if errors.Is(err, engine.ErrUnknownSource) {
+		return nil
 	}
 	return err
 }

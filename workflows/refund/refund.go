@@ -169,7 +169,8 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 	for _, v := range versions {
 		steps := []engine.Step[RefundInput, RefundState]{
 			engine.TxStep(StepLedger, w.ledger).Compensate(w.reverseLedger),
-			engine.ExternalStep(StepProvider, w.callProvider).Lookup(w.lookupProvider).Settle(settle).Resolve(resolveProvider),
+			engine.ExternalStep(StepProvider, w.callProvider).Lookup(w.lookupProvider).Settle(settle).Resolve(resolveProvider).
+				Reconcile(reconcileProvider),
 			engine.TxStep(StepFinalize, w.finalize),
 		}
 		switch v {

@@ -51,7 +51,7 @@ WHERE id = $4
   AND version = ANY ($5::integer[])
   AND (locked_by IS NULL OR locked_until < coalesce($2::timestamptz, now()))
   AND (NOT parked OR $6::boolean)
-RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error
+RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error
 `
 
 type OperationClaimParams struct {
@@ -93,7 +93,7 @@ func (q *Queries) OperationClaim(ctx context.Context, db DBTX, arg OperationClai
 		&i.LockedUntil,
 		&i.CreatedAt,
 		&i.FinishedAt,
-		&i.KeySecret,
+		&i.KeySeed,
 		&i.AttentionCode,
 		&i.Attention,
 		&i.Parked,
@@ -288,7 +288,7 @@ func (q *Queries) OperationFinish(ctx context.Context, db DBTX, arg OperationFin
 }
 
 const operationGet = `-- name: OperationGet :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error FROM idemflow_operation WHERE id = $1
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error FROM idemflow_operation WHERE id = $1
 `
 
 func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*IdemflowOperation, error) {
@@ -310,7 +310,7 @@ func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*I
 		&i.LockedUntil,
 		&i.CreatedAt,
 		&i.FinishedAt,
-		&i.KeySecret,
+		&i.KeySeed,
 		&i.AttentionCode,
 		&i.Attention,
 		&i.Parked,
@@ -325,7 +325,7 @@ func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*I
 }
 
 const operationGetByKey = `-- name: OperationGetByKey :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error FROM idemflow_operation WHERE scope = $1 AND key = $2
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error FROM idemflow_operation WHERE scope = $1 AND key = $2
 `
 
 type OperationGetByKeyParams struct {
@@ -352,7 +352,7 @@ func (q *Queries) OperationGetByKey(ctx context.Context, db DBTX, arg OperationG
 		&i.LockedUntil,
 		&i.CreatedAt,
 		&i.FinishedAt,
-		&i.KeySecret,
+		&i.KeySeed,
 		&i.AttentionCode,
 		&i.Attention,
 		&i.Parked,
@@ -367,7 +367,7 @@ func (q *Queries) OperationGetByKey(ctx context.Context, db DBTX, arg OperationG
 }
 
 const operationGetForUpdate = `-- name: OperationGetForUpdate :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error FROM idemflow_operation WHERE id = $1 FOR UPDATE
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error FROM idemflow_operation WHERE id = $1 FOR UPDATE
 `
 
 // The operation, locked until the transaction ends: an operator's retry
@@ -391,7 +391,7 @@ func (q *Queries) OperationGetForUpdate(ctx context.Context, db DBTX, id pguuid.
 		&i.LockedUntil,
 		&i.CreatedAt,
 		&i.FinishedAt,
-		&i.KeySecret,
+		&i.KeySeed,
 		&i.AttentionCode,
 		&i.Attention,
 		&i.Parked,
@@ -450,12 +450,19 @@ func (q *Queries) OperationHeld(ctx context.Context, db DBTX, arg OperationHeldP
 
 const operationInProgressStats = `-- name: OperationInProgressStats :many
 SELECT o.name, o.version, count(*)::bigint AS in_progress,
-       count(*) FILTER (WHERE o.attention_code IS NOT NULL)::bigint AS needing_attention,
+       count(*) FILTER (WHERE o.attention_code IS NOT NULL OR w.waits
+                        OR EXISTS (SELECT 1 FROM idemflow_mismatch AS m WHERE m.operation_id = o.id))::bigint AS needing_attention,
        count(*) FILTER (WHERE EXISTS (
            SELECT 1 FROM idemflow_step_row AS s WHERE s.operation_id = o.id AND s.state = 'waiting'
        ))::bigint AS waiting_outcome,
        extract(epoch FROM now() - min(o.created_at))::float8 AS oldest_seconds
 FROM idemflow_operation AS o
+CROSS JOIN LATERAL (
+    SELECT EXISTS (SELECT 1 FROM idemflow_process AS p, unnest(p.definitions) AS d
+                   WHERE p.seen_at + 3 * p.lease >= now() AND left(d, length(o.name) + 1) = o.name || '@')
+       AND NOT EXISTS (SELECT 1 FROM idemflow_process AS p
+                       WHERE p.seen_at + 3 * p.lease >= now() AND o.name || '@' || o.version = ANY (p.definitions)) AS waits
+) AS w
 WHERE o.state = 'in_progress'
 GROUP BY o.name, o.version
 ORDER BY name, version
@@ -471,10 +478,12 @@ type OperationInProgressStatsRow struct {
 }
 
 // Per operation type and version, the operations in progress, how many of
-// them need attention, how many wait for a step's outcome, and the age of the
+// them need attention (as Info.NeedsAttention has it), how many wait for a step's outcome, and the age of the
 // oldest, by the database's clock: a scan of idemflow_operation_unfinished,
 // which reads the rows of unfinished operations only, and a probe of each
 // one's step rows.
+// As OperationList's version_waiting: no live process runs the version, one
+// runs another version of the name.
 func (q *Queries) OperationInProgressStats(ctx context.Context, db DBTX) ([]*OperationInProgressStatsRow, error) {
 	rows, err := db.Query(ctx, operationInProgressStats)
 	if err != nil {
@@ -503,7 +512,7 @@ func (q *Queries) OperationInProgressStats(ctx context.Context, db DBTX) ([]*Ope
 }
 
 const operationInsert = `-- name: OperationInsert :one
-INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, created_at, runs, format)
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_seed, locked_by, locked_until, created_at, runs, format)
 VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8, $9, $10, coalesce($11::timestamptz, clock_timestamp()) + $12::interval, coalesce($11::timestamptz, now()),
         CASE WHEN $10::uuid IS NULL THEN 0 ELSE 1 END, 2)
 ON CONFLICT (scope, key) DO NOTHING
@@ -549,15 +558,27 @@ func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationIns
 }
 
 const operationList = `-- name: OperationList :many
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_secret, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error FROM idemflow_operation
-WHERE ($1::text IS NULL OR state = $1::text)
-  AND ($2::text IS NULL OR name = $2::text)
-  AND ($3::text IS NULL OR scope = $3::text)
-  AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
-  AND (NOT $5::boolean OR (state = 'in_progress' AND attention_code IS NOT NULL))
+SELECT o.id, o.name, o.scope, o.key, o.state, o.steps, o.input, o.fingerprint, o.result, o.error, o.runs, o.locked_by, o.locked_until, o.created_at, o.finished_at, o.key_seed, o.attention_code, o.attention, o.parked, o.version, o.expires_at, o.checkpoints, o.format, o.calls_until, o.prior_error,
+       EXISTS (SELECT 1 FROM idemflow_mismatch AS m WHERE m.operation_id = o.id) AS mismatched,
+       coalesce(o.state = 'in_progress' AND w.waits, false)::boolean AS version_waiting
+FROM idemflow_operation AS o
+CROSS JOIN LATERAL (
+    SELECT EXISTS (SELECT 1 FROM idemflow_process AS p, unnest(p.definitions) AS d
+                   WHERE p.seen_at + 3 * p.lease >= now() AND left(d, length(o.name) + 1) = o.name || '@')
+       AND NOT EXISTS (SELECT 1 FROM idemflow_process AS p
+                       WHERE p.seen_at + 3 * p.lease >= now() AND o.name || '@' || o.version = ANY (p.definitions)) AS waits
+) AS w
+WHERE ($1::text IS NULL OR o.state = $1::text)
+  AND ($2::text IS NULL OR o.name = $2::text)
+  AND ($3::text IS NULL OR o.scope = $3::text)
+  AND ($4::timestamptz IS NULL OR o.created_at < $4::timestamptz)
+  AND (NOT $5::boolean
+       OR (o.state = 'in_progress' AND o.attention_code IS NOT NULL)
+       OR EXISTS (SELECT 1 FROM idemflow_mismatch AS m WHERE m.operation_id = o.id)
+       OR (o.state = 'in_progress' AND w.waits))
   AND ($6::timestamptz IS NULL
-       OR (created_at, id) < ($6::timestamptz, $7::uuid))
-ORDER BY created_at DESC, id DESC
+       OR (o.created_at, o.id) < ($6::timestamptz, $7::uuid))
+ORDER BY o.created_at DESC, o.id DESC
 LIMIT $8
 `
 
@@ -572,10 +593,21 @@ type OperationListParams struct {
 	Max            int32
 }
 
+type OperationListRow struct {
+	IdemflowOperation IdemflowOperation
+	Mismatched        bool
+	VersionWaiting    bool
+}
+
 // Operations newest first, for operators, with optional filters: a state, a
 // name, a scope, created before a time, needing attention; after, when set,
 // pages on from the operation (created_at, id) of the previous page's last.
-func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListParams) ([]*IdemflowOperation, error) {
+// mismatched: a reconciliation mismatch names the operation (which needs
+// attention then, finished or not).
+// version_waiting: the operation is in progress on a version that no live
+// process runs, while one runs another version of its name (a deploy moved
+// on without it).
+func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListParams) ([]*OperationListRow, error) {
 	rows, err := db.Query(ctx, operationList,
 		arg.State,
 		arg.Name,
@@ -590,35 +622,37 @@ func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListP
 		return nil, err
 	}
 	defer rows.Close()
-	var items []*IdemflowOperation
+	var items []*OperationListRow
 	for rows.Next() {
-		var i IdemflowOperation
+		var i OperationListRow
 		if err := rows.Scan(
-			&i.ID,
-			&i.Name,
-			&i.Scope,
-			&i.Key,
-			&i.State,
-			&i.Steps,
-			&i.Input,
-			&i.Fingerprint,
-			&i.Result,
-			&i.Error,
-			&i.Runs,
-			&i.LockedBy,
-			&i.LockedUntil,
-			&i.CreatedAt,
-			&i.FinishedAt,
-			&i.KeySecret,
-			&i.AttentionCode,
-			&i.Attention,
-			&i.Parked,
-			&i.Version,
-			&i.ExpiresAt,
-			&i.Checkpoints,
-			&i.Format,
-			&i.CallsUntil,
-			&i.PriorError,
+			&i.IdemflowOperation.ID,
+			&i.IdemflowOperation.Name,
+			&i.IdemflowOperation.Scope,
+			&i.IdemflowOperation.Key,
+			&i.IdemflowOperation.State,
+			&i.IdemflowOperation.Steps,
+			&i.IdemflowOperation.Input,
+			&i.IdemflowOperation.Fingerprint,
+			&i.IdemflowOperation.Result,
+			&i.IdemflowOperation.Error,
+			&i.IdemflowOperation.Runs,
+			&i.IdemflowOperation.LockedBy,
+			&i.IdemflowOperation.LockedUntil,
+			&i.IdemflowOperation.CreatedAt,
+			&i.IdemflowOperation.FinishedAt,
+			&i.IdemflowOperation.KeySeed,
+			&i.IdemflowOperation.AttentionCode,
+			&i.IdemflowOperation.Attention,
+			&i.IdemflowOperation.Parked,
+			&i.IdemflowOperation.Version,
+			&i.IdemflowOperation.ExpiresAt,
+			&i.IdemflowOperation.Checkpoints,
+			&i.IdemflowOperation.Format,
+			&i.IdemflowOperation.CallsUntil,
+			&i.IdemflowOperation.PriorError,
+			&i.Mismatched,
+			&i.VersionWaiting,
 		); err != nil {
 			return nil, err
 		}
@@ -911,7 +945,7 @@ func (q *Queries) OperationReopen(ctx context.Context, db DBTX, arg OperationReo
 }
 
 const operationReserve = `-- name: OperationReserve :exec
-INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_secret, locked_by, locked_until, checkpoints, format)
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_seed, locked_by, locked_until, checkpoints, format)
 VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8, $9, $10, clock_timestamp() + $11::interval,
         $12::jsonb, 2)
 `

@@ -93,6 +93,22 @@ type DemoSettlement struct {
 	CreatedAt   time.Time
 }
 
+type IdemflowMismatch struct {
+	Source          string
+	RecordKey       string
+	Kind            string
+	Reference       string
+	Amount          int64
+	RecordStatus    string
+	RecordCreatedAt time.Time
+	Data            []byte
+	OperationID     *pguuid.UUID
+	Step            *string
+	Detail          string
+	FirstSeen       time.Time
+	LastSeen        time.Time
+}
+
 type IdemflowOperation struct {
 	ID            pguuid.UUID
 	Name          string
@@ -109,7 +125,7 @@ type IdemflowOperation struct {
 	LockedUntil   time.Time
 	CreatedAt     time.Time
 	FinishedAt    *time.Time
-	KeySecret     []byte
+	KeySeed       []byte
 	AttentionCode *string
 	Attention     *string
 	Parked        bool
@@ -146,6 +162,17 @@ type IdemflowProcess struct {
 	Lease       time.Duration
 	StartedAt   time.Time
 	SeenAt      time.Time
+}
+
+type IdemflowReconciliation struct {
+	Source       string
+	StartedAt    time.Time
+	CheckedAt    time.Time
+	WindowStart  time.Time
+	Checked      int64
+	NotYet       int64
+	Unverifiable int64
+	Pages        int32
 }
 
 type IdemflowStepRecorded struct {
