@@ -53,6 +53,11 @@ func (a *Admin) List(ctx context.Context, opts *ListOpts) ([]*Info, error) {
 // is empty and its DerivedKey is given for every step.
 func (a *Admin) Get(ctx context.Context, id uuid.UUID) (*Info, error) { return a.reader.Get(ctx, id) }
 
+// Mismatches lists the reconciliation mismatches of every source, as
+// Engine.Mismatches does (runs are the application's: an Admin has no
+// sources).
+func (a *Admin) Mismatches(ctx context.Context) ([]Mismatch, error) { return a.reader.Mismatches(ctx) }
+
 // Process is a live process that runs an engine with workers.
 type Process struct {
 	ID   uuid.UUID

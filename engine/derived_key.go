@@ -94,10 +94,11 @@ func encodeKey(prefix string, head, fields []byte) string {
 		copy(b[copy(b[:], head):], sum[:scheme3Digest])
 		raw = b[:]
 	}
-	out := make([]byte, len(prefix)+base64.RawURLEncoding.EncodedLen(len(raw)))
-	n := copy(out, prefix)
-	base64.RawURLEncoding.Encode(out[n:], raw)
-	return string(out)
+	var out [len(DerivedKeyPrefix) + 48]byte // the longest: scheme 3's
+	n := copy(out[:], prefix)
+	end := n + base64.RawURLEncoding.EncodedLen(len(raw))
+	base64.RawURLEncoding.Encode(out[n:end], raw)
+	return string(out[:end])
 }
 
 // operationOfKey returns the operation id that a scheme 3 key carries, or

@@ -152,6 +152,35 @@
 // ErrNotResolvable, ErrResolutionContradicts, ErrRunning...), never a failure
 // of the operation.
 //
+// An operation needs attention (Info.NeedsAttention, List's NeedsAttention,
+// the gauges) for one of three reasons: it is in progress and the engine
+// recorded why it waits for a person (Info.Attention: parked, retrying past
+// the pivot, an overdue outcome); it is in progress on a version that no live
+// process runs while one runs another version of its name
+// (CodeVersionNotRun); or, finished or not, a reconciliation mismatch names it
+// (CodeReconciliationMismatch).
+//
+// # Reconciliation
+//
+// The engine checks its books against the outside services' own when the
+// application gives it a Source (Config.Reconcile): how to list a service's
+// records made in a window, in pages. A periodic River job on the leader, or
+// Engine.Reconcile on request, reads them page by page and finds each
+// record's step by its key (keys of scheme "idf3_" carry their operation's
+// id, so a page costs two indexed reads, whatever the history holds). A record
+// is judged once it is final and its operation has finished: money moved under
+// no key of ours (MismatchUnknownKey), moved while the step did not succeed
+// (MismatchNotSucceeded), not moved while it did (MismatchRecordFailed),
+// moved under another reference than an operator said
+// (MismatchReferenceDiffers), or not what was asked (the step's
+// ReconcileFunc, MismatchAmountDiffers). Mismatches are kept with their last
+// sighting until a run no longer finds them, name their operation as needing
+// attention, and are listed by Engine.Reconciliation and Engine.Mismatches.
+// An event the application receives (a provider's webhook) is checked at once,
+// in its own transaction, with Engine.CheckRecord. The window is at most the
+// shortest retention of the operations that call out, so that no operation
+// is deleted while its records are still read.
+//
 // # Errors
 //
 // Every failure has a text for the client and one for operators:
@@ -180,12 +209,15 @@
 //
 // # Derived keys
 //
-// An external step's Attempt.Key comes from the operation's id and a random
-// secret chosen at its reservation (scheme "idf2_"): the same on every attempt,
-// unknown to anyone without the database, and new for a new operation under a
-// client key that was used before (after retention deleted the old one), so it
-// never meets the old operation's records at a provider. Operations reserved
-// before that scheme keep their "idf1_" keys.
+// An external step's Attempt.Key is the operation's id followed by a digest of
+// the id, a random secret chosen at its reservation and the step's name
+// (scheme "idf3_"): the same on every attempt, unknown to anyone without the
+// database, new for a new operation under a client key that was used before
+// (after retention deleted the old one), so it never meets the old operation's
+// records at a provider, and a way back from a provider's record to its
+// operation for reconciliation. Operations reserved before that scheme keep
+// their "idf2_" or "idf1_" keys; reconciliation counts their records as
+// unverifiable.
 //
 // # Versions
 //

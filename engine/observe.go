@@ -260,7 +260,7 @@ type InProgress struct {
 	// operations that wait for a process that does.
 	Runnable bool
 	Count    int64
-	// NeedingAttention counts those that wait for an operator (Info.Attention);
+	// NeedingAttention counts those that need attention (Info.NeedsAttention);
 	// WaitingOutcome those with a step that waits for its outcome
 	// (StepStatusWaiting).
 	NeedingAttention int64

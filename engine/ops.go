@@ -240,7 +240,8 @@ type ListOpts struct {
 	Scope string
 	// OlderThan keeps operations created longer ago than this.
 	OlderThan time.Duration
-	// NeedsAttention keeps unfinished operations that wait for an operator.
+	// NeedsAttention keeps the operations that need attention
+	// (Info.NeedsAttention): finished ones a reconciliation mismatch names too.
 	NeedsAttention bool
 	// After pages on after this operation of a previous page (its last).
 	After *Info

@@ -64,6 +64,8 @@ type operationBody struct {
 	Steps   []stepBody      `json:"steps"`
 	// Audit is every operator request on it, oldest first.
 	Audit []auditBody `json:"audit"`
+	// Mismatches are the reconciliation mismatches that name it.
+	Mismatches []mismatchBody `json:"mismatches"`
 }
 
 type auditBody struct {
@@ -105,7 +107,11 @@ type stepBody struct {
 }
 
 func operationOf(info *engine.Info) operationBody {
-	body := operationBody{listItem: itemOf(info), Parked: info.Parked, Runs: info.Runs, Result: info.Result, Steps: []stepBody{}, Audit: []auditBody{}}
+	body := operationBody{listItem: itemOf(info), Parked: info.Parked, Runs: info.Runs, Result: info.Result, Steps: []stepBody{}, Audit: []auditBody{},
+		Mismatches: make([]mismatchBody, len(info.Mismatches))}
+	for i := range info.Mismatches {
+		body.Mismatches[i] = mismatchOf(&info.Mismatches[i])
+	}
 	for _, a := range info.Audit {
 		body.Audit = append(body.Audit, auditBody{At: a.At, Action: a.Action, Actor: a.Actor, Reason: a.Reason, Result: a.Result, Detail: a.Detail})
 	}

@@ -32,6 +32,8 @@ func TestNew(t *testing.T) {
 		{"TrailingSlash", e, &opsweb.Config{AuthFunc: auth, BasePath: "/ops/"}, "BasePath"},
 		{"Pattern", e, &opsweb.Config{AuthFunc: auth, APIPath: "/api/{x}"}, "APIPath"},
 		{"SamePaths", e, &opsweb.Config{AuthFunc: auth, BasePath: "/x", APIPath: "/x"}, "both"},
+		{"EmptySource", e, &opsweb.Config{AuthFunc: auth, ReconcileSources: []string{"provider", ""}}, "empty source"},
+		{"SourceTwice", e, &opsweb.Config{AuthFunc: auth, ReconcileSources: []string{"provider", "provider"}}, "twice"},
 		{"Defaults", e, &opsweb.Config{AuthFunc: auth}, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

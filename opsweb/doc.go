@@ -1,6 +1,7 @@
 // Package opsweb is the operators' view of an engine over HTTP: server-rendered
 // pages and a JSON API that list operations, show one with every step, and
-// retry (Engine.Reopen) or cancel (Engine.Cancel) it. A service that embeds
+// retry (Engine.Reopen) or cancel (Engine.Cancel) it, and a page of the
+// engine's reconciliation (Engine.Reconcile). A service that embeds
 // idemflow mounts the one handler that New returns, behind its own
 // authentication:
 //
@@ -21,15 +22,19 @@
 //	GET  {BasePath}/operations/{id}                one operation and every step, with the forms
 //	POST {BasePath}/operations/{id}/retry          the retry button: 303 back to the operation
 //	POST {BasePath}/operations/{id}/cancel         the cancel button (form field "reason")
+//	GET  {BasePath}/reconciliation                 every source's last run and mismatches (see "Reconciliation")
+//	POST {BasePath}/reconciliation/run             the run now button (form field "source"): 303 back to the page
 //	GET  {APIPath}/operations                      {"operations": [...]}
 //	GET  {APIPath}/operations/{id}                 one operation with its steps
 //	POST {APIPath}/operations/{id}/retry           200 with the operation, reopened
 //	POST {APIPath}/operations/{id}/cancel          body {"reason": "..."} (optional); 200 with the operation, cancelled
+//	GET  {APIPath}/mismatches                      {"mismatches": [...]}: every source's, oldest first
 //
 // The list takes the query parameters status (in_progress, succeeded,
 // failed), name (the operation type), client (the scope), olderThan (a Go
 // duration: created longer ago than that), needsAttention (true: unfinished
-// operations that wait for an operator), limit (1 to 1000, default 100) and
+// operations that wait for an operator, and any that a reconciliation
+// mismatch names), limit (1 to 1000, default 100) and
 // after (the id of the last operation of the previous page). A full page
 // carries a Link header with rel="next", the URL of the next page. Each
 // operation of the list has operationId, client, name, version, key, status,
@@ -37,7 +42,24 @@
 // attention (code and reason, for operators), failure (the error that ended
 // it: the client's message and the operators' cause), runs, result and steps
 // (name, kind, status, attempts, derivedKey, resolvedBy, startedAt,
-// finishedAt, lastError for the client, lastCause for operators).
+// finishedAt, lastError for the client, lastCause for operators), audit and
+// mismatches (always an array: source, kind, key, reference, amount,
+// recordStatus, recordCreatedAt, data, step, detail, firstSeen, lastSeen).
+// A mismatch of {APIPath}/mismatches adds the operation it names:
+// operationId (null for unknown_key), operation, client and operationStatus.
+//
+// # Reconciliation
+//
+// The reconciliation page shows, for each source of Config.ReconcileSources
+// (the engine does not list its sources), its last run (when, records
+// checked, not yet judged, unverifiable, pages), its mismatches, each
+// linking to the operation it names, and a button that runs it now, bounded
+// by ActionTimeout. A source that a mismatch names and the list leaves out
+// shows too, without the button when the engine has no such source (any
+// more). An operation that a mismatch names lists it on its own page, and
+// needs attention (code reconciliation_mismatch) even once finished.
+// Nothing is served at {APIPath}/reconciliation, which a service may keep
+// for its own report.
 //
 // # Errors
 //
@@ -55,6 +77,9 @@
 //	409 operation_finished        cancel of a finished operation
 //	409 operation_running         cancel of an operation that a live run holds: try again once its lease expires
 //	409 past_point_of_no_return   cancel of an operation whose step that cannot be undone has succeeded, or may have
+//	404 source_not_found          run now of a source the engine does not have
+//	500 reconcile_failed          run now failed (the source's listing, say); the message is the engine's
+//	504 reconcile_timed_out       run now did not end within ActionTimeout; the mismatches it found so far are kept
 //	500 internal_error            anything else; the message is the engine's, for operators
 //	503 service_unavailable       the database did not answer in time (Retry-After: 1)
 //

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -42,8 +43,9 @@ type Config struct {
 	// does not answer by then gets 503 service_unavailable. Defaults to 8
 	// seconds.
 	ReadTimeout time.Duration
-	// ActionTimeout bounds a retry or a cancel, which may ask an outside
-	// service by derived key and run compensations; the action goes on if the
+	// ActionTimeout bounds a retry, a cancel or a resolve, which may ask an
+	// outside service by derived key and run compensations, and a
+	// reconciliation run that an operator asks for; the action goes on if the
 	// client goes away meanwhile. Defaults to 15 seconds.
 	ActionTimeout time.Duration
 	// Logger receives a line per retry and cancel, and the errors the handler
@@ -54,10 +56,17 @@ type Config struct {
 	// engine.Engine.Resolve), such as "providerRefundId". Defaults to
 	// "reference".
 	ReferenceField string
+	// ReconcileSources names the engine's reconciliation sources (the names
+	// of engine.ReconcileConfig.Sources), which the reconciliation page
+	// reports on and offers to run: the engine does not list them. A source
+	// left out still shows once a mismatch of its own names it. Defaults to
+	// none.
+	ReconcileSources []string
 }
 
 func (c *Config) withDefaults() Config {
 	out := *c
+	out.ReconcileSources = slices.Clone(c.ReconcileSources)
 	if out.BasePath == "" {
 		out.BasePath = DefaultBasePath
 	}
@@ -91,6 +100,14 @@ func (c *Config) validate() error {
 	}
 	if c.BasePath == c.APIPath {
 		return fmt.Errorf("opsweb: Config.BasePath and APIPath are both %q", c.BasePath)
+	}
+	for i, name := range c.ReconcileSources {
+		if name == "" {
+			return errors.New("opsweb: Config.ReconcileSources names an empty source")
+		}
+		if slices.Contains(c.ReconcileSources[:i], name) {
+			return fmt.Errorf("opsweb: Config.ReconcileSources names %q twice", name)
+		}
 	}
 	return nil
 }
@@ -158,10 +175,17 @@ func (h *handler) routes() (mux *http.ServeMux, err error) {
 	mux.HandleFunc("POST "+a+"/operations/{id}/cancel", h.actionAPI(actionCancel))
 	mux.HandleFunc("POST "+b+"/operations/{id}/resolve", h.actionPage(actionResolve))
 	mux.HandleFunc("POST "+a+"/operations/{id}/resolve", h.actionAPI(actionResolve))
+	// Not {APIPath}/reconciliation: a service may serve its own there (the
+	// demo does).
+	mux.HandleFunc("GET "+b+"/reconciliation", h.reconciliationPage)
+	mux.HandleFunc("POST "+b+"/reconciliation/run", h.reconcilePage)
+	mux.HandleFunc("GET "+a+"/mismatches", h.mismatchesAPI)
 	// Patterns without a method catch the other methods: 405, not 404.
 	for _, p := range []string{
 		b, b + "/{$}", b + "/operations/{id}", b + "/operations/{id}/retry", b + "/operations/{id}/cancel", b + "/operations/{id}/resolve",
+		b + "/reconciliation", b + "/reconciliation/run",
 		a + "/operations", a + "/operations/{id}", a + "/operations/{id}/retry", a + "/operations/{id}/cancel", a + "/operations/{id}/resolve",
+		a + "/mismatches",
 	} {
 		mux.HandleFunc(p, h.methodNotAllowed)
 	}

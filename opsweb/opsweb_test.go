@@ -53,14 +53,57 @@ type bundle struct {
 	op     *engine.Operation[payIn, payState, bool]
 	srv    *httptest.Server
 	healed sync.Map // operation key -> true: the cause is mended
+	// provider is the reconciliation source "provider" of the engine, which
+	// runs only when asked.
+	provider *provider
+}
+
+// provider is an outside service's records, listed in one page.
+type provider struct {
+	mu      sync.Mutex
+	records []engine.Record
+	err     error
+}
+
+// add lists r from now on, made now unless it says when.
+func (p *provider) add(r engine.Record) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if r.CreatedAt.IsZero() {
+		r.CreatedAt = time.Now()
+	}
+	p.records = append(p.records, r)
+}
+
+// fail makes the listing fail with err; nil mends it.
+func (p *provider) fail(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.err = err
+}
+
+func (p *provider) list(_ context.Context, req engine.ListRequest) ([]engine.Record, string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.err != nil {
+		return nil, "", p.err
+	}
+	var page []engine.Record
+	for _, r := range p.records {
+		if r.CreatedAt.After(req.Since) {
+			page = append(page, r)
+		}
+	}
+	return page, "", nil
 }
 
 // setup returns an engine on a database of the test's own, with the test
 // operation "payment" (reserve, charge: a pivot, record), and a server with
-// the pages at /ops and the JSON API at /admin, as the demo mounts them.
+// the pages at /ops and the JSON API at /admin, as the demo mounts them. The
+// engine reconciles the source "provider" (b.provider) when asked.
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	b := &bundle{t: t}
+	b := &bundle{t: t, provider: &provider{}}
 	broken := func(at engine.Attempt, in payIn, mode string) bool {
 		_, ok := b.healed.Load(at.OperationKey)
 		return in.Mode == mode && !ok
@@ -95,8 +138,11 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, err)
 	b.op = op
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	b.e = idemflowtest.Engine(t, idemflowtest.Pool(t, nil), &engine.Config{Logger: logger}, op)
-	h, err := opsweb.New(b.e, &opsweb.Config{AuthFunc: opsweb.TokenAuth(adminToken), APIPath: "/admin", Logger: logger})
+	b.e = idemflowtest.Engine(t, idemflowtest.Pool(t, nil), &engine.Config{Logger: logger, Reconcile: engine.ReconcileConfig{
+		Sources: []engine.Source{{Name: "provider", List: b.provider.list}}, Interval: -1,
+	}}, op)
+	h, err := opsweb.New(b.e, &opsweb.Config{AuthFunc: opsweb.TokenAuth(adminToken), APIPath: "/admin", Logger: logger,
+		ReconcileSources: []string{"provider"}})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("/ops", h)
@@ -233,6 +279,29 @@ type (
 			Result string    `json:"result"`
 			Detail string    `json:"detail"`
 		} `json:"audit"`
+		Mismatches []mismatch `json:"mismatches"`
+	}
+	mismatch struct {
+		Source          string          `json:"source"`
+		Kind            string          `json:"kind"`
+		Key             string          `json:"key"`
+		Reference       string          `json:"reference"`
+		Amount          int64           `json:"amount"`
+		RecordStatus    string          `json:"recordStatus"`
+		RecordCreatedAt time.Time       `json:"recordCreatedAt"`
+		Data            json.RawMessage `json:"data"`
+		Step            string          `json:"step"`
+		Detail          string          `json:"detail"`
+		FirstSeen       time.Time       `json:"firstSeen"`
+		LastSeen        time.Time       `json:"lastSeen"`
+	}
+	// mismatchItem is a mismatch of GET /admin/mismatches.
+	mismatchItem struct {
+		mismatch
+		OperationID     *string `json:"operationId"`
+		Operation       string  `json:"operation"`
+		Client          string  `json:"client"`
+		OperationStatus string  `json:"operationStatus"`
 	}
 	step struct {
 		Name       string     `json:"name"`

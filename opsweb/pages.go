@@ -66,6 +66,8 @@ dl.facts dd { margin: 0; }
 .actions p { color: #5b6673; font-size: .9em; margin: .5em 0 0; }
 td.error small { color: #5b6673; }
 p.pager { margin-top: 1em; }
+section.source { margin-bottom: 2.5em; }
+table.mismatches { margin-top: 1em; }
 `
 
 // contentSecurityPolicy allows the pages nothing but their inline style and
@@ -91,6 +93,8 @@ func parsePages(base string) (*template.Template, error) {
 		},
 		"duration": func(d time.Duration) string { return d.Round(time.Second).String() },
 		"inc":      func(i int) int { return i + 1 },
+		// named: a mismatch's operation id names one (not unknown_key's nil).
+		"named": func(id uuid.UUID) bool { return id != uuid.Nil },
 	}).Parse(pagesSource)
 }
 
@@ -130,6 +134,8 @@ func (h *handler) render(w http.ResponseWriter, r *http.Request, status int, nam
 		title = d.Info.Name + " " + d.Info.ID.String()
 	case *listPage:
 		title = "Operations"
+	case *reconciliationPage:
+		title = "Reconciliation"
 	}
 	data.setCommon(title, h.cfg.BasePath)
 	var buf bytes.Buffer

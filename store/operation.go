@@ -398,7 +398,7 @@ type OperationFilter struct {
 	Scope string
 	// CreatedBefore, when set, keeps operations created before it.
 	CreatedBefore *time.Time
-	// NeedsAttention keeps unfinished operations that need attention.
+	// NeedsAttention keeps operations that need attention (engine.Info.NeedsAttention).
 	NeedsAttention bool
 	// After, when set, pages on after this operation (newest first).
 	After *OperationCursor

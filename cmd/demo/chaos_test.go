@@ -93,6 +93,9 @@ var chaosClients = []struct{ name, token string }{{"merchant-a", tokenA}, {"merc
 // refund moved money once (a declined refund once, and once back); no operation
 // is left in progress; every webhook event was delivered and applied once, and
 // every succeeded refund confirmed; every settlement moved its amount once.
+// Reconciliation (POST /admin/reconciliation/run) finds no mismatch, once
+// halfway through the faults, with operations in flight, and once at the end,
+// having read every refund the provider made.
 //
 // The test prints a report: operations, retries, kills, provider faults, database
 // restarts, database proxy faults, duplicates found, operations lost, the longest
@@ -154,6 +157,9 @@ type chaosRun struct {
 	workers     sync.WaitGroup
 	faultsStart time.Time
 	faultsEnd   time.Time
+	// midReconcile is what the reconciliation run asked for halfway through
+	// the faults found, endReconcile the one at the end.
+	midReconcile, endReconcile chaosReconcile
 	// deadline is when every key must have its final answer, in Unix
 	// nanoseconds; 0 while the faults go on.
 	deadline atomic.Int64
@@ -391,6 +397,7 @@ func (r *chaosRun) inject(d time.Duration) {
 	nextSpike := now.Add(between(300*time.Millisecond, 3*time.Second))
 	nextReset := now.Add(between(300*time.Millisecond, 3*time.Second))
 	nextStall := now.Add(between(time.Second, max(2*time.Second, min(d/2, 5*time.Second))))
+	r.workers.Go(func() { r.reconcileMidway(now.Add(d / 2)) })
 	for {
 		next := nextKill
 		for _, at := range []time.Time{nextFault, nextRestart, nextSpike, nextReset, nextStall} {
@@ -1032,6 +1039,7 @@ func (r *chaosRun) check() {
 
 	r.checkDatabase()
 	r.checkEntryPoints()
+	r.checkReconciliation()
 }
 
 // derivedKeys returns the derived key of the provider step of every refund, by
@@ -1210,6 +1218,7 @@ func (r *chaosRun) report() {
 			chaosStepFaults[1], r.stepFaults[chaosStepFaults[1]], chaosStepFaults[2], r.stepFaults[chaosStepFaults[2]],
 			chaosStepFaults[3], r.stepFaults[chaosStepFaults[3]]),
 		r.entryReport(),
+		r.reconcileReport(),
 		fmt.Sprintf("  duplicates found:   %d", r.dups),
 		fmt.Sprintf("  operations lost:    %d", r.lost),
 		fmt.Sprintf("  longest recovery:   %s from the first request to the final answer (%s); %s from a kill, restart, reset or stall to the final answer of a key it interrupted (%s); %d keys interrupted",

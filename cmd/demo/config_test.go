@@ -71,6 +71,33 @@ func TestParseConfig(t *testing.T) {
 		{name: "CrashUnknownStep", env: map[string]string{"DEMO_CRASH": "refund:before"}, wantErr: "DEMO_CRASH"},
 		{name: "CrashUnknownPoint", env: map[string]string{"DEMO_CRASH": "ledger:after"}, wantErr: "DEMO_CRASH"},
 		{name: "StrayArgument", args: []string{"extra"}, wantErr: "unexpected argument"},
+		{name: "ReconcileDefaults", check: func(t *testing.T, c *config) {
+			require.Equal(t, time.Minute, c.reconcileInterval)
+			require.Equal(t, 24*time.Hour, c.retention)
+			require.Equal(t, c.retention, c.reconcileWindow, "the window defaults to -retention")
+		}},
+		{name: "ReconcileWindowFollowsRetention", args: []string{"-retention", "2h"}, check: func(t *testing.T, c *config) {
+			require.Equal(t, 2*time.Hour, c.reconcileWindow)
+		}},
+		{name: "ReconcileFlags", args: []string{"-reconcile-interval", "0", "-reconcile-window", "1h"}, check: func(t *testing.T, c *config) {
+			require.Zero(t, c.reconcileInterval, "0: only on request")
+			require.Equal(t, time.Hour, c.reconcileWindow)
+			require.Equal(t, -time.Duration(1), reconcileConfig(c, "http://p").Interval, "0 is the engine's only on request")
+		}},
+		{name: "ReconcileEnvironment", env: map[string]string{"HOME": "/h", "DEMO_RECONCILE_INTERVAL": "30s", "DEMO_RECONCILE_WINDOW": "24h"}, check: func(t *testing.T, c *config) {
+			require.Equal(t, 30*time.Second, c.reconcileInterval)
+			require.Equal(t, 24*time.Hour, c.reconcileWindow, "as long as -retention is allowed")
+			rc := reconcileConfig(c, "http://p")
+			require.Equal(t, 30*time.Second, rc.Interval)
+			require.Equal(t, 24*time.Hour, rc.Window)
+			require.Len(t, rc.Sources, 1)
+		}},
+		{name: "ReconcileWindowOverRetention", args: []string{"-retention", "1h", "-reconcile-window", "90m"}, wantErr: "-reconcile-window: 1h30m0s is longer than -retention (1h0m0s)"},
+		{name: "ReconcileWindowOverDefaultRetention", env: map[string]string{"HOME": "/h", "DEMO_RECONCILE_WINDOW": "25h"}, wantErr: "longer than -retention"},
+		{name: "ReconcileWindowZero", args: []string{"-reconcile-window", "0"}, wantErr: "-reconcile-window"},
+		{name: "ReconcileWindowNegative", args: []string{"-reconcile-window", "-1h"}, wantErr: "-reconcile-window"},
+		{name: "ReconcileIntervalNegative", args: []string{"-reconcile-interval", "-1s"}, wantErr: "-reconcile-interval: \"-1s\" is not a duration of 0 or more"},
+		{name: "ReconcileIntervalNotADuration", env: map[string]string{"HOME": "/h", "DEMO_RECONCILE_INTERVAL": "often"}, wantErr: "-reconcile-interval"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -340,8 +340,9 @@ type operationBody struct {
 	Version     int       `json:"version"`
 	Key         string    `json:"key"`
 	Status      string    `json:"status"`
-	// NeedsAttention is true while the unfinished operation waits for an
-	// operator; why is for operators only (demo ops).
+	// NeedsAttention is true while the operation waits for an operator
+	// (engine.Info.NeedsAttention: a finished one too, while a reconciliation
+	// mismatch names it); why is for operators only (demo ops).
 	NeedsAttention bool       `json:"needsAttention"`
 	CreatedAt      time.Time  `json:"createdAt"`
 	FinishedAt     *time.Time `json:"finishedAt"`

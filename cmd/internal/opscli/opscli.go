@@ -6,10 +6,12 @@
 //	idemflow [-database-url URL] show <operation id>
 //	idemflow [-database-url URL] processes
 //	idemflow [-database-url URL] check
+//	idemflow [-database-url URL] mismatches
 //	idemflow [-database-url URL] retry <operation id>
 //	idemflow [-database-url URL] cancel <operation id> [reason]
 //
-// list, show, processes and check read. check lists the unfinished operations
+// list, show, processes, check and mismatches read; mismatches lists what
+// reconciliation found (the application's runs: it lists no provider itself). check lists the unfinished operations
 // whose definition no live process runs, and exits 1 when there is any. retry
 // and cancel record a request in the database that a live process running the
 // operation's definition carries out (within a sweep); the command waits for it
@@ -41,6 +43,7 @@ commands:
   show <operation id>
   processes
   check       (exit 1 when an unfinished operation's definition runs in no live process)
+  mismatches  (reconciliation's findings; exit 1 when there is any)
   retry [-force] <operation id>   (-force reopens one that failed with a server fault)
   cancel <operation id> [reason]
   resolve <operation id> made <reference> <reason> | resolve <operation id> not-made <reason>
@@ -101,6 +104,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return c.processes(ctx)
 	case "check":
 		return c.check(ctx)
+	case "mismatches":
+		return c.mismatches(ctx)
 	case "retry", "cancel", "resolve":
 		return c.request(ctx, cmd, rest)
 	}
@@ -152,7 +157,7 @@ func note(i *engine.Info) string {
 	if i.Error != nil {
 		parts = append(parts, i.Error.Code+": "+i.Error.Error())
 	}
-	if i.Attention != nil && i.Status == engine.StatusInProgress {
+	if i.NeedsAttention() {
 		parts = append(parts, "needs attention: "+i.Attention.Code+": "+i.Attention.Reason)
 	}
 	if i.Parked {
@@ -207,7 +212,40 @@ func (c *commands) show(ctx context.Context, args []string) int {
 		}
 		_ = w.Flush()
 	}
+	if len(i.Mismatches) > 0 {
+		fmt.Fprintln(c.stdout, "  reconciliation mismatches:")
+		c.printMismatches(i.Mismatches, "  ")
+	}
 	return exitOK
+}
+
+// mismatches lists reconciliation's findings, oldest first; exit 1 when there
+// is any.
+func (c *commands) mismatches(ctx context.Context) int {
+	ms, err := c.admin.Mismatches(ctx)
+	if err != nil {
+		return c.fail(err)
+	}
+	if len(ms) == 0 {
+		fmt.Fprintln(c.stdout, "no reconciliation mismatches")
+		return exitOK
+	}
+	c.printMismatches(ms, "")
+	return exitRefused
+}
+
+func (c *commands) printMismatches(ms []engine.Mismatch, indent string) {
+	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "%sSOURCE\tKIND\tKEY\tREFERENCE\tAMOUNT\tSTATUS\tOPERATION\tLAST SEEN\tDETAIL\n", indent)
+	for _, m := range ms {
+		op := "-"
+		if m.OperationID != uuid.Nil {
+			op = m.OperationID.String()
+		}
+		fmt.Fprintf(w, "%s%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", indent, m.Source, m.Kind, m.Key, m.Reference, m.Amount,
+			m.RecordStatus, op, m.LastSeen.UTC().Format(time.RFC3339), m.Detail)
+	}
+	_ = w.Flush()
 }
 
 func (c *commands) processes(ctx context.Context) int {

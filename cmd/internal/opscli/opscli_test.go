@@ -179,3 +179,53 @@ func emptyDatabase(t *testing.T) string {
 	u.Path = "/" + name
 	return u.String()
 }
+
+// TestCommandMismatches: the command lists what the service's reconciliation
+// found, and shows it with the operation it names.
+func TestCommandMismatches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := idemflowtest.DatabaseURL(t)
+	op, err := engine.NewOperation("payout", []engine.Step[int, int]{
+		engine.ExternalStep("bank", func(context.Context, engine.Attempt, int, *int) error { return nil }),
+	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
+	require.NoError(t, err)
+	var records atomic.Pointer[[]engine.Record]
+	records.Store(&[]engine.Record{})
+	bank := engine.Source{Name: "bank", List: func(context.Context, engine.ListRequest) ([]engine.Record, string, error) {
+		return *records.Load(), "", nil
+	}}
+	e := idemflowtest.Engine(t, openPool(t, dbURL), &engine.Config{Reconcile: engine.ReconcileConfig{Sources: []engine.Source{bank}, Interval: -1}}, op)
+
+	r := idemflow(t, dbURL, "mismatches")
+	require.Equal(t, 0, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, "no reconciliation mismatches")
+
+	s, err := engine.Start(ctx, e, op, "merchant-a", "payout-1", 30, nil)
+	require.NoError(t, err)
+	info := idemflowtest.Wait(t, e, s)
+	require.Equal(t, engine.StatusSucceeded, info.Status)
+	got, err := e.Get(ctx, s.ID)
+	require.NoError(t, err)
+	// The bank says the payout failed after all, and knows one we never asked.
+	records.Store(&[]engine.Record{
+		{Key: got.Steps[0].DerivedKey, Reference: "po_1", Amount: 30, Status: engine.RecordFailed, CreatedAt: time.Now()},
+		{Key: "by-hand-1", Reference: "po_2", Amount: 99, CreatedAt: time.Now()},
+	})
+	_, err = e.Reconcile(ctx, "bank")
+	require.NoError(t, err)
+
+	r = idemflow(t, dbURL, "mismatches")
+	require.Equal(t, 1, r.code, r.stdout+r.stderr)
+	require.Regexp(t, `bank\s+record_failed\s+`+got.Steps[0].DerivedKey+`\s+po_1\s+30\s+failed\s+`+s.ID.String(), r.stdout)
+	require.Regexp(t, `bank\s+unknown_key\s+by-hand-1\s+po_2\s+99\s+succeeded\s+-`, r.stdout)
+
+	r = idemflow(t, dbURL, "show", s.ID.String())
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "needs attention: "+engine.CodeReconciliationMismatch)
+	require.Contains(t, r.stdout, "reconciliation mismatches:")
+	require.Contains(t, r.stdout, "po_1")
+	r = idemflow(t, dbURL, "list", "-attention")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, s.ID.String(), "a finished operation a mismatch names needs attention")
+}
