@@ -526,16 +526,18 @@ func (c *queryCounter) explain(ctx context.Context, tb testing.TB, pool *pgxpool
 			params[i] = "$" + strconv.Itoa(i+1) + "::" + typ
 		}
 		execute := "EXECUTE " + stmt + "(" + strings.Join(params, ", ") + ")"
+		// EXECUTE takes no parameters of its own: pgx puts the values in.
+		args := append([]any{pgx.QueryExecModeSimpleProtocol}, q.args...)
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan", "auto"} {
 			_, err := conn.Exec(ctx, "SELECT set_config('plan_cache_mode', $1, false)", mode)
 			require.NoError(tb, err)
 			if mode == "auto" {
 				for range 6 {
-					_, err := conn.Exec(ctx, execute, q.args...)
+					_, err := conn.Exec(ctx, execute, args...)
 					require.NoError(tb, err)
 				}
 			}
-			rows, err := conn.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+execute, q.args...)
+			rows, err := conn.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+execute, args...)
 			require.NoError(tb, err)
 			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 			require.NoError(tb, err)

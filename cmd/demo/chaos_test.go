@@ -1146,6 +1146,117 @@ func (r *chaosRun) checkDatabase() {
 	}
 }
 
+// chaosReconcile is what a reconciliation run of TestChaos found.
+type chaosReconcile struct {
+	answered bool
+	requests int // the POSTs it took (a demo killed, the database down)
+	// inProgress counts the operations in progress as the run that answered
+	// was asked for, halfway; -1 when the database did not say.
+	inProgress int64
+	checked    int64
+	mismatches []mismatch
+}
+
+// reconcileMidway asks the demos for a reconciliation run at the time at,
+// halfway through the faults, with the clients' operations in flight, and
+// again until one answers: it must find no mismatch (a pending refund, or one
+// whose operation is in progress, is not judged).
+func (r *chaosRun) reconcileMidway(at time.Time) {
+	select {
+	case <-time.After(time.Until(at)):
+	case <-r.ctx.Done():
+		return
+	}
+	rng := rand.New(rand.NewPCG(r.seed, 0x7ec))
+	rc := chaosReconcile{inProgress: -1}
+	for !r.pastDeadline() {
+		rc.requests++
+		inProgress, err := r.countInProgress()
+		if err != nil {
+			inProgress = -1
+		}
+		resp, err := r.send(r.ctx, r.base(rng), http.MethodPost, "/admin/reconciliation/run", adminToken, "", nil, 10*time.Second)
+		var rep reconciliationReport
+		if err != nil || resp.status != http.StatusOK || json.Unmarshal(resp.body, &rep) != nil {
+			time.Sleep(pollInterval) // a demo killed, the database down: again
+			continue
+		}
+		rc.answered, rc.inProgress, rc.checked, rc.mismatches = true, inProgress, rep.Checked, rep.Mismatches
+		break
+	}
+	for _, m := range rc.mismatches {
+		r.broken(false, false, "reconciliation halfway through the faults: a false mismatch %+v", m)
+	}
+	r.mu.Lock()
+	r.midReconcile = rc
+	r.mu.Unlock()
+}
+
+// countInProgress counts the operations in progress, reading the cluster
+// directly (not through the proxy), within a second.
+func (r *chaosRun) countInProgress() (int64, error) {
+	ctx, cancel := context.WithTimeout(r.ctx, time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, r.dbURL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var n int64
+	err = conn.QueryRow(ctx, "SELECT count(*) FROM idemflow_operation WHERE state = 'in_progress'").Scan(&n)
+	return n, err
+}
+
+// checkReconciliation runs a reconciliation once every key was answered: it
+// must read every refund the provider made and find no mismatch, and the
+// gauge of the demo that ran it must show none.
+func (r *chaosRun) checkReconciliation() {
+	t := r.t
+	d := r.demos[0]
+	all := (&apiClient{t: t, base: d.base}).providerRefunds()
+	var resp *response
+	var rc chaosReconcile
+	eventually(t, func() bool {
+		rc.requests++
+		var err error
+		resp, err = r.send(r.ctx, d.base, http.MethodPost, "/admin/reconciliation/run", adminToken, "", nil, 30*time.Second)
+		return err == nil && resp.status == http.StatusOK
+	}, "a reconciliation run answers once the faults stopped")
+	rep := readReconciliation(t, resp)
+	rc.answered, rc.checked, rc.mismatches = true, rep.Checked, rep.Mismatches
+	if rep.Checked != int64(len(all)) {
+		r.broken(false, true, "reconciliation read %d records; the provider made %d refunds", rep.Checked, len(all))
+	}
+	for _, m := range rep.Mismatches {
+		r.broken(false, false, "reconciliation at the end: a false mismatch %+v", m)
+	}
+	metrics := metricsOf(t, d)
+	for _, kind := range mismatchKinds {
+		if n := metrics[`idemflow_reconciliation_mismatches{kind="`+kind+`"}`]; n != 0 {
+			r.broken(false, false, "the gauge shows %v mismatches %s", n, kind)
+		}
+	}
+	r.mu.Lock()
+	r.endReconcile = rc
+	r.mu.Unlock()
+}
+
+// reconcileReport is the report's line on reconciliation; the caller holds
+// r.mu.
+func (r *chaosRun) reconcileReport() string {
+	mid, end := r.midReconcile, r.endReconcile
+	halfway := fmt.Sprintf("halfway: no run answered in %d requests", mid.requests)
+	if mid.answered {
+		halfway = fmt.Sprintf("%d false mismatches with operations in flight (halfway, %d in progress, %d records checked, %d requests)",
+			len(mid.mismatches), mid.inProgress, mid.checked, mid.requests)
+	}
+	atEnd := "none run at the end"
+	if end.answered {
+		atEnd = fmt.Sprintf("%d at the end (%d records checked)", len(end.mismatches), end.checked)
+	}
+	return fmt.Sprintf("  reconciliation:     %s; %s", halfway, atEnd)
+}
+
 // report logs and prints what the run did, and fails the test on any broken
 // invariant.
 func (r *chaosRun) report() {
