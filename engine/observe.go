@@ -15,8 +15,10 @@ import (
 // engine's hot path, in the goroutine of the run: keep them short, and never
 // block in them.
 type Observer struct {
-	// OperationStarted: this process reserved a key and starts the operation's
-	// first attempt (Start; not StartTx, whose reservation is the caller's).
+	// OperationStarted: an operation's first attempt starts here: after its
+	// reservation by Start, or, for one reserved in the caller's transaction
+	// (StartTx), as the River job that runs it first claims it (so a
+	// transaction rolled back counts nothing).
 	OperationStarted func(ctx context.Context, op OperationEvent)
 	// OperationFinished: an operation ended here, succeeded or failed. For a
 	// first attempt it is called before Started.Wait returns the operation, so

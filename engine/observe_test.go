@@ -253,3 +253,58 @@ func TestObserverPanics(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, info.Status)
 }
+
+// TestObserverStartTx: an operation reserved in the caller's transaction is
+// counted as started once, when its River job first runs it, and that first
+// run calls its external step without asking the lookup (nothing can have
+// been sent before it).
+func TestObserverStartTx(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var lookups, calls atomic.Int32
+	op, err := engine.NewOperation("queued", []engine.Step[int, int]{
+		engine.ExternalStep("call", func(context.Context, engine.Attempt, int, *int) error {
+			calls.Add(1)
+			return nil
+		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) {
+			lookups.Add(1)
+			return false, nil
+		}),
+	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
+	require.NoError(t, err)
+	var started, finished atomic.Int32
+	var resumed atomic.Bool
+	obs := &engine.Observer{
+		OperationStarted:  func(context.Context, engine.OperationEvent) { started.Add(1) },
+		OperationFinished: func(context.Context, engine.OperationEvent, engine.Status) { finished.Add(1) },
+		RunStarted: func(ctx context.Context, _ engine.OperationEvent, r bool) context.Context {
+			resumed.Store(resumed.Load() || r)
+			return ctx
+		},
+	}
+	pool := testdb.Pool(t)
+	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Observer: obs, PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, e.StartWorkers(ctx))
+	t.Cleanup(func() { require.NoError(t, e.Stop(context.Background())) })
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	s, err := engine.StartTx(ctx, tx, e, op, "queue", "m-1", 7, nil)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	info := waitDone(t, e, s)
+	require.Equal(t, engine.StatusSucceeded, info.Status)
+	require.Equal(t, int32(1), started.Load(), "started once, by its first run")
+	require.Equal(t, int32(1), finished.Load())
+	require.Equal(t, int32(1), calls.Load())
+	require.Zero(t, lookups.Load(), "a first run has nothing to look up")
+	require.False(t, resumed.Load(), "its first run is no resume")
+
+	// Rolled back: nothing started.
+	tx, err = pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = engine.StartTx(ctx, tx, e, op, "queue", "m-2", 7, nil)
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, int32(1), started.Load())
+}

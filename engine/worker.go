@@ -223,16 +223,22 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 		compensations: make(map[string]int, len(rec.Steps)),
 		rowed:         make(map[string]bool, len(rec.Steps)),
 		waits:         make(map[string]*stepWait),
-		resumed:       true,
-		reserved:      true,
-		runs:          rec.Runs,
-		leaseFrom:     leaseFrom,
+		// The first claim of an operation reserved in a caller's transaction
+		// (StartTx) is its first attempt: no run before it can have called
+		// out, so its steps call without asking their lookups first.
+		resumed:   rec.Runs > 1,
+		reserved:  true,
+		runs:      rec.Runs,
+		leaseFrom: leaseFrom,
 	}
 	if cancelReq != nil {
 		r.leftUntil, r.heldUntil = cancelReq.leftUntil, cancelReq.heldUntil
 	}
 	if recovery {
 		r.observeRecovered(ctx)
+	}
+	if rec.Runs == 1 && cancelReq == nil {
+		r.observeStarted(ctx)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
