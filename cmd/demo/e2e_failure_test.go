@@ -1,6 +1,6 @@
 package main
 
-// End-to-end tests of the demo's failure semantics (shared/contract/demo-api.md,
+// End-to-end tests of the demo's failure semantics (docs/demo-api.md,
 // "Server faults are not answers" and the flags -max-attempts, -retention,
 // DEMO_PANIC, DEMO_FAIL): through the real binary, its HTTP API, the fake
 // provider's own endpoints and `demo ops` as a subprocess.

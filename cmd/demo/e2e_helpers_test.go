@@ -2,7 +2,7 @@ package main
 
 // The harness of the end-to-end tests: the demo binary, built once per test
 // process, started as a child process on a database of its own, and a client of
-// its HTTP API. The tests check shared/contract/demo-api.md from the outside.
+// its HTTP API. The tests check docs/demo-api.md from the outside.
 
 import (
 	"bufio"

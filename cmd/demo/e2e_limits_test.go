@@ -1,6 +1,6 @@
 package main
 
-// End-to-end tests of the bounds of "Starting it" in shared/contract/demo-api.md:
+// End-to-end tests of the bounds of "Starting it" in docs/demo-api.md:
 // slow and idle connections, headers over 64 KiB, a flood of unused connections,
 // a database that is frozen or stopped, -max-in-flight, and a row lock that
 // starves the pool. Every test runs the demo binary and talks to it over TCP.
