@@ -103,23 +103,9 @@ type Config struct {
 	// Observer, when not nil, is told what the engine does, for metrics and
 	// traces (Observers combines several).
 	Observer *Observer
-	// RiverMiddleware is installed on the engine's River client (River's
-	// Config.Middleware): OpenTelemetry's for River jobs, for instance
-	// (rivercontrib's otelriver).
-	RiverMiddleware []rivertype.Middleware
-	// RiverWorkers, when set, adds the application's workers to the engine's
-	// River client (river.AddWorker), and RiverQueues its queues, beside the
-	// engine's own (Queue): one client, so that River's leader, which discards
-	// stuck jobs of kinds it has no worker for, knows the application's too
-	// (entry/riverjob's consumers, say).
-	RiverWorkers func(workers *river.Workers) error
-	RiverQueues  map[string]river.QueueConfig
-	// RiverRescueStuckJobsAfter is how long a River job may stay running
-	// before River's leader takes it for stuck (its process died) and runs it
-	// again (River's Config.RescueStuckJobsAfter; zero: River's hour). The
-	// engine's own jobs are safe to run twice (a run claims its operation);
-	// make the application's (RiverWorkers) so too, as entry/riverjob's are.
-	RiverRescueStuckJobsAfter time.Duration
+	// River configures the engine's River client: the application's
+	// workers and queues on it, its middleware, its rescue of stuck jobs.
+	River RiverConfig
 	// Test holds knobs for tests and fault injection, which production code
 	// leaves zero.
 	Test TestConfig
@@ -141,6 +127,28 @@ type Config struct {
 	// Reconcile configures reconciliation: the outside services whose records
 	// are checked against the steps (see Engine.Reconcile).
 	Reconcile ReconcileConfig
+}
+
+// RiverConfig configures the engine's River client (Config.River).
+type RiverConfig struct {
+	// Middleware is installed on the client (River's Config.Middleware):
+	// OpenTelemetry's for River jobs, for instance (rivercontrib's otelriver).
+	Middleware []rivertype.Middleware
+	// Workers, when set, adds the application's workers to the engine's
+	// client (river.AddWorker), and Queues their queues, beside the engine's
+	// own (Config.Queue): one client, so that River's leader, which discards
+	// stuck jobs of kinds it has no worker for, knows the application's too.
+	// It is given the engine being made, which its workers may keep (such as
+	// entry/riverjob's, made with riverjob.New(e, ...)): nothing runs before
+	// StartWorkers.
+	Workers func(e *Engine, workers *river.Workers) error
+	Queues  map[string]river.QueueConfig
+	// RescueStuckJobsAfter is how long a River job may stay running before
+	// River's leader takes it for stuck (its process died) and runs it again
+	// (River's Config.RescueStuckJobsAfter; zero: River's hour). The engine's
+	// own jobs are safe to run twice (a run claims its operation); make the
+	// application's (Workers) so too, as entry/riverjob's are.
+	RescueStuckJobsAfter time.Duration
 }
 
 // TestConfig holds the knobs of Config that exist for tests and fault
@@ -338,15 +346,15 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err := river.AddWorkerSafely(workers, &reconcileWorker{e: e}); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	if c.RiverWorkers != nil {
-		if err := c.RiverWorkers(workers); err != nil {
+	if c.River.Workers != nil {
+		if err := c.River.Workers(e, workers); err != nil {
 			return nil, fmt.Errorf("engine: the application's River workers: %w", err)
 		}
 	}
 	queues := map[string]river.QueueConfig{c.Queue: {MaxWorkers: c.MaxWorkers}}
-	for name, q := range c.RiverQueues {
+	for name, q := range c.River.Queues {
 		if name == c.Queue {
-			return nil, fmt.Errorf("engine: RiverQueues: %q is the engine's own queue (Config.Queue)", name)
+			return nil, fmt.Errorf("engine: River.Queues: %q is the engine's own queue (Config.Queue)", name)
 		}
 		queues[name] = q
 	}
@@ -369,9 +377,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		Logger:     c.Logger,
 		Queues:     queues,
 		Workers:    workers,
-		Middleware: c.RiverMiddleware,
+		Middleware: c.River.Middleware,
 		// Zero keeps River's default.
-		RescueStuckJobsAfter: c.RiverRescueStuckJobsAfter,
+		RescueStuckJobsAfter: c.River.RescueStuckJobsAfter,
 		// The lease, not River's timeout, bounds a run: a long step renews its lease.
 		JobTimeout:   -1,
 		PeriodicJobs: periodic,

@@ -34,8 +34,8 @@ func TestRiverWorkers(t *testing.T) {
 	pool := testdb.Pool(t)
 	w := &appWorker{done: make(chan int, 1)}
 	e, err := engine.New(pool, &engine.Config{
-		RiverWorkers: func(ws *river.Workers) error { return river.AddWorkerSafely(ws, w) },
-		RiverQueues:  map[string]river.QueueConfig{"app": {MaxWorkers: 2}},
+		River: engine.RiverConfig{Workers: func(_ *engine.Engine, ws *river.Workers) error { return river.AddWorkerSafely(ws, w) },
+			Queues: map[string]river.QueueConfig{"app": {MaxWorkers: 2}}},
 	})
 	require.NoError(t, err)
 	require.NoError(t, e.StartWorkers(ctx))
@@ -49,6 +49,6 @@ func TestRiverWorkers(t *testing.T) {
 		t.Fatal("the application's job was not worked")
 	}
 
-	_, err = engine.New(pool, &engine.Config{RiverQueues: map[string]river.QueueConfig{engine.DefaultQueue: {MaxWorkers: 1}}})
+	_, err = engine.New(pool, &engine.Config{River: engine.RiverConfig{Queues: map[string]river.QueueConfig{engine.DefaultQueue: {MaxWorkers: 1}}}})
 	require.ErrorContains(t, err, "the engine's own queue")
 }

@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -189,50 +188,32 @@ func startEntryPoints(ctx context.Context, cfg *config, _ *pgxpool.Pool, e *engi
 }
 
 // orderConsumer is the queue's consumer: entry/riverjob's worker of the queued
-// orders, on the engine's own River client (engine.Config.RiverWorkers), so
+// orders, on the engine's own River client (engine.RiverConfig.Workers), so
 // that River's leader, whichever process it is, knows the jobs' kind and
-// retries a stuck one rather than discard it. The engine's client is made by
-// engine.New, before there is an engine to make riverjob's worker with, so
-// the client gets this worker, which hands each job to riverjob's once bind
-// has made it (before StartWorkers).
+// retries a stuck one rather than discard it.
 type orderConsumer struct {
-	river.WorkerDefaults[refund.QueueOrderArgs]
-	cfg *config
-	wf  *refund.Workflows
-	w   atomic.Pointer[riverjob.Worker[refund.QueueOrderArgs, refund.OrderInput, refund.OrderState, refund.Order]]
+	cfg  *config
+	wf   *refund.Workflows
+	pool *pgxpool.Pool
 }
 
-func newOrderConsumer(cfg *config, wf *refund.Workflows) *orderConsumer {
-	return &orderConsumer{cfg: cfg, wf: wf}
+func newOrderConsumer(cfg *config, wf *refund.Workflows, pool *pgxpool.Pool) *orderConsumer {
+	return &orderConsumer{cfg: cfg, wf: wf, pool: pool}
 }
 
-// addWorker is engine.Config.RiverWorkers.
-func (c *orderConsumer) addWorker(workers *river.Workers) error {
-	return river.AddWorkerSafely(workers, c)
-}
-
-// queues is engine.Config.RiverQueues.
-func (c *orderConsumer) queues() map[string]river.QueueConfig {
-	return map[string]river.QueueConfig{refund.OrderQueue: {MaxWorkers: orderQueueWorkers}}
-}
-
-// bind makes riverjob's worker on e.
-func (c *orderConsumer) bind(e *engine.Engine, pool *pgxpool.Pool) error {
-	w, err := riverjob.New(e, pool, c.wf.Order, c.config())
+// addWorker is engine.RiverConfig.Workers: riverjob's worker, made on the
+// engine being made.
+func (c *orderConsumer) addWorker(e *engine.Engine, workers *river.Workers) error {
+	w, err := riverjob.New(e, c.pool, c.wf.Order, c.config())
 	if err != nil {
 		return fmt.Errorf("the queue's consumer: %w", err)
 	}
-	c.w.Store(w)
-	return nil
+	return river.AddWorkerSafely(workers, w)
 }
 
-// Work implements river.Worker.
-func (c *orderConsumer) Work(ctx context.Context, job *river.Job[refund.QueueOrderArgs]) error {
-	w := c.w.Load()
-	if w == nil {
-		return errors.New("the queue's consumer is not ready") // retried by River
-	}
-	return w.Work(ctx, job)
+// queues is engine.RiverConfig.Queues.
+func (c *orderConsumer) queues() map[string]river.QueueConfig {
+	return map[string]river.QueueConfig{refund.OrderQueue: {MaxWorkers: orderQueueWorkers}}
 }
 
 // config is workflows/refund's consumer configuration with the demo's fault

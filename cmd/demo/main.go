@@ -173,13 +173,13 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		return err
 	}
 	metrics.Declare(wf.Operations()...)
-	consumer := newOrderConsumer(cfg, wf)
+	consumer := newOrderConsumer(cfg, wf, pool)
 	e, err := engine.New(pool, &engine.Config{
-		Operations:      wf.Operations(),
-		Observer:        engine.Observers(metrics.Observer(), idemflowotel.Observer(tp, nil)),
-		RiverMiddleware: idemflowotel.RiverMiddleware(tp),
-		Logger:          logger,
-		Lease:           cfg.lease,
+		Operations: wf.Operations(),
+		Observer:   engine.Observers(metrics.Observer(), idemflowotel.Observer(tp, nil)),
+
+		Logger: logger,
+		Lease:  cfg.lease,
 		// A crashed process's operations wait a lease, then at most a sweep.
 		SweepInterval:     min(engine.DefaultSweepInterval, cfg.lease/3),
 		Retention:         cfg.retention,
@@ -187,22 +187,23 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		Test:              engine.TestConfig{Hook: faultHook(cfg)},
 		ControlPool:       control,
 		MaxInFlight:       cfg.maxInFlight,
-		// The queue's consumer, on the engine's River client.
-		RiverWorkers: consumer.addWorker,
-		RiverQueues:  consumer.queues(),
-		// A delivery cut by a crash is delivered again after this, not River's
-		// hour: riverjob's consumer, and the engine's jobs, are safe to run twice.
-		RiverRescueStuckJobsAfter: max(2*cfg.lease, 10*time.Second),
-		Reconcile:                 reconcileConfig(cfg, providerURL),
+		River: engine.RiverConfig{
+			Middleware: idemflowotel.RiverMiddleware(tp),
+			// The queue's consumer, on the engine's River client.
+			Workers: consumer.addWorker,
+			Queues:  consumer.queues(),
+			// A delivery cut by a crash is delivered again after this, not
+			// River's hour: riverjob's consumer, and the engine's jobs, are
+			// safe to run twice.
+			RescueStuckJobsAfter: max(2*cfg.lease, 10*time.Second),
+		},
+		Reconcile: reconcileConfig(cfg, providerURL),
 	})
 	if err != nil {
 		return err
 	}
 	// Provider events settle the refunds that wait for them.
 	wf.Bind(e)
-	if err := consumer.bind(e, pool); err != nil {
-		return err
-	}
 	if err := e.StartWorkers(ctx); err != nil {
 		return err
 	}

@@ -9,9 +9,9 @@
 //	tp, shutdown, err := idemflowotel.FromEnv(ctx)
 //	defer shutdown(context.WithoutCancel(ctx))
 //	e, err := engine.New(pool, &engine.Config{
-//		Operations:      ops,
-//		Observer:        engine.Observers(metrics.Observer(), idemflowotel.Observer(tp, nil)),
-//		RiverMiddleware: idemflowotel.RiverMiddleware(tp),
+//		Operations: ops,
+//		Observer:   engine.Observers(metrics.Observer(), idemflowotel.Observer(tp, nil)),
+//		River:      engine.RiverConfig{Middleware: idemflowotel.RiverMiddleware(tp)},
 //	})
 //	srv := &http.Server{Addr: addr, Handler: idemflowotel.Handler(tp, mux)}
 //	bank := &http.Client{Transport: idemflowotel.Transport(tp, nil)}

@@ -22,8 +22,8 @@ func ExampleFromEnv() {
 
 	cfg := &engine.Config{
 		// engine.Observers(metrics.Observer(), ...) with idemflowprom too.
-		Observer:        engine.Observers(idemflowotel.Observer(tp, nil)),
-		RiverMiddleware: idemflowotel.RiverMiddleware(tp),
+		Observer: engine.Observers(idemflowotel.Observer(tp, nil)),
+		River:    engine.RiverConfig{Middleware: idemflowotel.RiverMiddleware(tp)},
 	}
 	bank := &http.Client{Transport: idemflowotel.Transport(tp, nil)}
 	srv := &http.Server{Addr: ":8080", Handler: idemflowotel.Handler(tp, http.NewServeMux())}

@@ -272,7 +272,7 @@ func TestObserver(t *testing.T) {
 		t.Parallel()
 		rec := newRecorder(t)
 		// Every retry goes through a River job: the retry is a second run.
-		b := setup(t, &engine.Config{InlineRetryMax: -1, RiverMiddleware: idemflowotel.RiverMiddleware(rec.tp)})
+		b := setup(t, &engine.Config{InlineRetryMax: -1, River: engine.RiverConfig{Middleware: idemflowotel.RiverMiddleware(rec.tp)}})
 		s, err := engine.Start(t.Context(), b.e, b.op, "c", "k", 7, nil)
 		require.NoError(t, err)
 		info := idemflowtest.Wait(t, b.e, s)

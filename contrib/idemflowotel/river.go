@@ -8,7 +8,7 @@ import (
 )
 
 // RiverMiddleware returns River's OpenTelemetry middleware (rivercontrib's
-// otelriver) tracing with tp, for engine.Config.RiverMiddleware: a span for
+// otelriver) tracing with tp, for engine.RiverConfig.Middleware: a span for
 // each insert of a job (river.insert_many, a child of the step attempt that
 // hands its operation to a retry) and for each job worked
 // (river.work/idemflow_resume, say), which a resumed run's span is a child of.

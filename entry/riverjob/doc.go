@@ -78,29 +78,39 @@
 //
 // # Clients and workers
 //
-// The worker runs on the consumer's own River client (river.NewClient on the
-// same database as the pool, with the worker's queues), not on the engine's:
-// the engine's client (engine.Engine.River) is made by engine.New with the
-// engine's workers only. The operations that it starts run on the engine's
-// workers: engine.Engine.StartWorkers must run in this process or another one
-// on the database, or the operations wait. Do not give the consumer's client
-// the engine's queue (engine.Config.Queue, "idemflow"): it would fetch the
-// engine's jobs and fail them as of an unknown kind.
+// Run the worker on the engine's own River client, in a queue of its own:
+// engine.RiverConfig.Workers is given the engine as it is made, so the worker
+// is made and added there, and RiverConfig.Queues names its queue:
+//
+//	e, err := engine.New(pool, &engine.Config{Operations: ops, River: engine.RiverConfig{
+//		Workers: func(e *engine.Engine, workers *river.Workers) error {
+//			w, err := riverjob.New(e, pool, op, cfg)
+//			if err != nil {
+//				return err
+//			}
+//			return river.AddWorkerSafely(workers, w)
+//		},
+//		Queues: map[string]river.QueueConfig{"payments": {MaxWorkers: 10}},
+//	}})
+//
+// Insert the jobs with engine.Engine.River (or any River client on the same
+// database) into that queue. The operations that the worker starts run on the
+// engine's workers: engine.Engine.StartWorkers must run in this process or
+// another one on the database, or the operations wait.
 //
 // # Stuck jobs
 //
 // A job whose process died during Work stays running until River's leader
 // rescues it (River's Config.RescueStuckJobsAfter, an hour by default;
-// engine.Config.RiverRescueStuckJobsAfter sets it for the engine's client) and
+// engine.RiverConfig.RescueStuckJobsAfter sets it for the engine's client) and
 // retries it. The leader is one of the clients of the database and River
 // schema that are eligible to lead, and the engine's client always is. A
 // leader that has no worker for a job's kind discards the job instead of
 // retrying it: if the engine's client leads when a consumer's job is stuck,
 // the message is lost to the consumer (the job ends discarded; River keeps it
 // for a week, and river.Client.JobRetry brings it back). So run the
-// consumer's worker on the engine's own client: engine.Config.RiverWorkers
-// adds it (river.AddWorker) and engine.Config.RiverQueues its queue, and the
-// leader, whichever process it is in, knows its kind. Alternatively give the
+// consumer's worker on the engine's own client, as above, and the leader,
+// whichever process it is in, knows its kind. Alternatively give the
 // consumer's client a River schema of its own (River's Config.Schema, migrated
 // with rivermigrate and its Config.Schema): its leader is then one of its own
 // clients, and the job's completion still commits with the engine's

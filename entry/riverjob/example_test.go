@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/idemflow/idemflow/engine"
@@ -55,17 +54,7 @@ func ExampleNew() {
 		panic(err)
 	}
 	quiet := slog.New(slog.DiscardHandler)
-	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Logger: quiet})
-	if err != nil {
-		panic(err)
-	}
-	// The engine's workers run the operations that the consumer starts.
-	if err := e.StartWorkers(ctx); err != nil {
-		panic(err)
-	}
-	defer func() { _ = e.Stop(ctx) }()
-
-	w, err := riverjob.New(e, pool, op, &riverjob.Config[ChargeArgs, chargeIn]{
+	consumer := &riverjob.Config[ChargeArgs, chargeIn]{
 		MessageFunc: func(job *river.Job[ChargeArgs]) (riverjob.Message[chargeIn], error) {
 			return riverjob.Message[chargeIn]{
 				Scope: "shop-events",
@@ -78,28 +67,33 @@ func ExampleNew() {
 			return err
 		},
 		Logger: quiet,
+	}
+	// The consumer runs on the engine's own River client, in a queue of its
+	// own: River's leader then knows its jobs' kind.
+	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Logger: quiet,
+		River: engine.RiverConfig{
+			Workers: func(e *engine.Engine, workers *river.Workers) error {
+				w, err := riverjob.New(e, pool, op, consumer)
+				if err != nil {
+					return err
+				}
+				return river.AddWorkerSafely(workers, w)
+			},
+			Queues: map[string]river.QueueConfig{"shop": {MaxWorkers: 10}},
+		},
 	})
 	if err != nil {
 		panic(err)
 	}
-	workers := river.NewWorkers()
-	river.AddWorker(workers, w)
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
-		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}},
-		Workers: workers,
-		Logger:  quiet,
-	})
-	if err != nil {
+	if err := e.StartWorkers(ctx); err != nil {
 		panic(err)
 	}
-	if err := client.Start(ctx); err != nil {
-		panic(err)
-	}
-	defer func() { _ = client.Stop(ctx) }()
+	defer func() { _ = e.Stop(ctx) }()
+	client := e.River()
 
 	// deliver inserts the message's job and waits until River is done with it.
 	deliver := func(args ChargeArgs) *rivertype.JobRow {
-		res, err := client.Insert(ctx, args, nil)
+		res, err := client.Insert(ctx, args, &river.InsertOpts{Queue: "shop"})
 		if err != nil {
 			panic(err)
 		}

@@ -188,7 +188,7 @@ func (s *server) operators() error {
 	auth := opsweb.TokenAuth(s.cfg.AdminToken)
 	ops, err := opsweb.New(s.cfg.Engine, &opsweb.Config{
 		AuthFunc: auth, BasePath: "/ops", APIPath: "/admin", ReadTimeout: readTimeout, Logger: s.cfg.Logger,
-		ReferenceField: "providerRefundId",
+		ReferenceField: "providerRefundId", ReconcileSources: []string{refund.ProviderSource},
 	})
 	if err != nil {
 		return err
