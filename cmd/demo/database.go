@@ -19,8 +19,30 @@ import (
 // running by a killed demo is reused). stop stops the cluster when this process
 // started it, and does nothing otherwise.
 func openDatabase(ctx context.Context, cfg *config, logger *slog.Logger) (pool *pgxpool.Pool, stop func(context.Context), err error) {
+	return open(ctx, cfg, logger, true)
+}
+
+// openRunningDatabase opens DATABASE_URL, or else the private cluster that a
+// demo runs in -data-dir: it starts, creates and changes nothing (for demo
+// ops), and says so when no demo database runs there.
+func openRunningDatabase(ctx context.Context, cfg *config, logger *slog.Logger) (*pgxpool.Pool, error) {
+	pool, _, err := open(ctx, cfg, logger, false)
+	return pool, err
+}
+
+func open(ctx context.Context, cfg *config, logger *slog.Logger, start bool) (pool *pgxpool.Pool, stop func(context.Context), err error) {
 	stop = func(context.Context) {}
 	url := cfg.databaseURL
+	if url == "" && !start {
+		cluster, err := pgcluster.Attach(ctx, &pgcluster.Config{DataDir: cfg.dataDir, Logger: logger})
+		if errors.Is(err, pgcluster.ErrNotRunning) {
+			return nil, nil, fmt.Errorf("no demo database runs in %s: start the demo first (go run ./cmd/demo), or give its -data-dir or DATABASE_URL", cfg.dataDir)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		url = cluster.URL("postgres")
+	}
 	if url == "" {
 		if _, err := pgcluster.BinDir(); err != nil {
 			return nil, nil, fmt.Errorf("no DATABASE_URL, and no PostgreSQL server binaries to start a private cluster (install the postgresql package, or set DATABASE_URL): %w", err)

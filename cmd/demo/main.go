@@ -25,6 +25,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
 
@@ -58,26 +59,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		defer stop()
 		return runOps(ctx, args[1:], getenv, stdout, stderr, logger)
 	}
-	if len(args) > 1 && args[0] == "db" && args[1] == "stop" {
-		cfg, err := parseConfig("demo db stop", args[2:], getenv, stderr)
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "demo db stop: %v\n", err)
-			return 2
-		}
-		stopped, err := pgcluster.Stop(context.Background(), &pgcluster.Config{DataDir: cfg.dataDir, Logger: logger})
-		if err != nil {
-			fmt.Fprintf(stderr, "demo db stop: %v\n", err)
-			return 1
-		}
-		if stopped {
-			fmt.Fprintf(stdout, "stopped the PostgreSQL cluster in %s\n", cfg.dataDir)
-		} else {
-			fmt.Fprintf(stdout, "no PostgreSQL cluster runs in %s\n", cfg.dataDir)
-		}
-		return 0
+	if len(args) > 0 && args[0] == "db" {
+		return runDB(args[1:], getenv, stdout, stderr, logger)
 	}
 	if len(args) > 0 && args[0] == "provider" {
 		name, serve, args = "demo provider", serveProvider, args[1:]
@@ -95,6 +78,42 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	if err := serve(ctx, cfg, logger, stdout); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 1
+	}
+	return 0
+}
+
+const dbUsage = `usage: demo db [-data-dir DIR] stop   (stops the private PostgreSQL cluster that the demo left running)`
+
+// runDB is "demo db [flags] stop": it stops the private cluster in
+// -data-dir, if one runs there.
+func runDB(args []string, getenv func(string) string, stdout, stderr io.Writer, logger *slog.Logger) int {
+	// The flags may come before or after the command.
+	flagArgs, stop := args, false
+	if i := slices.Index(args, "stop"); i >= 0 {
+		flagArgs, stop = slices.Delete(slices.Clone(args), i, i+1), true
+	}
+	cfg, err := parseConfig("demo db", flagArgs, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(stderr, dbUsage)
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "demo db: %v\n%s\n", err, dbUsage)
+		return 2
+	}
+	if !stop {
+		fmt.Fprintln(stderr, dbUsage)
+		return 2
+	}
+	stopped, err := pgcluster.Stop(context.Background(), &pgcluster.Config{DataDir: cfg.dataDir, Logger: logger})
+	if err != nil {
+		fmt.Fprintf(stderr, "demo db stop: %v\n", err)
+		return 1
+	}
+	if stopped {
+		fmt.Fprintf(stdout, "stopped the PostgreSQL cluster in %s\n", cfg.dataDir)
+	} else {
+		fmt.Fprintf(stdout, "no PostgreSQL cluster runs in %s\n", cfg.dataDir)
 	}
 	return 0
 }

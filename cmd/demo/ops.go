@@ -30,7 +30,9 @@ const opsUsage = `usage: demo ops [flags] list [in_progress|succeeded|failed]   
 
 // runOps is the operator's command line: list operations by status, retry a
 // failed one (a running demo's workers pick it up), or cancel one that no live
-// process holds (its compensations run here). It uses the demo's database flags.
+// process holds (its compensations run here). It uses the demo's database flags,
+// and only a database that runs already: it starts, creates and migrates
+// nothing.
 func runOps(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, logger *slog.Logger) int {
 	var flagArgs, rest []string
 	for i, a := range args {
@@ -66,13 +68,14 @@ func runOps(ctx context.Context, args []string, getenv func(string) string, stdo
 }
 
 func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logger *slog.Logger) error {
-	pool, stopDB, err := openDatabase(ctx, cfg, logger)
+	pool, err := openRunningDatabase(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
-	defer stopDB(context.WithoutCancel(ctx))
 	defer pool.Close()
-	if err := migrate(ctx, pool, logger); err != nil {
+	// A database the demo never migrated is not the demo's: say so, change
+	// nothing.
+	if _, err := engine.NewAdmin(ctx, pool); err != nil {
 		return err
 	}
 	providerURL := cfg.providerURL

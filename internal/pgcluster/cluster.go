@@ -192,6 +192,24 @@ func Ensure(ctx context.Context, cfg *Config) (*Cluster, error) {
 	return c, nil
 }
 
+// ErrNotRunning is returned by Attach when no server runs on the data
+// directory.
+var ErrNotRunning = errors.New("pgcluster: no server runs on the data directory")
+
+// Attach returns the cluster whose server runs on cfg.DataDir, or ErrNotRunning.
+// Unlike Ensure, it creates, initialises, starts and changes nothing: for a
+// command that only uses a database that something else runs.
+func Attach(ctx context.Context, cfg *Config) (*Cluster, error) {
+	c, err := newCluster(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if !c.reuse(ctx) {
+		return nil, fmt.Errorf("%w: %s", ErrNotRunning, c.dataDir)
+	}
+	return c, nil
+}
+
 // Stop stops the server running in cfg.DataDir, if any, with pg_ctl stop -m fast, and
 // reports whether one was running. It neither creates nor initialises anything.
 func Stop(ctx context.Context, cfg *Config) (stopped bool, err error) {
