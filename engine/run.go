@@ -169,6 +169,12 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		} else {
 			r.logger().InfoContext(ctx, "run stopped with the engine; the operation resumes at the next sweep")
 		}
+	case !r.isReserved():
+		// No operation to name: the key's reservation was not confirmed (the
+		// database did not answer), and its caller is told so. Should it have
+		// committed after all, a sweep resumes it once its lease expires.
+		r.e.logger.WarnContext(ctx, "the key's reservation was not confirmed; the start is refused",
+			slog.String("operation", r.def.name), slog.String("key", r.key), slog.Any("error", err))
 	default:
 		r.logger().ErrorContext(ctx, "run stopped; the operation resumes once its lease expires", slog.Any("error", err))
 	}
