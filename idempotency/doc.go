@@ -92,6 +92,16 @@
 // with Content-Type application/json; WriteError writes one for an application's
 // other endpoints.
 //
+// OperationHandler is where a client reads what a 202 pointed it at:
+//
+//	read, err := idempotency.OperationHandler(cfg, nil)
+//	mux.Handle("GET /operations/{operationId}", read)
+//
+// It answers the client's own operation as OperationJSON (its status, whether
+// it needs an operator, every step with its attempts, derived key, how it
+// resolved and the client's text of its last error), and 404
+// operation_not_found for another client's, an unknown or a malformed id.
+//
 // # Retention
 //
 // A key is kept as long as its operation: until a retention job deletes finished

@@ -26,6 +26,9 @@ const (
 	// CodeOperationFailed answers an operation that ended with a server fault
 	// (engine.PermanentError.ServerFault), with a fixed message: 500.
 	CodeOperationFailed = "operation_failed"
+	// CodeOperationNotFound answers a read of an operation that is not the
+	// client's, or none (OperationHandler): 404.
+	CodeOperationNotFound = "operation_not_found"
 )
 
 // FieldError is a problem with one field of a request body. A DecodeFunc returns

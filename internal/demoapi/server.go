@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/engine"
@@ -105,6 +104,11 @@ func New(cfg *Config) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The client's own operations, and those of its queued messages.
+	operation, err := idempotency.OperationHandler(idem, &idempotency.OperationOpts{OwnsFunc: ownsScope})
+	if err != nil {
+		return nil, err
+	}
 
 	if cfg.AdminToken != "" {
 		if err := s.operators(); err != nil {
@@ -123,7 +127,7 @@ func New(cfg *Config) (http.Handler, error) {
 	s.mux.Handle("POST /refunds", s.authenticated(refunds))
 	s.mux.Handle("GET /refunds/{refundId}", s.authenticated(bounded(s.getRefund)))
 	s.mux.Handle("GET /accounts", s.authenticated(bounded(s.listAccounts)))
-	s.mux.Handle("GET /operations/{operationId}", s.authenticated(bounded(s.getOperation)))
+	s.mux.Handle("GET /operations/{operationId}", s.authenticated(bounded(operation.ServeHTTP)))
 	if cfg.EntryPoints != nil {
 		if err := s.entryPoints(); err != nil {
 			return nil, err
@@ -331,72 +335,6 @@ func (s *server) listAccounts(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"accounts": accounts})
-}
-
-// operationBody is the JSON of GET /operations/{operationId}.
-type operationBody struct {
-	OperationID uuid.UUID `json:"operationId"`
-	Name        string    `json:"name"`
-	Version     int       `json:"version"`
-	Key         string    `json:"key"`
-	Status      string    `json:"status"`
-	// NeedsAttention is true while the operation waits for an operator
-	// (engine.Info.NeedsAttention: a finished one too, while a reconciliation
-	// mismatch names it); why is for operators only (demo ops).
-	NeedsAttention bool       `json:"needsAttention"`
-	CreatedAt      time.Time  `json:"createdAt"`
-	FinishedAt     *time.Time `json:"finishedAt"`
-	Steps          []stepBody `json:"steps"`
-}
-
-type stepBody struct {
-	Name       string     `json:"name"`
-	Status     string     `json:"status"`
-	Attempts   int        `json:"attempts"`
-	DerivedKey string     `json:"derivedKey,omitempty"`
-	ResolvedBy string     `json:"resolvedBy,omitempty"`
-	StartedAt  *time.Time `json:"startedAt"`
-	FinishedAt *time.Time `json:"finishedAt"`
-	// LastError is the client's text of the last failure (engine.StepInfo's
-	// LastError): no SQL, URL or Go error text, which go to the logs.
-	LastError *string `json:"lastError"`
-}
-
-func (s *server) getOperation(w http.ResponseWriter, r *http.Request) {
-	notFound := func() {
-		idempotency.WriteError(w, http.StatusNotFound, "operation_not_found", "no such operation", nil)
-	}
-	id, err := uuid.Parse(r.PathValue("operationId"))
-	if err != nil {
-		notFound()
-		return
-	}
-	info, err := s.cfg.Engine.Get(r.Context(), id)
-	if errors.Is(err, engine.ErrNotFound) || err == nil && !ownsScope(clientOf(r), info.Scope) {
-		notFound()
-		return
-	}
-	if err != nil {
-		s.internalError(w, r, err)
-		return
-	}
-	body := operationBody{
-		OperationID: info.ID, Name: info.Name, Version: info.Version, Key: info.Key, Status: string(info.Status),
-		NeedsAttention: info.NeedsAttention(),
-		CreatedAt:      info.CreatedAt, FinishedAt: info.FinishedAt, Steps: []stepBody{},
-	}
-	for _, st := range info.Steps {
-		sb := stepBody{
-			Name: st.Name, Status: string(st.Status), Attempts: st.Attempts, DerivedKey: st.DerivedKey,
-			ResolvedBy: st.ResolvedBy, StartedAt: st.StartedAt, FinishedAt: st.FinishedAt,
-		}
-		if st.LastError != "" {
-			sb.LastError = &st.LastError
-		}
-		body.Steps = append(body.Steps, sb)
-	}
-	w.Header().Set(idempotency.HeaderOperationID, info.ID.String())
-	writeJSON(w, http.StatusOK, body)
 }
 
 func (s *server) internalError(w http.ResponseWriter, r *http.Request, err error) {
