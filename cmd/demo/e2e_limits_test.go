@@ -177,8 +177,22 @@ func TestSlowClients(t *testing.T) {
 		r := get(66 << 10)
 		requireError(t, r.response, http.StatusRequestHeaderFieldsTooLarge, "request_headers_too_large")
 		require.True(t, r.close, "Connection: close: the rest of the headers is not read")
-		// Past what net/http reads: its own 431, in plain text.
-		require.Equal(t, http.StatusRequestHeaderFieldsTooLarge, get(70<<10).status)
+		// Past what net/http reads: its own 431, rewritten as JSON.
+		r = get(70 << 10)
+		requireError(t, r.response, http.StatusRequestHeaderFieldsTooLarge, "request_headers_too_large")
+		require.True(t, r.close)
+	})
+
+	t.Run("MalformedRequestJSON", func(t *testing.T) {
+		t.Parallel()
+		// No Host header: net/http answers 400 itself, before any handler.
+		conn := dialFrom(t, d.base, "")
+		_, err := io.WriteString(conn, "GET /accounts HTTP/1.1\r\nAuthorization: Bearer "+tokenA+"\r\n\r\n")
+		require.NoError(t, err)
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(time.Minute)))
+		r, err := readAnswer(bufio.NewReader(conn))
+		require.NoError(t, err)
+		requireError(t, r.response, http.StatusBadRequest, "invalid_request")
 	})
 }
 

@@ -169,7 +169,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 			providerURL = "http://" + pln.Addr().String()
 			limit := demoapi.DefaultMaxConns() / 4
 			psrv := demoapi.NewHTTPServer(p.Handler(), cfg.wait, 0, demoapi.NewConnLimiter(limit, limit))
-			go func() { _ = psrv.Serve(pln) }()
+			go func() { _ = psrv.Serve(demoapi.JSONErrors(pln)) }()
 			defer psrv.Close()
 			fmt.Fprintf(stdout, "fake payment provider listening on %s\n", providerURL)
 		}
@@ -258,7 +258,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 	httpServer := demoapi.NewHTTPServer(idemflowotel.Handler(tp, srv), cfg.wait, idempotency.DefaultReserveTimeout, demoapi.NewConnLimiter(limit, max(limit/4, 64)))
 	httpServer.ErrorLog = slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- httpServer.Serve(ln) }()
+	go func() { serveErr <- httpServer.Serve(demoapi.JSONErrors(ln)) }()
 	fmt.Fprintf(stdout, "idemflow demo listening on http://%s\n", ln.Addr())
 
 	select {
@@ -304,7 +304,7 @@ func serveProvider(ctx context.Context, cfg *config, logger *slog.Logger, stdout
 	limit := demoapi.DefaultMaxConns()
 	httpServer := demoapi.NewHTTPServer(mux, 0, 0, demoapi.NewConnLimiter(limit, max(limit/4, 64)))
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- httpServer.Serve(ln) }()
+	go func() { serveErr <- httpServer.Serve(demoapi.JSONErrors(ln)) }()
 	fmt.Fprintf(stdout, "fake payment provider listening on http://%s\n", ln.Addr())
 	select {
 	case err := <-serveErr:

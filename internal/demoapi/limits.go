@@ -1,8 +1,13 @@
 package demoapi
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -150,4 +155,69 @@ func NewHTTPServer(handler http.Handler, wait, reserve time.Duration, limiter *C
 		srv.ConnState = limiter.connState
 	}
 	return srv
+}
+
+// JSONErrors returns ln with the answers that net/http writes on a
+// connection itself, before any handler runs (431 for headers past what it
+// reads, 400 for a malformed request, 501 for an unknown transfer encoding),
+// rewritten as the demo's JSON errors: every error the demo answers is JSON.
+func JSONErrors(ln net.Listener) net.Listener { return jsonErrorListener{ln} }
+
+type jsonErrorListener struct{ net.Listener }
+
+func (l jsonErrorListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &jsonErrorConn{Conn: c}, nil
+}
+
+type jsonErrorConn struct{ net.Conn }
+
+// netHTTPErrorHeaders ends the headers of net/http's own error answers, which
+// it writes to the connection in one Write, never through a handler.
+var netHTTPErrorHeaders = []byte("\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n")
+
+func (c *jsonErrorConn) Write(p []byte) (int, error) {
+	status, reason, ok := netHTTPError(p)
+	if !ok {
+		return c.Conn.Write(p)
+	}
+	code := "invalid_request"
+	switch status {
+	case http.StatusRequestHeaderFieldsTooLarge:
+		code, reason = "request_headers_too_large", fmt.Sprintf("the request's headers are larger than %d bytes", maxHeaderBytes)
+	case http.StatusNotImplemented:
+		code = "not_implemented"
+	}
+	body := errorJSON(code, reason)
+	answer := fmt.Sprintf("HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s",
+		status, http.StatusText(status), len(body), body)
+	if _, err := io.WriteString(c.Conn, answer); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// netHTTPError reads the status and reason of one of net/http's own error
+// answers ("HTTP/1.1 400 Bad Request: missing required Host header" and its
+// plain-text headers), or false for anything else.
+func netHTTPError(p []byte) (int, string, bool) {
+	line, rest, ok := bytes.Cut(p, []byte("\r\n"))
+	if !ok || !bytes.HasPrefix(line, []byte("HTTP/1.1 ")) || !bytes.HasPrefix(rest, netHTTPErrorHeaders[2:]) {
+		return 0, "", false
+	}
+	codeText, reason, _ := bytes.Cut(line[len("HTTP/1.1 "):], []byte(" "))
+	status, err := strconv.Atoi(string(codeText))
+	if err != nil || status < 400 || status > 599 {
+		return 0, "", false
+	}
+	return status, string(reason), true
+}
+
+// errorJSON is the demo's error body: {"error": {"code", "message"}}.
+func errorJSON(code, message string) []byte {
+	b, _ := json.Marshal(map[string]any{"error": map[string]string{"code": code, "message": message}})
+	return b
 }

@@ -143,7 +143,8 @@ func New(cfg *Config) (http.Handler, error) {
 }
 
 // ServeHTTP implements http.Handler. Headers over 64 KiB answer 431 (those
-// that net/http itself refuses, a few KiB larger, get its plain-text 431), and
+// that net/http itself refuses, a few KiB larger, get its 431 as JSON too: see
+// JSONErrors), and
 // a path that is not clean ("//refunds", "/orders/..") answers 404 rather than
 // the router's redirect: every answer is JSON.
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
