@@ -7,7 +7,7 @@ import (
 	"os"
 
 	"github.com/idemflow/idemflow/engine"
-	"github.com/idemflow/idemflow/internal/testdb"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
 // A step that gets a business answer no retry can change (a declined card)
@@ -15,7 +15,7 @@ import (
 // the client is told the code and message as they are.
 func ExampleFail() {
 	ctx := context.Background()
-	pool, cleanup := testdb.ExamplePool("example_fail")
+	pool, cleanup := idemflowtest.ExamplePool("example_fail")
 	defer cleanup()
 	if _, err := pool.Exec(ctx, `CREATE TABLE hold_ledger (entry serial PRIMARY KEY, owner text NOT NULL, amount bigint NOT NULL, note text NOT NULL)`); err != nil {
 		panic(err)

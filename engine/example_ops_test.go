@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/engine"
-	"github.com/idemflow/idemflow/internal/testdb"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
 // A provider's answer that does not match the request is neither a success nor
@@ -19,7 +19,7 @@ import (
 // the debit that had succeeded is not made twice.
 func ExampleEngine_Reopen() {
 	ctx := context.Background()
-	pool, cleanup := testdb.ExamplePool("example_retry")
+	pool, cleanup := idemflowtest.ExamplePool("example_retry")
 	defer cleanup()
 	if _, err := pool.Exec(ctx, `CREATE TABLE retry_wallet (owner text PRIMARY KEY, balance bigint NOT NULL);
 		INSERT INTO retry_wallet VALUES ('ann', 100)`); err != nil {
@@ -106,7 +106,7 @@ func ExampleEngine_Reopen() {
 // with CodeCancelled.
 func ExampleEngine_Cancel() {
 	ctx := context.Background()
-	pool, cleanup := testdb.ExamplePool("example_cancel")
+	pool, cleanup := idemflowtest.ExamplePool("example_cancel")
 	defer cleanup()
 	if _, err := pool.Exec(ctx, `CREATE TABLE cancel_hold (owner text PRIMARY KEY, amount bigint NOT NULL, released bool NOT NULL DEFAULT false)`); err != nil {
 		panic(err)
@@ -184,7 +184,7 @@ func ExampleEngine_Cancel() {
 // refuses it, changing nothing, and the later step is retried until it succeeds.
 func ExampleEngine_Cancel_pastPivot() {
 	ctx := context.Background()
-	pool, cleanup := testdb.ExamplePool("example_cancel_past_pivot")
+	pool, cleanup := idemflowtest.ExamplePool("example_cancel_past_pivot")
 	defer cleanup()
 
 	pay := func(ctx context.Context, call engine.Attempt, in int64, _ *struct{}) error {

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/engine"
-	"github.com/idemflow/idemflow/internal/testdb"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
 // The life of a service: migrate, build the engine, start its workers, serve,
@@ -18,7 +18,7 @@ import (
 // checkpoint.
 func ExampleEngine_Stop() {
 	ctx := context.Background()
-	pool, cleanup := testdb.ExamplePool("example_stop")
+	pool, cleanup := idemflowtest.ExamplePool("example_stop")
 	defer cleanup()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 

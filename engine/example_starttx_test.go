@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/engine"
-	"github.com/idemflow/idemflow/internal/testdb"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
 // StartTx reserves the key in the application's own transaction, so that the
@@ -17,7 +17,7 @@ import (
 // order without its charge, no charge for an order that was never placed.
 func ExampleStartTx() {
 	ctx := context.Background()
-	pool, cleanup := testdb.ExamplePool("example_start_tx")
+	pool, cleanup := idemflowtest.ExamplePool("example_start_tx")
 	defer cleanup()
 	if _, err := pool.Exec(ctx, `CREATE TABLE shop_order (id text PRIMARY KEY, amount bigint NOT NULL, charge text)`); err != nil {
 		panic(err)

@@ -7,7 +7,7 @@ import (
 	"os"
 
 	"github.com/idemflow/idemflow/engine"
-	"github.com/idemflow/idemflow/internal/testdb"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
 // An operation is a named list of steps over an input and a state. A transactional
@@ -15,7 +15,7 @@ import (
 // derived idempotency key; the result is stored with the last step.
 func Example() {
 	ctx := context.Background()
-	pool, cleanup := testdb.ExamplePool("example")
+	pool, cleanup := idemflowtest.ExamplePool("example")
 	defer cleanup()
 	if _, err := pool.Exec(ctx, `CREATE TABLE wallet (owner text PRIMARY KEY, balance bigint NOT NULL)`); err != nil {
 		panic(err)
@@ -90,7 +90,7 @@ func Example() {
 // step must not succeed; idemflow_fail fails it for good, with a code.
 func ExampleAtCommit() {
 	ctx := context.Background()
-	pool, cleanup := testdb.ExamplePool("example_at_commit")
+	pool, cleanup := idemflowtest.ExamplePool("example_at_commit")
 	defer cleanup()
 	if _, err := pool.Exec(ctx, `CREATE TABLE account (owner text PRIMARY KEY, balance bigint NOT NULL);
 		INSERT INTO account VALUES ('ann', 50)`); err != nil {

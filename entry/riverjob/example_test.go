@@ -13,7 +13,7 @@ import (
 
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/entry/riverjob"
-	"github.com/idemflow/idemflow/internal/testdb"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
 // ChargeArgs is a message from the shop's event stream, as a River job: the
@@ -33,7 +33,7 @@ func (ChargeArgs) Kind() string { return "shop_charge" }
 // its job cancelled, and the application records it.
 func ExampleNew() {
 	ctx := context.Background()
-	pool, cleanup := testdb.ExamplePool("riverjob_example")
+	pool, cleanup := idemflowtest.ExamplePool("riverjob_example")
 	defer cleanup()
 	if _, err := pool.Exec(ctx, `CREATE TABLE charge (order_id text NOT NULL, amount bigint NOT NULL);
 		CREATE TABLE rejected_message (message_id text PRIMARY KEY, reason text NOT NULL)`); err != nil {
