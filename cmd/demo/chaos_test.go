@@ -1175,7 +1175,8 @@ func (r *chaosRun) reconcileMidway(at time.Time) {
 		if err != nil {
 			inProgress = -1
 		}
-		resp, err := r.send(r.ctx, r.base(rng), http.MethodPost, "/admin/reconciliation/run", adminToken, "", nil, 10*time.Second)
+		// The body, {}, is not read.
+		resp, err := r.send(r.ctx, r.base(rng), http.MethodPost, "/admin/reconciliation/run", adminToken, "", []byte("{}"), 10*time.Second)
 		var rep reconciliationReport
 		if err != nil || resp.status != http.StatusOK || json.Unmarshal(resp.body, &rep) != nil {
 			time.Sleep(pollInterval) // a demo killed, the database down: again
@@ -1219,7 +1220,7 @@ func (r *chaosRun) checkReconciliation() {
 	eventually(t, func() bool {
 		rc.requests++
 		var err error
-		resp, err = r.send(r.ctx, d.base, http.MethodPost, "/admin/reconciliation/run", adminToken, "", nil, 30*time.Second)
+		resp, err = r.send(r.ctx, d.base, http.MethodPost, "/admin/reconciliation/run", adminToken, "", []byte("{}"), 30*time.Second)
 		return err == nil && resp.status == http.StatusOK
 	}, "a reconciliation run answers once the faults stopped")
 	rep := readReconciliation(t, resp)

@@ -1,6 +1,6 @@
 package main
 
-// End-to-end tests of reconciliation (the contract's "Reconciliation"): the
+// End-to-end tests of reconciliation (docs/demo-api.md, "Reconciliation"): the
 // demo's books checked against the fake provider's records, on request and
 // every -reconcile-interval. Each kind of mismatch is made on purpose (a
 // refund planted at the provider, a refund paid after its operation failed,
@@ -61,10 +61,12 @@ func (d *demo) reconciliation(t *testing.T) reconciliationReport {
 	return readReconciliation(t, d.admin(t, http.MethodGet, "/admin/reconciliation", ""))
 }
 
-// reconcile runs a reconciliation now: POST /admin/reconciliation/run.
+// reconcile runs a reconciliation now: POST /admin/reconciliation/run, with
+// a body ({}), which the route does not read (RunWithoutABody checks the
+// POST without one).
 func (d *demo) reconcile(t *testing.T) reconciliationReport {
 	t.Helper()
-	return readReconciliation(t, d.admin(t, http.MethodPost, "/admin/reconciliation/run", ""))
+	return readReconciliation(t, d.admin(t, http.MethodPost, "/admin/reconciliation/run", "{}"))
 }
 
 // readReconciliation requires a report with every member, each mismatch's
@@ -245,7 +247,6 @@ func TestReconciliation(t *testing.T) {
 		t.Parallel()
 		dbURL := testdb.URL(t)
 		d := startDemo(t, dbURL, &demoOpts{args: reconcileOnRequest})
-		c := d.client(t, tokenA)
 
 		before := d.reconciliation(t)
 		require.Nil(t, before.CheckedAt, "no run yet")
@@ -255,7 +256,16 @@ func TestReconciliation(t *testing.T) {
 
 		prID, status := plantRefund(t, d, "outside-1", "X-1", 1234)
 		require.Equal(t, "succeeded", status)
-		awaitWebhooks(t, c) // its event too is checked, and kept as the same mismatch
+		// Its webhook event is the provider's record too: a mismatch at once.
+		var atOnce reconciliationReport
+		eventually(t, func() bool {
+			atOnce = d.reconciliation(t)
+			return len(atOnce.Mismatches) > 0
+		}, "the planted refund's webhook made a mismatch")
+		require.Nil(t, atOnce.CheckedAt)
+		require.Equal(t, "unknown_key", atOnce.only(t).Kind)
+		require.Equal(t, "outside-1", atOnce.only(t).IdempotencyKey)
+
 		rep := d.reconcile(t)
 		require.NotNil(t, rep.CheckedAt)
 		require.EqualValues(t, 1, rep.Checked)
@@ -271,6 +281,8 @@ func TestReconciliation(t *testing.T) {
 		require.Nil(t, m.OperationStatus)
 		requireMismatchGauge(t, d, map[string]float64{"unknown_key": 1})
 		requireSameReport(t, rep, d.reconciliation(t)) // GET answers what the run found
+
+		require.True(t, m.FirstSeen.Equal(atOnce.only(t).FirstSeen), "first seen by the event")
 
 		// Seen again: the same mismatch, first seen when it was.
 		again := d.reconcile(t).only(t)
@@ -362,8 +374,12 @@ func TestReconciliation(t *testing.T) {
 		d := startDemo(t, dbURL, &demoOpts{args: reconcileOnRequest})
 		c := d.client(t, tokenA)
 		c.createOrder("A-1", "cus_1", 5000)
-		id := refundOK(t, c, "A-1", 700)
-		awaitWebhooks(t, c)
+		r := c.post("/refunds", newKey(), map[string]any{"orderId": "A-1", "amount": 700})
+		requireStatus(t, r, http.StatusCreated)
+		id, refundID := r.header.Get("Operation-Id"), decodeAs[refundBody](t, r).RefundID
+		// Its webhook event is checked too, and clears what it finds in
+		// order: it must be done before the record changes.
+		eventually(t, func() bool { return c.getRefund(refundID).ProviderConfirmed }, "the refund's event applied")
 		require.Empty(t, d.reconcile(t).Mismatches, "in order")
 		requireAttention(t, d, c, id, false)
 		key := d.reconciledOp(t, id).providerKey(t)
@@ -556,7 +572,7 @@ func TestReconciliation(t *testing.T) {
 				requireError(t, r, http.StatusUnauthorized, "unauthenticated")
 			}
 			for _, auth := range []string{"Bearer " + adminToken, basicAuth("ops", adminToken)} {
-				readReconciliation(t, d.operatorRequest(t, rt.method, rt.path, auth, ""))
+				readReconciliation(t, d.operatorRequest(t, rt.method, rt.path, auth, "{}"))
 			}
 		}
 		for _, wrong := range []struct{ method, path string }{
@@ -569,6 +585,27 @@ func TestReconciliation(t *testing.T) {
 			// The token is checked first.
 			requireError(t, d.operatorRequest(t, wrong.method, wrong.path, "", ""), http.StatusUnauthorized, "unauthenticated")
 		}
+		d.stop()
+	})
+
+	// POST /admin/reconciliation/run as curl -X POST sends it: no body.
+	t.Run("RunWithoutABody", func(t *testing.T) {
+		t.Parallel()
+		d := startDemo(t, testdb.URL(t), &demoOpts{args: reconcileOnRequest})
+		rep := readReconciliation(t, d.admin(t, http.MethodPost, "/admin/reconciliation/run", ""))
+		require.NotNil(t, rep.CheckedAt)
+		d.stop()
+	})
+
+	// A browser that holds the admin token's Basic credentials, on another
+	// site's page, cannot make the demo run one.
+	t.Run("CrossOrigin", func(t *testing.T) {
+		t.Parallel()
+		d := startDemo(t, testdb.URL(t), &demoOpts{args: reconcileOnRequest})
+		r := d.operatorRequest(t, http.MethodPost, "/admin/reconciliation/run", basicAuth("ops", adminToken), "{}",
+			"Sec-Fetch-Site", "cross-site")
+		requireError(t, r, http.StatusForbidden, "cross_origin_request")
+		require.Nil(t, d.reconciliation(t).CheckedAt, "nothing ran")
 		d.stop()
 	})
 }

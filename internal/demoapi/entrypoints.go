@@ -54,7 +54,7 @@ func (s *server) entryPoints() error {
 	s.mux.Handle("GET /settlements", s.authenticated(bounded(s.listSettlements)))
 	paths = append(paths, "/settlements")
 	if s.cfg.AdminToken != "" {
-		s.mux.Handle("POST /admin/settlements", s.adminOnly(http.HandlerFunc(s.fireSettlements)))
+		s.mux.Handle("POST /admin/settlements", s.adminOnly(sameOrigin(http.HandlerFunc(s.fireSettlements))))
 		// Behind the token even for a wrong method, as all of /admin.
 		s.mux.Handle("/admin/settlements", s.adminOnly(http.HandlerFunc(methodNotAllowed)))
 		s.reconciliation()

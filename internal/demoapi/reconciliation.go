@@ -41,7 +41,7 @@ type mismatchBody struct {
 // /admin/reconciliation/run, behind the admin token.
 func (s *server) reconciliation() {
 	s.mux.Handle("GET /admin/reconciliation", s.adminOnly(bounded(s.getReconciliation)))
-	s.mux.Handle("POST /admin/reconciliation/run", s.adminOnly(http.HandlerFunc(s.runReconciliation)))
+	s.mux.Handle("POST /admin/reconciliation/run", s.adminOnly(sameOrigin(http.HandlerFunc(s.runReconciliation))))
 	s.mux.Handle("/admin/reconciliation", s.adminOnly(http.HandlerFunc(methodNotAllowed)))
 	s.mux.Handle("/admin/reconciliation/run", s.adminOnly(http.HandlerFunc(methodNotAllowed)))
 }
@@ -55,9 +55,10 @@ func (s *server) getReconciliation(w http.ResponseWriter, r *http.Request) {
 }
 
 // runReconciliation serves POST /admin/reconciliation/run: a run now, and
-// its report. The body, if any, is not read.
+// its report. A body, if any, is ignored (refusing it would end the request's
+// context before the run: net/http's read of a request without one then fails
+// at once).
 func (s *server) runReconciliation(w http.ResponseWriter, r *http.Request) {
-	idempotency.RefuseBody(w)
 	rep, err := s.cfg.Engine.Reconcile(r.Context(), refund.ProviderSource)
 	s.writeReconciliation(w, r, rep, err)
 }

@@ -204,12 +204,7 @@ func (s *server) operators() error {
 	if s.cfg.RiverUI != nil {
 		// River UI's own API changes jobs (retry, cancel, delete): the same
 		// protection against other sites' forms as the pages'.
-		cop := http.NewCrossOriginProtection()
-		cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			idempotency.RefuseBody(w)
-			idempotency.WriteError(w, http.StatusForbidden, "cross_origin_request", "a request from another site may not change anything here", nil)
-		}))
-		riverUI := cop.Handler(s.cfg.RiverUI)
+		riverUI := sameOrigin(s.cfg.RiverUI)
 		s.mux.Handle("/riverui/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if auth(r) != nil {
 				idempotency.RefuseBody(w)
@@ -375,4 +370,16 @@ func errorStatus(code string) int {
 		return http.StatusBadRequest
 	}
 	return 0
+}
+
+// sameOrigin refuses (403 cross_origin_request) a request that changes
+// something and comes from another site, whose browser may carry the admin's
+// Basic credentials (Go's http.CrossOriginProtection).
+func sameOrigin(next http.Handler) http.Handler {
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		idempotency.RefuseBody(w)
+		idempotency.WriteError(w, http.StatusForbidden, "cross_origin_request", "a request from another site may not change anything here", nil)
+	}))
+	return cop.Handler(next)
 }
