@@ -286,7 +286,7 @@ func (e *Engine) Reconcile(ctx context.Context, source string) (*ReconcileReport
 		if err := e.store.MismatchTouch(ctx, e.pool, source, j.notYet); err != nil {
 			return nil, fmt.Errorf("engine: reconcile %s: %w", source, err)
 		}
-		if next == "" || len(recs) == 0 {
+		if next == "" { // an empty page with a cursor is not the end
 			break
 		}
 		if next == req.Cursor {
@@ -498,6 +498,7 @@ func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs [
 		}
 	}
 	if len(matched) == 0 {
+		j.found = lastOfEach(j.found)
 		return j, nil
 	}
 
@@ -511,7 +512,12 @@ func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs [
 	}
 	byKey := make(map[stepKey]store.ReconcileStep, len(steps))
 	var resolvedIDs []uuid.UUID
-	for _, s := range steps {
+	for _, m := range matched {
+		if slices.Contains(m.op.Checkpointed, m.step) {
+			byKey[stepKey{m.op.ID, m.step}] = store.ReconcileStep{OperationID: m.op.ID, Name: m.step, State: store.StepSucceeded}
+		}
+	}
+	for _, s := range steps { // a row wins over a checkpoint
 		byKey[stepKey{s.OperationID, s.Name}] = s
 		if s.ResolvedBy == ResolvedByOperator {
 			resolvedIDs = append(resolvedIDs, s.OperationID)
@@ -545,7 +551,26 @@ func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs [
 		}
 		j.found = append(j.found, mismatchOf(r, kind, op.ID, m.step, detail))
 	}
+	j.found = lastOfEach(j.found)
 	return j, nil
+}
+
+// lastOfEach keeps one mismatch per (record key, reference), the last: a
+// page that lists a record twice is upserted once.
+func lastOfEach(ms []store.Mismatch) []store.Mismatch {
+	type id struct{ key, ref string }
+	seen := make(map[id]int, len(ms))
+	out := ms[:0]
+	for _, m := range ms {
+		k := id{m.RecordKey, m.Reference}
+		if i, ok := seen[k]; ok {
+			out[i] = m
+			continue
+		}
+		seen[k] = len(out)
+		out = append(out, m)
+	}
+	return out
 }
 
 // compare compares a succeeded step's record with what the operator said

@@ -1,11 +1,14 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"net/url"
 	"os"
+	"reflect"
 	"runtime"
 	"slices"
 	"strconv"
@@ -26,21 +29,32 @@ import (
 // BenchmarkReconcile runs at.
 const reconcileBenchSizesEnv = "IDEMFLOW_BENCH_RECONCILE_SIZES"
 
+// reconcileBenchExecModeEnv, when set, is the pool's default_query_exec_mode
+// (pgx's connection setting: "cache_describe", say, whose unnamed statements
+// PostgreSQL plans anew with their values every time, as behind a pooler in
+// transaction mode); else pgx's default, which prepares each query once per
+// connection and lets PostgreSQL's plan cache choose a generic plan.
+const reconcileBenchExecModeEnv = "IDEMFLOW_BENCH_RECONCILE_EXEC_MODE"
+
 // BenchmarkReconcile measures one reconciliation run of a source whose window
 // holds n records against n finished operations (each a step "pay" that
-// succeeded), at n = 100,000 and 1,000,000 by default (IDEMFLOW_BENCH_RECONCILE_SIZES
-// overrides, as "10000,100000"). The operations are copied into the table as
-// the engine writes finished ones, outside the timer (setup-s); the source
-// makes its records from their index, so that the test holds none of them.
-// Every 10,000th record has another amount, and after every 20,000th comes one
-// under a key no operation holds: the run must find exactly those. It reports
-// records/s, the heap in use at its peak over what it was before (sampled every
-// 50 ms), what the run allocated (the source's pages included, which
-// source-alloc-MiB measures alone), the engine's queries per page and the
-// share of the run spent in them; with -v, the time of each query and the
-// plans (EXPLAIN ANALYZE) of a page's two reads.
+// succeeded, every 10th at its second attempt, with a step row), at n =
+// 100,000 and 1,000,000 by default (IDEMFLOW_BENCH_RECONCILE_SIZES overrides,
+// as "10000,100000"). The operations are copied into the tables as the engine
+// writes finished ones, outside the timer (setup-s); the source makes its
+// records from their index, so that the test holds none of them. Every
+// 10,000th record has another amount, and after every 20,000th comes one under
+// a key no operation holds: the run must find exactly those. It reports
+// records/s, the heap in use at its peak over what it was before (sampled
+// every 50 ms), what the run allocated (the source's pages included, which
+// source-alloc-MiB and source-s measure alone), the engine's queries per page
+// and the share of the run spent in them (db-%, until their rows are read),
+// and on Linux with a local server the CPU time of this process and of the
+// database's backends; with -v, the time of each query and the plans (EXPLAIN
+// ANALYZE) of the last full page's two reads. IDEMFLOW_BENCH_RECONCILE_EXEC_MODE
+// sets the pool's query exec mode. docs/benchmarks.md has its figures.
 //
-//	go test ./engine -run '^$' -bench Reconcile -benchtime 1x -timeout 60m
+//	go test ./engine -run '^$' -bench Reconcile -benchtime 1x -timeout 60m -v
 func BenchmarkReconcile(b *testing.B) {
 	sizes := []int{100_000, 1_000_000}
 	if v := os.Getenv(reconcileBenchSizesEnv); v != "" {
@@ -57,11 +71,14 @@ func BenchmarkReconcile(b *testing.B) {
 			ctx := context.Background()
 			setup := time.Now()
 			e, queries := sc.engine(b)
-			b.ReportMetric(time.Since(setup).Seconds(), "setup-s")
+			setupTime := time.Since(setup)
 
+			side := untraced(ctx, b, e.pool)
 			runtime.GC()
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
+			goCPU, goCPUOK := procCPU("self")
+			pgCPU, pgCPUOK := backendsCPU(ctx, b, side)
 			peak := sampleHeapInuse(50 * time.Millisecond)
 			var rep *ReconcileReport
 			for b.Loop() {
@@ -71,6 +88,8 @@ func BenchmarkReconcile(b *testing.B) {
 			}
 			b.StopTimer()
 			heapPeak := peak()
+			goCPUAfter, _ := procCPU("self")
+			pgCPUAfter, _ := backendsCPU(ctx, b, side)
 			runtime.ReadMemStats(&after)
 			sc.check(b, rep)
 
@@ -84,10 +103,18 @@ func BenchmarkReconcile(b *testing.B) {
 			b.ReportMetric(float64(int64(heapPeak)-int64(before.HeapInuse))/(1<<20), "peak-heap-MiB")
 			b.ReportMetric(float64(after.TotalAlloc-before.TotalAlloc)/runs/(1<<20), "alloc-MiB")
 			b.ReportMetric(float64(after.Mallocs-before.Mallocs)/runs/float64(rep.Checked), "allocs/record")
-			b.ReportMetric(sc.sourceAllocMiB(b), "source-alloc-MiB")
+			if goCPUOK && pgCPUOK { // Linux, the server on this machine
+				b.ReportMetric((goCPUAfter-goCPU).Seconds()/runs, "go-cpu-s")
+				b.ReportMetric((pgCPUAfter-pgCPU).Seconds()/runs, "pg-cpu-s")
+			}
+			// After the loop: b.Loop drops the metrics reported before it.
+			b.ReportMetric(setupTime.Seconds(), "setup-s")
+			sourceAlloc, sourceTime := sc.sourceCost(b)
+			b.ReportMetric(sourceAlloc, "source-alloc-MiB")
+			b.ReportMetric(sourceTime.Seconds(), "source-s")
 			if testing.Verbose() {
 				queries.log(b, runs*pages)
-				queries.explain(ctx, b, e.pool)
+				queries.explain(ctx, b, side)
 			}
 		})
 	}
@@ -119,6 +146,10 @@ func TestReconcileBenchScenario(t *testing.T) {
 // size n is held.
 type reconcileScenario struct {
 	n, mismatchEvery, unknownEvery int
+	// rowEvery: the step of every rowEvery-th operation succeeded at its
+	// second attempt, and has a row in idemflow_step_row rather than a
+	// checkpoint in the operation's row.
+	rowEvery int
 	// pageSize is the source's page size.
 	pageSize int
 	// base is when operation 0 was made; they are 20 ms apart.
@@ -138,7 +169,7 @@ func newReconcileScenario(n, mismatchEvery, unknownEvery, pageSize int) *reconci
 	if pageSize == 0 {
 		pageSize = 1000
 	}
-	return &reconcileScenario{n: n, mismatchEvery: mismatchEvery, unknownEvery: unknownEvery, pageSize: pageSize, base: base}
+	return &reconcileScenario{n: n, mismatchEvery: mismatchEvery, unknownEvery: unknownEvery, rowEvery: 10, pageSize: pageSize, base: base}
 }
 
 // records is how many records the source lists.
@@ -182,8 +213,18 @@ func (s *reconcileScenario) secret(what string, i int) []byte {
 
 func (s *reconcileScenario) amount(i int) int64 { return 100 + int64(i%9_000) }
 
+// stepRow reports whether operation i's step has a row rather than a
+// checkpoint.
+func (s *reconcileScenario) stepRow(i int) bool { return i%s.rowEvery == s.rowEvery-1 }
+
+// mismatchedOp is the operation of the k-th record with another amount: one
+// in every mismatchEvery, every other one an operation with a step row.
+func (s *reconcileScenario) mismatchedOp(k int) int {
+	return k*s.mismatchEvery + s.mismatchEvery/2 - k%2
+}
+
 // mismatched reports whether operation i's record has another amount.
-func (s *reconcileScenario) mismatched(i int) bool { return i%s.mismatchEvery == s.mismatchEvery/2 }
+func (s *reconcileScenario) mismatched(i int) bool { return i == s.mismatchedOp(i/s.mismatchEvery) }
 
 func (s *reconcileScenario) clientKey(i int) string { return "order-" + strconv.Itoa(i) }
 
@@ -253,7 +294,14 @@ type reconcileBenchState struct {
 func (s *reconcileScenario) engine(tb testing.TB) (*Engine, *queryCounter) {
 	tb.Helper()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(testdb.URL(tb))
+	dbURL, err := url.Parse(testdb.URL(tb))
+	require.NoError(tb, err)
+	if mode := os.Getenv(reconcileBenchExecModeEnv); mode != "" {
+		q := dbURL.Query()
+		q.Set("default_query_exec_mode", mode)
+		dbURL.RawQuery = q.Encode()
+	}
+	cfg, err := pgxpool.ParseConfig(dbURL.String())
 	require.NoError(tb, err)
 	queries := &queryCounter{}
 	cfg.ConnConfig.Tracer = queries
@@ -262,7 +310,7 @@ func (s *reconcileScenario) engine(tb testing.TB) (*Engine, *queryCounter) {
 	tb.Cleanup(pool.Close) // before testdb drops the database
 
 	s.copyOperations(tb, pool)
-	for _, sql := range []string{"VACUUM ANALYZE idemflow_operation", "CHECKPOINT"} {
+	for _, sql := range []string{"VACUUM ANALYZE idemflow_operation", "VACUUM ANALYZE idemflow_step_row", "CHECKPOINT"} {
 		_, err := pool.Exec(ctx, sql)
 		require.NoError(tb, err)
 	}
@@ -290,15 +338,17 @@ func (s *reconcileScenario) engine(tb testing.TB) (*Engine, *queryCounter) {
 
 // copyOperations writes the n operations with COPY, as the engine leaves a
 // succeeded one whose step "pay" succeeded at its first attempt: its
-// checkpoint in the row (store migration 00010), no step row.
+// checkpoint in the row (store migration 00010), no step row; or, every
+// rowEvery-th, at its second: a step row, no checkpoint.
 func (s *reconcileScenario) copyOperations(tb testing.TB, pool *pgxpool.Pool) {
 	tb.Helper()
+	ctx := context.Background()
 	expires := time.Now().Add(DefaultRetention)
 	cols := []string{"id", "name", "version", "scope", "key", "state", "steps", "input", "result",
 		"locked_until", "created_at", "finished_at", "expires_at", "checkpoints", "format", "key_seed"}
 	steps := []string{"pay"}
 	i := 0
-	n, err := pool.CopyFrom(context.Background(), pgx.Identifier{"idemflow_operation"}, cols, pgx.CopyFromFunc(func() ([]any, error) {
+	n, err := pool.CopyFrom(ctx, pgx.Identifier{"idemflow_operation"}, cols, pgx.CopyFromFunc(func() ([]any, error) {
 		if i == s.n {
 			return nil, nil
 		}
@@ -307,8 +357,11 @@ func (s *reconcileScenario) copyOperations(tb testing.TB, pool *pgxpool.Pool) {
 		finished := created.Add(time.Millisecond)
 		input := []byte(`{"amount":` + strconv.FormatInt(s.amount(i), 10) + `}`)
 		result := []byte(`{"ref":"re_` + strconv.Itoa(i) + `"}`)
-		checkpoints := []byte(`{"pay":{"p":0,"a":1,"r":"call","s":` + strconv.FormatInt(started.UnixMicro(), 10) +
-			`,"d":` + strconv.FormatInt(finished.Sub(started).Microseconds(), 10) + `}}`)
+		var checkpoints []byte
+		if !s.stepRow(i) {
+			checkpoints = []byte(`{"pay":{"p":0,"a":1,"r":"call","s":` + strconv.FormatInt(started.UnixMicro(), 10) +
+				`,"d":` + strconv.FormatInt(finished.Sub(started).Microseconds(), 10) + `}}`)
+		}
 		row := []any{s.id("op", i), "pay", int32(1), "shop", s.clientKey(i), "succeeded", steps, input, result,
 			finished, created, finished, expires, checkpoints, int16(2), s.secret("op", i)}
 		i++
@@ -316,6 +369,22 @@ func (s *reconcileScenario) copyOperations(tb testing.TB, pool *pgxpool.Pool) {
 	}))
 	require.NoError(tb, err)
 	require.Equal(tb, int64(s.n), n)
+
+	cols = []string{"operation_id", "name", "position", "state", "attempts", "output", "last_error",
+		"started_at", "finished_at", "resolved_by", "sent_at"}
+	i = s.rowEvery - 1
+	n, err = pool.CopyFrom(ctx, pgx.Identifier{"idemflow_step_row"}, cols, pgx.CopyFromFunc(func() ([]any, error) {
+		if i >= s.n {
+			return nil, nil
+		}
+		created := s.created(i)
+		row := []any{s.id("op", i), "pay", int32(0), "succeeded", int32(2), []byte(`{"ref":"re_` + strconv.Itoa(i) + `"}`),
+			"the bank did not answer", created.Add(100 * time.Microsecond), created.Add(time.Millisecond), "call", created.Add(900 * time.Microsecond)}
+		i += s.rowEvery
+		return row, nil
+	}))
+	require.NoError(tb, err)
+	require.Equal(tb, int64(s.n/s.rowEvery), n)
 }
 
 // check asserts that rep found exactly the scenario's mismatches.
@@ -328,7 +397,8 @@ func (s *reconcileScenario) check(tb testing.TB, rep *ReconcileReport) {
 	require.Equal(tb, (total+s.pageSize-1)/s.pageSize, rep.Pages)
 
 	want := map[string]Mismatch{}
-	for i := s.mismatchEvery / 2; i < s.n; i += s.mismatchEvery {
+	for k := range s.n / s.mismatchEvery {
+		i := s.mismatchedOp(k)
 		key := derivedKey(s.id("op", i), s.secret("op", i), "pay", "shop", s.clientKey(i), "pay")
 		want[key] = Mismatch{Kind: MismatchAmountDiffers, OperationID: s.id("op", i), Step: "pay", Amount: s.amount(i) + 1}
 	}
@@ -348,11 +418,12 @@ func (s *reconcileScenario) check(tb testing.TB, rep *ReconcileReport) {
 	require.Empty(tb, want)
 }
 
-// sourceAllocMiB lists every page as a run does, without the engine, and
-// returns what that allocated: the source's share of a run's allocations.
-func (s *reconcileScenario) sourceAllocMiB(tb testing.TB) float64 {
+// sourceCost lists every page as a run does, without the engine, and returns
+// what that allocated and how long it took: the source's share of a run.
+func (s *reconcileScenario) sourceCost(tb testing.TB) (allocMiB float64, took time.Duration) {
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
+	start := time.Now()
 	req := ListRequest{Since: s.base.Add(-time.Hour), Limit: s.pageSize}
 	for {
 		recs, next, err := s.list(context.Background(), req)
@@ -362,8 +433,9 @@ func (s *reconcileScenario) sourceAllocMiB(tb testing.TB) float64 {
 		}
 		req.Cursor = next
 	}
+	took = time.Since(start)
 	runtime.ReadMemStats(&after)
-	return float64(after.TotalAlloc-before.TotalAlloc) / (1 << 20)
+	return float64(after.TotalAlloc-before.TotalAlloc) / (1 << 20), took
 }
 
 // sampleHeapInuse samples the heap in use every interval until the function
@@ -394,8 +466,10 @@ func sampleHeapInuse(interval time.Duration) func() uint64 {
 }
 
 // queryCounter is a pgx.QueryTracer that counts the queries, and adds up
-// their time, by sqlc's name ("-- name: X" starts every query of the store);
-// it keeps the text and arguments of the 10th call of each, for EXPLAIN.
+// their time (until their rows are read and closed), by sqlc's name ("--
+// name: X" starts every query of the store); it keeps the text and arguments
+// of the last call of each whose first argument is as long as any before (a
+// full page's ids, the newest), for EXPLAIN.
 type queryCounter struct {
 	mu    sync.Mutex
 	stats map[string]*queryStat
@@ -406,6 +480,8 @@ type queryStat struct {
 	wall  time.Duration
 	sql   string
 	args  []any
+	// argLen is the length of args[0] when it is a slice.
+	argLen int
 }
 
 type queryStartKey struct{}
@@ -416,10 +492,6 @@ type queryStart struct {
 	sql  string
 	args []any
 }
-
-// queryExplainCall is the call of each query that explain shows: one from
-// the run's first pages, not the first (which may be planned apart).
-const queryExplainCall = 10
 
 func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	name := "other"
@@ -447,8 +519,10 @@ func (c *queryCounter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.Tra
 	}
 	q.calls++
 	q.wall += wall
-	if q.calls == queryExplainCall {
-		q.sql, q.args = st.sql, st.args
+	if len(st.args) > 0 {
+		if v := reflect.ValueOf(st.args[0]); v.Kind() == reflect.Slice && v.Len() >= q.argLen {
+			q.sql, q.args, q.argLen = st.sql, st.args, v.Len()
+		}
 	}
 }
 
@@ -499,18 +573,13 @@ func (c *queryCounter) log(tb testing.TB, pages float64) {
 }
 
 // explain logs the plans, run, of a page's reads of the operations and of
-// their steps, with the arguments of their 10th call: as a custom plan (for
+// their steps, with the arguments of their last full page: as a custom plan (for
 // those values), as a generic one, and as PostgreSQL's plan cache chooses
 // after six runs (what the run's connections, which prepare every statement,
-// use from the sixth page on).
-func (c *queryCounter) explain(ctx context.Context, tb testing.TB, pool *pgxpool.Pool) {
+// use from the sixth page on). conn is not pool's, nor traced.
+func (c *queryCounter) explain(ctx context.Context, tb testing.TB, conn *pgx.Conn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	cfg := pool.Config().ConnConfig.Copy()
-	cfg.Tracer = nil
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	require.NoError(tb, err)
-	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 	for _, name := range []string{"ReconcileOperations", "ReconcileSteps"} {
 		q := c.stats[name]
 		if q == nil || q.sql == "" {
@@ -526,8 +595,12 @@ func (c *queryCounter) explain(ctx context.Context, tb testing.TB, pool *pgxpool
 			params[i] = "$" + strconv.Itoa(i+1) + "::" + typ
 		}
 		execute := "EXECUTE " + stmt + "(" + strings.Join(params, ", ") + ")"
-		// EXECUTE takes no parameters of its own: pgx puts the values in.
-		args := append([]any{pgx.QueryExecModeSimpleProtocol}, q.args...)
+		// EXECUTE takes no parameters of its own: pgx puts the values in,
+		// as text (the casts above make them what they were).
+		args := []any{pgx.QueryExecModeSimpleProtocol}
+		for _, a := range q.args {
+			args = append(args, textArg(a))
+		}
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan", "auto"} {
 			_, err := conn.Exec(ctx, "SELECT set_config('plan_cache_mode', $1, false)", mode)
 			require.NoError(tb, err)
@@ -544,4 +617,74 @@ func (c *queryCounter) explain(ctx context.Context, tb testing.TB, pool *pgxpool
 			tb.Logf("%s, plan_cache_mode %s:\n%s", name, mode, strings.Join(lines, "\n"))
 		}
 	}
+}
+
+// textArg returns a, or the texts of its elements when it is a slice of
+// fmt.Stringer (the store's UUIDs, which pgx encodes in binary only).
+func textArg(a any) any {
+	v := reflect.ValueOf(a)
+	if v.Kind() != reflect.Slice || !v.Type().Elem().Implements(reflect.TypeFor[fmt.Stringer]()) {
+		return a
+	}
+	out := make([]string, v.Len())
+	for i := range out {
+		out[i] = v.Index(i).Interface().(fmt.Stringer).String()
+	}
+	return out
+}
+
+// untraced returns a connection of its own to pool's database, whose queries
+// the pool's tracer does not count, closed at cleanup.
+func untraced(ctx context.Context, tb testing.TB, pool *pgxpool.Pool) *pgx.Conn {
+	cfg := pool.Config().ConnConfig.Copy()
+	cfg.Tracer = nil
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) })
+	return conn
+}
+
+// procCPU returns the CPU time that process pid ("self": this one) has used,
+// from /proc; false where there is none (not Linux).
+func procCPU(pid string) (time.Duration, bool) {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	// The fields after the command's closing parenthesis start at the third;
+	// utime and stime are the 14th and 15th, in ticks of 1/100 s (USER_HZ).
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0, false
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return time.Duration(utime+stime) * (time.Second / 100), true
+}
+
+// backendsCPU returns the CPU time used by the server processes that serve
+// conn's database, conn's own left out; false when the server is not a
+// process of this machine.
+func backendsCPU(ctx context.Context, tb testing.TB, conn *pgx.Conn) (time.Duration, bool) {
+	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity
+		WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`)
+	require.NoError(tb, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(tb, err)
+	var sum time.Duration
+	for _, pid := range pids {
+		p := strconv.Itoa(int(pid))
+		if comm, err := os.ReadFile("/proc/" + p + "/comm"); err != nil || !bytes.HasPrefix(comm, []byte("postgres")) {
+			return 0, false
+		}
+		d, ok := procCPU(p)
+		if !ok {
+			return 0, false
+		}
+		sum += d
+	}
+	return sum, true
 }

@@ -370,3 +370,44 @@ func TestReconcileBoundedPages(t *testing.T) {
 	_, err = stuck.Reconcile(ctx, "s")
 	require.ErrorContains(t, err, "cursor")
 }
+
+// TestReconcileOddPages: records without a key (made by hand), a record
+// listed twice in a page, several records under one key, and an empty page
+// that is not the last are all read and kept apart.
+func TestReconcileOddPages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	now := time.Now()
+	pages := map[string]struct {
+		recs []engine.Record
+		next string
+	}{
+		"": {[]engine.Record{
+			{Reference: "by-hand-1", Amount: 5, CreatedAt: now},
+			{Reference: "by-hand-2", Amount: 7, CreatedAt: now},
+		}, "2"},
+		"2": {nil, "3"},
+		"3": {[]engine.Record{
+			{Key: "twice", Reference: "r-1", Amount: 1, CreatedAt: now},
+			{Key: "twice", Reference: "r-1", Amount: 1, CreatedAt: now},
+			{Key: "twice", Reference: "r-2", Amount: 2, CreatedAt: now},
+		}, ""},
+	}
+	pool := testdb.Pool(t)
+	e, err := engine.New(pool, &engine.Config{Reconcile: engine.ReconcileConfig{Interval: -1, Sources: []engine.Source{{Name: "bank",
+		List: func(_ context.Context, req engine.ListRequest) ([]engine.Record, string, error) {
+			p := pages[req.Cursor]
+			return p.recs, p.next, nil
+		}}}}})
+	require.NoError(t, err)
+	rep, err := e.Reconcile(ctx, "bank")
+	require.NoError(t, err)
+	require.Equal(t, 3, rep.Pages, "the empty page is not the end")
+	require.Equal(t, int64(5), rep.Checked)
+	got := map[string]int64{}
+	for _, m := range rep.Mismatches {
+		require.Equal(t, engine.MismatchUnknownKey, m.Kind)
+		got[m.Key+"/"+m.Reference] = m.Amount
+	}
+	require.Equal(t, map[string]int64{"/by-hand-1": 5, "/by-hand-2": 7, "twice/r-1": 1, "twice/r-2": 2}, got)
+}

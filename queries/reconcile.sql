@@ -1,41 +1,50 @@
+-- The ids are text, cast here: every pgx query mode encodes a text array.
+
 -- name: ReconcileOperations :many
 -- The operations that a page of records names by their keys' ids: what a
--- record is matched against.
-SELECT id, name, version, scope, key, state, steps, input, key_seed
+-- record is matched against, with the names of the steps checkpointed in the
+-- row (store migration 00010: succeeded, unless a step row overrides them).
+SELECT id, name, version, scope, key, state, steps, input, key_seed,
+       coalesce(ARRAY(SELECT jsonb_object_keys(checkpoints)), '{}')::text[] AS checkpointed
 FROM idemflow_operation
-WHERE id = ANY (sqlc.arg(ids)::uuid[]);
+WHERE id = ANY (sqlc.arg(ids)::text[]::uuid[]);
 
 -- name: ReconcileSteps :many
--- The recorded steps of the operations ids, those named names only.
-SELECT operation_id, name, state, resolved_by
-FROM idemflow_step_recorded
-WHERE operation_id = ANY (sqlc.arg(ids)::uuid[])
-  AND name = ANY (sqlc.arg(names)::text[]);
+-- The step rows named names of the operations ids: key lookups in the step
+-- rows' primary key, not the view idemflow_step_recorded, which would read
+-- the operations again and could not take the ids into its NOT EXISTS.
+-- Joined to the ids, not "operation_id = ANY": planned custom (without a
+-- prepared statement, as behind PgBouncer) that would scan every step row.
+SELECT s.operation_id, s.name, s.state, s.resolved_by
+FROM unnest(sqlc.arg(ids)::text[]::uuid[]) AS i (id)
+JOIN idemflow_step_row AS s ON s.operation_id = i.id
+WHERE s.name = ANY (sqlc.arg(names)::text[]);
 
 -- name: ReconcileOperatorReferences :many
 -- The references that operators gave, resolving the operations ids' steps as
 -- made (the last one per operation wins).
 SELECT DISTINCT ON (operation_id) operation_id, reference
 FROM idemflow_operator_request
-WHERE operation_id = ANY (sqlc.arg(ids)::uuid[])
+WHERE operation_id = ANY (sqlc.arg(ids)::text[]::uuid[])
   AND action = 'resolve' AND made AND outcome = 'done'
 ORDER BY operation_id, id DESC;
 
 -- name: MismatchUpsert :exec
--- Records the mismatches found, or sees them again.
+-- Records the mismatches found, or sees them again: at most one per (record
+-- key, reference) in a call.
 INSERT INTO idemflow_mismatch (source, record_key, kind, reference, amount, record_status,
                                record_created_at, data, operation_id, step, detail, first_seen, last_seen)
 SELECT sqlc.arg(source)::text, m.record_key, m.kind, m.reference, m.amount, m.record_status,
-       m.record_created_at, m.data, nullif(m.operation_id, '00000000-0000-0000-0000-000000000000'::uuid), nullif(m.step, ''), m.detail,
+       m.record_created_at, m.data, nullif(m.operation_id, '')::uuid, nullif(m.step, ''), m.detail,
        clock_timestamp(), clock_timestamp()
 FROM (SELECT unnest(sqlc.arg(record_keys)::text[]) AS record_key, unnest(sqlc.arg(kinds)::text[]) AS kind,
              unnest(sqlc.arg(refs)::text[]) AS reference, unnest(sqlc.arg(amounts)::bigint[]) AS amount,
              unnest(sqlc.arg(record_statuses)::text[]) AS record_status,
              unnest(sqlc.arg(record_created_ats)::timestamptz[]) AS record_created_at,
-             unnest(sqlc.arg(data)::jsonb[]) AS data, unnest(sqlc.arg(operation_ids)::uuid[]) AS operation_id,
+             unnest(sqlc.arg(data)::jsonb[]) AS data, unnest(sqlc.arg(operation_ids)::text[]) AS operation_id,
              unnest(sqlc.arg(steps)::text[]) AS step, unnest(sqlc.arg(details)::text[]) AS detail) AS m
-ON CONFLICT (source, record_key) DO UPDATE
-SET kind = excluded.kind, reference = excluded.reference, amount = excluded.amount,
+ON CONFLICT (source, record_key, reference) DO UPDATE
+SET kind = excluded.kind, amount = excluded.amount,
     record_status = excluded.record_status, record_created_at = excluded.record_created_at,
     data = excluded.data, operation_id = excluded.operation_id, step = excluded.step,
     detail = excluded.detail, last_seen = excluded.last_seen,

@@ -24,23 +24,27 @@ type ReconcileOperation struct {
 	Steps     []string
 	Input     []byte
 	KeySecret []byte
+	// Checkpointed are the steps checkpointed in the operation's row:
+	// succeeded, unless a step row says otherwise.
+	Checkpointed []string
 }
 
 // ReconcileOperations reads the operations ids (those that exist).
 func (s *Store) ReconcileOperations(ctx context.Context, db DBTX, ids []uuid.UUID) ([]ReconcileOperation, error) {
-	rows, err := s.q.ReconcileOperations(ctx, db, pguuids(ids))
+	rows, err := s.q.ReconcileOperations(ctx, db, uuidTexts(ids))
 	if err != nil {
 		return nil, fmt.Errorf("store: read operations to reconcile: %w", err)
 	}
 	out := make([]ReconcileOperation, len(rows))
 	for i, r := range rows {
 		out[i] = ReconcileOperation{ID: uuid.UUID(r.ID), Name: r.Name, Version: int(r.Version), Scope: r.Scope,
-			Key: r.Key, State: OperationState(r.State), Steps: r.Steps, Input: r.Input, KeySecret: r.KeySeed}
+			Key: r.Key, State: OperationState(r.State), Steps: r.Steps, Input: r.Input, KeySecret: r.KeySeed,
+			Checkpointed: r.Checkpointed}
 	}
 	return out, nil
 }
 
-// ReconcileStep is a recorded step as reconciliation reads it.
+// ReconcileStep is a step row as reconciliation reads it.
 type ReconcileStep struct {
 	OperationID uuid.UUID
 	Name        string
@@ -48,9 +52,10 @@ type ReconcileStep struct {
 	ResolvedBy  string
 }
 
-// ReconcileSteps reads the recorded steps named names of the operations ids.
+// ReconcileSteps reads the step rows named names of the operations ids (their
+// checkpoints are in ReconcileOperation.Checkpointed).
 func (s *Store) ReconcileSteps(ctx context.Context, db DBTX, ids []uuid.UUID, names []string) ([]ReconcileStep, error) {
-	rows, err := s.q.ReconcileSteps(ctx, db, dbsqlc.ReconcileStepsParams{Ids: pguuids(ids), Names: names})
+	rows, err := s.q.ReconcileSteps(ctx, db, dbsqlc.ReconcileStepsParams{Ids: uuidTexts(ids), Names: names})
 	if err != nil {
 		return nil, fmt.Errorf("store: read steps to reconcile: %w", err)
 	}
@@ -64,7 +69,7 @@ func (s *Store) ReconcileSteps(ctx context.Context, db DBTX, ids []uuid.UUID, na
 // ReconcileOperatorReferences returns, by operation, the reference of the
 // last done resolve that said "made" of the operations ids.
 func (s *Store) ReconcileOperatorReferences(ctx context.Context, db DBTX, ids []uuid.UUID) (map[uuid.UUID]string, error) {
-	rows, err := s.q.ReconcileOperatorReferences(ctx, db, pguuids(ids))
+	rows, err := s.q.ReconcileOperatorReferences(ctx, db, uuidTexts(ids))
 	if err != nil {
 		return nil, fmt.Errorf("store: read operators' references: %w", err)
 	}
@@ -99,7 +104,8 @@ type Mismatch struct {
 	OperationState OperationState
 }
 
-// MismatchUpsert records ms, all of source, or sees them again.
+// MismatchUpsert records ms, all of source and at most one per (RecordKey,
+// Reference), or sees them again.
 func (s *Store) MismatchUpsert(ctx context.Context, db DBTX, source string, ms []Mismatch) error {
 	if len(ms) == 0 {
 		return nil
@@ -113,7 +119,11 @@ func (s *Store) MismatchUpsert(ctx context.Context, db DBTX, source string, ms [
 		p.RecordStatuses = append(p.RecordStatuses, Text(m.RecordStatus))
 		p.RecordCreatedAts = append(p.RecordCreatedAts, m.RecordCreatedAt)
 		p.Data = append(p.Data, nullJSON(m.Data))
-		p.OperationIds = append(p.OperationIds, pguuid.UUID(m.OperationID)) // uuid.Nil: none
+		op := ""
+		if m.OperationID != uuid.Nil {
+			op = m.OperationID.String()
+		}
+		p.OperationIds = append(p.OperationIds, op)
 		p.Steps = append(p.Steps, Text(m.Step))
 		p.Details = append(p.Details, Text(m.Detail))
 	}
@@ -234,10 +244,12 @@ func (s *Store) ReconciliationRunGet(ctx context.Context, db DBTX, source string
 		Checked: r.Checked, NotYet: r.NotYet, Unverifiable: r.Unverifiable, Pages: int(r.Pages)}, nil
 }
 
-func pguuids(ids []uuid.UUID) []pguuid.UUID {
-	out := make([]pguuid.UUID, len(ids))
+// uuidTexts are ids as text, which every pgx query mode encodes in an array
+// (the queries cast them back).
+func uuidTexts(ids []uuid.UUID) []string {
+	out := make([]string, len(ids))
 	for i, id := range ids {
-		out[i] = pguuid.UUID(id)
+		out[i] = id.String()
 	}
 	return out
 }

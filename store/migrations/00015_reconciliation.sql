@@ -11,7 +11,8 @@
 ALTER TABLE idemflow_operation RENAME COLUMN key_secret TO key_seed;
 --
 -- idemflow_mismatch holds what the last runs found, one row per record of a
--- source (the records' keys are the sources'; the kind says what is wrong):
+-- source, by its key and reference (a service may hold several records under
+-- one key, or records under none: made by hand); the kind says what is wrong:
 -- a run upserts what it finds (last_seen) and deletes, as it ends, what it did
 -- not see again. operation_id names the operation whose step holds the key,
 -- null for a key no operation holds; no foreign key, so that the retention job
@@ -31,7 +32,7 @@ CREATE TABLE idemflow_mismatch (
     detail            text        NOT NULL,
     first_seen        timestamptz NOT NULL DEFAULT now(),
     last_seen         timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (source, record_key)
+    PRIMARY KEY (source, record_key, reference)
 );
 CREATE INDEX idemflow_mismatch_operation ON idemflow_mismatch (operation_id) WHERE operation_id IS NOT NULL;
 

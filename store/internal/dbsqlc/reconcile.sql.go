@@ -174,16 +174,16 @@ const mismatchUpsert = `-- name: MismatchUpsert :exec
 INSERT INTO idemflow_mismatch (source, record_key, kind, reference, amount, record_status,
                                record_created_at, data, operation_id, step, detail, first_seen, last_seen)
 SELECT $1::text, m.record_key, m.kind, m.reference, m.amount, m.record_status,
-       m.record_created_at, m.data, nullif(m.operation_id, '00000000-0000-0000-0000-000000000000'::uuid), nullif(m.step, ''), m.detail,
+       m.record_created_at, m.data, nullif(m.operation_id, '')::uuid, nullif(m.step, ''), m.detail,
        clock_timestamp(), clock_timestamp()
 FROM (SELECT unnest($2::text[]) AS record_key, unnest($3::text[]) AS kind,
              unnest($4::text[]) AS reference, unnest($5::bigint[]) AS amount,
              unnest($6::text[]) AS record_status,
              unnest($7::timestamptz[]) AS record_created_at,
-             unnest($8::jsonb[]) AS data, unnest($9::uuid[]) AS operation_id,
+             unnest($8::jsonb[]) AS data, unnest($9::text[]) AS operation_id,
              unnest($10::text[]) AS step, unnest($11::text[]) AS detail) AS m
-ON CONFLICT (source, record_key) DO UPDATE
-SET kind = excluded.kind, reference = excluded.reference, amount = excluded.amount,
+ON CONFLICT (source, record_key, reference) DO UPDATE
+SET kind = excluded.kind, amount = excluded.amount,
     record_status = excluded.record_status, record_created_at = excluded.record_created_at,
     data = excluded.data, operation_id = excluded.operation_id, step = excluded.step,
     detail = excluded.detail, last_seen = excluded.last_seen,
@@ -199,12 +199,13 @@ type MismatchUpsertParams struct {
 	RecordStatuses   []string
 	RecordCreatedAts []time.Time
 	Data             []json.RawMessage
-	OperationIds     []pguuid.UUID
+	OperationIds     []string
 	Steps            []string
 	Details          []string
 }
 
-// Records the mismatches found, or sees them again.
+// Records the mismatches found, or sees them again: at most one per (record
+// key, reference) in a call.
 func (q *Queries) MismatchUpsert(ctx context.Context, db DBTX, arg MismatchUpsertParams) error {
 	_, err := db.Exec(ctx, mismatchUpsert,
 		arg.Source,
@@ -236,26 +237,31 @@ func (q *Queries) ReconcileNow(ctx context.Context, db DBTX) (time.Time, error) 
 }
 
 const reconcileOperations = `-- name: ReconcileOperations :many
-SELECT id, name, version, scope, key, state, steps, input, key_seed
+
+SELECT id, name, version, scope, key, state, steps, input, key_seed,
+       coalesce(ARRAY(SELECT jsonb_object_keys(checkpoints)), '{}')::text[] AS checkpointed
 FROM idemflow_operation
-WHERE id = ANY ($1::uuid[])
+WHERE id = ANY ($1::text[]::uuid[])
 `
 
 type ReconcileOperationsRow struct {
-	ID      pguuid.UUID
-	Name    string
-	Version int32
-	Scope   string
-	Key     string
-	State   string
-	Steps   []string
-	Input   []byte
-	KeySeed []byte
+	ID           pguuid.UUID
+	Name         string
+	Version      int32
+	Scope        string
+	Key          string
+	State        string
+	Steps        []string
+	Input        []byte
+	KeySeed      []byte
+	Checkpointed []string
 }
 
+// The ids are text, cast here: every pgx query mode encodes a text array.
 // The operations that a page of records names by their keys' ids: what a
-// record is matched against.
-func (q *Queries) ReconcileOperations(ctx context.Context, db DBTX, ids []pguuid.UUID) ([]*ReconcileOperationsRow, error) {
+// record is matched against, with the names of the steps checkpointed in the
+// row (store migration 00010: succeeded, unless a step row overrides them).
+func (q *Queries) ReconcileOperations(ctx context.Context, db DBTX, ids []string) ([]*ReconcileOperationsRow, error) {
 	rows, err := db.Query(ctx, reconcileOperations, ids)
 	if err != nil {
 		return nil, err
@@ -274,6 +280,7 @@ func (q *Queries) ReconcileOperations(ctx context.Context, db DBTX, ids []pguuid
 			&i.Steps,
 			&i.Input,
 			&i.KeySeed,
+			&i.Checkpointed,
 		); err != nil {
 			return nil, err
 		}
@@ -288,7 +295,7 @@ func (q *Queries) ReconcileOperations(ctx context.Context, db DBTX, ids []pguuid
 const reconcileOperatorReferences = `-- name: ReconcileOperatorReferences :many
 SELECT DISTINCT ON (operation_id) operation_id, reference
 FROM idemflow_operator_request
-WHERE operation_id = ANY ($1::uuid[])
+WHERE operation_id = ANY ($1::text[]::uuid[])
   AND action = 'resolve' AND made AND outcome = 'done'
 ORDER BY operation_id, id DESC
 `
@@ -300,7 +307,7 @@ type ReconcileOperatorReferencesRow struct {
 
 // The references that operators gave, resolving the operations ids' steps as
 // made (the last one per operation wins).
-func (q *Queries) ReconcileOperatorReferences(ctx context.Context, db DBTX, ids []pguuid.UUID) ([]*ReconcileOperatorReferencesRow, error) {
+func (q *Queries) ReconcileOperatorReferences(ctx context.Context, db DBTX, ids []string) ([]*ReconcileOperatorReferencesRow, error) {
 	rows, err := db.Query(ctx, reconcileOperatorReferences, ids)
 	if err != nil {
 		return nil, err
@@ -321,14 +328,14 @@ func (q *Queries) ReconcileOperatorReferences(ctx context.Context, db DBTX, ids 
 }
 
 const reconcileSteps = `-- name: ReconcileSteps :many
-SELECT operation_id, name, state, resolved_by
-FROM idemflow_step_recorded
-WHERE operation_id = ANY ($1::uuid[])
-  AND name = ANY ($2::text[])
+SELECT s.operation_id, s.name, s.state, s.resolved_by
+FROM unnest($1::text[]::uuid[]) AS i (id)
+JOIN idemflow_step_row AS s ON s.operation_id = i.id
+WHERE s.name = ANY ($2::text[])
 `
 
 type ReconcileStepsParams struct {
-	Ids   []pguuid.UUID
+	Ids   []string
 	Names []string
 }
 
@@ -339,7 +346,11 @@ type ReconcileStepsRow struct {
 	ResolvedBy  *string
 }
 
-// The recorded steps of the operations ids, those named names only.
+// The step rows named names of the operations ids: key lookups in the step
+// rows' primary key, not the view idemflow_step_recorded, which would read
+// the operations again and could not take the ids into its NOT EXISTS.
+// Joined to the ids, not "operation_id = ANY": planned custom (without a
+// prepared statement, as behind PgBouncer) that would scan every step row.
 func (q *Queries) ReconcileSteps(ctx context.Context, db DBTX, arg ReconcileStepsParams) ([]*ReconcileStepsRow, error) {
 	rows, err := db.Query(ctx, reconcileSteps, arg.Ids, arg.Names)
 	if err != nil {
