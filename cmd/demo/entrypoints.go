@@ -1,6 +1,6 @@
 package main
 
-// The demo's ways in beyond the clients' keyed requests (the README's "Beyond
+// The demo's ways in beyond the clients' keyed requests (docs/guide.md's "Beyond
 // HTTP"): the provider's webhooks, the queue of orders, and settlements, each
 // on its entry package (entry/webhook, entry/riverjob, entry/schedule).
 

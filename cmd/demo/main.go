@@ -1,6 +1,6 @@
 // Command demo is a refund API built on idemflow, with a fake payment provider, a
 // double-entry ledger, and fault and crash injection. Its HTTP contract is
-// docs/demo-api.md; the README walks through it.
+// docs/demo-api.md; docs/demo.md walks through it.
 //
 // Usage:
 //
