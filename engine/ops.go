@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -161,76 +160,6 @@ func (e *Engine) compensatedCall(rec *store.Operation, steps []store.Step) strin
 	return ""
 }
 
-// Cancel ends an operation in progress that no live run holds (it waits for a
-// retry, it is parked, or its process died): the compensations of its succeeded
-// steps run, last first, and it ends failed with code CodeCancelled, the reason
-// as the operators' cause. It returns ErrRunning when a live run holds the
-// operation (try again once its lease expires), ErrFinished when it has
-// finished, and ErrPastPivot, changing nothing, when a step that cannot be
-// undone has succeeded or may have: the first unfinished step's lookup is
-// asked, by derived key, before anything is undone. Silence is no answer: an
-// *OutcomeUnknownError (ErrOutcomeUnknown), changing nothing, refuses an
-// operation whose external step's last request may still land (its settle
-// window has not passed since it was sent, or since the lease of a run that
-// may have been sending it), whose call the outside service has pending, or
-// whose lookup cannot answer. An operation whose input or
-// state does not decode is cancelled only when nothing is to be compensated or
-// looked up; else Cancel says so and changes nothing.
-func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info, error) {
-	info, err := e.cancel(ctx, id, reason)
-	detail := ""
-	if info != nil {
-		detail = "cancelled: " + string(info.Status)
-	}
-	if reason == "" {
-		reason = defaultCancelReason
-	}
-	e.audit(ctx, store.OperatorRequest{OperationID: id, Action: ActionCancel, Reason: reason}, detail, err)
-	return info, err
-}
-
-func (e *Engine) cancel(ctx context.Context, id uuid.UUID, reason string) (*Info, error) {
-	rec, err := e.store.OperationGet(ctx, e.pool, id)
-	if err != nil {
-		return nil, mapNotFound(err)
-	}
-	if rec.State != store.OperationInProgress {
-		return nil, fmt.Errorf("engine: cancel %s: %w", id, ErrFinished)
-	}
-	if reason == "" {
-		reason = defaultCancelReason
-	}
-	if def := e.def(rec.Name, rec.Version); def != nil {
-		// Refused whoever holds it: a live run too only goes forward from here.
-		steps, err := e.store.StepListByOperation(ctx, e.pool, id)
-		if err != nil {
-			return nil, fmt.Errorf("engine: cancel %s: %w", id, err)
-		}
-		for _, st := range steps {
-			if st.State == store.StepSucceeded && def.cannotUndo(st.Name) {
-				return nil, fmt.Errorf("engine: cancel %s: %w: step %s cannot be undone and has succeeded", id, ErrPastPivot, st.Name)
-			}
-		}
-	}
-	cancelled := &PermanentError{Code: CodeCancelled, Message: "the operation was cancelled by an operator", Cause: reason}
-	req := operatorClaim(rec)
-	req.err = cancelled
-	info, err := e.claimAndRun(ctx, id, rec.Name, req, false)
-	if errors.Is(err, errNotClaimed) {
-		return nil, fmt.Errorf("engine: cancel %s: %w", id, ErrRunning)
-	}
-	if errors.Is(err, ErrPastPivot) || errors.Is(err, errCannotCancel) || errors.Is(err, ErrOutcomeUnknown) {
-		return nil, err
-	}
-	if err != nil {
-		return nil, fmt.Errorf("engine: cancel %s: %w", id, err)
-	}
-	return info, nil
-}
-
-// defaultCancelReason is a cancel's reason when the operator gives none.
-const defaultCancelReason = "cancelled by an operator"
-
 // ListOpts select the operations that List returns; zero fields select all.
 type ListOpts struct {
 	// Status keeps operations in this status.
@@ -279,94 +208,4 @@ func (e *Engine) List(ctx context.Context, opts *ListOpts) ([]*Info, error) {
 		out[i] = infoFromRecord(rec)
 	}
 	return out, nil
-}
-
-// Retention bounds: each batch deletes at most retentionBatch operations within
-// retentionBatchTimeout, so that the job never holds locks for long.
-const (
-	retentionBatch        = 1000
-	retentionBatchTimeout = 5 * time.Second
-)
-
-// retention is how long an operation of def is kept once it finished.
-func (e *Engine) retention(def *opDef) time.Duration {
-	if def.retention > 0 {
-		return def.retention
-	}
-	return e.cfg.Retention
-}
-
-// DeleteFinished deletes the finished operations whose retention has passed
-// before now (nil: the database's clock, as the retention job uses), in
-// batches, and returns how many it deleted. An operation's retention is the
-// one of the process that finished it (its OperationOpts.Retention, else
-// Config.Retention), stored with it then: a later deploy that shortens the
-// retention, or a process that does not run the type, never frees its key
-// early. Operations that finished before store migration 00009 have none
-// stored, and go by this process's retention for their type (its
-// Config.Retention for a type it does not run). Operations in progress are
-// never deleted; rows of the application that name an operation are not
-// touched. A key whose operation was deleted is free: a request that uses it
-// again starts a new operation. The retention job calls it; tests and
-// operators may too.
-func (e *Engine) DeleteFinished(ctx context.Context, now *time.Time) (int, error) {
-	total, err := e.deleteFinished(ctx, store.OperationDeleteFinishedParams{Now: now, Expired: true})
-	if err != nil {
-		return total, err
-	}
-	var own []string
-	for name, versions := range e.versions {
-		// One retention per name: the longest of its versions', so that no
-		// version's operations go before their time.
-		var retention time.Duration
-		for _, v := range versions {
-			retention = max(retention, e.def(name, int(v)).retention)
-		}
-		if retention == 0 {
-			continue
-		}
-		own = append(own, name)
-		n, err := e.deleteFinished(ctx, store.OperationDeleteFinishedParams{Now: now, Retention: retention, Name: name})
-		total += n
-		if err != nil {
-			return total, err
-		}
-	}
-	n, err := e.deleteFinished(ctx, store.OperationDeleteFinishedParams{Now: now, Retention: e.cfg.Retention, Exclude: own})
-	return total + n, err
-}
-
-func (e *Engine) deleteFinished(ctx context.Context, p store.OperationDeleteFinishedParams) (int, error) {
-	p.Max, p.Timeout = retentionBatch, retentionBatchTimeout
-	total := 0
-	for {
-		n, err := e.store.OperationDeleteFinished(ctx, e.control, p)
-		total += n
-		if err != nil {
-			return total, fmt.Errorf("engine: %w", err)
-		}
-		if n < p.Max {
-			return total, nil
-		}
-	}
-}
-
-// retentionArgs is the periodic job that deletes expired operations.
-type retentionArgs struct{}
-
-// Kind implements river.JobArgs.
-func (retentionArgs) Kind() string { return "idemflow_retention" }
-
-type retentionWorker struct {
-	river.WorkerDefaults[retentionArgs]
-	e *Engine
-}
-
-// Work deletes the operations whose retention has passed.
-func (w *retentionWorker) Work(ctx context.Context, job *river.Job[retentionArgs]) error {
-	n, err := w.e.DeleteFinished(ctx, nil)
-	if n > 0 {
-		w.e.logger.InfoContext(ctx, "deleted finished operations past their retention", slog.Int("deleted", n))
-	}
-	return err
 }

@@ -288,3 +288,46 @@ func (e *Engine) sameStart(rec *store.Operation, def *opDef, fp *Fingerprint, ra
 	}
 	return nil
 }
+
+// existingReadTimeout bounds the read of the operation that holds a key a
+// first attempt could not reserve; Stop waits for it.
+const existingReadTimeout = 2 * time.Second
+
+// existing reads the operation that holds the key a first attempt could not
+// reserve, and refuses it when its input differs from this start's.
+//
+// waited, when not nil, is why the reservation failed instead: it waited out
+// lock_timeout on the key's row, which a transaction was writing (the run that
+// holds the operation records a step, say) or had inserted and not committed
+// (another start's reservation). The row as last committed answers as a taken
+// key's would; with none, or when it cannot be read, the start is unavailable
+// for now (ErrUnavailable, errKeyRowLocked), and a retry finds how that
+// transaction ended.
+// Without waited, a row gone since the reservation found the key taken (the
+// retention job deleted it) is ErrUnavailable too: a retry reserves the key.
+//
+// The read does not end with the run's context, which ends when the
+// reservation took too long (errLeaseExpiring): the starter still waits for
+// its answer (Start reports a read that fails for want of the database as
+// ErrUnavailable).
+func (r *run) existing(ctx context.Context, waited error) reservation {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), existingReadTimeout)
+	defer cancel()
+	rec, err := r.e.store.OperationGetByKey(rctx, r.e.pool, r.scope, r.key)
+	switch {
+	case err == nil:
+	case waited != nil && errors.Is(err, store.ErrNotFound):
+		return reservation{err: fmt.Errorf("%w: %w: %w", ErrUnavailable, errKeyRowLocked, waited)}
+	case waited != nil:
+		return reservation{err: fmt.Errorf("%w: %w: %w; reading the key: %w", ErrUnavailable, errKeyRowLocked, waited, err)}
+	case errors.Is(err, store.ErrNotFound):
+		// Deleted since (by the retention job): the key is free again.
+		return reservation{err: fmt.Errorf("engine: the operation that held the key is gone; a retry reserves it: %w: %w", ErrUnavailable, err)}
+	default:
+		return reservation{err: fmt.Errorf("engine: read existing operation: %w", err)}
+	}
+	if err := r.e.sameStart(rec, r.def, r.fp, r.insert.Input); err != nil {
+		return reservation{err: err}
+	}
+	return reservation{existing: infoFromRecord(rec)}
+}

@@ -1,0 +1,206 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+)
+
+// Point names a moment in a step's attempt, or in its compensation's, at which
+// Config.Test.Hook is called.
+type Point string
+
+// HookEvent describes the moment at which a HookFunc is called.
+type HookEvent struct {
+	Operation   string
+	OperationID uuid.UUID
+	Step        string
+	Point       Point
+	// Attempt counts the attempts of the step, from 1.
+	Attempt int
+	// Resumed is true in a run that resumes the operation (a retry or a recovery),
+	// false in its first attempt.
+	Resumed bool
+}
+
+// HookFunc is called at each Point of every step attempt. It exists for fault
+// injection: the demo uses it to crash the process at a chosen point, and to
+// make steps fail or panic. An error it returns fails the attempt as the step's
+// own error would, and a panic in it is contained as a step's is.
+type HookFunc func(ctx context.Context, ev HookEvent) error
+
+// Config configures an Engine. The zero value of every field but Operations takes
+// its default.
+type Config struct {
+	// Operations are the operation types this engine runs. Names must be unique.
+	Operations []Definition
+	// Logger receives the engine's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Lease is how long a run holds an operation without renewing its claim. A run
+	// renews it every Lease/3 while it works; an operation whose holder stopped
+	// renewing (it crashed) is taken over by another process once the lease has
+	// expired. Defaults to 15 seconds.
+	Lease time.Duration
+	// SweepInterval is how often each process with started workers looks for
+	// operations whose lease expired, to resume them. Defaults to a third of
+	// the lease, at most 5 seconds.
+	SweepInterval time.Duration
+	// PollInterval bounds how long Wait sleeps between reads of an operation that
+	// runs in another process. Defaults to 500 milliseconds.
+	PollInterval time.Duration
+	// Queue is the River queue of the engine's jobs. Defaults to "idemflow".
+	Queue string
+	// MaxWorkers is how many operations the River workers of this process resume
+	// at once. Defaults to 20.
+	MaxWorkers int
+	// InlineRetryMax is the longest backoff that a run waits out itself, holding
+	// its lease, before it tries a failed step again. A longer backoff hands the
+	// operation to a River job scheduled at the backoff (River promotes scheduled
+	// jobs every 5 seconds, so a short backoff through it would take seconds).
+	// Defaults to 5 seconds; a negative value sends every retry through River.
+	InlineRetryMax time.Duration
+	// Retention is how long a finished operation, and so its key and stored
+	// answer, is kept before the retention job deletes it (OperationOpts.Retention
+	// overrides it per type). Defaults to 24 hours.
+	Retention time.Duration
+	// RetentionInterval is how often the leader runs the retention job. Defaults
+	// to 1 minute.
+	RetentionInterval time.Duration
+	// Observer, when not nil, is told what the engine does, for metrics and
+	// traces (Observers combines several).
+	Observer *Observer
+	// River configures the engine's River client: the application's
+	// workers and queues on it, its middleware, its rescue of stuck jobs.
+	River RiverConfig
+	// Test holds knobs for tests and fault injection, which production code
+	// leaves zero.
+	Test TestConfig
+	// ControlPool, when set, is the pool of the engine's own work: lease
+	// renewals, the sweeper, the retention job, and River's producer, leader
+	// and job completions. A pool of its own (4 connections are plenty) keeps
+	// the application's traffic on the main pool from starving the leases.
+	// Defaults to the main pool.
+	ControlPool *pgxpool.Pool
+	// MaxInFlight bounds the first attempts that run in this process at once:
+	// beyond it Start answers ErrOverloaded at once, reserving nothing (resumes
+	// are bounded by MaxWorkers). Defaults to 1000; negative means no bound.
+	MaxInFlight int
+	// AcquireTimeout bounds the wait for a connection of the main pool for a
+	// step's transaction: a starved pool fails the attempt (a first attempt's
+	// reservation: the Start, with ErrUnavailable) rather than wait for ever.
+	// Defaults to 5 seconds.
+	AcquireTimeout time.Duration
+	// Reconcile configures reconciliation: the outside services whose records
+	// are checked against the steps (see Engine.Reconcile).
+	Reconcile ReconcileConfig
+}
+
+// RiverConfig configures the engine's River client (Config.River).
+type RiverConfig struct {
+	// Middleware is installed on the client (River's Config.Middleware):
+	// OpenTelemetry's for River jobs, for instance (rivercontrib's otelriver).
+	Middleware []rivertype.Middleware
+	// Workers, when set, adds the application's workers to the engine's
+	// client (river.AddWorker), and Queues their queues, beside the engine's
+	// own (Config.Queue): one client, so that River's leader, which discards
+	// stuck jobs of kinds it has no worker for, knows the application's too.
+	// It is given the engine being made, which its workers may keep (such as
+	// entry/riverjob's, made with riverjob.New(e, ...)): nothing runs before
+	// StartWorkers.
+	Workers func(e *Engine, workers *river.Workers) error
+	Queues  map[string]river.QueueConfig
+	// RescueStuckJobsAfter is how long a River job may stay running before
+	// River's leader takes it for stuck (its process died) and runs it again
+	// (River's Config.RescueStuckJobsAfter; zero: River's hour). The engine's
+	// own jobs are safe to run twice (a run claims its operation); make the
+	// application's (Workers) so too, as entry/riverjob's are.
+	RescueStuckJobsAfter time.Duration
+}
+
+// TestConfig holds the knobs of Config that exist for tests and fault
+// injection.
+type TestConfig struct {
+	// Hook, when set, is called at each Point of every step attempt: to crash
+	// the process there, or to make the attempt fail or panic.
+	Hook HookFunc
+	// Lookup, when set, is given every answer of an external step's lookup
+	// (ev.Point is PointLookup) and returns the answer the engine acts on: to
+	// make a call land late (found, hidden until later) or stay pending for a
+	// while (an error matching ErrOutcomePending).
+	Lookup func(ctx context.Context, ev HookEvent, found bool, err error) (bool, error)
+}
+
+// The defaults of Config.
+const (
+	DefaultLease             = 15 * time.Second
+	DefaultSweepInterval     = 5 * time.Second
+	DefaultPollInterval      = 500 * time.Millisecond
+	DefaultQueue             = "idemflow"
+	DefaultMaxWorkers        = 20
+	DefaultInlineRetryMax    = 5 * time.Second
+	DefaultRetention         = 24 * time.Hour
+	DefaultRetentionInterval = time.Minute
+	DefaultMaxInFlight       = 1000
+	DefaultAcquireTimeout    = 5 * time.Second
+)
+
+func (c Config) withDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	if c.SweepInterval == 0 {
+		c.SweepInterval = min(c.Lease/3, DefaultSweepInterval)
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.Queue == "" {
+		c.Queue = DefaultQueue
+	}
+	if c.MaxWorkers == 0 {
+		c.MaxWorkers = DefaultMaxWorkers
+	}
+	if c.InlineRetryMax == 0 {
+		c.InlineRetryMax = DefaultInlineRetryMax
+	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.RetentionInterval == 0 {
+		c.RetentionInterval = DefaultRetentionInterval
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.AcquireTimeout == 0 {
+		c.AcquireTimeout = DefaultAcquireTimeout
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Lease < 100*time.Millisecond:
+		return errors.New("lease must be at least 100ms")
+	case c.SweepInterval < 10*time.Millisecond:
+		return errors.New("sweep interval must be at least 10ms")
+	case c.PollInterval <= 0:
+		return errors.New("poll interval must be positive")
+	case c.MaxWorkers < 1:
+		return errors.New("max workers must be at least 1")
+	case c.Retention < 0, c.RetentionInterval < 0:
+		return errors.New("retention and its interval must not be negative")
+	case c.AcquireTimeout < 0:
+		return errors.New("acquire timeout must not be negative")
+	}
+	return nil
+}

@@ -1,0 +1,75 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*Info, error) {
+	attempt := r.tries[st.name] + 1
+	started := time.Now()
+	ctx = r.startStep(ctx, st, attempt)
+	var tx *txn
+	if last {
+		tx = r.beginLast(ctx)
+	} else {
+		tx = r.beginStep(ctx)
+	}
+	defer tx.end(ctx)
+	err := protect(func() error {
+		if err := r.hook(ctx, st, PointBefore, attempt); err != nil {
+			return err
+		}
+		return st.tx(ctx, tx, r.attempt(st, attempt), r.in, r.state)
+	})
+	if tx.failed != nil {
+		// The engine's own statements sent with the step's failed: the step's
+		// error says nothing about the step.
+		return nil, runError(tx.failed)
+	}
+	if err == nil {
+		err = protect(func() error { return r.hook(ctx, st, PointAfterEffect, attempt) })
+	}
+	if err != nil {
+		tx.end(ctx)
+		return r.stepFailed(ctx, i, st, attempt, started, err)
+	}
+	prevState, prevRaw, prevStatus := r.state, r.stateRaw, r.status[st.name]
+	// undo takes back what succeeded queued, for a transaction that committed
+	// nothing after all.
+	undo := func() {
+		r.pending = r.pending[:len(r.pending)-1]
+		r.state, r.stateRaw, r.status[st.name] = prevState, prevRaw, prevStatus
+	}
+	if err := r.succeeded(i, st, attempt, started, ""); err != nil {
+		// Its writes roll back with the transaction: nothing happened.
+		tx.end(ctx)
+		return r.parkUndecodable(ctx, err)
+	}
+	var info *Info
+	if last {
+		info, err = r.commitSuccess(ctx, tx)
+	} else {
+		err = r.commit(ctx, tx)
+	}
+	var se *stepError
+	var re *resultError
+	switch {
+	case errors.As(err, &se):
+		// A statement the step queued with AtCommit failed: the step did not
+		// succeed after all, and nothing of its transaction committed.
+		undo()
+		return r.stepFailed(ctx, i, st, attempt, started, se.err)
+	case errors.As(err, &re):
+		// The result function failed, and the step's transaction rolled back
+		// with the result: the step's writes never happened, so there is
+		// nothing of its own to compensate.
+		undo()
+		return r.resultFailed(ctx, re.err)
+	}
+	if err == nil {
+		r.observeStep(ctx, st, attempt, started, StepSucceeded, nil)
+	}
+	return info, err
+}

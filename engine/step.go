@@ -1,0 +1,214 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// StepKind tells how the engine runs a step and checkpoints it.
+type StepKind string
+
+// TxFunc is the body of a transactional step. It reads the operation's input and
+// may change its state; its writes go through tx and commit with the checkpoint.
+type TxFunc[In, S any] func(ctx context.Context, tx Tx, at Attempt, in In, state *S) error
+
+// ExternalFunc is the body of an external step. It must pass at.Key to the
+// outside service as the idempotency key of its request.
+type ExternalFunc[In, S any] func(ctx context.Context, at Attempt, in In, state *S) error
+
+// LookupFunc asks the outside service whether an earlier attempt of an external
+// step, made with at.Key, went through. When it did, the function fills state as
+// the step would have and returns true: the step is checkpointed without a new call.
+// False with a nil error means that the service has nothing under the key.
+// Two errors are answers too: one that matches ErrOutcomePending (see Pending) says
+// that the service has the call but no final outcome yet (it is still
+// processing, or accepted it as pending), and a *PermanentError from Fail
+// says that the call ended without effect (a pending payout that failed):
+// the step fails with it. Any other error is a lookup that could not answer.
+type LookupFunc[In, S any] func(ctx context.Context, at Attempt, in In, state *S) (bool, error)
+
+// CompensateFunc undoes a succeeded step when a later step fails permanently. It
+// runs in a transaction that also records the compensation, so it takes effect
+// once. at is the compensation's attempt; its Key is the step's derived key.
+type CompensateFunc[In, S any] func(ctx context.Context, tx Tx, at Attempt, in In, state *S) error
+
+// Attempt describes one attempt of a step, of any kind, or of its compensation or
+// lookup.
+type Attempt struct {
+	// Key is the step's derived idempotency key: the same for every attempt of
+	// this step of this operation, in every process, and unknown to anyone
+	// without the database (see the package documentation, "Derived keys"). An
+	// external step passes it to the outside service; a transactional step may
+	// record it as a reference unique to the step.
+	Key string
+	// Number counts the attempts of the step (or of its compensation), from 1.
+	Number int
+	// OperationID is the id of the operation the step belongs to.
+	OperationID uuid.UUID
+	// Operation, Step, Scope and OperationKey identify the step.
+	Operation    string
+	Step         string
+	Scope        string
+	OperationKey string
+}
+
+// Step is one named step of an operation: a TxStepDef or an ExternalStepDef, made
+// with TxStep or ExternalStep.
+type Step[In, S any] interface {
+	// Name returns the step's name.
+	Name() string
+	spec() *stepSpec[In, S]
+}
+
+// stepSpec is what both kinds of step declare.
+type stepSpec[In, S any] struct {
+	name       string
+	kind       StepKind
+	tx         TxFunc[In, S]
+	external   ExternalFunc[In, S]
+	lookup     LookupFunc[In, S]
+	compensate CompensateFunc[In, S]
+	retry      RetryPolicy
+	// settle is the step's settle window; settleSet tells an explicit zero
+	// from the default.
+	settle    time.Duration
+	settleSet bool
+	resolve   ResolveFunc[In, S]
+	reconcile ReconcileFunc[In]
+}
+
+// TxStepDef declares a transactional step. Make one with TxStep; its methods
+// return a changed copy.
+type TxStepDef[In, S any] struct{ s stepSpec[In, S] }
+
+// TxStep declares a transactional step named name that runs fn.
+func TxStep[In, S any](name string, fn TxFunc[In, S]) TxStepDef[In, S] {
+	return TxStepDef[In, S]{stepSpec[In, S]{name: name, kind: StepKindTx, tx: fn}}
+}
+
+// Name returns the step's name.
+func (d TxStepDef[In, S]) Name() string { return d.s.name }
+
+// Compensate returns the step with fn as its compensation: what undoes it when a
+// later step fails permanently.
+func (d TxStepDef[In, S]) Compensate(fn CompensateFunc[In, S]) TxStepDef[In, S] {
+	d.s.compensate = fn
+	return d
+}
+
+// Retries returns the step with p as its retry policy; p's zero fields keep the
+// operation's values (OperationOpts.Retry).
+func (d TxStepDef[In, S]) Retries(p RetryPolicy) TxStepDef[In, S] {
+	d.s.retry = p
+	return d
+}
+
+func (d TxStepDef[In, S]) spec() *stepSpec[In, S] { return &d.s }
+
+// ExternalStepDef declares a step that calls an outside service with a derived
+// idempotency key. Make one with ExternalStep; its methods return a changed copy.
+type ExternalStepDef[In, S any] struct{ s stepSpec[In, S] }
+
+// ExternalStep declares an external step named name that runs fn.
+func ExternalStep[In, S any](name string, fn ExternalFunc[In, S]) ExternalStepDef[In, S] {
+	return ExternalStepDef[In, S]{stepSpec[In, S]{name: name, kind: StepKindExternal, external: fn}}
+}
+
+// Name returns the step's name.
+func (d ExternalStepDef[In, S]) Name() string { return d.s.name }
+
+// Lookup returns the step with fn as its lookup: what asks the outside service,
+// by derived key, whether a lost attempt went through. Without one, an attempt
+// whose outcome is unknown parks the operation (see the package documentation,
+// "Failure").
+func (d ExternalStepDef[In, S]) Lookup(fn LookupFunc[In, S]) ExternalStepDef[In, S] {
+	d.s.lookup = fn
+	return d
+}
+
+// Compensate returns the step with fn as its compensation: what undoes it when a
+// later step fails permanently. An external step without one is a point of no
+// return (a pivot).
+func (d ExternalStepDef[In, S]) Compensate(fn CompensateFunc[In, S]) ExternalStepDef[In, S] {
+	d.s.compensate = fn
+	return d
+}
+
+// Retries returns the step with p as its retry policy; p's zero fields keep the
+// operation's values (OperationOpts.Retry).
+func (d ExternalStepDef[In, S]) Retries(p RetryPolicy) ExternalStepDef[In, S] {
+	d.s.retry = p
+	return d
+}
+
+// Settle returns the step with d as its settle window: the longest time the
+// outside service may take to carry out a request after it was sent, so that
+// a request that got no definite answer (a timeout, a lost connection, a 5xx,
+// a crash mid-call) may land up to d after it. A lookup that finds nothing
+// decides "not made" only once d has passed since the step's last request
+// was sent; until then the step waits (see the package documentation,
+// "Late and unknown outcomes"). A pending outcome that is not final after d
+// makes the operation need attention, while it goes on waiting. Zero means
+// that an answerless request never lands later: only for a service that
+// guarantees it. Defaults to DefaultSettle.
+func (d ExternalStepDef[In, S]) Settle(window time.Duration) ExternalStepDef[In, S] {
+	d.s.settle, d.s.settleSet = window, true
+	return d
+}
+
+// Resolve returns the step with fn as what records, in the state, a call that
+// an operator says was made, under the outside service's reference (see
+// Engine.Resolve). Without one, an operator's "made" leaves the state as the
+// step's lookup, or else the step before it, left it.
+func (d ExternalStepDef[In, S]) Resolve(fn ResolveFunc[In, S]) ExternalStepDef[In, S] {
+	d.s.resolve = fn
+	return d
+}
+
+// Reconcile returns the step with fn as what compares a record of the outside
+// service under the step's derived key with the operation's input, once the
+// step succeeded (see Engine.Reconcile): an amount or an order that is not
+// what was asked. Without one, reconciliation checks only that the record and
+// the step agree on whether the call was carried out.
+func (d ExternalStepDef[In, S]) Reconcile(fn ReconcileFunc[In]) ExternalStepDef[In, S] {
+	d.s.reconcile = fn
+	return d
+}
+
+// DefaultSettle is the settle window of an external step that does not set one.
+const DefaultSettle = 5 * time.Minute
+
+func (d ExternalStepDef[In, S]) spec() *stepSpec[In, S] { return &d.s }
+
+type stepDef struct {
+	name       string
+	kind       StepKind
+	tx         func(ctx context.Context, tx Tx, at Attempt, in, state any) error
+	external   func(ctx context.Context, at Attempt, in, state any) error
+	lookup     func(ctx context.Context, at Attempt, in, state any) (bool, error)
+	compensate func(ctx context.Context, tx Tx, at Attempt, in, state any) error
+	retry      RetryPolicy
+	// settle is an external step's settle window (see ExternalStepDef.Settle).
+	settle time.Duration
+	// resolve records an operator's reference in the state (ExternalStepDef.Resolve).
+	resolve func(in, state any, reference string) error
+	// reconcile compares a record with the input (ExternalStepDef.Reconcile).
+	reconcile func(in any, rec Record) MismatchKind
+}
+
+// pivot reports whether the step is a point of no return: it calls out and
+// cannot be undone. Once one has succeeded, its operation only goes forward.
+func (s *stepDef) pivot() bool { return s.kind == StepKindExternal && s.compensate == nil }
+
+// The kinds of step.
+const (
+	// StepKindTx is a step that writes to the database: its writes and its checkpoint
+	// commit in one transaction, so it takes effect exactly once.
+	StepKindTx StepKind = "tx"
+	// StepKindExternal is a step that calls something outside the database. It gets a
+	// derived idempotency key, the same on every attempt, and its result is
+	// checkpointed as soon as it returns.
+	StepKindExternal StepKind = "external"
+)
