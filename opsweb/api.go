@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idempotency"
 )
 
 // maxLimit bounds a page of the list.
@@ -91,18 +92,11 @@ type failureBody struct {
 	ServerFault bool   `json:"serverFault"`
 }
 
+// stepBody is a step as its client reads it (idempotency.StepJSON), with its
+// kind and the operators' cause of its last failure.
 type stepBody struct {
-	Name       string     `json:"name"`
-	Kind       string     `json:"kind,omitempty"`
-	Status     string     `json:"status"`
-	Attempts   int        `json:"attempts"`
-	DerivedKey string     `json:"derivedKey,omitempty"`
-	ResolvedBy string     `json:"resolvedBy,omitempty"`
-	StartedAt  *time.Time `json:"startedAt"`
-	FinishedAt *time.Time `json:"finishedAt"`
-	// LastError is the last failure's text for the client, LastCause the same
-	// failure for operators.
-	LastError *string `json:"lastError"`
+	idempotency.StepJSON
+	Kind      string  `json:"kind,omitempty"`
 	LastCause *string `json:"lastCause"`
 }
 
@@ -125,16 +119,10 @@ func operationOf(info *engine.Info) operationBody {
 	if f != nil {
 		body.Failure = &failureBody{Code: f.Code, Message: f.Message, Cause: f.Cause, Step: f.Step, ServerFault: f.ServerFault()}
 	}
-	for _, st := range info.Steps {
-		sb := stepBody{
-			Name: st.Name, Kind: string(st.Kind), Status: string(st.Status), Attempts: st.Attempts,
-			DerivedKey: st.DerivedKey, ResolvedBy: st.ResolvedBy, StartedAt: st.StartedAt, FinishedAt: st.FinishedAt,
-		}
-		if st.LastError != "" {
-			sb.LastError = &st.LastError
-		}
-		if st.LastCause != "" {
-			sb.LastCause = &st.LastCause
+	for i, st := range idempotency.NewOperationJSON(info).Steps {
+		sb := stepBody{StepJSON: st, Kind: string(info.Steps[i].Kind)}
+		if c := info.Steps[i].LastCause; c != "" {
+			sb.LastCause = &c
 		}
 		body.Steps = append(body.Steps, sb)
 	}
