@@ -47,7 +47,7 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 		return nil, ErrStopped
 	}
 	defer e.runs.Done()
-	runID := uuid.New()
+	runID := e.newRunID()
 	leaseFrom := time.Now()
 	// Only an operation of a version this process runs is claimed: one of
 	// another is left exactly as it is.

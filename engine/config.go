@@ -96,6 +96,9 @@ type Config struct {
 	// reservation: the Start, with ErrUnavailable) rather than wait for ever.
 	// Defaults to 5 seconds.
 	AcquireTimeout time.Duration
+	// Takeover configures how a process with workers takes over a dead
+	// process's operations at once, rather than when their lease ends.
+	Takeover TakeoverConfig
 	// Reconcile configures reconciliation: the outside services whose records
 	// are checked against the steps (see Engine.Reconcile).
 	Reconcile ReconcileConfig
@@ -183,6 +186,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AcquireTimeout == 0 {
 		c.AcquireTimeout = DefaultAcquireTimeout
+	}
+	if c.Takeover.Interval == 0 {
+		c.Takeover.Interval = DefaultTakeoverInterval
 	}
 	return c
 }

@@ -80,6 +80,9 @@ type Engine struct {
 	// workers is true once StartWorkers has started River here; warned once
 	// an operation was handed to River without them.
 	workers, warned atomic.Bool
+	// liveKey is the key of this process's liveness lock while it holds it
+	// (see TakeoverConfig), 0 otherwise: the first bytes of its runs' ids.
+	liveKey atomic.Int32
 }
 
 // handedToRiver warns, once per process, when an operation goes to a River job
@@ -211,6 +214,16 @@ func (e *Engine) StartWorkers(ctx context.Context) error {
 		return fmt.Errorf("engine: start river: %w", err)
 	}
 	e.workers.Store(true)
+	if e.cfg.Takeover.Interval >= 0 {
+		if err := e.holdLiveness(e.baseCtx); err != nil {
+			e.logger.WarnContext(ctx, "no liveness lock: this process's operations are taken over when their lease ends, not when it dies", slog.Any("error", err))
+		}
+		e.sweeps.Add(1)
+		go func() {
+			defer e.sweeps.Done()
+			e.takeOverLoop(e.baseCtx)
+		}()
+	}
 	if err := e.heartbeat(ctx); err != nil {
 		e.logger.WarnContext(ctx, "could not record this process for operators", slog.Any("error", err))
 	}

@@ -106,26 +106,42 @@ func (e *Engine) Sweep(ctx context.Context) error {
 		}
 		expired = append(expired, found...)
 	}
+	if len(expired) == 0 {
+		return nil
+	}
+	// One transaction, so one River insert notification for all the jobs (see
+	// takeOver).
+	tx, err := e.control.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("engine: sweep: %w", err)
+	}
+	defer rollback(ctx, tx)
+	var jobs []river.InsertManyParams
 	for _, op := range expired {
-		tx, err := e.control.Begin(ctx)
-		if err != nil {
-			return fmt.Errorf("engine: sweep: %w", err)
-		}
 		ok, err := e.store.OperationExtendExpired(ctx, tx, op.ID, e.cfg.Lease, nil)
-		if err == nil && ok {
-			_, err = e.river.InsertTx(ctx, tx, resumeArgs{OperationID: op.ID, Operation: op.Name, Recovery: true}, &river.InsertOpts{Queue: e.cfg.Queue})
-		}
-		if err == nil {
-			err = tx.Commit(ctx)
-		}
-		rollback(ctx, tx)
 		if err != nil {
 			return fmt.Errorf("engine: sweep: %w", err)
 		}
 		if ok {
-			e.logger.InfoContext(ctx, "lease expired; resuming operation",
-				slog.String("operation_id", op.ID.String()), slog.String("operation", op.Name))
+			jobs = append(jobs, river.InsertManyParams{
+				Args:       resumeArgs{OperationID: op.ID, Operation: op.Name, Recovery: true},
+				InsertOpts: &river.InsertOpts{Queue: e.cfg.Queue},
+			})
 		}
+	}
+	if len(jobs) == 0 {
+		return nil
+	}
+	if _, err := e.river.InsertManyTx(ctx, tx, jobs); err != nil {
+		return fmt.Errorf("engine: sweep: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("engine: sweep: %w", err)
+	}
+	for _, j := range jobs {
+		a := j.Args.(resumeArgs)
+		e.logger.InfoContext(ctx, "lease expired; resuming operation",
+			slog.String("operation_id", a.OperationID.String()), slog.String("operation", a.Operation))
 	}
 	return nil
 }

@@ -347,3 +347,35 @@ FROM idemflow_operation WHERE id = @id;
 UPDATE idemflow_operation
 SET parked = false, attention_code = NULL, attention = NULL
 WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
+
+-- name: OperationListOrphaned :many
+-- Operations in progress of the definitions given whose lease a run of a dead
+-- process holds: the run's id starts with its process's liveness key (a
+-- session advisory lock in the namespace given, which PostgreSQL releases when
+-- the session ends), and no session of this database holds that lock any
+-- more. A run of a process without one (key 0) is left to its lease.
+WITH live AS MATERIALIZED (
+    SELECT k AS key FROM idemflow_live_keys(sqlc.arg(namespace)::bigint) AS k
+)
+SELECT o.id, o.name, o.locked_by::uuid AS run_id
+FROM idemflow_operation AS o
+WHERE o.state = 'in_progress' AND NOT o.parked
+  AND o.name || '@' || o.version = ANY (sqlc.arg(definitions)::text[])
+  AND o.locked_by IS NOT NULL AND o.locked_until >= now()
+  AND left(o.locked_by::text, 8) <> '00000000'
+  AND NOT EXISTS (
+      SELECT 1 FROM live
+      WHERE live.key = ('x' || left(o.locked_by::text, 8))::bit(32)::integer::bigint
+  )
+LIMIT sqlc.arg(max)::int;
+
+-- name: OperationTakeOver :execrows
+-- Takes an operation from the dead run that holds it, for a resume job queued
+-- in the same transaction, as OperationExtendExpired does for an expired
+-- lease: the dead run may have been calling out until now.
+UPDATE idemflow_operation
+SET locked_by = NULL,
+    locked_until = now() + @lease::interval,
+    calls_until = greatest(calls_until, now())
+WHERE id = @id AND locked_by = @run_id
+  AND state = 'in_progress' AND NOT parked;

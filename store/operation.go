@@ -514,3 +514,38 @@ func (s *Store) OperationInProgressStats(ctx context.Context, db DBTX) ([]InProg
 	}
 	return out, nil
 }
+
+// OrphanedOperation is an operation whose lease a run of a dead process holds.
+type OrphanedOperation struct {
+	ID   uuid.UUID
+	Name string
+	// RunID is the dead run's.
+	RunID uuid.UUID
+}
+
+// OperationListOrphaned lists at most max operations of definitions ("name@version")
+// whose lease a run of a dead process holds: one whose id starts with a key of
+// namespace that no session of the database holds as an advisory lock.
+func (s *Store) OperationListOrphaned(ctx context.Context, db DBTX, namespace int64, definitions []string, max int) ([]OrphanedOperation, error) {
+	rows, err := s.q.OperationListOrphaned(ctx, db, dbsqlc.OperationListOrphanedParams{Namespace: namespace, Definitions: definitions, Max: int32(max)})
+	if err != nil {
+		return nil, fmt.Errorf("store: list orphaned operations: %w", err)
+	}
+	out := make([]OrphanedOperation, len(rows))
+	for i, r := range rows {
+		out[i] = OrphanedOperation{ID: uuid.UUID(r.ID), Name: r.Name, RunID: uuid.UUID(r.RunID)}
+	}
+	return out, nil
+}
+
+// OperationTakeOver takes operation id from the dead run run, with a lease for
+// the resume job queued in the same transaction; false when that run no
+// longer holds it.
+func (s *Store) OperationTakeOver(ctx context.Context, db DBTX, id, run uuid.UUID, lease time.Duration) (bool, error) {
+	r := pguuid.UUID(run)
+	n, err := s.q.OperationTakeOver(ctx, db, dbsqlc.OperationTakeOverParams{ID: pguuid.UUID(id), RunID: &r, Lease: lease})
+	if err != nil {
+		return false, fmt.Errorf("store: take over operation: %w", err)
+	}
+	return n == 1, nil
+}

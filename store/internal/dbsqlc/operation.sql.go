@@ -715,6 +715,60 @@ func (q *Queries) OperationListExpired(ctx context.Context, db DBTX, arg Operati
 	return items, nil
 }
 
+const operationListOrphaned = `-- name: OperationListOrphaned :many
+WITH live AS MATERIALIZED (
+    SELECT k AS key FROM idemflow_live_keys($3::bigint) AS k
+)
+SELECT o.id, o.name, o.locked_by::uuid AS run_id
+FROM idemflow_operation AS o
+WHERE o.state = 'in_progress' AND NOT o.parked
+  AND o.name || '@' || o.version = ANY ($1::text[])
+  AND o.locked_by IS NOT NULL AND o.locked_until >= now()
+  AND left(o.locked_by::text, 8) <> '00000000'
+  AND NOT EXISTS (
+      SELECT 1 FROM live
+      WHERE live.key = ('x' || left(o.locked_by::text, 8))::bit(32)::integer::bigint
+  )
+LIMIT $2::int
+`
+
+type OperationListOrphanedParams struct {
+	Definitions []string
+	Max         int32
+	Namespace   int64
+}
+
+type OperationListOrphanedRow struct {
+	ID    pguuid.UUID
+	Name  string
+	RunID pguuid.UUID
+}
+
+// Operations in progress of the definitions given whose lease a run of a dead
+// process holds: the run's id starts with its process's liveness key (a
+// session advisory lock in the namespace given, which PostgreSQL releases when
+// the session ends), and no session of this database holds that lock any
+// more. A run of a process without one (key 0) is left to its lease.
+func (q *Queries) OperationListOrphaned(ctx context.Context, db DBTX, arg OperationListOrphanedParams) ([]*OperationListOrphanedRow, error) {
+	rows, err := db.Query(ctx, operationListOrphaned, arg.Definitions, arg.Max, arg.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*OperationListOrphanedRow
+	for rows.Next() {
+		var i OperationListOrphanedRow
+		if err := rows.Scan(&i.ID, &i.Name, &i.RunID); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const operationListOtherVersions = `-- name: OperationListOtherVersions :many
 SELECT id, version FROM idemflow_operation
 WHERE name = $1 AND NOT (version = ANY ($2::integer[]))
@@ -1035,6 +1089,32 @@ type OperationSetErrorParams struct {
 // a resumed run finishes it with the same error.
 func (q *Queries) OperationSetError(ctx context.Context, db DBTX, arg OperationSetErrorParams) (int64, error) {
 	result, err := db.Exec(ctx, operationSetError, arg.Error, arg.ID, arg.RunID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const operationTakeOver = `-- name: OperationTakeOver :execrows
+UPDATE idemflow_operation
+SET locked_by = NULL,
+    locked_until = now() + $1::interval,
+    calls_until = greatest(calls_until, now())
+WHERE id = $2 AND locked_by = $3
+  AND state = 'in_progress' AND NOT parked
+`
+
+type OperationTakeOverParams struct {
+	Lease time.Duration
+	ID    pguuid.UUID
+	RunID *pguuid.UUID
+}
+
+// Takes an operation from the dead run that holds it, for a resume job queued
+// in the same transaction, as OperationExtendExpired does for an expired
+// lease: the dead run may have been calling out until now.
+func (q *Queries) OperationTakeOver(ctx context.Context, db DBTX, arg OperationTakeOverParams) (int64, error) {
+	result, err := db.Exec(ctx, operationTakeOver, arg.Lease, arg.ID, arg.RunID)
 	if err != nil {
 		return 0, err
 	}
