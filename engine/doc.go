@@ -207,6 +207,14 @@
 // a step cannot commit it, nor the step's writes. Leases, retry times and the
 // retention horizon use the database's clock.
 //
+// A process with workers also holds a session advisory lock for as long as it
+// lives, whose key starts its runs' ids (TakeoverConfig). PostgreSQL releases
+// it the moment the session ends, so the other processes take a dead
+// process's operations over within a fraction of a second rather than at the
+// end of the lease; a process that is alive but slow keeps its session, its
+// lock and its operations. The lease stays the bound when no lock is held (no
+// workers, or a liveness connection through a pooler).
+//
 // # Derived keys
 //
 // An external step's Attempt.Key is the operation's id followed by a digest of
