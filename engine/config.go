@@ -91,6 +91,14 @@ type Config struct {
 	// beyond it Start answers ErrOverloaded at once, reserving nothing (resumes
 	// are bounded by MaxWorkers). Defaults to 1000; negative means no bound.
 	MaxInFlight int
+	// MaxInFlightPerScope bounds the operations of one scope (one client)
+	// running in this process at once, first attempts and resumes together:
+	// beyond it Start answers ErrScopeBusy at once, reserving nothing, and a
+	// resume of that scope is put back for a second (River's job snoozed), so
+	// that one client's burst leaves the others their share of MaxInFlight and
+	// MaxWorkers. Zero means no bound. To bound a scope across processes, give
+	// it a bound per process that sums to what it may have.
+	MaxInFlightPerScope int
 	// AcquireTimeout bounds the wait for a connection of the main pool for a
 	// step's transaction: a starved pool fails the attempt (a first attempt's
 	// reservation: the Start, with ErrUnavailable) rather than wait for ever.
@@ -205,6 +213,8 @@ func (c Config) validate() error {
 		return errors.New("max workers must be at least 1")
 	case c.Retention < 0, c.RetentionInterval < 0:
 		return errors.New("retention and its interval must not be negative")
+	case c.MaxInFlightPerScope < 0:
+		return errors.New("max in flight per scope must not be negative")
 	case c.AcquireTimeout < 0:
 		return errors.New("acquire timeout must not be negative")
 	}

@@ -77,6 +77,9 @@ type Engine struct {
 	waitLogged sync.Map
 	// inFlight counts the first attempts running in this process.
 	inFlight atomic.Int64
+	// scopes counts, by scope, the runs in this process (first attempts and
+	// resumes) while Config.MaxInFlightPerScope bounds them.
+	scopes scopeCounts
 	// workers is true once StartWorkers has started River here; warned once
 	// an operation was handed to River without them.
 	workers, warned atomic.Bool

@@ -53,6 +53,11 @@ var (
 	// when Config.MaxInFlight first attempts already run in this process and
 	// the key is free (a start whose key is taken is answered as always).
 	ErrOverloaded = errors.New("too many operations in flight")
+	// ErrScopeBusy is returned by Start, at once and with nothing reserved,
+	// when the scope has Config.MaxInFlightPerScope operations running in this
+	// process: the client is over its share, the others are not; it may retry
+	// the same key later.
+	ErrScopeBusy = errors.New("too many operations of this scope in flight")
 	// ErrOutcomePending is matched by the error of Pending: an external call that the
 	// outside service accepted, with its final outcome to come, or a lookup
 	// that found the call still being processed.

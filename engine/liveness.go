@@ -177,7 +177,7 @@ func (e *Engine) takeOver(ctx context.Context) error {
 		}
 		if ok {
 			jobs = append(jobs, river.InsertManyParams{
-				Args:       resumeArgs{OperationID: op.ID, Operation: op.Name, Recovery: true},
+				Args:       resumeArgs{OperationID: op.ID, Operation: op.Name, Recovery: true, Scope: op.Scope},
 				InsertOpts: &river.InsertOpts{Queue: e.cfg.Queue},
 			})
 		}

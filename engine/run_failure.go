@@ -229,7 +229,7 @@ func (r *run) handOff(ctx context.Context, tx *txn, delay time.Duration) error {
 	if err != nil {
 		return runError(err)
 	}
-	if _, err := r.e.river.InsertTx(ctx, ptx, resumeArgs{OperationID: r.id, Operation: r.def.name},
+	if _, err := r.e.river.InsertTx(ctx, ptx, resumeArgs{OperationID: r.id, Operation: r.def.name, Scope: r.scope},
 		&river.InsertOpts{Queue: r.e.cfg.Queue, ScheduledAt: runAt}); err != nil {
 		return fmt.Errorf("engine: enqueue retry: %w", err)
 	}

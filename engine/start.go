@@ -98,22 +98,16 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 	}
 	if max := e.cfg.MaxInFlight; e.inFlight.Add(1) > int64(max) && max > 0 {
 		e.inFlight.Add(-1)
-		// A retry needs no room: read the key, and answer as a reservation
-		// that found it taken would.
-		rec, err := e.store.OperationGetByKey(ctx, e.pool, scope, key)
-		switch {
-		case err == nil:
-			if err := e.sameStart(rec, def, p.fp, p.raw); err != nil {
-				return nil, err
-			}
-			return &Started{ID: rec.ID, Existing: infoFromRecord(rec), e: e}, nil
-		case !errors.Is(err, store.ErrNotFound):
-			return nil, fmt.Errorf("engine: start %q: %w: %w", def.name, ErrUnavailable, err)
-		}
-		return nil, fmt.Errorf("engine: start %q: %w (%d)", def.name, ErrOverloaded, max)
+		return e.startWithoutRoom(ctx, def, p, fmt.Errorf("%w (%d)", ErrOverloaded, max))
+	}
+	perScope := e.cfg.MaxInFlightPerScope
+	if !e.scopes.enter(scope, perScope) {
+		e.inFlight.Add(-1)
+		return e.startWithoutRoom(ctx, def, p, fmt.Errorf("%w (%d)", ErrScopeBusy, perScope))
 	}
 	if !e.addRun() {
 		e.inFlight.Add(-1)
+		e.scopes.leave(scope, perScope)
 		return nil, ErrStopped
 	}
 	r := &run{
@@ -144,6 +138,7 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 	if err != nil {
 		e.runs.Done()
 		e.inFlight.Add(-1)
+		e.scopes.leave(scope, perScope)
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	r.state = state
@@ -155,6 +150,7 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 	e.goRun(func() {
 		defer e.runs.Done()
 		defer e.inFlight.Add(-1)
+		defer e.scopes.leave(scope, perScope)
 		defer cancelRun()
 		defer stopWithEngine()
 		r.execute(runCtx)
@@ -181,6 +177,23 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// startWithoutRoom answers a start that has no room to run (why): a retry
+// needs none, so the key is read, and a start that finds it taken is
+// answered as a reservation that found it would be; else why.
+func (e *Engine) startWithoutRoom(ctx context.Context, def *opDef, p *prepared, why error) (*Started, error) {
+	rec, err := e.store.OperationGetByKey(ctx, e.pool, p.scope, p.key)
+	switch {
+	case err == nil:
+		if err := e.sameStart(rec, def, p.fp, p.raw); err != nil {
+			return nil, err
+		}
+		return &Started{ID: rec.ID, Existing: infoFromRecord(rec), e: e}, nil
+	case !errors.Is(err, store.ErrNotFound):
+		return nil, fmt.Errorf("engine: start %q: %w: %w", def.name, ErrUnavailable, err)
+	}
+	return nil, fmt.Errorf("engine: start %q: %w", def.name, why)
 }
 
 // StartTx is Start inside the caller's transaction: the key's reservation, the
@@ -210,7 +223,7 @@ func StartTx[In, S, Out any](ctx context.Context, tx pgx.Tx, e *Engine, op *Oper
 		}
 		return &Started{ID: rec.ID, Existing: infoFromRecord(rec), e: e}, nil
 	}
-	if _, err := e.river.InsertTx(ctx, tx, resumeArgs{OperationID: id, Operation: def.name}, &river.InsertOpts{Queue: e.cfg.Queue}); err != nil {
+	if _, err := e.river.InsertTx(ctx, tx, resumeArgs{OperationID: id, Operation: def.name, Scope: scope}, &river.InsertOpts{Queue: e.cfg.Queue}); err != nil {
 		return nil, fmt.Errorf("engine: enqueue operation: %w", err)
 	}
 	e.handedToRiver(ctx)

@@ -22,6 +22,9 @@ type resumeArgs struct {
 	// Recovery is true for the sweeper's job: the run before it stopped
 	// renewing its lease.
 	Recovery bool `json:"recovery,omitempty"`
+	// Scope is the operation's, when the job's maker knew it: a resume of a
+	// scope over its share (Config.MaxInFlightPerScope) waits.
+	Scope string `json:"scope,omitempty"`
 }
 
 // Kind implements river.JobArgs.
@@ -34,7 +37,18 @@ type resumeWorker struct {
 
 // Work claims the operation and runs what is left of it. An operation that is
 // finished, or held by a live run, needs nothing from this job.
+//
+// A job of a scope that has Config.MaxInFlightPerScope runs here already is
+// put back (snoozed, which uses up no attempt), so that the jobs of other
+// scopes go first.
 func (w *resumeWorker) Work(ctx context.Context, job *river.Job[resumeArgs]) error {
+	scope, max := job.Args.Scope, w.e.cfg.MaxInFlightPerScope
+	if scope != "" {
+		if !w.e.scopes.enter(scope, max) {
+			return river.JobSnooze(scopeSnooze)
+		}
+		defer w.e.scopes.leave(scope, max)
+	}
 	return w.e.resume(ctx, job.Args.OperationID, job.Args.Operation, job.Args.Recovery)
 }
 
@@ -124,7 +138,7 @@ func (e *Engine) Sweep(ctx context.Context) error {
 		}
 		if ok {
 			jobs = append(jobs, river.InsertManyParams{
-				Args:       resumeArgs{OperationID: op.ID, Operation: op.Name, Recovery: true},
+				Args:       resumeArgs{OperationID: op.ID, Operation: op.Name, Recovery: true, Scope: op.Scope},
 				InsertOpts: &river.InsertOpts{Queue: e.cfg.Queue},
 			})
 		}

@@ -80,8 +80,10 @@
 // stays free: service_unavailable while the engine stops, or when the database
 // does not answer the reservation within Config.ReserveTimeout (should the
 // reservation commit after all, a retry finds the operation); overloaded when
-// the process runs engine.Config.MaxInFlight operations already. Any other
-// failure before the key is reserved answers 500 internal_error.
+// the process runs engine.Config.MaxInFlight operations already. A client that
+// runs engine.Config.MaxInFlightPerScope operations in the process already is
+// over its share: 429 too_many_requests with Retry-After, the key free too. Any
+// other failure before the key is reserved answers 500 internal_error.
 //
 // A request refused without reading its body (a 401 from ScopeFunc, a 413)
 // answers with Connection: close (see RefuseBody).

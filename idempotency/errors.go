@@ -23,6 +23,10 @@ const (
 	// CodeOverloaded answers a request that this process has no room to run
 	// (engine.ErrOverloaded): 503 with Retry-After, no key consumed.
 	CodeOverloaded = "overloaded"
+	// CodeTooManyRequests answers a request of a client that has its share of
+	// the operations in flight (engine.ErrScopeBusy): 429 with Retry-After, no
+	// key consumed.
+	CodeTooManyRequests = "too_many_requests"
 	// CodeOperationFailed answers an operation that ended with a server fault
 	// (engine.PermanentError.ServerFault), with a fixed message: 500.
 	CodeOperationFailed = "operation_failed"

@@ -240,6 +240,11 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 	case errors.Is(err, engine.ErrOverloaded):
 		ep.unavailable(w, CodeOverloaded, "the server has too many operations in flight; retry with the same key")
 		return
+	case errors.Is(err, engine.ErrScopeBusy):
+		// This client is over its share; the others are not: 429, not 503.
+		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(ep.cfg.RetryAfter), 10))
+		WriteError(w, http.StatusTooManyRequests, CodeTooManyRequests, "you have too many operations in flight; retry with the same key", nil)
+		return
 	case engine.IsUnavailable(err):
 		log().WarnContext(ctx, "the database did not answer the reservation", slog.Any("error", err))
 		ep.unavailable(w, CodeServiceUnavailable, "the database is not available; retry with the same key")

@@ -109,6 +109,8 @@ type harnessOpts struct {
 	workers bool
 	// maxAttempts is the attempts of a step failing transiently; default 3.
 	maxAttempts int
+	// perScope is engine.Config.MaxInFlightPerScope.
+	perScope int
 }
 
 func setup(t *testing.T, opts harnessOpts) *harness {
@@ -131,8 +133,9 @@ func setup(t *testing.T, opts harnessOpts) *harness {
 	require.NoError(t, err)
 	h.e, err = engine.New(h.pool, &engine.Config{
 		Operations:    []engine.Definition{h.op},
-		PollInterval:  20 * time.Millisecond,
-		SweepInterval: 50 * time.Millisecond,
+		PollInterval:        20 * time.Millisecond,
+		SweepInterval:       50 * time.Millisecond,
+		MaxInFlightPerScope: opts.perScope,
 	})
 	require.NoError(t, err)
 	if opts.workers {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -86,4 +87,30 @@ func TestOperationHandler(t *testing.T) {
 
 	_, err = idempotency.OperationHandler(&idempotency.Config{Engine: h.e}, nil)
 	require.Error(t, err, "no scope function")
+}
+
+// TestScopeBusy: a client with its share of operations in flight is answered
+// 429 too_many_requests with Retry-After and its key stays free; another
+// client is served.
+func TestScopeBusy(t *testing.T) {
+	t.Parallel()
+	h := setup(t, harnessOpts{perScope: 1, wait: 50 * time.Millisecond})
+	first := h.do(t, request{body: `{"account":"blocked","amount":100}`, keys: []string{"k-1"}})
+	require.Equal(t, http.StatusAccepted, first.status, string(first.body))
+
+	busy := h.do(t, request{body: `{"account":"acct-1","amount":5}`, keys: []string{"k-2"}})
+	require.Equal(t, http.StatusTooManyRequests, busy.status, string(busy.body))
+	require.Equal(t, idempotency.CodeTooManyRequests, decodeError(t, busy.body).Error.Code)
+	require.NotEmpty(t, busy.header.Get("Retry-After"))
+	_, err := h.e.GetByKey(t.Context(), "client-a", "k-2")
+	require.ErrorIs(t, err, engine.ErrNotFound, "no key consumed")
+
+	other := h.do(t, request{body: `{"account":"acct-1","amount":5}`, keys: []string{"k-2"}, scope: "client-b"})
+	require.Equal(t, http.StatusCreated, other.status, string(other.body))
+
+	h.release()
+	require.Eventually(t, func() bool {
+		res := h.do(t, request{body: `{"account":"acct-1","amount":5}`, keys: []string{"k-2"}})
+		return res.status == http.StatusCreated
+	}, 10*time.Second, 20*time.Millisecond, "served once its share is free")
 }

@@ -122,7 +122,7 @@ WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
 -- stopped renewing its lease, oldest first: one range of
 -- idemflow_operation_unfinished, so operations of other definitions (a version this
 -- process does not run) cost nothing however many wait.
-SELECT id, name, version FROM idemflow_operation
+SELECT id, name, version, scope FROM idemflow_operation
 WHERE name = @name AND version = @version
   AND state = 'in_progress' AND NOT parked
   AND locked_until < coalesce(sqlc.narg('now')::timestamptz, now())
@@ -357,7 +357,7 @@ WHERE id = @id AND locked_by = @run_id AND state = 'in_progress';
 WITH live AS MATERIALIZED (
     SELECT k AS key FROM idemflow_live_keys(sqlc.arg(namespace)::bigint) AS k
 )
-SELECT o.id, o.name, o.locked_by::uuid AS run_id
+SELECT o.id, o.name, o.scope, o.locked_by::uuid AS run_id
 FROM idemflow_operation AS o
 WHERE o.state = 'in_progress' AND NOT o.parked
   AND o.name || '@' || o.version = ANY (sqlc.arg(definitions)::text[])

@@ -204,6 +204,8 @@ type ExpiredOperation struct {
 	ID      uuid.UUID
 	Name    string
 	Version int
+	// Scope is set by OperationListExpired only.
+	Scope string
 }
 
 // OperationListExpired lists up to max operations in progress of the
@@ -216,7 +218,7 @@ func (s *Store) OperationListExpired(ctx context.Context, db DBTX, name string, 
 	}
 	out := make([]ExpiredOperation, len(rows))
 	for i, r := range rows {
-		out[i] = ExpiredOperation{ID: uuid.UUID(r.ID), Name: r.Name, Version: int(r.Version)}
+		out[i] = ExpiredOperation{ID: uuid.UUID(r.ID), Name: r.Name, Version: int(r.Version), Scope: r.Scope}
 	}
 	return out, nil
 }
@@ -517,8 +519,9 @@ func (s *Store) OperationInProgressStats(ctx context.Context, db DBTX) ([]InProg
 
 // OrphanedOperation is an operation whose lease a run of a dead process holds.
 type OrphanedOperation struct {
-	ID   uuid.UUID
-	Name string
+	ID    uuid.UUID
+	Name  string
+	Scope string
 	// RunID is the dead run's.
 	RunID uuid.UUID
 }
@@ -533,7 +536,7 @@ func (s *Store) OperationListOrphaned(ctx context.Context, db DBTX, namespace in
 	}
 	out := make([]OrphanedOperation, len(rows))
 	for i, r := range rows {
-		out[i] = OrphanedOperation{ID: uuid.UUID(r.ID), Name: r.Name, RunID: uuid.UUID(r.RunID)}
+		out[i] = OrphanedOperation{ID: uuid.UUID(r.ID), Name: r.Name, Scope: r.Scope, RunID: uuid.UUID(r.RunID)}
 	}
 	return out, nil
 }

@@ -34,6 +34,7 @@ type config struct {
 	panics       *stepFault    // DEMO_PANIC
 	fails        *stepFault    // DEMO_FAIL
 	maxInFlight  int           // -max-in-flight, DEMO_MAX_IN_FLIGHT
+	perClient    int           // -max-in-flight-per-client, DEMO_MAX_IN_FLIGHT_PER_CLIENT
 	versions     []int         // -refund-versions, DEMO_REFUND_VERSIONS
 	providerAddr string        // -provider-addr, DEMO_PROVIDER_ADDR
 	adminToken   string        // -admin-token, DEMO_ADMIN_TOKEN
@@ -105,6 +106,7 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	retention := fs.String("retention", env("DEMO_RETENTION", "24h"), "how long a finished operation, its key and its stored answer are kept (DEMO_RETENTION)")
 	entryFlags := defineEntryFlags(fs, env)
 	maxInFlight := fs.String("max-in-flight", env("DEMO_MAX_IN_FLIGHT", "1000"), "operations this process runs at once; beyond, a new keyed request answers 503 overloaded (DEMO_MAX_IN_FLIGHT)")
+	perClient := fs.String("max-in-flight-per-client", env("DEMO_MAX_IN_FLIGHT_PER_CLIENT", "0"), "operations of one client this process runs at once; beyond, that client's new keyed requests answer 429 too_many_requests; 0: no bound (DEMO_MAX_IN_FLIGHT_PER_CLIENT)")
 	versions := fs.String("refund-versions", env("DEMO_REFUND_VERSIONS", "1"), "versions of the refund definition this process runs, comma-separated; new refunds start on the highest (DEMO_REFUND_VERSIONS)")
 	providerAddr := fs.String("provider-addr", env("DEMO_PROVIDER_ADDR", ""), "serve the fake provider on a listener of its own at this address instead of under /provider (DEMO_PROVIDER_ADDR)")
 	adminToken := fs.String("admin-token", env("DEMO_ADMIN_TOKEN", defaultAdminToken), "the operators' secret for /ops, /riverui/ and /admin: HTTP Basic's password (any user name) or a bearer token (DEMO_ADMIN_TOKEN)")
@@ -155,6 +157,9 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	}
 	if c.maxInFlight, err = strconv.Atoi(strings.TrimSpace(*maxInFlight)); err != nil || c.maxInFlight < 1 {
 		return nil, fmt.Errorf("-max-in-flight: %q is not a positive integer", *maxInFlight)
+	}
+	if c.perClient, err = strconv.Atoi(strings.TrimSpace(*perClient)); err != nil || c.perClient < 0 {
+		return nil, fmt.Errorf("-max-in-flight-per-client: %q is not an integer of 0 or more", *perClient)
 	}
 	if c.versions, err = parseVersions(*versions); err != nil {
 		return nil, fmt.Errorf("-refund-versions: %w", err)

@@ -206,6 +206,8 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		Test:              engine.TestConfig{Hook: faultHook(cfg)},
 		ControlPool:       control,
 		MaxInFlight:       cfg.maxInFlight,
+		// A client over its share gets 429; the others keep theirs.
+		MaxInFlightPerScope: cfg.perClient,
 		River: engine.RiverConfig{
 			Middleware: idemflowotel.RiverMiddleware(tp),
 			// The queue's consumer, on the engine's River client.

@@ -665,7 +665,7 @@ func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListP
 }
 
 const operationListExpired = `-- name: OperationListExpired :many
-SELECT id, name, version FROM idemflow_operation
+SELECT id, name, version, scope FROM idemflow_operation
 WHERE name = $1 AND version = $2
   AND state = 'in_progress' AND NOT parked
   AND locked_until < coalesce($3::timestamptz, now())
@@ -684,6 +684,7 @@ type OperationListExpiredRow struct {
 	ID      pguuid.UUID
 	Name    string
 	Version int32
+	Scope   string
 }
 
 // Operations in progress of one definition (name, version) whose holder
@@ -704,7 +705,12 @@ func (q *Queries) OperationListExpired(ctx context.Context, db DBTX, arg Operati
 	var items []*OperationListExpiredRow
 	for rows.Next() {
 		var i OperationListExpiredRow
-		if err := rows.Scan(&i.ID, &i.Name, &i.Version); err != nil {
+		if err := rows.Scan(
+			&i.ID,
+			&i.Name,
+			&i.Version,
+			&i.Scope,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, &i)
@@ -719,7 +725,7 @@ const operationListOrphaned = `-- name: OperationListOrphaned :many
 WITH live AS MATERIALIZED (
     SELECT k AS key FROM idemflow_live_keys($3::bigint) AS k
 )
-SELECT o.id, o.name, o.locked_by::uuid AS run_id
+SELECT o.id, o.name, o.scope, o.locked_by::uuid AS run_id
 FROM idemflow_operation AS o
 WHERE o.state = 'in_progress' AND NOT o.parked
   AND o.name || '@' || o.version = ANY ($1::text[])
@@ -741,6 +747,7 @@ type OperationListOrphanedParams struct {
 type OperationListOrphanedRow struct {
 	ID    pguuid.UUID
 	Name  string
+	Scope string
 	RunID pguuid.UUID
 }
 
@@ -758,7 +765,12 @@ func (q *Queries) OperationListOrphaned(ctx context.Context, db DBTX, arg Operat
 	var items []*OperationListOrphanedRow
 	for rows.Next() {
 		var i OperationListOrphanedRow
-		if err := rows.Scan(&i.ID, &i.Name, &i.RunID); err != nil {
+		if err := rows.Scan(
+			&i.ID,
+			&i.Name,
+			&i.Scope,
+			&i.RunID,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, &i)
