@@ -132,7 +132,7 @@ func setup(t *testing.T, opts harnessOpts) *harness {
 	}, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: 10 * time.Millisecond, MaxAttempts: cmp.Or(opts.maxAttempts, 3)}})
 	require.NoError(t, err)
 	h.e, err = engine.New(h.pool, &engine.Config{
-		Operations:    []engine.Definition{h.op},
+		Operations:          []engine.Definition{h.op},
 		PollInterval:        20 * time.Millisecond,
 		SweepInterval:       50 * time.Millisecond,
 		MaxInFlightPerScope: opts.perScope,
