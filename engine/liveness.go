@@ -71,6 +71,20 @@ func (e *Engine) holdLiveness(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// A lock held in another database is one that no sweeper of this one
+	// sees: its runs would all look dead, and be taken from it.
+	var here, there string
+	err = e.control.QueryRow(ctx, `SELECT current_database() || '/' || (SELECT system_identifier FROM pg_control_system())`).Scan(&here)
+	if err == nil {
+		err = conn.QueryRow(ctx, `SELECT current_database() || '/' || (SELECT system_identifier FROM pg_control_system())`).Scan(&there)
+	}
+	if err == nil && here != there {
+		err = fmt.Errorf("engine: the liveness connection reaches database %s, the pool %s", there, here)
+	}
+	if err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return err
+	}
 	e.liveKey.Store(key)
 	e.sweeps.Add(1)
 	go func() {
