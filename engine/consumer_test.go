@@ -16,7 +16,7 @@ import (
 )
 
 // maxConsumerModules bounds the modules in the build list of a service that
-// imports engine and idempotency: what the library costs a user's go.mod (141
+// imports engine, idempotency, opsweb and entry/riverjob: what the library costs a user's go.mod (141
 // with the tools and goose in it, 55 with tern).
 const maxConsumerModules = 60
 
@@ -32,7 +32,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/engine"
+	_ "github.com/idemflow/idemflow/entry/riverjob"
 	_ "github.com/idemflow/idemflow/idempotency"
+	_ "github.com/idemflow/idemflow/opsweb"
 )
 
 type in struct{ Amount int64 }
@@ -116,7 +118,7 @@ func TestConsumerModule(t *testing.T) {
 	}
 	run(nil, "mod", "tidy")
 	modules := strings.Count(strings.TrimSpace(run(nil, "list", "-m", "all")), "\n") + 1
-	t.Logf("a module that imports engine and idempotency has %d modules in go list -m all", modules)
+	t.Logf("a module that imports engine, idempotency, opsweb and entry/riverjob has %d modules in go list -m all", modules)
 	require.LessOrEqual(t, modules, maxConsumerModules)
 
 	out := run([]string{"DATABASE_URL=" + testdb.URL(t)}, "run", ".")
