@@ -68,9 +68,13 @@ func TestFirstStatementRefusedByPgx(t *testing.T) {
 	}
 }
 
+// readyForQueryIdle is PostgreSQL's ReadyForQuery message outside a
+// transaction: what it sends once a batch and its commit are done.
+var readyForQueryIdle = []byte("Z\x00\x00\x00\x05I")
+
 // lossyProxy forwards TCP to PostgreSQL. The first client write that contains
-// marker is forwarded, but no answer goes back: the connection is cut after the
-// server had time to run (and commit) the batch.
+// marker is forwarded, but no answer goes back: the connection is cut once the
+// server has answered it, so ran and committed the batch.
 type lossyProxy struct {
 	ln      net.Listener
 	target  string
@@ -91,13 +95,24 @@ func (p *lossyProxy) serve() {
 			continue
 		}
 		var drop atomic.Bool
+		// committed is closed once the server has answered the dropped batch
+		// with ReadyForQuery, idle: it ran, and its transaction (an implicit
+		// one, or with COMMIT) committed.
+		committed := make(chan struct{})
 		go func() { // server -> client
 			buf := make([]byte, 64<<10)
+			var dropped []byte
+			seen := false
 			for {
 				n, err := s.Read(buf)
 				if n > 0 && !drop.Load() {
 					if _, werr := c.Write(buf[:n]); werr != nil {
 						return
+					}
+				} else if n > 0 && !seen {
+					if dropped = append(dropped, buf[:n]...); bytes.Contains(dropped, readyForQueryIdle) {
+						close(committed)
+						seen = true
 					}
 				}
 				if err != nil {
@@ -114,7 +129,10 @@ func (p *lossyProxy) serve() {
 					if bytes.Contains(buf[:n], p.marker) && p.fired.CompareAndSwap(false, true) {
 						drop.Store(true)
 						s.Write(buf[:n])
-						time.Sleep(500 * time.Millisecond) // the server runs the batch and commits
+						select { // the server runs the batch and commits
+						case <-committed:
+						case <-time.After(30 * time.Second):
+						}
 						c.Close()
 						s.Close()
 						return
