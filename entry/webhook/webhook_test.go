@@ -604,6 +604,7 @@ func TestUnavailable(t *testing.T) {
 		silent := slog.New(slog.DiscardHandler)
 		e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Logger: silent})
 		require.NoError(t, err)
+		t.Cleanup(func() { _ = e.Stop(context.Background()) })
 		cfg := config()
 		cfg.Logger = silent
 		srv := server(t, e, op, cfg)
@@ -661,6 +662,7 @@ func TestHandlerConfig(t *testing.T) {
 	op := newPaymentOp(t, "payment")
 	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Logger: quiet})
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
 	secrets := func(context.Context) ([][]byte, error) { return nil, nil }
 
 	tests := []struct {

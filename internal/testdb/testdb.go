@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -153,11 +154,24 @@ func setUp() (*server, error) {
 		return nil, fmt.Errorf("testdb: parse server URL: %w", err)
 	}
 	cfg.MaxConns = adminMaxConns
-	// Never closed: it lives as long as the test process, like the server it uses.
+	// It lives as long as the test process, like the server it uses; Close
+	// closes it once every test has run.
 	if s.admin, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("testdb: connect to server: %w", err)
 	}
+	opened.Store(s)
 	return s, nil
+}
+
+// opened is the server that setUp made, if a test has used one.
+var opened atomic.Pointer[server]
+
+// Close closes the connections that the package keeps for the tests of a
+// process, once they have all run (see internal/testmain).
+func Close() {
+	if s := opened.Load(); s != nil {
+		s.admin.Close()
+	}
 }
 
 // serverURL returns the URL of the maintenance database of the server to use.

@@ -1,0 +1,9 @@
+package refund
+
+import (
+	"testing"
+
+	"github.com/idemflow/idemflow/internal/testmain"
+)
+
+func TestMain(m *testing.M) { testmain.Run(m) }
