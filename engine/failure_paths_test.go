@@ -150,6 +150,67 @@ func (p *lossyProxy) serve() {
 	}
 }
 
+// lossyPool is a pool on a database of its own, through a lossyProxy that
+// loses the answer to the first batch that carries marker.
+func lossyPool(t *testing.T, marker string) (*pgxpool.Pool, *lossyProxy) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	require.NoError(t, err)
+	p := &lossyProxy{marker: []byte(marker)}
+	if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
+		p.network, p.target = "unix", fmt.Sprintf("%s/.s.PGSQL.%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	} else {
+		p.network, p.target = "tcp", fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	}
+	p.ln, err = net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.ln.Close() })
+	go p.serve()
+	cfg.ConnConfig.Host = "127.0.0.1"
+	cfg.ConnConfig.Port = uint16(p.ln.Addr().(*net.TCPAddr).Port)
+	cfg.ConnConfig.TLSConfig = nil
+	cfg.ConnConfig.Fallbacks = nil
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, p
+}
+
+// TestLostReservationAnswer: when the answer to a first attempt's
+// reservation is lost after it committed (the connection broke during
+// COMMIT, as in a failover), the starter is told it started, never that the
+// database was unavailable while its key is taken; the operation resumes at
+// once in a River job and finishes once, and a retry of the key finds it.
+func TestLostReservationAnswer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, p := lossyPool(t, "LOSE-THE-RESERVATION")
+	_, err := pool.Exec(ctx, `CREATE TABLE lost_reservation (note text NOT NULL)`)
+	require.NoError(t, err)
+	op, err := engine.NewOperation("lost_reservation", []engine.Step[string, int]{
+		engine.TxStep("write", func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in string, _ *int) error {
+			_, err := engine.AtCommit(tx).Exec(ctx, `INSERT INTO lost_reservation VALUES ($1)`, in)
+			return err
+		}),
+		engine.TxStep("done", func(context.Context, engine.Tx, engine.Attempt, string, *int) error { return nil }),
+	}, func(string, *int) (int, error) { return 1, nil }, nil)
+	require.NoError(t, err)
+	e := newEngine(t, pool, op)
+
+	started, err := engine.Start(ctx, e, op, "c", "k", "LOSE-THE-RESERVATION", nil)
+	require.NoError(t, err, "told unavailable while the key is taken")
+	require.True(t, p.fired.Load(), "the proxy never saw the marker")
+	require.True(t, started.Created)
+	info := waitDone(t, e, started)
+	require.Equal(t, engine.StatusSucceeded, info.Status)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM lost_reservation`).Scan(&n))
+	require.Equal(t, 1, n, "the first step's write committed once")
+	again, err := engine.Start(ctx, e, op, "c", "k", "LOSE-THE-RESERVATION", nil)
+	require.NoError(t, err)
+	require.False(t, again.Created)
+}
+
 // TestLostCommitAnswerIsNotAStepFailure: when the answer to a batch that
 // carried COMMIT (here an implicit one) is lost, the step's AtCommit statement
 // may have committed; that is not a failure of the step. Taken for one, on the
@@ -158,27 +219,8 @@ func (p *lossyProxy) serve() {
 func TestLostCommitAnswerIsNotAStepFailure(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dbURL := testdb.URL(t)
-	cfg, err := pgxpool.ParseConfig(dbURL)
-	require.NoError(t, err)
-	p := &lossyProxy{marker: []byte("bob-LOSE-MARKER")}
-	if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
-		p.network, p.target = "unix", fmt.Sprintf("%s/.s.PGSQL.%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
-	} else {
-		p.network, p.target = "tcp", fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
-	}
-	p.ln, err = net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer p.ln.Close()
-	go p.serve()
-	cfg.ConnConfig.Host = "127.0.0.1"
-	cfg.ConnConfig.Port = uint16(p.ln.Addr().(*net.TCPAddr).Port)
-	cfg.ConnConfig.TLSConfig = nil
-	cfg.ConnConfig.Fallbacks = nil
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = pool.Exec(ctx, `CREATE TABLE lost_ledger (account text NOT NULL, amount bigint NOT NULL)`)
+	pool, p := lossyPool(t, "bob-LOSE-MARKER")
+	_, err := pool.Exec(ctx, `CREATE TABLE lost_ledger (account text NOT NULL, amount bigint NOT NULL)`)
 	require.NoError(t, err)
 
 	op, err := engine.NewOperation("lost_answer", []engine.Step[int, int]{

@@ -205,6 +205,11 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 				} else {
 					err = fmt.Errorf("%w: %w", ErrKeyTaken, err)
 				}
+			case IsUnavailable(err) && r.reservedAfterAll(ctx):
+				// Its answer was lost, not the reservation: the starter is told
+				// it started, never that the database was unavailable while
+				// its key is taken.
+				res = reservation{created: true}
 			}
 			r.local.reserved <- res
 		}
