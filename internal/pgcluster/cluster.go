@@ -89,6 +89,12 @@ type Config struct {
 	// unprivileged server user could not pass, such as /root for the demo's default
 	// directory, logging each change. Without it, such a DataDir is an error.
 	OpenParents bool
+
+	// StandbyOf, when set, is the URL of a running primary: a missing data
+	// directory is then made a streaming standby of it (pg_basebackup -R)
+	// instead of a new cluster, for failover tests. Promote makes it a
+	// primary.
+	StandbyOf string
 }
 
 // validate checks the configuration.
@@ -114,6 +120,7 @@ type Cluster struct {
 	settings    map[string]string
 	logger      *slog.Logger
 	openParents bool
+	standbyOf   string
 	port        int
 	startedHere bool
 
@@ -137,7 +144,7 @@ func newCluster(cfg *Config) (*Cluster, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Cluster{dataDir: dataDir, settings: settings, logger: logger, openParents: cfg.OpenParents}, nil
+	return &Cluster{dataDir: dataDir, settings: settings, logger: logger, openParents: cfg.OpenParents, standbyOf: cfg.StandbyOf}, nil
 }
 
 // Ensure starts the cluster in cfg.DataDir, initialising it first when the directory is
@@ -242,6 +249,39 @@ func Stop(ctx context.Context, cfg *Config) (stopped bool, err error) {
 		return false, err
 	}
 	return true, nil
+}
+
+// Promote makes a standby (Config.StandbyOf) the primary, and waits until it
+// accepts writes (pg_ctl promote -w).
+func (c *Cluster) Promote(ctx context.Context) error {
+	if err := c.prepare(); err != nil {
+		return err
+	}
+	if out, err := c.run(ctx, "pg_ctl", "promote", "-w", "-t", pgCtlTimeout, "-D", c.dataDir); err != nil {
+		return fmt.Errorf("pgcluster: pg_ctl promote: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// Kill kills the server with SIGKILL, as a crash of its host would, and
+// waits until its port is free; what it had not written is lost, and its
+// data directory needs recovery at the next start.
+func (c *Cluster) Kill(ctx context.Context) error {
+	pf, err := readPIDFile(c.dataDir)
+	if err != nil {
+		return fmt.Errorf("pgcluster: kill: %w", err)
+	}
+	if err := syscall.Kill(pf.pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("pgcluster: kill %d: %w", pf.pid, err)
+	}
+	for processState(pf.pid) == processAlive {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // URL returns a URL for database on the cluster, usable by pgx: user postgres, no
@@ -368,12 +408,20 @@ func (c *Cluster) initialise(ctx context.Context) error {
 	if err := c.user.chown(tmp); err != nil {
 		return err
 	}
-	args := []string{"-D", tmp, "-U", Superuser, "--auth=trust", "-E", "UTF8", "--locale=C"}
-	if strings.EqualFold(c.settings["fsync"], "off") {
-		args = append(args, "--no-sync")
-	}
-	if out, err := c.run(ctx, "initdb", args...); err != nil {
-		return fmt.Errorf("pgcluster: initdb %s: %w\n%s", c.dataDir, err, out)
+	if c.standbyOf != "" {
+		// A copy of the primary that streams from it (-R writes
+		// standby.signal and primary_conninfo).
+		if out, err := c.run(ctx, "pg_basebackup", "-D", tmp, "-d", c.standbyOf, "-R", "-X", "stream", "--checkpoint=fast"); err != nil {
+			return fmt.Errorf("pgcluster: pg_basebackup %s: %w\n%s", c.dataDir, err, out)
+		}
+	} else {
+		args := []string{"-D", tmp, "-U", Superuser, "--auth=trust", "-E", "UTF8", "--locale=C"}
+		if strings.EqualFold(c.settings["fsync"], "off") {
+			args = append(args, "--no-sync")
+		}
+		if out, err := c.run(ctx, "initdb", args...); err != nil {
+			return fmt.Errorf("pgcluster: initdb %s: %w\n%s", c.dataDir, err, out)
+		}
 	}
 	port, err := freePort()
 	if err != nil {

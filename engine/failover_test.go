@@ -1,0 +1,147 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/pgcluster"
+)
+
+// TestFailover: a primary with a synchronous standby, the engine connected to
+// both by a multi-host URL that wants the one that accepts writes. Under
+// transfers, the primary is killed (SIGKILL) and the standby promoted: the
+// engine serves again by itself, a start told "unavailable" is retried with
+// its key, and every transfer finishes exactly once, with the books right.
+func TestFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two PostgreSQL servers")
+	}
+	if _, err := pgcluster.BinDir(); err != nil {
+		t.Skip("no PostgreSQL server binaries")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	settings := map[string]string{"fsync": "off", "max_connections": "100", "wal_level": "replica", "max_wal_senders": "5"}
+	primary, err := pgcluster.Ensure(ctx, &pgcluster.Config{DataDir: filepath.Join(dir, "primary"), Settings: settings, OpenParents: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = primary.Stop(context.Background()) })
+	standby, err := pgcluster.Ensure(ctx, &pgcluster.Config{
+		DataDir: filepath.Join(dir, "standby"), Settings: settings, OpenParents: true, StandbyOf: primary.URL("postgres"),
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = standby.Stop(context.Background()) })
+
+	admin, err := pgxpool.New(ctx, primary.URL("postgres"))
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = '*'`)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var n int
+		return admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'`).Scan(&n) == nil && n == 1
+	}, 30*time.Second, 50*time.Millisecond, "the standby never became synchronous")
+	admin.Close()
+
+	url := fmt.Sprintf("postgres://%s@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
+		pgcluster.Superuser, primary.Port(), standby.Port())
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	engine.BoundPool(cfg, &engine.PoolOpts{Lease: 2 * time.Second})
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, engine.Migrate(ctx, pool, nil))
+	_, err = pool.Exec(ctx, scratchSchema)
+	require.NoError(t, err)
+
+	b := &bundle{pool: pool}
+	op := b.transferOp(t, engine.RetryPolicy{Base: 50 * time.Millisecond, Cap: time.Second, MaxAttempts: 1000})
+	e, err := engine.New(pool, &engine.Config{
+		Operations: []engine.Definition{op}, Lease: 2 * time.Second, PollInterval: 20 * time.Millisecond,
+		SweepInterval: 200 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	require.NoError(t, e.StartWorkers(ctx))
+	t.Cleanup(func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = e.Stop(stopCtx)
+	})
+
+	// Clients: each starts its transfer, and retries it with the same key
+	// while the start is refused as unavailable, until it has finished.
+	const clients = 40
+	var unavailable atomic.Int32
+	var wg sync.WaitGroup
+	results := make([]*engine.Info, clients)
+	errs := make([]error, clients)
+	killAfter := make(chan struct{})
+	var started atomic.Int32
+	for i := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprintf("failover-%d", i)
+			deadline := time.Now().Add(90 * time.Second)
+			for time.Now().Before(deadline) {
+				s, err := engine.Start(ctx, e, op, "client", key, transferIn{From: "a", To: "b", Amount: int64(i + 1)}, nil)
+				if errors.Is(err, engine.ErrUnavailable) || engine.IsUnavailable(err) {
+					unavailable.Add(1)
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				if started.Add(1) == clients/4 {
+					close(killAfter)
+				}
+				wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+				results[i], errs[i] = s.Wait(wctx)
+				cancel()
+				if errs[i] != nil && engine.IsUnavailable(errs[i]) {
+					continue // reading the operation failed with the primary: ask again
+				}
+				return
+			}
+			errs[i] = fmt.Errorf("key %s: not finished in time", key)
+		}()
+	}
+	select {
+	case <-killAfter:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the transfers did not start")
+	}
+	require.NoError(t, primary.Kill(ctx))
+	killed := time.Now()
+	require.NoError(t, standby.Promote(ctx))
+	t.Logf("primary killed; standby promoted after %s", time.Since(killed).Round(time.Millisecond))
+	wg.Wait()
+	t.Logf("starts answered unavailable meanwhile: %d", unavailable.Load())
+
+	for i := range clients {
+		require.NoError(t, errs[i], "client %d", i)
+		require.Equal(t, engine.StatusSucceeded, results[i].Status, "client %d", i)
+	}
+	got := readBooks(t, pool)
+	require.Equal(t, 2*clients, got.ledgerRows, "one ledger move per transfer")
+	require.Zero(t, got.reversals)
+	require.Equal(t, clients, got.payouts, "one payout per transfer")
+	require.Equal(t, clients, got.finals)
+	var ops int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_operation WHERE state = 'succeeded'`).Scan(&ops))
+	require.Equal(t, clients, ops)
+}
