@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -144,4 +145,107 @@ func TestFailover(t *testing.T) {
 	var ops int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_operation WHERE state = 'succeeded'`).Scan(&ops))
 	require.Equal(t, clients, ops)
+}
+
+// TestAsyncStandbyLossCaught: with an asynchronous standby, a failover can lose
+// commits the primary acknowledged: here the standby's WAL receiver is
+// stopped while transfers finish on the primary, the primary is killed and the
+// standby promoted. The transfers are gone from the books, but not from the
+// provider: reconciliation reports each of its payouts under a key that no
+// operation holds (MismatchUnknownKey). What the README says of durability is
+// why: run with synchronous_commit on and a synchronous standby.
+func TestAsyncStandbyLossCaught(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two PostgreSQL servers")
+	}
+	if _, err := pgcluster.BinDir(); err != nil {
+		t.Skip("no PostgreSQL server binaries")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	settings := map[string]string{"fsync": "off", "max_connections": "100", "wal_level": "replica", "max_wal_senders": "5"}
+	primary, err := pgcluster.Ensure(ctx, &pgcluster.Config{DataDir: filepath.Join(dir, "primary"), Settings: settings, OpenParents: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = primary.Stop(context.Background()) })
+	standby, err := pgcluster.Ensure(ctx, &pgcluster.Config{
+		DataDir: filepath.Join(dir, "standby"), Settings: settings, OpenParents: true, StandbyOf: primary.URL("postgres"),
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = standby.Stop(context.Background()) })
+
+	url := fmt.Sprintf("postgres://%s@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
+		pgcluster.Superuser, primary.Port(), standby.Port())
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, engine.Migrate(ctx, pool, nil))
+	_, err = pool.Exec(ctx, scratchSchema)
+	require.NoError(t, err)
+	// Everything so far has reached the standby.
+	require.Eventually(t, func() bool {
+		var lag *int64
+		err := pool.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - replay_lsn)::bigint FROM pg_stat_replication`).Scan(&lag)
+		return err == nil && lag != nil && *lag == 0
+	}, 30*time.Second, 50*time.Millisecond)
+
+	// The provider keeps its records outside the database, as a real one does.
+	var mu sync.Mutex
+	paid := map[string]engine.Record{}
+	op, err := engine.NewOperation("payout", []engine.Step[int64, string]{
+		engine.ExternalStep("pay", func(_ context.Context, at engine.Attempt, amount int64, s *string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if _, ok := paid[at.Key]; !ok {
+				paid[at.Key] = engine.Record{Key: at.Key, Reference: fmt.Sprintf("po_%d", len(paid)+1), Amount: amount, CreatedAt: time.Now()}
+			}
+			*s = paid[at.Key].Reference
+			return nil
+		}),
+	}, func(_ int64, s *string) (string, error) { return *s, nil }, nil)
+	require.NoError(t, err)
+	bank := engine.Source{Name: "bank", List: func(context.Context, engine.ListRequest) ([]engine.Record, string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []engine.Record
+		for _, r := range paid {
+			out = append(out, r)
+		}
+		return out, "", nil
+	}}
+	e, err := engine.New(pool, &engine.Config{
+		Operations: []engine.Definition{op}, PollInterval: 20 * time.Millisecond,
+		Reconcile: engine.ReconcileConfig{Sources: []engine.Source{bank}, Interval: -1},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
+
+	// The primary stops sending: whatever commits now is on the primary only.
+	var sender int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pid FROM pg_stat_replication`).Scan(&sender))
+	require.NoError(t, syscall.Kill(sender, syscall.SIGSTOP))
+	const transfers = 5
+	for i := range transfers {
+		s, err := engine.Start(ctx, e, op, "client", fmt.Sprintf("lost-%d", i), int64(100+i), nil)
+		require.NoError(t, err)
+		info, err := s.Wait(ctx)
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusSucceeded, info.Status, "acknowledged by the primary")
+	}
+	require.NoError(t, primary.Kill(ctx))
+	require.NoError(t, syscall.Kill(sender, syscall.SIGKILL))
+	require.NoError(t, standby.Promote(ctx))
+
+	var rep *engine.ReconcileReport
+	require.Eventually(t, func() bool {
+		rep, err = e.Reconcile(ctx, "bank")
+		return err == nil
+	}, 30*time.Second, 100*time.Millisecond, "the engine did not serve again on the promoted standby: %v", err)
+	var ops int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_operation`).Scan(&ops))
+	require.Zero(t, ops, "the asynchronous standby lost the acknowledged transfers")
+	require.Len(t, rep.Mismatches, transfers, "each lost transfer's payout is caught")
+	for _, m := range rep.Mismatches {
+		require.Equal(t, engine.MismatchUnknownKey, m.Kind)
+	}
 }
