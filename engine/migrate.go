@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"io/fs"
 	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,4 +26,17 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 		opts = &MigrateOpts{}
 	}
 	return store.Migrate(ctx, pool, &store.MigrateOpts{Logger: opts.Logger})
+}
+
+// MigrateSet applies a set of the service's own migrations, for its own
+// tables: the files of fsys's directory dir (its root when empty), named
+// <version>_<name>.sql in tern's format, with a version table of their own
+// (<name>_schema_version), so that they keep their history beside
+// idemflow's. Like Migrate, it is safe to call from several processes at
+// once. opts may be nil.
+func MigrateSet(ctx context.Context, pool *pgxpool.Pool, name string, fsys fs.FS, dir string, opts *MigrateOpts) error {
+	if opts == nil {
+		opts = &MigrateOpts{}
+	}
+	return store.MigrationSet{Name: name, FS: fsys, Dir: dir}.Apply(ctx, pool, opts.Logger)
 }

@@ -7,20 +7,20 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/engine"
 )
 
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// migrationSet is the provider's migrations (version table
+// migrationSetName names the provider's migrations (version table
 // provider_schema_version), apart from the engine's and the demo's.
-var migrationSet = store.MigrationSet{Name: "provider", FS: migrations, Dir: "migrations"}
+const migrationSetName = "provider"
 
 // Migrate creates or updates the provider's schema in pool's database. It is
-// safe to call from several processes at once (see store.MigrationSet.Apply).
+// safe to call from several processes at once (see engine.MigrateSet).
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := migrationSet.Apply(ctx, pool, nil); err != nil {
+	if err := engine.MigrateSet(ctx, pool, migrationSetName, migrations, "migrations", nil); err != nil {
 		return fmt.Errorf("provider: %w", err)
 	}
 	return nil

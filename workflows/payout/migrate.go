@@ -7,22 +7,22 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/engine"
 )
 
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// migrationSet is the payout's tables' migrations, with their own version
+// migrationSetName names the payout's tables' migrations, with their own version
 // table (payout_schema_version), apart from the engine's.
-var migrationSet = store.MigrationSet{Name: "payout", FS: migrations, Dir: "migrations"}
+const migrationSetName = "payout"
 
 // Migrate creates or updates the payout's tables (payout_wallet and payout) in
 // pool's database. Call it at start, beside engine.Migrate; it is safe to call
 // from several processes at once, and does nothing when the tables are up to
-// date (see store.MigrationSet.Apply).
+// date (see engine.MigrateSet).
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := migrationSet.Apply(ctx, pool, nil); err != nil {
+	if err := engine.MigrateSet(ctx, pool, migrationSetName, migrations, "migrations", nil); err != nil {
 		return fmt.Errorf("payout: %w", err)
 	}
 	return nil

@@ -7,21 +7,21 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/engine"
 )
 
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// migrationSet is the demo's business tables' migrations (version table
+// migrationSetName names the demo's business tables' migrations (version table
 // demo_schema_version), apart from the engine's and the provider's.
-var migrationSet = store.MigrationSet{Name: "demo", FS: migrations, Dir: "migrations"}
+const migrationSetName = "demo"
 
 // Migrate creates or updates the tables of orders, refunds and the ledger in
 // pool's database. It is safe to call from several processes at once (see
-// store.MigrationSet.Apply).
+// engine.MigrateSet).
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := migrationSet.Apply(ctx, pool, nil); err != nil {
+	if err := engine.MigrateSet(ctx, pool, migrationSetName, migrations, "migrations", nil); err != nil {
 		return fmt.Errorf("refund: %w", err)
 	}
 	return nil

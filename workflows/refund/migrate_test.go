@@ -20,7 +20,7 @@ func TestMigrateOrderRefunded(t *testing.T) {
 
 	first, err := fs.ReadFile(migrations, "migrations/00001_init.sql")
 	require.NoError(t, err)
-	firstOnly := store.MigrationSet{Name: migrationSet.Name, FS: fstest.MapFS{"00001_init.sql": {Data: first}}}
+	firstOnly := store.MigrationSet{Name: migrationSetName, FS: fstest.MapFS{"00001_init.sql": {Data: first}}}
 	require.NoError(t, firstOnly.Apply(ctx, pool, nil))
 	_, err = pool.Exec(ctx, `
 		INSERT INTO demo_order (client, order_id, customer_id, amount) VALUES
