@@ -72,6 +72,9 @@ func benchmark(ctx context.Context, opts *options, stdout, stderr io.Writer) err
 		b.logf("history: inserted and vacuumed in %s", time.Since(start).Round(time.Second))
 	}
 
+	if slices.Equal(opts.modes, []string{modeFairness}) {
+		return b.fairness(ctx, stdout)
+	}
 	rep := newReport(stdout, opts, srv)
 	for round := 1; round <= opts.rounds; round++ {
 		modes := slices.Clone(opts.modes)

@@ -36,7 +36,28 @@ type env struct {
 
 // newEnv opens a mode's pools and provider and, withEngine, its engine, whose
 // River workers (retries, resumes, the sweeper) run when workers is set.
-func (b *bench) newEnv(ctx context.Context, withEngine, workers bool, obs ...*engine.Observer) (_ *env, err error) {
+func (b *bench) newEnv(ctx context.Context, withEngine, workers bool, obs ...*engine.Observer) (*env, error) {
+	cfg := envConfig{conns: b.opts.c, withEngine: withEngine, workers: workers}
+	if len(obs) > 0 {
+		cfg.engine = func(c *engine.Config) { c.Observer = obs[0] }
+	}
+	return b.newEnvWith(ctx, cfg)
+}
+
+// envConfig is what newEnvWith opens.
+type envConfig struct {
+	// conns is how many operations may be in flight at once.
+	conns int
+	// withEngine opens an engine, whose River workers run when workers is set.
+	withEngine, workers bool
+	// providerLatency delays every call to the provider (0: none).
+	providerLatency time.Duration
+	// engine, when not nil, changes the engine's Config.
+	engine func(*engine.Config)
+}
+
+// newEnvWith opens an env as cfg says.
+func (b *bench) newEnvWith(ctx context.Context, cfg envConfig) (_ *env, err error) {
 	e := &env{appCount: &counter{}, provCount: &counter{}, logger: b.quiet}
 	defer func() {
 		if err != nil {
@@ -45,10 +66,10 @@ func (b *bench) newEnv(ctx context.Context, withEngine, workers bool, obs ...*en
 	}()
 	// Every operation in flight holds at most one connection of each pool; the
 	// spare ones are River's (its notifier holds one) and the lease renewals'.
-	if e.app, err = b.srv.pool(ctx, b.opts.c+10, e.appCount); err != nil {
+	if e.app, err = b.srv.pool(ctx, cfg.conns+10, e.appCount); err != nil {
 		return e, err
 	}
-	if e.prov, err = b.srv.pool(ctx, b.opts.c+2, e.provCount); err != nil {
+	if e.prov, err = b.srv.pool(ctx, cfg.conns+2, e.provCount); err != nil {
 		return e, err
 	}
 	p, err := fakeprovider.New(e.prov, &fakeprovider.Config{Logger: b.quiet})
@@ -57,22 +78,22 @@ func (b *bench) newEnv(ctx context.Context, withEngine, workers bool, obs ...*en
 	}
 	e.provider = &refund.ProviderClient{
 		BaseURL: "http://provider.bench",
-		HTTP:    &http.Client{Transport: handlerTransport{h: p.Handler()}, Timeout: refund.DefaultProviderTimeout},
+		HTTP:    &http.Client{Transport: handlerTransport{h: p.Handler(), delay: cfg.providerLatency}, Timeout: refund.DefaultProviderTimeout},
 	}
-	if !withEngine {
+	if !cfg.withEngine {
 		return e, nil
 	}
 	if e.wf, err = refund.New(e.provider, nil); err != nil {
 		return e, err
 	}
-	cfg := &engine.Config{Operations: e.wf.Operations(), Logger: b.quiet}
-	if len(obs) > 0 {
-		cfg.Observer = obs[0]
+	ecfg := &engine.Config{Operations: e.wf.Operations(), Logger: b.quiet}
+	if cfg.engine != nil {
+		cfg.engine(ecfg)
 	}
-	if e.eng, err = engine.New(e.app, cfg); err != nil {
+	if e.eng, err = engine.New(e.app, ecfg); err != nil {
 		return e, err
 	}
-	if workers {
+	if cfg.workers {
 		if err := e.eng.StartWorkers(ctx); err != nil {
 			return e, err
 		}

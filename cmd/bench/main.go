@@ -19,6 +19,13 @@
 //     move), the provider call, one batched transaction (the refund marked
 //     succeeded, the answer stored).
 //
+// -mode fairness, which runs on its own, measures the engine's per-scope bound
+// (Config.MaxInFlightPerScope) instead: four light clients and one heavy client
+// at 20 times their rate on a process whose MaxInFlight they exceed, the light
+// ones' latency and throughput alone, with the heavy one and no per-scope bound,
+// and with it (-duration, -max-in-flight, -max-in-flight-per-scope, -rate,
+// -retry-delay, -provider-latency; see modeFairness).
+//
 // The provider is called through its http.Handler in memory (an http.RoundTripper
 // that serves the request without a socket), the same way in every mode; it
 // keeps its refunds in the same database, through a pool of its own.
@@ -98,6 +105,8 @@ type options struct {
 	waitQuiet time.Duration
 	// rounds is how many times the modes run, in turn.
 	rounds int
+	// fair holds -mode fairness's options.
+	fair fairOptions
 }
 
 func main() {
@@ -128,7 +137,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	o := &options{databaseURL: getenv("DATABASE_URL")}
 	fs.IntVar(&o.n, "n", 2000, "operations per mode")
 	fs.IntVar(&o.c, "c", 32, "concurrency: operations in flight at once")
-	mode := fs.String("mode", "all", "engine, metrics, http, replay, baseline or all (a comma-separated list works too)")
+	mode := fs.String("mode", "all", "engine, metrics, http, replay, baseline or all (a comma-separated list works too), or fairness on its own")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per mode per line")
 	fs.IntVar(&o.rounds, "rounds", 1, "run the modes this many times, in turn (the order reversed every other round), and print the median of each mode with the per-round ratios to baseline: on a machine whose speed drifts, modes next to each other in time compare best")
 	fs.IntVar(&o.history, "history", 0, "before the modes, fill the database with this many finished refund operations (with their steps, orders and refunds), then VACUUM ANALYZE")
@@ -139,6 +148,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.DurationVar(&o.waitQuiet, "wait-quiet", 0, "before each mode's timed operations, wait up to this long until other programs use under 20% of the CPUs for 2 seconds (for a shared machine; 0: do not wait)")
 	fs.StringVar(&o.dataDir, "data-dir", filepath.Join(os.TempDir(), "idemflow-bench-pg"),
 		"data directory of the private PostgreSQL cluster used when DATABASE_URL is unset")
+	o.fair.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -165,12 +175,20 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		switch {
 		case m == "all":
 			o.modes = slices.Clone(allModes)
-		case slices.Contains(allModes, m):
+		case slices.Contains(allModes, m), m == modeFairness:
 			if !slices.Contains(o.modes, m) {
 				o.modes = append(o.modes, m)
 			}
 		default:
-			return nil, fmt.Errorf("-mode: %q is not one of engine, metrics, http, replay, baseline, all", m)
+			return nil, fmt.Errorf("-mode: %q is not one of engine, metrics, http, replay, baseline, all, fairness", m)
+		}
+	}
+	if slices.Contains(o.modes, modeFairness) {
+		if len(o.modes) > 1 {
+			return nil, errors.New("-mode fairness runs on its own")
+		}
+		if err := o.fair.check(); err != nil {
+			return nil, err
 		}
 	}
 	return o, nil
