@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -32,32 +31,12 @@ func TestFailover(t *testing.T) {
 	}
 	t.Parallel()
 	ctx := context.Background()
-	dir := t.TempDir()
-	settings := map[string]string{"fsync": "off", "max_connections": "100", "wal_level": "replica", "max_wal_senders": "5"}
-	primary, err := pgcluster.Ensure(ctx, &pgcluster.Config{DataDir: filepath.Join(dir, "primary"), Settings: settings, OpenParents: true})
+	primary, standby, err := pgcluster.StartReplicated(ctx, t.TempDir(), true)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = primary.Stop(context.Background()) })
-	standby, err := pgcluster.Ensure(ctx, &pgcluster.Config{
-		DataDir: filepath.Join(dir, "standby"), Settings: settings, OpenParents: true, StandbyOf: primary.URL("postgres"),
-	})
-	require.NoError(t, err)
 	t.Cleanup(func() { _ = standby.Stop(context.Background()) })
 
-	admin, err := pgxpool.New(ctx, primary.URL("postgres"))
-	require.NoError(t, err)
-	_, err = admin.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = '*'`)
-	require.NoError(t, err)
-	_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		var n int
-		return admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'`).Scan(&n) == nil && n == 1
-	}, 30*time.Second, 50*time.Millisecond, "the standby never became synchronous")
-	admin.Close()
-
-	url := fmt.Sprintf("postgres://%s@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
-		pgcluster.Superuser, primary.Port(), standby.Port())
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := pgxpool.ParseConfig(pgcluster.MultiHostURL(primary, standby, "postgres"))
 	require.NoError(t, err)
 	engine.BoundPool(cfg, &engine.PoolOpts{Lease: 2 * time.Second})
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -163,20 +142,12 @@ func TestAsyncStandbyLossCaught(t *testing.T) {
 	}
 	t.Parallel()
 	ctx := context.Background()
-	dir := t.TempDir()
-	settings := map[string]string{"fsync": "off", "max_connections": "100", "wal_level": "replica", "max_wal_senders": "5"}
-	primary, err := pgcluster.Ensure(ctx, &pgcluster.Config{DataDir: filepath.Join(dir, "primary"), Settings: settings, OpenParents: true})
+	primary, standby, err := pgcluster.StartReplicated(ctx, t.TempDir(), false)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = primary.Stop(context.Background()) })
-	standby, err := pgcluster.Ensure(ctx, &pgcluster.Config{
-		DataDir: filepath.Join(dir, "standby"), Settings: settings, OpenParents: true, StandbyOf: primary.URL("postgres"),
-	})
-	require.NoError(t, err)
 	t.Cleanup(func() { _ = standby.Stop(context.Background()) })
 
-	url := fmt.Sprintf("postgres://%s@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
-		pgcluster.Superuser, primary.Port(), standby.Port())
-	pool, err := pgxpool.New(ctx, url)
+	pool, err := pgxpool.New(ctx, pgcluster.MultiHostURL(primary, standby, "postgres"))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	require.NoError(t, engine.Migrate(ctx, pool, nil))

@@ -1,8 +1,13 @@
 package pgcluster
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // TestDataDir returns the data directory of the cluster that this module's tests share:
@@ -25,4 +30,57 @@ func TestClusterConfig() *Config {
 			"full_page_writes":   "off",
 		},
 	}
+}
+
+// StartReplicated starts, under dir, a primary and a streaming standby of it,
+// for failover tests: synchronous when synchronous is set (the primary waits
+// for the standby to have each commit; it returns once the standby is), else
+// asynchronous. Stop both when done; Kill the primary and Promote the standby
+// to fail over.
+func StartReplicated(ctx context.Context, dir string, synchronous bool) (primary, standby *Cluster, err error) {
+	settings := map[string]string{"fsync": "off", "max_connections": "100", "wal_level": "replica", "max_wal_senders": "5"}
+	primary, err = Ensure(ctx, &Config{DataDir: filepath.Join(dir, "primary"), Settings: settings, OpenParents: true})
+	if err != nil {
+		return nil, nil, err
+	}
+	standby, err = Ensure(ctx, &Config{DataDir: filepath.Join(dir, "standby"), Settings: settings, OpenParents: true, StandbyOf: primary.URL("postgres")})
+	if err != nil {
+		_ = primary.Stop(context.WithoutCancel(ctx))
+		return nil, nil, err
+	}
+	if !synchronous {
+		return primary, standby, nil
+	}
+	conn, err := pgx.Connect(ctx, primary.URL("postgres"))
+	if err == nil {
+		defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+		_, err = conn.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = '*'`)
+	}
+	if err == nil {
+		_, err = conn.Exec(ctx, `SELECT pg_reload_conf()`)
+	}
+	for err == nil {
+		var n int
+		if err = conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'`).Scan(&n); err != nil || n == 1 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if err != nil {
+		_ = standby.Stop(context.WithoutCancel(ctx))
+		_ = primary.Stop(context.WithoutCancel(ctx))
+		return nil, nil, fmt.Errorf("pgcluster: make the standby synchronous: %w", err)
+	}
+	return primary, standby, nil
+}
+
+// MultiHostURL is a URL for database on primary and standby that connects to
+// whichever accepts writes (target_session_attrs=read-write).
+func MultiHostURL(primary, standby *Cluster, database string) string {
+	return fmt.Sprintf("postgres://%s@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write",
+		Superuser, primary.Port(), standby.Port(), database)
 }
