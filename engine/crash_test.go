@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -79,19 +80,34 @@ func TestCrash(t *testing.T) {
 // once it reports that it reached the point at.
 func killChildAt(t *testing.T, url, at string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.v")
-	cmd.Env = append(os.Environ(), crashEnvURL+"="+url, crashEnvPoint+"="+at)
+	cmd := startChild(t, "TestCrashChild", []string{crashEnvURL + "=" + url, crashEnvPoint + "=" + at}, crashReached)
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+}
+
+// startChild runs the test named test in a child process of this test binary,
+// with env added to this process's, and returns it once a line of its output
+// contains marker. The child is killed at cleanup if it still runs.
+func startChild(t testing.TB, test string, env []string, marker string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.v")
+	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = cmd.Stdout
 	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT) // a stopped child dies of SIGKILL only once continued
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
 	reached := make(chan bool, 1)
 	var out strings.Builder
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			out.WriteString(sc.Text() + "\n")
-			if strings.Contains(sc.Text(), crashReached) {
+			if strings.Contains(sc.Text(), marker) {
 				reached <- true
 				return
 			}
@@ -100,13 +116,11 @@ func killChildAt(t *testing.T, url, at string) {
 	}()
 	select {
 	case ok := <-reached:
-		require.NoError(t, cmd.Process.Kill())
-		_ = cmd.Wait()
-		require.True(t, ok, "child ended without reaching %s:\n%s", at, out.String())
+		require.True(t, ok, "child %s ended without reaching %q:\n%s", test, marker, out.String())
 	case <-time.After(60 * time.Second):
-		_ = cmd.Process.Kill()
-		t.Fatalf("child did not reach %s:\n%s", at, out.String())
+		t.Fatalf("child %s did not reach %q:\n%s", test, marker, out.String())
 	}
+	return cmd
 }
 
 // TestCrashChild is the process that TestCrash kills. It does nothing unless

@@ -23,18 +23,9 @@ import (
 // engine serves again by itself, a start told "unavailable" is retried with
 // its key, and every transfer finishes exactly once, with the books right.
 func TestFailover(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts two PostgreSQL servers")
-	}
-	if _, err := pgcluster.BinDir(); err != nil {
-		t.Skip("no PostgreSQL server binaries")
-	}
 	t.Parallel()
 	ctx := context.Background()
-	primary, standby, err := pgcluster.StartReplicated(ctx, t.TempDir(), true)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = primary.Stop(context.Background()) })
-	t.Cleanup(func() { _ = standby.Stop(context.Background()) })
+	primary, standby := pgcluster.Replicated(t, true)
 
 	cfg, err := pgxpool.ParseConfig(pgcluster.MultiHostURL(primary, standby, "postgres"))
 	require.NoError(t, err)
@@ -134,18 +125,9 @@ func TestFailover(t *testing.T) {
 // operation holds (MismatchUnknownKey). What the README says of durability is
 // why: run with synchronous_commit on and a synchronous standby.
 func TestAsyncStandbyLossCaught(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts two PostgreSQL servers")
-	}
-	if _, err := pgcluster.BinDir(); err != nil {
-		t.Skip("no PostgreSQL server binaries")
-	}
 	t.Parallel()
 	ctx := context.Background()
-	primary, standby, err := pgcluster.StartReplicated(ctx, t.TempDir(), false)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = primary.Stop(context.Background()) })
-	t.Cleanup(func() { _ = standby.Stop(context.Background()) })
+	primary, standby := pgcluster.Replicated(t, false)
 
 	pool, err := pgxpool.New(ctx, pgcluster.MultiHostURL(primary, standby, "postgres"))
 	require.NoError(t, err)

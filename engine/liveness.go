@@ -10,7 +10,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
 )
 
 // livenessNamespace is the first key of every liveness lock (PostgreSQL's
@@ -169,46 +168,19 @@ func (e *Engine) watchLiveness(ctx context.Context, conn *pgx.Conn, key int32) {
 }
 
 // takeOver hands every operation held by a run of a dead process to a resume
-// job, all in one transaction that takes them from the dead runs: one commit,
-// so one River insert notification, on which a producer fetches them all at
-// once (notifications after the first within River's fetch cooldown are
-// dropped, and a job left to the next poll waits a second).
+// job, in one transaction that takes them from the dead runs (handToWorkers).
 func (e *Engine) takeOver(ctx context.Context) error {
 	orphans, err := e.store.OperationListOrphaned(ctx, e.control, livenessNamespace, e.definitionNames(), sweepBatch)
-	if err != nil || len(orphans) == 0 {
-		return err
-	}
-	tx, err := e.control.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("engine: take over: %w", err)
 	}
-	defer rollback(ctx, tx)
-	var jobs []river.InsertManyParams
-	for _, op := range orphans {
-		ok, err := e.store.OperationTakeOver(ctx, tx, op.ID, op.RunID, e.cfg.Lease)
-		if err != nil {
-			return fmt.Errorf("engine: take over: %w", err)
-		}
-		if ok {
-			jobs = append(jobs, river.InsertManyParams{
-				Args:       resumeArgs{OperationID: op.ID, Operation: op.Name, Recovery: true, Scope: op.Scope},
-				InsertOpts: &river.InsertOpts{Queue: e.cfg.Queue},
-			})
-		}
+	resumes := make([]handedResume, len(orphans))
+	for i, op := range orphans {
+		resumes[i] = handedResume{args: resumeArgs{OperationID: op.ID, Operation: op.Name, Recovery: true, Scope: op.Scope},
+			take: func(tx pgx.Tx) (bool, error) { return e.store.OperationTakeOver(ctx, tx, op.ID, op.RunID, e.cfg.Lease) }}
 	}
-	if len(jobs) == 0 {
-		return nil
-	}
-	if _, err := e.river.InsertManyTx(ctx, tx, jobs); err != nil {
+	if err := e.handToWorkers(ctx, resumes, "the process that ran the operation is gone; resuming it"); err != nil {
 		return fmt.Errorf("engine: take over: %w", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("engine: take over: %w", err)
-	}
-	for _, j := range jobs {
-		a := j.Args.(resumeArgs)
-		e.logger.InfoContext(ctx, "the process that ran the operation is gone; resuming it",
-			slog.String("operation_id", a.OperationID.String()), slog.String("operation", a.Operation))
 	}
 	return nil
 }

@@ -1,14 +1,12 @@
 package engine_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -34,37 +32,9 @@ const (
 // crashKey, then crashKey-1...) in their payout step's call.
 func startTakeoverChild(t testing.TB, url string, lease time.Duration, n int) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestTakeoverChild$", "-test.v")
-	cmd.Env = append(os.Environ(), takeoverEnvURL+"="+url, takeoverEnvLease+"="+lease.String(), fmt.Sprintf("%s=%d", takeoverEnvN, n))
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	cmd.Stderr = cmd.Stdout
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	reached := make(chan bool, 1)
-	var out strings.Builder
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			out.WriteString(sc.Text() + "\n")
-			if strings.Contains(sc.Text(), takeoverReached) {
-				reached <- true
-				return
-			}
-		}
-		reached <- false
-	}()
-	select {
-	case ok := <-reached:
-		require.True(t, ok, "child ended without reaching the payout:\n%s", out.String())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("child did not reach the payout:\n%s", out.String())
-	}
-	return cmd
+	return startChild(t, "TestTakeoverChild", []string{
+		takeoverEnvURL + "=" + url, takeoverEnvLease + "=" + lease.String(), fmt.Sprintf("%s=%d", takeoverEnvN, n),
+	}, takeoverReached)
 }
 
 // TestTakeoverChild is the process that the takeover tests kill or stop. It

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
 	"github.com/idemflow/idemflow/store"
@@ -120,42 +121,60 @@ func (e *Engine) Sweep(ctx context.Context) error {
 		}
 		expired = append(expired, found...)
 	}
-	if len(expired) == 0 {
+	resumes := make([]handedResume, len(expired))
+	for i, op := range expired {
+		resumes[i] = handedResume{args: resumeArgs{OperationID: op.ID, Operation: op.Name, Recovery: true, Scope: op.Scope},
+			take: func(tx pgx.Tx) (bool, error) { return e.store.OperationExtendExpired(ctx, tx, op.ID, e.cfg.Lease, nil) }}
+	}
+	if err := e.handToWorkers(ctx, resumes, "lease expired; resuming operation"); err != nil {
+		return fmt.Errorf("engine: sweep: %w", err)
+	}
+	return nil
+}
+
+// handedResume is an operation that a sweep or a takeover hands to a resume
+// job: take takes it in the job's transaction (false: another process did).
+type handedResume struct {
+	args resumeArgs
+	take func(tx pgx.Tx) (bool, error)
+}
+
+// handToWorkers takes the operations and queues their resume jobs, all in one
+// transaction: one commit, so one River insert notification, on which a
+// producer fetches them all at once (notifications after the first within
+// River's fetch cooldown are dropped, and a job left to River's next poll
+// waits a second). Each operation handed over is logged with why.
+func (e *Engine) handToWorkers(ctx context.Context, resumes []handedResume, why string) error {
+	if len(resumes) == 0 {
 		return nil
 	}
-	// One transaction, so one River insert notification for all the jobs (see
-	// takeOver).
 	tx, err := e.control.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("engine: sweep: %w", err)
+		return err
 	}
 	defer rollback(ctx, tx)
 	var jobs []river.InsertManyParams
-	for _, op := range expired {
-		ok, err := e.store.OperationExtendExpired(ctx, tx, op.ID, e.cfg.Lease, nil)
+	for _, r := range resumes {
+		ok, err := r.take(tx)
 		if err != nil {
-			return fmt.Errorf("engine: sweep: %w", err)
+			return err
 		}
 		if ok {
-			jobs = append(jobs, river.InsertManyParams{
-				Args:       resumeArgs{OperationID: op.ID, Operation: op.Name, Recovery: true, Scope: op.Scope},
-				InsertOpts: &river.InsertOpts{Queue: e.cfg.Queue},
-			})
+			jobs = append(jobs, river.InsertManyParams{Args: r.args, InsertOpts: &river.InsertOpts{Queue: e.cfg.Queue}})
 		}
 	}
 	if len(jobs) == 0 {
 		return nil
 	}
 	if _, err := e.river.InsertManyTx(ctx, tx, jobs); err != nil {
-		return fmt.Errorf("engine: sweep: %w", err)
+		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("engine: sweep: %w", err)
+		return err
 	}
 	for _, j := range jobs {
 		a := j.Args.(resumeArgs)
-		e.logger.InfoContext(ctx, "lease expired; resuming operation",
-			slog.String("operation_id", a.OperationID.String()), slog.String("operation", a.Operation))
+		e.logger.InfoContext(ctx, why, slog.String("operation_id", a.OperationID.String()), slog.String("operation", a.Operation))
 	}
 	return nil
 }

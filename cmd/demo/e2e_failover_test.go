@@ -20,18 +20,9 @@ import (
 // restart; every refund is made exactly once, and the books and the provider
 // agree (a reconciliation finds nothing).
 func TestFailover(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts two PostgreSQL servers")
-	}
-	if _, err := pgcluster.BinDir(); err != nil {
-		t.Skip("no PostgreSQL server binaries")
-	}
 	t.Parallel()
 	ctx := context.Background()
-	primary, standby, err := pgcluster.StartReplicated(ctx, t.TempDir(), true)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = primary.Stop(context.Background()) })
-	t.Cleanup(func() { _ = standby.Stop(context.Background()) })
+	primary, standby := pgcluster.Replicated(t, true)
 
 	d := startDemo(t, pgcluster.MultiHostURL(primary, standby, "postgres"), &demoOpts{args: []string{"-reconcile-interval", "0"}})
 	c := d.client(t, tokenA)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -83,4 +84,26 @@ func StartReplicated(ctx context.Context, dir string, synchronous bool) (primary
 func MultiHostURL(primary, standby *Cluster, database string) string {
 	return fmt.Sprintf("postgres://%s@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write",
 		Superuser, primary.Port(), standby.Port(), database)
+}
+
+// Replicated is StartReplicated for a test, under its own temporary
+// directory: it skips the test in -short mode or without the server's
+// binaries, fails it when the pair does not start, and stops both at cleanup.
+func Replicated(t testing.TB, synchronous bool) (primary, standby *Cluster) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts two PostgreSQL servers")
+	}
+	if _, err := BinDir(); err != nil {
+		t.Skip("no PostgreSQL server binaries")
+	}
+	primary, standby, err := StartReplicated(context.Background(), t.TempDir(), synchronous)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = standby.Stop(context.Background())
+		_ = primary.Stop(context.Background())
+	})
+	return primary, standby
 }
