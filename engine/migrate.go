@@ -19,8 +19,11 @@ type MigrateOpts struct {
 // Migrate applies the engine's migrations, idemflow's and River's, to pool's
 // database, up to the latest this build has: the one call a service makes at
 // start, before New and StartWorkers (which refuses a database that lacks
-// them). It is safe to call from several processes at once, and does nothing
-// when the database is up to date. opts may be nil.
+// them). It does nothing when the database is up to date. Each migration runs
+// in a transaction of its own under a transaction-scoped advisory lock, and
+// without pool's statement and lock timeouts: it is safe to call from several
+// processes at once, and through a pooler in transaction mode (Config.Pooler).
+// opts may be nil.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	if opts == nil {
 		opts = &MigrateOpts{}
@@ -30,10 +33,14 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 
 // MigrateSet applies a set of the service's own migrations, for its own
 // tables: the files of fsys's directory dir (its root when empty), named
-// <version>_<name>.sql in tern's format, with a version table of their own
-// (<name>_schema_version), so that they keep their history beside
-// idemflow's. Like Migrate, it is safe to call from several processes at
-// once. opts may be nil.
+// <version>_<name>.sql and numbered from 1, in tern's SQL format (what undoes
+// a migration below a "---- create above / drop below ----" line; tern's
+// templates and disable-tx are refused), with a version table of their own
+// (<name>_schema_version, as tern kept it: a database that tern migrated goes
+// on from its version), so that they keep their history beside idemflow's.
+// Like Migrate, it runs each migration in a transaction of its own, is safe
+// to call from several processes at once, and runs through a pooler in
+// transaction mode. opts may be nil.
 func MigrateSet(ctx context.Context, pool *pgxpool.Pool, name string, fsys fs.FS, dir string, opts *MigrateOpts) error {
 	if opts == nil {
 		opts = &MigrateOpts{}

@@ -2,9 +2,10 @@ package engine_test
 
 import (
 	"context"
+	"io/fs"
+	"log/slog"
 	"testing"
 
-	"github.com/jackc/tern/v2/migrate"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
@@ -20,13 +21,10 @@ func TestMigrate(t *testing.T) {
 	pool := testdb.Pool(t)
 	// The test database comes migrated: take idemflow's latest migration back,
 	// by its own down section.
-	conn, err := pool.Acquire(ctx)
+	files, err := fs.Glob(store.Migrations(), "*.sql")
 	require.NoError(t, err)
-	m, err := migrate.NewMigrator(ctx, conn.Conn(), "idemflow_schema_version")
-	require.NoError(t, err)
-	require.NoError(t, m.LoadMigrations(store.Migrations()))
-	require.NoError(t, m.MigrateTo(ctx, int32(len(m.Migrations)-1)))
-	conn.Release()
+	set := store.MigrationSet{Name: "idemflow", FS: store.Migrations()}
+	require.NoError(t, set.MigrateTo(ctx, pool, len(files)-1, slog.New(slog.DiscardHandler)))
 
 	e, err := engine.New(pool, nil)
 	require.NoError(t, err)

@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/tern/v2/migrate"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
@@ -31,7 +30,7 @@ const riverMigrateLock = 0x69_64_65_6d_66_6c_77 // "idemflw"
 
 // Migrations returns idemflow's schema migrations, in tern's SQL format (a file per
 // version, the statements that undo it below a "---- create above / drop below
-// ----" line). sqlc reads the same files as its schema.
+// ----" line), which MigrationSet runs. sqlc reads the same files as its schema.
 func Migrations() fs.FS {
 	sub, err := fs.Sub(migrations, "migrations")
 	if err != nil {
@@ -47,11 +46,11 @@ type MigrateOpts struct {
 }
 
 // Migrate applies idemflow's migrations and River's to the database, up to the latest
-// version. It is safe to call from several processes at once: each set runs under a
-// session-level advisory lock (see MigrationSet.Apply), and so do River's. It runs on
-// connections of its own, without pool's statement and lock timeouts, which are
-// meant for a run's statements: a migration, and the wait for another process's,
-// may take longer.
+// version. It needs no session of its own: every migration runs in a transaction that
+// first takes a transaction-scoped advisory lock and lifts pool's statement, lock and
+// idle-in-transaction timeouts (meant for a run's statements: a migration, and the
+// wait for another process's, may take longer). So it is safe to call from several
+// processes at once, and through a pooler in transaction mode.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	if opts == nil {
 		opts = &MigrateOpts{}
@@ -60,41 +59,49 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	pool, err := unbounded(ctx, pool)
-	if err != nil {
-		return fmt.Errorf("store: %w", err)
-	}
-	defer pool.Close()
-
 	if err := (MigrationSet{Name: migrationSet, FS: Migrations()}).Apply(ctx, pool, logger); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
-
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger})
-	if err != nil {
-		return fmt.Errorf("store: river migrator: %w", err)
-	}
-	// River's migrations cannot share one transaction (a later one uses an enum
-	// value that an earlier one adds), so a session lock on a connection of its
-	// own serialises them across processes instead.
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("store: river migration lock: %w", err)
-	}
-	defer conn.Release()
-	q := dbsqlc.New()
-	if err := q.AdvisoryLock(ctx, conn, riverMigrateLock); err != nil {
-		return fmt.Errorf("store: river migration lock: %w", err)
-	}
-	defer func() { _ = q.AdvisoryUnlock(context.WithoutCancel(ctx), conn, riverMigrateLock) }()
-	res, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
-	if err != nil {
-		return fmt.Errorf("store: apply river migrations: %w", err)
-	}
-	for _, v := range res.Versions {
-		logger.InfoContext(ctx, "applied river migration", slog.Int("version", v.Version))
+	if err := migrateRiver(ctx, pool, logger); err != nil {
+		return fmt.Errorf("store: %w", err)
 	}
 	return nil
+}
+
+// migrateRiver applies River's migrations, one per transaction under the
+// advisory lock riverMigrateLock (River's migrator takes no lock of its own),
+// as River's Migrate does without the lock: they cannot share one
+// transaction, since a later one uses an enum value that an earlier one adds.
+func migrateRiver(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger})
+	if err != nil {
+		return fmt.Errorf("river migrator: %w", err)
+	}
+	q := dbsqlc.New()
+	for {
+		var res *rivermigrate.MigrateResult
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if err := q.SetLocalUnbounded(ctx, tx); err != nil {
+				return err
+			}
+			if err := q.AdvisoryXactLock(ctx, tx, riverMigrateLock); err != nil {
+				return fmt.Errorf("lock: %w", err)
+			}
+			var err error
+			//lint:ignore SA1019 deprecated for applying several migrations in one transaction; this applies one per transaction, as Migrate does, under a lock that Migrate cannot take.
+			res, err = migrator.MigrateTx(ctx, tx, rivermigrate.DirectionUp, &rivermigrate.MigrateOpts{MaxSteps: 1})
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("apply river migrations: %w", err)
+		}
+		if len(res.Versions) == 0 {
+			return nil
+		}
+		for _, v := range res.Versions {
+			logger.InfoContext(ctx, "applied river migration", slog.Int("version", v.Version))
+		}
+	}
 }
 
 // ErrNotMigrated is matched by the error of CheckSchema for a database that lacks
@@ -103,64 +110,46 @@ var ErrNotMigrated = errors.New("store: the database is not migrated")
 
 // CheckSchema returns an error matching ErrNotMigrated, saying what is missing,
 // when the database lacks migrations of idemflow's or River's that this build
-// has. It takes no lock and writes nothing. It reads on a connection of its
-// own without pool's statement and lock timeouts, as migrations run: another
+// has. It takes no lock and writes nothing. It reads in a read-only transaction
+// without pool's statement and lock timeouts, as migrations run: another
 // process that is migrating at the same moment holds locks on the version
 // tables, and the check waits for it (ctx bounds the wait) rather than fail.
 func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
-	files, err := migrate.FindMigrations(Migrations())
+	ms, err := loadMigrations(Migrations())
 	if err != nil {
 		return fmt.Errorf("store: migrations: %w", err)
 	}
-	pool, err = unbounded(ctx, pool)
-	if err != nil {
-		return fmt.Errorf("store: %w", err)
-	}
-	defer pool.Close()
-	// Read as it is: tern's NewMigrator would create the table.
-	var current int32
-	if err := pool.QueryRow(ctx, "SELECT version FROM "+pgx.Identifier{versionTable(migrationSet)}.Sanitize()).Scan(&current); err != nil {
-		return fmt.Errorf("%w: idemflow's schema version cannot be read (%w)", ErrNotMigrated, err)
-	}
-	if target := int32(len(files)); current < target {
-		return fmt.Errorf("%w: idemflow's schema is at version %d, this build needs %d", ErrNotMigrated, current, target)
-	}
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return fmt.Errorf("store: river migrator: %w", err)
 	}
-	res, err := migrator.Validate(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("%w: River's schema cannot be read (%w)", ErrNotMigrated, err)
-	}
-	if !res.OK {
-		return fmt.Errorf("%w: River's: %s", ErrNotMigrated, strings.Join(res.Messages, "; "))
-	}
-	return nil
+	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if err := dbsqlc.New().SetLocalUnbounded(ctx, tx); err != nil {
+			return fmt.Errorf("store: %w", err)
+		}
+		var current int32
+		if err := tx.QueryRow(ctx, "SELECT version FROM "+pgx.Identifier{versionTable(migrationSet)}.Sanitize()).Scan(&current); err != nil {
+			return fmt.Errorf("%w: idemflow's schema version cannot be read (%w)", ErrNotMigrated, err)
+		}
+		if target := int32(len(ms)); current < target {
+			return fmt.Errorf("%w: idemflow's schema is at version %d, this build needs %d", ErrNotMigrated, current, target)
+		}
+		res, err := migrator.ValidateTx(ctx, tx, nil)
+		if err != nil {
+			return fmt.Errorf("%w: River's schema cannot be read (%w)", ErrNotMigrated, err)
+		}
+		if !res.OK {
+			return fmt.Errorf("%w: River's: %s", ErrNotMigrated, strings.Join(res.Messages, "; "))
+		}
+		return nil
+	})
 }
 
-// schemaMigrateLock is the advisory lock key that serialises MigrationSet.Apply
-// across processes, around tern's own lock: adopting a set's goose history must
-// happen once.
+// schemaMigrateLock is the advisory lock key that serialises the migrations of
+// every MigrationSet across processes. Processes of builds that ran tern held
+// it for a session around all of a set's; the transaction-scoped lock taken
+// now waits for theirs, and theirs for it.
 const schemaMigrateLock = 0x69_64_65_6d_73_63_68 // "idemsch"
-
-// versionTable is the version table of a set of migrations.
-func versionTable(set string) string { return set + "_schema_version" }
-
-// unbounded opens a small pool on pool's database without the statement, lock
-// and idle-transaction timeouts of pool's connections, for migrations.
-func unbounded(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Pool, error) {
-	c := pool.Config().Copy()
-	for _, p := range []string{"statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout"} {
-		delete(c.ConnConfig.RuntimeParams, p)
-	}
-	c.MaxConns, c.MinConns = 2, 0
-	p, err := pgxpool.NewWithConfig(ctx, c)
-	if err != nil {
-		return nil, fmt.Errorf("migration pool: %w", err)
-	}
-	return p, nil
-}
 
 // MigrationSet is a named set of SQL migrations with a version table of its own,
 // <Name>_schema_version, so that the sets in one database (idemflow's, a
@@ -170,108 +159,73 @@ type MigrationSet struct {
 	// Name names the set and its version table.
 	Name string
 	// FS holds the migrations in its directory Dir (its root when Dir is
-	// empty), in tern's format: files named <version>_<name>.sql, numbered
-	// from 1.
+	// empty), in tern's SQL format: files named <version>_<name>.sql,
+	// numbered from 1, the SQL that undoes each below a "---- create above /
+	// drop below ----" line. Each runs in a transaction of its own: tern's
+	// "---- tern: disable-tx ----" (for CREATE INDEX CONCURRENTLY, say) and
+	// its Go templates are refused.
 	FS  fs.FS
 	Dir string
 }
 
-// Apply applies the set's migrations to pool's database, up to the latest. A
-// database whose set was migrated by goose, as this package did before
-// (<Name>_goose_version), continues from the version goose recorded. It is safe
-// to call from several processes at once: it runs under a session-level advisory
-// lock, on a connection of its own without pool's statement and lock timeouts.
-// Each applied migration is logged to logger, or to slog.Default() when it is
-// nil.
+// Apply applies the set's migrations to pool's database, up to the latest; a
+// database that a newer build migrated further is left as it is. A database
+// whose set was migrated by goose, as this package did before
+// (<Name>_goose_version), continues from the version goose recorded. Each
+// migration runs in a transaction of its own that first takes a
+// transaction-scoped advisory lock, shared by every set, and reads the
+// version again under it, so it is safe to call from several processes at
+// once and through a pooler in transaction mode; the transaction lifts pool's
+// statement, lock and idle-in-transaction timeouts. Each applied migration is
+// logged to logger, or to slog.Default() when it is nil.
 func (ms MigrationSet) Apply(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
-	set, fsys := ms.Name, ms.FS
+	migrations, err := ms.load()
+	if err != nil {
+		return err
+	}
+	return ms.migrate(ctx, pool, migrations, int32(len(migrations)), true, logger)
+}
+
+// MigrateTo moves the set's schema to version, up by the migrations' SQL or
+// down by the SQL that undoes them (an error for one that has none), as Apply
+// does; 0 undoes them all.
+func (ms MigrationSet) MigrateTo(ctx context.Context, pool *pgxpool.Pool, version int, logger *slog.Logger) error {
+	migrations, err := ms.load()
+	if err != nil {
+		return err
+	}
+	if version < 0 || version > len(migrations) {
+		return fmt.Errorf("migrations of %s: version %d is not one of 0 to %d", ms.Name, version, len(migrations))
+	}
+	return ms.migrate(ctx, pool, migrations, int32(version), false, logger)
+}
+
+// load reads the set's migrations.
+func (ms MigrationSet) load() ([]migration, error) {
+	fsys := ms.FS
 	if fsys == nil {
-		return fmt.Errorf("migrations of %s: no FS", set)
+		return nil, fmt.Errorf("migrations of %s: no FS", ms.Name)
 	}
 	if ms.Dir != "" && ms.Dir != "." {
 		sub, err := fs.Sub(fsys, ms.Dir)
 		if err != nil {
-			return fmt.Errorf("migrations of %s: %w", set, err)
+			return nil, fmt.Errorf("migrations of %s: %w", ms.Name, err)
 		}
 		fsys = sub
 	}
+	migrations, err := loadMigrations(fsys)
+	if err != nil {
+		return nil, fmt.Errorf("migrations of %s: %w", ms.Name, err)
+	}
+	return migrations, nil
+}
+
+func (ms MigrationSet) migrate(ctx context.Context, pool *pgxpool.Pool, migrations []migration, target int32, up bool, logger *slog.Logger) error {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	pool, err := unbounded(ctx, pool)
-	if err != nil {
-		return fmt.Errorf("migrations of %s: %w", set, err)
-	}
-	defer pool.Close()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("migrations of %s: %w", set, err)
-	}
-	defer conn.Release()
-	q := dbsqlc.New()
-	if err := q.AdvisoryLock(ctx, conn, schemaMigrateLock); err != nil {
-		return fmt.Errorf("migrations of %s: lock: %w", set, err)
-	}
-	defer func() { _ = q.AdvisoryUnlock(context.WithoutCancel(ctx), conn, schemaMigrateLock) }()
-
-	table := versionTable(set)
-	if err := adoptGoose(ctx, conn.Conn(), table, set+"_goose_version"); err != nil {
-		return fmt.Errorf("migrations of %s: %w", set, err)
-	}
-	m, err := migrate.NewMigrator(ctx, conn.Conn(), table)
-	if err == nil {
-		err = m.LoadMigrations(fsys)
-	}
-	if err != nil {
-		return fmt.Errorf("migrations of %s: %w", set, err)
-	}
-	m.OnStart = func(version int32, name, direction, _ string) {
-		logger.InfoContext(ctx, "applying migration", slog.String("migration", name),
-			slog.String("set", set), slog.Int("version", int(version)), slog.String("direction", direction))
-	}
-	if err := m.Migrate(ctx); err != nil {
-		return fmt.Errorf("apply migrations of %s: %w", set, err)
+	if err := migrateSet(ctx, pool, ms.Name, migrations, target, up, logger); err != nil {
+		return fmt.Errorf("apply migrations of %s: %w", ms.Name, err)
 	}
 	return nil
-}
-
-// adoptGoose gives a set that goose migrated (its version table gooseTable)
-// tern's version table at the version goose last applied, once: while tern's
-// table is missing or still at version 0.
-func adoptGoose(ctx context.Context, conn *pgx.Conn, ternTable, gooseTable string) error {
-	var ternExists, gooseExists bool
-	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL",
-		ternTable, gooseTable).Scan(&ternExists, &gooseExists); err != nil {
-		return fmt.Errorf("look for version tables: %w", err)
-	}
-	if !gooseExists {
-		return nil
-	}
-	tern := pgx.Identifier{ternTable}.Sanitize()
-	if ternExists {
-		var current int32
-		if err := conn.QueryRow(ctx, "SELECT version FROM "+tern).Scan(&current); err != nil {
-			return fmt.Errorf("read tern's version: %w", err)
-		}
-		if current > 0 {
-			return nil
-		}
-	}
-	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		var version int32
-		goose := pgx.Identifier{gooseTable}.Sanitize()
-		if err := tx.QueryRow(ctx, "SELECT coalesce(max(version_id), 0)::int4 FROM "+goose+" WHERE is_applied").Scan(&version); err != nil {
-			return fmt.Errorf("read goose's version: %w", err)
-		}
-		if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+tern+" (version int4 NOT NULL)"); err != nil {
-			return fmt.Errorf("adopt goose's version: %w", err)
-		}
-		if _, err := tx.Exec(ctx, "DELETE FROM "+tern); err != nil {
-			return fmt.Errorf("adopt goose's version: %w", err)
-		}
-		if _, err := tx.Exec(ctx, "INSERT INTO "+tern+" (version) VALUES ($1)", version); err != nil {
-			return fmt.Errorf("adopt goose's version: %w", err)
-		}
-		return nil
-	})
 }

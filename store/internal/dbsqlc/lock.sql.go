@@ -9,21 +9,14 @@ import (
 	"context"
 )
 
-const advisoryLock = `-- name: AdvisoryLock :exec
-SELECT pg_advisory_lock($1::bigint)
+const advisoryXactLock = `-- name: AdvisoryXactLock :exec
+SELECT pg_advisory_xact_lock($1::bigint)
 `
 
-func (q *Queries) AdvisoryLock(ctx context.Context, db DBTX, key int64) error {
-	_, err := db.Exec(ctx, advisoryLock, key)
-	return err
-}
-
-const advisoryUnlock = `-- name: AdvisoryUnlock :exec
-SELECT pg_advisory_unlock($1::bigint)
-`
-
-func (q *Queries) AdvisoryUnlock(ctx context.Context, db DBTX, key int64) error {
-	_, err := db.Exec(ctx, advisoryUnlock, key)
+// Waits for, then holds until the transaction ends, the advisory lock key:
+// transaction-scoped, so that it holds through a pooler in transaction mode.
+func (q *Queries) AdvisoryXactLock(ctx context.Context, db DBTX, key int64) error {
+	_, err := db.Exec(ctx, advisoryXactLock, key)
 	return err
 }
 
@@ -33,5 +26,19 @@ SELECT set_config('statement_timeout', $1::bigint::text, true)
 
 func (q *Queries) SetLocalStatementTimeout(ctx context.Context, db DBTX, timeoutMs int64) error {
 	_, err := db.Exec(ctx, setLocalStatementTimeout, timeoutMs)
+	return err
+}
+
+const setLocalUnbounded = `-- name: SetLocalUnbounded :exec
+SELECT set_config('statement_timeout', '0', true),
+       set_config('lock_timeout', '0', true),
+       set_config('idle_in_transaction_session_timeout', '0', true)
+`
+
+// Lifts the statement, lock and idle-in-transaction timeouts for the rest of
+// the transaction, whoever set them (startup parameters, the role): for a
+// migration, and the wait for another process's.
+func (q *Queries) SetLocalUnbounded(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, setLocalUnbounded)
 	return err
 }
