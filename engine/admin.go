@@ -40,10 +40,6 @@ func NewAdmin(ctx context.Context, pool *pgxpool.Pool) (*Admin, error) {
 	return &Admin{pool: pool, store: st, reader: &Engine{pool: pool, control: pool, store: st}}, nil
 }
 
-// ErrNotMigrated is matched by the error of NewAdmin and StartWorkers for a
-// database without idemflow's tables, or with an older version of them.
-var ErrNotMigrated = store.ErrNotMigrated
-
 // List lists operations, as Engine.List does.
 func (a *Admin) List(ctx context.Context, opts *ListOpts) ([]*Info, error) {
 	return a.reader.List(ctx, opts)
@@ -159,17 +155,12 @@ type OperatorRequest struct {
 	Message string
 }
 
-// ErrPending is matched by the error of an Admin request that no live process
-// has carried out before ctx ended: it stays recorded, and a process that runs
-// the operation's definition carries it out when it comes.
-var ErrPending = errors.New("the request is recorded; no process has carried it out yet")
-
-// Reopen asks the live processes to reopen (retry) the operation id, as
-// Engine.Reopen does, and waits until one has, or ctx ends (ErrPending). The
+// Retry asks the live processes to retry the operation id, as
+// Engine.Retry does, and waits until one has, or ctx ends (ErrPending). The
 // request's outcome says what happened: "refused" for an operation that is
 // not parked, or whose answer is final. opts may be nil.
-func (a *Admin) Reopen(ctx context.Context, id uuid.UUID, opts *ReopenOpts) (*OperatorRequest, error) {
-	o := ReopenOpts{}
+func (a *Admin) Retry(ctx context.Context, id uuid.UUID, opts *RetryOpts) (*OperatorRequest, error) {
+	o := RetryOpts{}
 	if opts != nil {
 		o = *opts
 	}
@@ -268,7 +259,7 @@ func (e *Engine) serveOperators(ctx context.Context) error {
 		ctx := context.WithValue(WithActor(ctx, r.Actor), auditedKey{}, true)
 		switch r.Action {
 		case ActionRetry:
-			if err = e.Reopen(ctx, r.OperationID, &ReopenOpts{Force: r.Force, Reason: r.Reason}); err == nil {
+			if err = e.Retry(ctx, r.OperationID, &RetryOpts{Force: r.Force, Reason: r.Reason}); err == nil {
 				message = "reopened; it runs again"
 			}
 		case ActionCancel:

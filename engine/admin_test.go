@@ -56,7 +56,7 @@ func TestAdmin(t *testing.T) {
 
 	// A retry of a succeeded operation is refused by the process; a cancel of
 	// the v2 operation waits for a process that runs version 2.
-	req, err := admin.Reopen(waitCtx, waitingV1, nil)
+	req, err := admin.Retry(waitCtx, waitingV1, nil)
 	require.NoError(t, err)
 	require.Equal(t, "refused", req.Outcome, req.Message)
 	require.Contains(t, req.Message, "not failed")
@@ -77,7 +77,7 @@ func TestAdmin(t *testing.T) {
 		return err == nil && len(procs) == 2
 	}, 10*time.Second, 50*time.Millisecond)
 
-	_, err = admin.Reopen(ctx, uuid.New(), nil)
+	_, err = admin.Retry(ctx, uuid.New(), nil)
 	require.ErrorIs(t, err, engine.ErrNotFound)
 }
 

@@ -18,7 +18,7 @@ const (
 	ActionResolve = "resolve"
 )
 
-// AuditEntry is one operator request on an operation: a retry (Reopen), a
+// AuditEntry is one operator request on an operation: a retry, a
 // cancel or a resolve, done or refused, kept with the operation for as long
 // as it is.
 type AuditEntry struct {
@@ -44,10 +44,7 @@ type actorKey struct{}
 // request that a process carries out): the engine records nothing more.
 type auditedKey struct{}
 
-// DefaultActor is the actor of a request whose context names none.
-const DefaultActor = "operator"
-
-// WithActor returns ctx naming actor as the operator whose requests (Reopen,
+// WithActor returns ctx naming actor as the operator whose requests (Retry,
 // Cancel, Resolve, and Admin's) are carried with it: what the audit trail
 // records. Without it, DefaultActor.
 func WithActor(ctx context.Context, actor string) context.Context {

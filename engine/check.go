@@ -34,13 +34,13 @@ func (u Unrunnable) Reason() string {
 	return fmt.Sprintf("%s version %d lacks step(s) %s that they still need", u.Name, u.Version, strings.Join(u.Missing, ", "))
 }
 
-// Check returns the unfinished operations in pool's database that a process
+// check returns the unfinished operations in pool's database that a process
 // running exactly defs could not run, grouped by definition and missing steps:
 // the check to run before a deploy, with the definitions of the new binary.
 // None means every unfinished operation can finish after the deploy. It reads
 // every unfinished operation and its steps, once: it is for a deploy pipeline,
 // not for the request path. It creates nothing and needs no migration lock.
-func Check(ctx context.Context, pool *pgxpool.Pool, defs []Definition) ([]Unrunnable, error) {
+func check(ctx context.Context, pool *pgxpool.Pool, defs []Definition) ([]Unrunnable, error) {
 	byKey := make(map[defKey]*opDef, len(defs))
 	for _, d := range defs {
 		od := d.definition()
@@ -101,14 +101,18 @@ func runnable(def *opDef, op store.UnfinishedOperation) ([]string, bool) {
 	return missing, len(missing) == 0
 }
 
-// Check is the package's Check with this engine's pool and definitions: what
-// this process could not run.
+// Check returns the unfinished operations in the database that this engine's
+// definitions could not run, grouped by definition and missing steps. Before a
+// deploy, an engine made by New with the new binary's definitions (and no
+// workers started) tells whether every unfinished operation can finish after
+// it. It reads every unfinished operation and its steps, once: it is for a
+// deploy pipeline, not for the request path.
 func (e *Engine) Check(ctx context.Context) ([]Unrunnable, error) {
 	defs := make([]Definition, 0, len(e.defs))
 	for _, k := range e.defKeys() {
 		defs = append(defs, opDefinition{e.defs[k]})
 	}
-	return Check(ctx, e.pool, defs)
+	return check(ctx, e.pool, defs)
 }
 
 // opDefinition is an erased definition as a Definition.

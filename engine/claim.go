@@ -120,7 +120,7 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 			failed, err := r.resolveStep(ctx, rec.Parked, cancelReq.resolve)
 			if err != nil {
 				r.giveBack(ctx, rec)
-				r.end(ctx, nil, ErrHandedOff) // handed back, nothing to log
+				r.end(ctx, nil, errHandedOff) // handed back, nothing to log
 				return nil, err
 			}
 			// Decided: no longer parked nor needing attention, so that the
@@ -140,13 +140,13 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 		case cancelWith != nil && r.failure != nil && r.undecodable != nil:
 			// Compensating already, and its compensations need the state.
 			r.giveBack(ctx, rec)
-			r.end(ctx, nil, ErrHandedOff)
+			r.end(ctx, nil, errHandedOff)
 			return nil, fmt.Errorf("engine: cancel %s: %w: it is compensating, and its input or state does not decode: %w", id, errCannotCancel, r.undecodable)
 		case cancelWith != nil && r.failure == nil:
 			r.logger().InfoContext(ctx, "cancelling operation", slog.Int("run", rec.Runs))
 			if err := r.mayCancel(ctx); err != nil {
 				r.giveBack(ctx, rec)
-				r.end(ctx, nil, ErrHandedOff) // handed back, nothing to log
+				r.end(ctx, nil, errHandedOff) // handed back, nothing to log
 				return nil, err
 			}
 			r.failure = cancelWith
@@ -235,7 +235,7 @@ func (r *run) load(ctx context.Context, rec *store.Operation, recorded []store.S
 	}
 	if len(missing) > 0 && cancelling {
 		r.giveBack(ctx, rec)
-		verr := &VersionError{Operation: r.def.name, Started: rec.Steps, Registered: r.def.names, Missing: missing}
+		verr := &versionError{Operation: r.def.name, Started: rec.Steps, Registered: r.def.names, Missing: missing}
 		return nil, fmt.Errorf("engine: cancel %s: %w: %w", r.id, errCannotCancel, verr)
 	}
 	if len(missing) > 0 {
@@ -263,7 +263,7 @@ func (r *run) load(ctx context.Context, rec *store.Operation, recorded []store.S
 // needing attention, to be tried again a while later (by this process or one
 // that has the steps). It never fails or compensates it.
 func (r *run) waitForDefinition(ctx context.Context, rec *store.Operation, missing []string) error {
-	verr := &VersionError{Operation: r.def.name, Started: rec.Steps, Registered: r.def.names, Missing: missing}
+	verr := &versionError{Operation: r.def.name, Started: rec.Steps, Registered: r.def.names, Missing: missing}
 	if _, logged := r.e.waitLogged.LoadOrStore(r.id, true); !logged {
 		r.logger().ErrorContext(ctx, "cannot run operation here; leaving it for a process that can", slog.Any("error", verr))
 	}
@@ -276,10 +276,10 @@ func (r *run) waitForDefinition(ctx context.Context, rec *store.Operation, missi
 	if !ok {
 		return errLost
 	}
-	if err := r.handOff(ctx, tx, max(r.e.cfg.Lease, time.Minute)); !errors.Is(err, ErrHandedOff) {
+	if err := r.handOff(ctx, tx, max(r.e.cfg.Lease, time.Minute)); !errors.Is(err, errHandedOff) {
 		return err
 	}
-	return ErrWaiting
+	return errWaiting
 }
 
 // errNotClaimed: the operation is finished, parked, or a live run holds it.

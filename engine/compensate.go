@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/idemflow/idemflow/internal/faults"
 	"github.com/idemflow/idemflow/store"
 )
 
@@ -58,13 +59,13 @@ func (r *run) compensateWith(ctx context.Context, failure *store.StepRecordFailu
 		}
 		at := r.attempt(st, r.compensations[st.name]+1)
 		err := protect(func() error {
-			if err := r.hook(ctx, st, PointBeforeCompensation, at.Number); err != nil {
+			if err := r.hook(ctx, st, faults.PointBeforeCompensation, at.Number); err != nil {
 				return err
 			}
 			if err := st.compensate(ctx, tx, at, r.in, r.state); err != nil {
 				return err
 			}
-			return r.hook(ctx, st, PointAfterCompensation, at.Number)
+			return r.hook(ctx, st, faults.PointAfterCompensation, at.Number)
 		})
 		if err != nil {
 			if tx.failed != nil {
@@ -140,16 +141,16 @@ func (r *run) compensationFailed(ctx context.Context, st *stepDef, failure *stor
 		info, err := r.parkIn(ctx, tx, CodeCompensationFailed,
 			fmt.Sprintf("compensation of step %s failed for good after %d attempts: %s; it and the compensations of the steps before it have not run (undoing after: %s)",
 				st.name, n, publicText(st.name, compErr), r.failure.Error()))
-		if !errors.Is(err, ErrParked) {
+		if !errors.Is(err, errParked) {
 			r.failureStored = stored
 		}
 		return info, err
 	}
 	delay := backoff(st.retry, n, compErr)
 	log.WarnContext(ctx, "compensation failed; retrying later", slog.Any("error", compErr), slog.Duration("backoff", delay))
-	if err := r.handOff(ctx, tx, delay); !errors.Is(err, ErrHandedOff) {
+	if err := r.handOff(ctx, tx, delay); !errors.Is(err, errHandedOff) {
 		r.failureStored = stored
 		return nil, err
 	}
-	return nil, ErrHandedOff
+	return nil, errHandedOff
 }

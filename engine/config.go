@@ -1,39 +1,17 @@
 package engine
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/idemflow/idemflow/internal/faults"
+	"github.com/idemflow/idemflow/reconcile"
 )
-
-// Point names a moment in a step's attempt, or in its compensation's, at which
-// Config.Test.Hook is called.
-type Point string
-
-// HookEvent describes the moment at which a HookFunc is called.
-type HookEvent struct {
-	Operation   string
-	OperationID uuid.UUID
-	Step        string
-	Point       Point
-	// Attempt counts the attempts of the step, from 1.
-	Attempt int
-	// Resumed is true in a run that resumes the operation (a retry or a recovery),
-	// false in its first attempt.
-	Resumed bool
-}
-
-// HookFunc is called at each Point of every step attempt. It exists for fault
-// injection: the demo uses it to crash the process at a chosen point, and to
-// make steps fail or panic. An error it returns fails the attempt as the step's
-// own error would, and a panic in it is contained as a step's is.
-type HookFunc func(ctx context.Context, ev HookEvent) error
 
 // Config configures an Engine. The zero value of every field but Operations takes
 // its default.
@@ -80,7 +58,7 @@ type Config struct {
 	River RiverConfig
 	// Test holds knobs for tests and fault injection, which production code
 	// leaves zero.
-	Test TestConfig
+	Test faults.Config
 	// ControlPool, when set, is the pool of the engine's own work: lease
 	// renewals, the sweeper, the retention job, and River's producer, leader
 	// and job completions. A pool of its own (4 connections are plenty) keeps
@@ -107,9 +85,18 @@ type Config struct {
 	// Takeover configures how a process with workers takes over a dead
 	// process's operations at once, rather than when their lease ends.
 	Takeover TakeoverConfig
+	// Pooler says that the pools reach PostgreSQL through a connection pooler
+	// in transaction mode (PgBouncer's pool_mode=transaction), which keeps no
+	// session between transactions: River polls for jobs (its PollOnly: no
+	// LISTEN), and the liveness lock is held only on Takeover.ConnConfig, a
+	// direct connection; without one, a dead process's operations are taken
+	// over when their lease ends. New refuses a pool that keeps prepared
+	// statements on the server: make the pools with BoundPool and
+	// PoolOpts.Pooler. Migrate needs no session, and runs through the pooler.
+	Pooler bool
 	// Reconcile configures reconciliation: the outside services whose records
 	// are checked against the steps (see Engine.Reconcile).
-	Reconcile ReconcileConfig
+	Reconcile reconcile.Config
 }
 
 // RiverConfig configures the engine's River client (Config.River).
@@ -134,19 +121,6 @@ type RiverConfig struct {
 	RescueStuckJobsAfter time.Duration
 }
 
-// TestConfig holds the knobs of Config that exist for tests and fault
-// injection.
-type TestConfig struct {
-	// Hook, when set, is called at each Point of every step attempt: to crash
-	// the process there, or to make the attempt fail or panic.
-	Hook HookFunc
-	// Lookup, when set, is given every answer of an external step's lookup
-	// (ev.Point is PointLookup) and returns the answer the engine acts on: to
-	// make a call land late (found, hidden until later) or stay pending for a
-	// while (an error matching ErrOutcomePending).
-	Lookup func(ctx context.Context, ev HookEvent, found bool, err error) (bool, error)
-}
-
 // The defaults of Config.
 const (
 	DefaultLease             = 15 * time.Second
@@ -159,6 +133,18 @@ const (
 	DefaultRetentionInterval = time.Minute
 	DefaultMaxInFlight       = 1000
 	DefaultAcquireTimeout    = 5 * time.Second
+	// DefaultSettle is the settle window of an external step that does not set one.
+	DefaultSettle = 5 * time.Minute
+	// DefaultTakeoverInterval is how often a process looks for a dead process's
+	// operations by default.
+	DefaultTakeoverInterval = 250 * time.Millisecond
+	// DefaultActor is the actor of a request whose context names none.
+	DefaultActor = "operator"
+	// The defaults of RetryPolicy.
+	DefaultRetryBase        = time.Second
+	DefaultRetryFactor      = 2.0
+	DefaultRetryCap         = 5 * time.Minute
+	DefaultRetryMaxAttempts = 10
 )
 
 func (c Config) withDefaults() Config {

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/faults"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 
@@ -32,7 +33,7 @@ const (
 func TestCrash(t *testing.T) {
 	t.Parallel()
 	for _, step := range []string{"ledger", "payout", "finalize"} {
-		for _, point := range []engine.Point{engine.PointBefore, engine.PointAfterEffect} {
+		for _, point := range []faults.Point{faults.PointBefore, faults.PointAfterEffect} {
 			at := step + ":" + string(point)
 			t.Run(at, func(t *testing.T) {
 				t.Parallel()
@@ -65,7 +66,7 @@ func TestCrash(t *testing.T) {
 				info := waitDone(t, e, started)
 				require.Equal(t, engine.StatusSucceeded, info.Status)
 				require.Equal(t, books{ledgerRows: 2, payouts: 1, payoutCalls: 1, finals: 1}, readBooks(t, pool))
-				if step == "payout" && point == engine.PointAfterEffect {
+				if step == "payout" && point == faults.PointAfterEffect {
 					require.Equal(t, int32(0), b.calls.Load(), "the lookup found the lost payout")
 				}
 				got, err := e.Get(ctx, info.ID)
@@ -138,7 +139,7 @@ func TestCrashChild(t *testing.T) {
 	e, err := engine.New(pool, &engine.Config{
 		Operations: []engine.Definition{op},
 		Lease:      time.Second,
-		Test: engine.TestConfig{Hook: func(ctx context.Context, ev engine.HookEvent) error {
+		Test: faults.Config{Hook: func(ctx context.Context, ev faults.Event) error {
 			if ev.Step+":"+string(ev.Point) == at {
 				fmt.Println(crashReached)
 				time.Sleep(time.Hour) // until SIGKILL

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"reflect"
 	"time"
+
+	"github.com/idemflow/idemflow/reconcile"
 )
 
 // Definition is an operation type whatever its type parameters: what Config takes.
@@ -149,7 +151,7 @@ func (op *Operation[In, S, Out]) erase() *opDef {
 		}
 		if s.reconcile != nil {
 			fn := s.reconcile
-			sd.reconcile = func(in any, rec Record) MismatchKind { return fn(in.(In), rec) }
+			sd.reconcile = func(in any, rec reconcile.Record) reconcile.Kind { return fn(in.(In), rec) }
 		}
 		if s.compensate != nil {
 			fn := s.compensate

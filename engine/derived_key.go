@@ -13,10 +13,10 @@ import (
 // The prefixes of derived keys name the scheme, so that no key of one scheme is
 // a key of another.
 const (
-	// DerivedKeyPrefix starts the derived keys of operations reserved by this
+	// derivedKeyPrefix starts the derived keys of operations reserved by this
 	// version (scheme 3: the operation's id, then a digest of its id, its
 	// random secret and the step's name).
-	DerivedKeyPrefix = "idf3_"
+	derivedKeyPrefix = "idf3_"
 	// derivedKeyPrefixV2 and derivedKeyPrefixV1 started the keys of schemes 2
 	// (a digest of the id, the secret and the step, without the id) and 1 (a
 	// digest of public values only), which operations reserved before them
@@ -48,7 +48,7 @@ func newKeySecret() []byte {
 // derivedKey returns the idempotency key that an external step sends to the
 // outside service, the same on every attempt, in every process.
 //
-// Scheme 3 (DerivedKeyPrefix) is the unpadded base64url of the operation's
+// Scheme 3 (derivedKeyPrefix) is the unpadded base64url of the operation's
 // 16-byte id followed by the first 20 bytes of the SHA-256 of its id, its
 // secret and the step's name, each preceded by its length as a 4-byte
 // big-endian integer: 53 characters of [A-Za-z0-9_-] in all, within the 255
@@ -80,7 +80,7 @@ func derivedKey(id uuid.UUID, secret []byte, operation, scope, key, step string)
 		buf = appendField(buf, string(id[:]))
 		buf = appendField(buf, string(secret))
 		buf = appendField(buf, step)
-		return encodeKey(DerivedKeyPrefix, id[:], buf)
+		return encodeKey(derivedKeyPrefix, id[:], buf)
 	}
 }
 
@@ -94,7 +94,7 @@ func encodeKey(prefix string, head, fields []byte) string {
 		copy(b[copy(b[:], head):], sum[:scheme3Digest])
 		raw = b[:]
 	}
-	var out [len(DerivedKeyPrefix) + 48]byte // the longest: scheme 3's
+	var out [len(derivedKeyPrefix) + 48]byte // the longest: scheme 3's
 	n := copy(out[:], prefix)
 	end := n + base64.RawURLEncoding.EncodedLen(len(raw))
 	base64.RawURLEncoding.Encode(out[n:end], raw)
@@ -106,7 +106,7 @@ func encodeKey(prefix string, head, fields []byte) string {
 // claim: the key is the operation's once derivedKey gives it again from the
 // operation's row.
 func operationOfKey(key string) (uuid.UUID, bool) {
-	rest, ok := strings.CutPrefix(key, DerivedKeyPrefix)
+	rest, ok := strings.CutPrefix(key, derivedKeyPrefix)
 	if !ok || len(rest) != base64.RawURLEncoding.EncodedLen(16+scheme3Digest) {
 		return uuid.Nil, false
 	}

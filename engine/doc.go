@@ -121,13 +121,13 @@
 //
 // Who may decide: the step's own answer, its lookup, the application's
 // delivered outcome, and an operator (Engine.Resolve, with the reference of
-// what a made call made, recorded by the step's ResolveFunc; refused while
+// what a made call made, recorded by the step's resolve function (ExternalStepDef.Resolve); refused while
 // the lookup says otherwise); never the engine on a guess. Cancel
 // follows the same rule: it refuses an operation whose call may still land or
 // is pending, with an *OutcomeUnknownError saying when the outcome will be
-// known. Told answers are final: Reopen refuses (ErrFinal) an operation that
+// known. Told answers are final: Retry refuses (ErrFinal) an operation that
 // ended with a business answer or an operator's cancel, and reopens one that
-// failed with a server fault only with ReopenOpts.Force, its answer kept as
+// failed with a server fault only with RetryOpts.Force, its answer kept as
 // Info.PriorError (what an HTTP layer replays) until it finishes again.
 //
 // # Parked operations
@@ -138,13 +138,13 @@
 // step without a lookup), an input or state that no longer decodes, a
 // compensation that failed for good (the operation is half undone; a reopen
 // goes on compensating). Those are parked: in progress, needing attention,
-// left alone by every run until an operator reopens (Engine.Reopen) or
+// left alone by every run until an operator reopens (Engine.Retry) or
 // cancels (Engine.Cancel) them. A client retrying its key meanwhile gets the
 // operation in progress.
 //
 // # Operators
 //
-// Reopen (retry), Cancel and Resolve are what an operator asks of an operation;
+// Retry, Cancel and Resolve are what an operator asks of an operation;
 // an Admin asks the live processes the same without the definitions. Each
 // request, done or refused, is recorded with the operation and kept as long as
 // it (Info.Audit): the action, who asked (WithActor), why, and what became of
@@ -169,11 +169,11 @@
 // record's step by its key (keys of scheme "idf3_" carry their operation's
 // id, so a page costs two indexed reads, whatever the history holds). A record
 // is judged once it is final and its operation has finished: money moved under
-// no key of ours (MismatchUnknownKey), moved while the step did not succeed
-// (MismatchNotSucceeded), not moved while it did (MismatchRecordFailed),
+// no key of ours (reconcile.UnknownKey), moved while the step did not succeed
+// (reconcile.NotSucceeded), not moved while it did (reconcile.RecordFailed),
 // moved under another reference than an operator said
-// (MismatchReferenceDiffers), or not what was asked (the step's
-// ReconcileFunc, MismatchAmountDiffers). Mismatches are kept with their last
+// (reconcile.ReferenceDiffers), or not what was asked (the step's
+// reconcile function, reconcile.AmountDiffers). Mismatches are kept with their last
 // sighting until a run no longer finds them, name their operation as needing
 // attention, and are listed by Engine.Reconciliation and Engine.Mismatches.
 // An event the application receives (a provider's webhook) is checked at once,
@@ -253,8 +253,8 @@
 // operation still needs leaves the operation in progress, needing attention
 // (CodeDefinitionChanged), for a process that has the step.
 //
-// Before a deploy, Check(ctx, pool, defs) with the new binary's definitions
-// lists the unfinished operations it could not run. To retire a version:
+// Before a deploy, Engine.Check on an engine made with the new binary's
+// definitions lists the unfinished operations it could not run. To retire a version:
 // deploy with both versions, wait until Check with the new version alone
 // returns nothing, then deploy without the old one.
 package engine

@@ -16,27 +16,8 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/idemflow/idemflow/reconcile"
 	"github.com/idemflow/idemflow/store"
-)
-
-// The points of a step's attempt and of its compensation's.
-const (
-	// PointBefore is just before the step's function runs.
-	PointBefore Point = "before"
-	// PointAfterEffect is after the step's function returned successfully and
-	// before its checkpoint commits: an external step's call has happened; a
-	// transactional step's writes are sent but not committed (those it queued
-	// with AtCommit are not even sent: they go with the commit).
-	PointAfterEffect Point = "after-effect"
-	// PointBeforeCompensation is just before a succeeded step's compensation
-	// runs (Attempt counts the compensation's attempts).
-	PointBeforeCompensation Point = "before-compensation"
-	// PointAfterCompensation is after the compensation returned successfully
-	// and before it commits.
-	PointAfterCompensation Point = "after-compensation"
-	// PointLookup: an external step's lookup has answered (TestConfig.Lookup
-	// only).
-	PointLookup Point = "lookup"
 )
 
 // Engine starts, runs and resumes operations. Make one with New; it is safe for
@@ -116,6 +97,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if control == nil {
 		control = pool
 	}
+	if err := c.checkPooler(pool, control); err != nil {
+		return nil, fmt.Errorf("engine: invalid config: %w", err)
+	}
 	e := &Engine{
 		pool:      pool,
 		control:   control,
@@ -142,7 +126,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		e.versions[d.name] = append(e.versions[d.name], int32(d.version))
 		slices.Sort(e.versions[d.name])
 	}
-	if err := e.cfg.Reconcile.validate(e.shortestRetention()); err != nil {
+	if err := validateReconcile(&e.cfg.Reconcile, e.shortestRetention()); err != nil {
 		return nil, fmt.Errorf("engine: invalid config: %w", err)
 	}
 	e.baseCtx, e.cancelBase = context.WithCancel(context.Background())
@@ -178,7 +162,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if r := c.Reconcile; len(r.Sources) > 0 && r.Interval >= 0 {
 		interval := r.Interval
 		if interval == 0 {
-			interval = DefaultReconcileInterval
+			interval = reconcile.DefaultInterval
 		}
 		periodic = append(periodic, river.NewPeriodicJob(river.PeriodicInterval(interval), func() (river.JobArgs, *river.InsertOpts) {
 			// One run at a time: a slow run is not joined by the next.
@@ -195,6 +179,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		// The lease, not River's timeout, bounds a run: a long step renews its lease.
 		JobTimeout:   -1,
 		PeriodicJobs: periodic,
+		// Through a pooler in transaction mode no LISTEN holds: River polls.
+		PollOnly: c.Pooler,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("engine: river client: %w", err)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemflow/idemflow/store"
 )
 
 var (
@@ -29,13 +31,13 @@ var (
 	ErrInvalidKey = errors.New("invalid idempotency key")
 	// ErrStopped is returned by Start once the engine is stopping.
 	ErrStopped = errors.New("engine stopped")
-	// ErrRunning is returned by Cancel and Reopen for an operation that a live
+	// ErrRunning is returned by Cancel and Retry for an operation that a live
 	// run holds.
 	ErrRunning = errors.New("operation is running")
-	// ErrNotFailed is returned by Reopen for an operation that has neither failed
+	// ErrNotFailed is returned by Retry for an operation that has neither failed
 	// nor been parked.
 	ErrNotFailed = errors.New("operation has not failed and is not parked")
-	// ErrCompensated is returned by Reopen, changing nothing, for an operation
+	// ErrCompensated is returned by Retry, changing nothing, for an operation
 	// that would go forward although a step of it that calls out was
 	// compensated: its call, made again under the same derived key, would be
 	// answered with the one that was undone.
@@ -65,9 +67,9 @@ var (
 	// ErrOutcomeUnknown is matched by the *OutcomeUnknownError of a Cancel that
 	// would have to guess whether a call went through.
 	ErrOutcomeUnknown = errors.New("the outcome of a call is not known yet")
-	// ErrFinal is returned by Reopen, changing nothing, for an operation whose
+	// ErrFinal is returned by Retry, changing nothing, for an operation whose
 	// answer is final: it ended with a business answer (Fail) or an operator's
-	// cancel, or, without ReopenOpts.Force, with a server fault.
+	// cancel, or, without RetryOpts.Force, with a server fault.
 	ErrFinal = errors.New("the operation's answer is final")
 	// ErrUnavailable is matched by the error of a Start that could not reach the
 	// database, or got no answer in time: nothing was reserved, or (when the
@@ -76,6 +78,32 @@ var (
 	// another start's reservation of the key, not yet committed: a retry finds
 	// whichever way it ended.
 	ErrUnavailable = errors.New("database unavailable")
+	// ErrNotMigrated is matched by the error of NewAdmin and StartWorkers for a
+	// database without idemflow's tables, or with an older version of them.
+	ErrNotMigrated = store.ErrNotMigrated
+	// ErrPending is matched by the error of an Admin request that no live process
+	// has carried out before ctx ended: it stays recorded, and a process that runs
+	// the operation's definition carries it out when it comes.
+	ErrPending = errors.New("the request is recorded; no process has carried it out yet")
+	// ErrNotResolvable is returned by Resolve, changing nothing, for an operation
+	// that is not waiting on an external step's outcome an operator may decide:
+	// finished, running, compensating, or stopped at a step that does not call
+	// out.
+	ErrNotResolvable = errors.New("operation is not resolvable")
+	// ErrResolutionContradicts is matched by the error of a Resolve, which
+	// changed nothing, whose word the step's lookup contradicts: "made" while the
+	// service has nothing under the key, another reference or a pending call;
+	// "not made" while it has the call.
+	ErrResolutionContradicts = errors.New("the resolution contradicts the outside service")
+	// ErrInvalidResolution is matched by the error of a Resolve whose Resolution
+	// lacks what it needs (a reason; a reference for a step that records one).
+	ErrInvalidResolution = errors.New("invalid resolution")
+	// ErrOwnedTx is returned by Commit and Rollback on the pgx.Tx that PgxTx gives:
+	// the engine ends a step's transaction, with the step's checkpoint.
+	ErrOwnedTx = errors.New("engine: a step's transaction is committed or rolled back by the engine")
+	// ErrUnknownSource is returned for a source name that Config.Reconcile does
+	// not have.
+	ErrUnknownSource = errors.New("no such reconciliation source")
 )
 
 // IsUnavailable reports whether err says that the database could not be
@@ -167,6 +195,10 @@ const (
 	// operations too): a reconciliation mismatch names the operation (see
 	// Engine.Reconcile, Info.Mismatches).
 	CodeReconciliationMismatch = "reconciliation_mismatch"
+	// CodeResolvedNotMade is the error of an operation whose external step an
+	// operator resolved as not made: a server fault (its client is answered as
+	// for a step out of attempts).
+	CodeResolvedNotMade = "resolved_not_made"
 )
 
 // OutcomeUnknownError is Cancel's refusal of an operation whose external step
@@ -218,10 +250,10 @@ func (e *KeyReusedError) Error() string {
 // Is reports whether target is ErrKeyReused.
 func (e *KeyReusedError) Is(target error) bool { return target == ErrKeyReused }
 
-// VersionError says why a process cannot run an operation: its definition of the
+// versionError says why a process cannot run an operation: its definition of the
 // operation's type lacks a step that the operation still needs. The operation
 // waits, needing attention (CodeDefinitionChanged), for a process that has it.
-type VersionError struct {
+type versionError struct {
 	Operation string
 	// Started is the step list the operation was started with.
 	Started []string
@@ -232,7 +264,7 @@ type VersionError struct {
 }
 
 // Error implements error.
-func (e *VersionError) Error() string {
+func (e *versionError) Error() string {
 	return fmt.Sprintf("operation %s was started with steps %q, but this process defines %q: missing %q",
 		e.Operation, e.Started, e.Registered, e.Missing)
 }

@@ -17,7 +17,7 @@ import (
 // a failure that may be undone, so the step halts and the operation waits for a
 // person. Once the cause is mended, Retry runs it again from the halted step:
 // the debit that had succeeded is not made twice.
-func ExampleEngine_Reopen() {
+func ExampleEngine_Retry() {
 	ctx := context.Background()
 	pool, cleanup := idemflowtest.ExamplePool("example_retry")
 	defer cleanup()
@@ -80,7 +80,7 @@ func ExampleEngine_Reopen() {
 	fmt.Printf("before: %s, parked=%v, attention=%s\n", info.Status, info.Parked, info.Attention.Code)
 
 	providerFixed.Store(true)
-	if err := e.Reopen(ctx, started.ID, nil); err != nil {
+	if err := e.Retry(ctx, started.ID, nil); err != nil {
 		panic(err)
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)

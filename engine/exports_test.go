@@ -51,7 +51,7 @@ func TestSmallExports(t *testing.T) {
 	require.Equal(t, "first", seen.Step)
 	require.Equal(t, "c", seen.Scope)
 	require.Equal(t, "k", seen.OperationKey)
-	require.True(t, strings.HasPrefix(seen.Key, engine.DerivedKeyPrefix), seen.Key)
+	require.True(t, strings.HasPrefix(seen.Key, "idf3_"), seen.Key)
 	byKey, err := e.GetByKey(ctx, "c", "k")
 	require.NoError(t, err)
 	require.Equal(t, info.ID, byKey.ID)

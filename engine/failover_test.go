@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/internal/pgcluster"
+	"github.com/idemflow/idemflow/reconcile"
 )
 
 // TestFailover: a primary with a synchronous standby, the engine connected to
@@ -122,7 +123,7 @@ func TestFailover(t *testing.T) {
 // stopped while transfers finish on the primary, the primary is killed and the
 // standby promoted. The transfers are gone from the books, but not from the
 // provider: reconciliation reports each of its payouts under a key that no
-// operation holds (MismatchUnknownKey). What the README says of durability is
+// operation holds (reconcile.UnknownKey). What the README says of durability is
 // why: run with synchronous_commit on and a synchronous standby.
 func TestAsyncStandbyLossCaught(t *testing.T) {
 	t.Parallel()
@@ -144,23 +145,23 @@ func TestAsyncStandbyLossCaught(t *testing.T) {
 
 	// The provider keeps its records outside the database, as a real one does.
 	var mu sync.Mutex
-	paid := map[string]engine.Record{}
+	paid := map[string]reconcile.Record{}
 	op, err := engine.NewOperation("payout", []engine.Step[int64, string]{
 		engine.ExternalStep("pay", func(_ context.Context, at engine.Attempt, amount int64, s *string) error {
 			mu.Lock()
 			defer mu.Unlock()
 			if _, ok := paid[at.Key]; !ok {
-				paid[at.Key] = engine.Record{Key: at.Key, Reference: fmt.Sprintf("po_%d", len(paid)+1), Amount: amount, CreatedAt: time.Now()}
+				paid[at.Key] = reconcile.Record{Key: at.Key, Reference: fmt.Sprintf("po_%d", len(paid)+1), Amount: amount, CreatedAt: time.Now()}
 			}
 			*s = paid[at.Key].Reference
 			return nil
 		}),
 	}, func(_ int64, s *string) (string, error) { return *s, nil }, nil)
 	require.NoError(t, err)
-	bank := engine.Source{Name: "bank", List: func(context.Context, engine.ListRequest) ([]engine.Record, string, error) {
+	bank := reconcile.Source{Name: "bank", List: func(context.Context, reconcile.ListRequest) ([]reconcile.Record, string, error) {
 		mu.Lock()
 		defer mu.Unlock()
-		var out []engine.Record
+		var out []reconcile.Record
 		for _, r := range paid {
 			out = append(out, r)
 		}
@@ -168,7 +169,7 @@ func TestAsyncStandbyLossCaught(t *testing.T) {
 	}}
 	e, err := engine.New(pool, &engine.Config{
 		Operations: []engine.Definition{op}, PollInterval: 20 * time.Millisecond,
-		Reconcile: engine.ReconcileConfig{Sources: []engine.Source{bank}, Interval: -1},
+		Reconcile: reconcile.Config{Sources: []reconcile.Source{bank}, Interval: -1},
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Stop(context.Background()) })
@@ -199,6 +200,6 @@ func TestAsyncStandbyLossCaught(t *testing.T) {
 	require.Zero(t, ops, "the asynchronous standby lost the acknowledged transfers")
 	require.Len(t, rep.Mismatches, transfers, "each lost transfer's payout is caught")
 	for _, m := range rep.Mismatches {
-		require.Equal(t, engine.MismatchUnknownKey, m.Kind)
+		require.Equal(t, reconcile.UnknownKey, m.Kind)
 	}
 }

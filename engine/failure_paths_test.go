@@ -343,7 +343,7 @@ func TestCompensateExternalStep(t *testing.T) {
 	pool := testdb.Pool(t)
 	var mu sync.Mutex
 	var order []string
-	compensate := func(name string) engine.CompensateFunc[int, int] {
+	compensate := func(name string) func(context.Context, engine.Tx, engine.Attempt, int, *int) error {
 		return func(context.Context, engine.Tx, engine.Attempt, int, *int) error {
 			mu.Lock()
 			defer mu.Unlock()

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/faults"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 
@@ -328,24 +329,24 @@ func fsStatuses(info *engine.Info) []engine.StepStatus {
 // fsGate holds the first attempt that match selects at its hook point until
 // the test opens the gate (or the run's context ends).
 type fsGate struct {
-	match   func(engine.HookEvent) bool
+	match   func(faults.Event) bool
 	hit     atomic.Bool
-	reached chan engine.HookEvent
+	reached chan faults.Event
 	release chan struct{}
 }
 
-func newFSGate(match func(engine.HookEvent) bool) *fsGate {
-	return &fsGate{match: match, reached: make(chan engine.HookEvent, 1), release: make(chan struct{})}
+func newFSGate(match func(faults.Event) bool) *fsGate {
+	return &fsGate{match: match, reached: make(chan faults.Event, 1), release: make(chan struct{})}
 }
 
 // fsAt selects the given attempt of step at point.
-func fsAt(step string, point engine.Point, attempt int) func(engine.HookEvent) bool {
-	return func(ev engine.HookEvent) bool {
+func fsAt(step string, point faults.Point, attempt int) func(faults.Event) bool {
+	return func(ev faults.Event) bool {
 		return ev.Step == step && ev.Point == point && ev.Attempt == attempt
 	}
 }
 
-func (g *fsGate) hook(ctx context.Context, ev engine.HookEvent) error {
+func (g *fsGate) hook(ctx context.Context, ev faults.Event) error {
 	if !g.match(ev) || !g.hit.CompareAndSwap(false, true) {
 		return nil
 	}
@@ -359,22 +360,22 @@ func (g *fsGate) hook(ctx context.Context, ev engine.HookEvent) error {
 }
 
 // wait waits until an attempt is held at the gate.
-func (g *fsGate) wait(t *testing.T) engine.HookEvent {
+func (g *fsGate) wait(t *testing.T) faults.Event {
 	t.Helper()
 	select {
 	case ev := <-g.reached:
 		return ev
 	case <-time.After(fsTimeout):
 		require.FailNow(t, "no attempt reached the gate")
-		return engine.HookEvent{}
+		return faults.Event{}
 	}
 }
 
 func (g *fsGate) open() { close(g.release) }
 
 // fsHooks calls each hook in turn, stopping at the first error.
-func fsHooks(hooks ...engine.HookFunc) engine.HookFunc {
-	return func(ctx context.Context, ev engine.HookEvent) error {
+func fsHooks(hooks ...faults.Hook) faults.Hook {
+	return func(ctx context.Context, ev faults.Event) error {
 		for _, h := range hooks {
 			if err := h(ctx, ev); err != nil {
 				return err
@@ -478,8 +479,8 @@ func TestPivotForwardOnly(t *testing.T) {
 				},
 			}
 			op := f.op(t, "pivot")
-			gate := newFSGate(fsAt("book", engine.PointBefore, failures+1))
-			e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, InlineRetryMax: tc.inline, Test: engine.TestConfig{Hook: gate.hook}}, true)
+			gate := newFSGate(fsAt("book", faults.PointBefore, failures+1))
+			e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, InlineRetryMax: tc.inline, Test: faults.Config{Hook: gate.hook}}, true)
 			fsHurry(t, pool)
 
 			s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
@@ -516,7 +517,7 @@ func TestPivotForwardOnly(t *testing.T) {
 
 // TestFailedPastPivotParks: a permanent failure after the pivot parks the
 // operation, needing attention, with nothing compensated and nothing retried,
-// Cancel refuses it, and an operator's Reopen finishes it.
+// Cancel refuses it, and an operator's Retry finishes it.
 func TestFailedPastPivotParks(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -564,7 +565,7 @@ func TestFailedPastPivotParks(t *testing.T) {
 	require.Zero(t, f.debitUndos.Load())
 
 	closed.Store(false)
-	require.NoError(t, e.Reopen(ctx, s.ID, nil), nil)
+	require.NoError(t, e.Retry(ctx, s.ID, nil), nil)
 	done := fsWait(t, e, s.ID)
 	require.Equal(t, engine.StatusSucceeded, done.Status)
 	got := fsGet(t, e, s.ID)
@@ -580,11 +581,11 @@ func TestFailedPastPivotParks(t *testing.T) {
 // that the run is cancelled there, as a crash would leave it: what the step
 // had done stays done, and what had not committed never does. It returns the
 // operation's id once the engine has stopped.
-func fsCrashAt(t *testing.T, pool *pgxpool.Pool, op *engine.Operation[fsIn, fsState, fsState], step string, point engine.Point) uuid.UUID {
+func fsCrashAt(t *testing.T, pool *pgxpool.Pool, op *engine.Operation[fsIn, fsState, fsState], step string, point faults.Point) uuid.UUID {
 	t.Helper()
 	ctx := context.Background()
 	gate := newFSGate(fsAt(step, point, 1))
-	a := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Test: engine.TestConfig{Hook: gate.hook}})
+	a := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Test: faults.Config{Hook: gate.hook}})
 	s, err := engine.Start(ctx, a, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 	require.NoError(t, err)
 	gate.wait(t)
@@ -652,7 +653,7 @@ func TestCancelPastPivot(t *testing.T) {
 		op := f.op(t, "cancel_crash_window")
 		// The provider recorded the payment; the run was stopped before the
 		// checkpoint, which rides with book's transaction, committed.
-		id := fsCrashAt(t, pool, op, "pay", engine.PointAfterEffect)
+		id := fsCrashAt(t, pool, op, "pay", faults.PointAfterEffect)
 		require.Equal(t, fsBooks{debits: 1, payments: 1, requests: 1}, fsReadBooks(t, pool))
 
 		b := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
@@ -685,7 +686,7 @@ func TestCancelPastPivot(t *testing.T) {
 		pool := fsPool(t)
 		f := &fsFlow{pool: pool, lookup: true}
 		op := f.op(t, "cancel_before_call")
-		id := fsCrashAt(t, pool, op, "pay", engine.PointBefore)
+		id := fsCrashAt(t, pool, op, "pay", faults.PointBefore)
 		require.Equal(t, fsBooks{debits: 1}, fsReadBooks(t, pool))
 
 		b := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
@@ -824,8 +825,8 @@ func TestPanicsContained(t *testing.T) {
 			return nil
 		}}
 		op := f.op(t, "panic_tx")
-		gate := newFSGate(fsAt("book", engine.PointBefore, 2))
-		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Test: engine.TestConfig{Hook: gate.hook}}, false)
+		gate := newFSGate(fsAt("book", faults.PointBefore, 2))
+		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Test: faults.Config{Hook: gate.hook}}, false)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
 		gate.wait(t)
@@ -860,17 +861,17 @@ func TestPanicsContained(t *testing.T) {
 		op := f.op(t, "panic_resumed")
 		var mu sync.Mutex
 		var seen []string
-		trace := func(_ context.Context, ev engine.HookEvent) error {
-			if ev.Step == "book" && ev.Point == engine.PointBefore {
+		trace := func(_ context.Context, ev faults.Event) error {
+			if ev.Step == "book" && ev.Point == faults.PointBefore {
 				mu.Lock()
 				seen = append(seen, fmt.Sprintf("%d resumed=%t", ev.Attempt, ev.Resumed))
 				mu.Unlock()
 			}
 			return nil
 		}
-		gate := newFSGate(fsAt("book", engine.PointBefore, 3))
+		gate := newFSGate(fsAt("book", faults.PointBefore, 3))
 		// The backoff (5ms) is longer than InlineRetryMax: a River job runs each retry.
-		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, InlineRetryMax: time.Millisecond, Test: engine.TestConfig{Hook: fsHooks(trace, gate.hook)}}, true)
+		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, InlineRetryMax: time.Millisecond, Test: faults.Config{Hook: fsHooks(trace, gate.hook)}}, true)
 		fsHurry(t, pool)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
@@ -911,8 +912,8 @@ func TestPanicsContained(t *testing.T) {
 			},
 		}
 		op := f.op(t, "panic_lookup")
-		gate := newFSGate(fsAt("pay", engine.PointBefore, 3))
-		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Test: engine.TestConfig{Hook: gate.hook}}, false)
+		gate := newFSGate(fsAt("pay", faults.PointBefore, 3))
+		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Test: faults.Config{Hook: gate.hook}}, false)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
 		gate.wait(t)
@@ -940,7 +941,7 @@ func TestPanicsContained(t *testing.T) {
 			return nil
 		}}
 		op := f.op(t, "panic_cancel_lookup")
-		id := fsCrashAt(t, pool, op, "pay", engine.PointBefore)
+		id := fsCrashAt(t, pool, op, "pay", faults.PointBefore)
 		b := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
 		_, err := b.Cancel(ctx, id, "customer withdrew")
 		require.ErrorContains(t, err, "kaboom-cancel-lookup", "a lookup that cannot answer stops the cancel")
@@ -1027,7 +1028,7 @@ func TestPanicsContained(t *testing.T) {
 		require.Equal(t, fsBooks{debits: 1, payments: 1, requests: 1}, fsReadBooks(t, pool))
 
 		panics.Store(false)
-		require.NoError(t, e.Reopen(ctx, s.ID, nil), nil)
+		require.NoError(t, e.Retry(ctx, s.ID, nil), nil)
 		done := fsWait(t, e, s.ID)
 		require.Equal(t, engine.StatusSucceeded, done.Status)
 		require.Zero(t, f.debitUndos.Load())
@@ -1279,9 +1280,9 @@ func TestFenceByRun(t *testing.T) {
 				return engine.Fail("b_refuses", "B refuses")
 			})
 
-			gate := newFSGate(fsAt("work", engine.PointBefore, 1))
+			gate := newFSGate(fsAt("work", faults.PointBefore, 1))
 			// A's lease is long enough that it never renews during the test.
-			a := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{opA}, Lease: time.Hour, Test: engine.TestConfig{Hook: gate.hook}})
+			a := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{opA}, Lease: time.Hour, Test: faults.Config{Hook: gate.hook}})
 			b := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{opB}, Lease: time.Second}, true)
 
 			s, err := engine.Start(ctx, a, opA, "c", "k", 1, nil)
@@ -1373,12 +1374,12 @@ func TestFenceByRunWhileNewHolderWorks(t *testing.T) {
 		}
 	}
 	opA, opB := fsFencedOp(t, &undos, write("A")), fsFencedOp(t, &undos, write("B"))
-	gateA := newFSGate(fsAt("work", engine.PointBefore, 1))
-	gateB := newFSGate(func(ev engine.HookEvent) bool {
-		return ev.Step == "work" && ev.Point == engine.PointBefore && ev.Resumed
+	gateA := newFSGate(fsAt("work", faults.PointBefore, 1))
+	gateB := newFSGate(func(ev faults.Event) bool {
+		return ev.Step == "work" && ev.Point == faults.PointBefore && ev.Resumed
 	})
-	a := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{opA}, Lease: time.Hour, Test: engine.TestConfig{Hook: gateA.hook}})
-	b := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{opB}, Lease: 5 * time.Second, Test: engine.TestConfig{Hook: gateB.hook}}, true)
+	a := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{opA}, Lease: time.Hour, Test: faults.Config{Hook: gateA.hook}})
+	b := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{opB}, Lease: 5 * time.Second, Test: faults.Config{Hook: gateB.hook}}, true)
 
 	s, err := engine.Start(ctx, a, opA, "c", "k", 1, nil)
 	require.NoError(t, err)
@@ -1549,8 +1550,8 @@ func TestClientFacingTexts(t *testing.T) {
 	}, func(in int, _ *int) (int, error) { return in, nil },
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, MaxAttempts: 2}})
 	require.NoError(t, err)
-	gate := newFSGate(fsAt("write", engine.PointBefore, 2))
-	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Test: engine.TestConfig{Hook: gate.hook}}, false)
+	gate := newFSGate(fsAt("write", faults.PointBefore, 2))
+	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Test: faults.Config{Hook: gate.hook}}, false)
 	internals := []string{"duplicate key", "fs_text_pkey", "23505", insert, "http://10.0.0.1/x", "10.0.0.1", "/etc/passwd"}
 	clean := func(t *testing.T, client, operator string) {
 		t.Helper()
@@ -1668,7 +1669,7 @@ func TestHaltParks(t *testing.T) {
 				require.Equal(t, int32(1), checks.Load())
 				return
 			}
-			require.NoError(t, e.Reopen(ctx, s.ID, nil), nil)
+			require.NoError(t, e.Retry(ctx, s.ID, nil), nil)
 			done := fsWait(t, e, s.ID)
 			require.Equal(t, engine.StatusSucceeded, done.Status)
 			got := fsGet(t, e, s.ID)
@@ -1716,7 +1717,7 @@ func TestDerivedKeyAfterRetention(t *testing.T) {
 	require.Len(t, keys, 2)
 	require.NotEqual(t, keys[0], keys[1], "the key's new operation got the old derived key")
 	for _, k := range keys {
-		require.True(t, strings.HasPrefix(k, engine.DerivedKeyPrefix), "key %q", k)
+		require.True(t, strings.HasPrefix(k, "idf3_"), "key %q", k)
 		require.True(t, strings.HasPrefix(k, "idf3_"), "key %q", k)
 	}
 	require.Equal(t, keys[1], fsGet(t, e, second.ID).Steps[1].DerivedKey)
@@ -1766,7 +1767,7 @@ func TestCompensationRetriesBoundedAcrossRuns(t *testing.T) {
 	require.Equal(t, int32(maxAttempts), f.debitUndos.Load(), "a parked operation was compensated again")
 
 	broken.Store(false)
-	require.NoError(t, e.Reopen(ctx, s.ID, nil), nil)
+	require.NoError(t, e.Retry(ctx, s.ID, nil), nil)
 	done := fsWait(t, e, s.ID)
 	require.Equal(t, engine.StatusFailed, done.Status)
 	require.Equal(t, "declined", done.Error.Code, "the reopened operation lost its error")
@@ -1778,7 +1779,7 @@ func TestCompensationRetriesBoundedAcrossRuns(t *testing.T) {
 // TestReopenRefusesCompensatedCall: an operation whose external step was
 // compensated is not run forward again: under the same derived key its call
 // would be answered with the one that was undone, and the step would read as
-// done. Reopen refuses, changing nothing; a new key asks again.
+// done. Retry refuses, changing nothing; a new key asks again.
 func TestReopenRefusesCompensatedCall(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -1798,8 +1799,8 @@ func TestReopenRefusesCompensatedCall(t *testing.T) {
 	require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusCompensated, engine.StepStatusFailed}, before)
 
 	// A server fault reopens only when forced.
-	require.ErrorIs(t, e.Reopen(ctx, s.ID, nil), engine.ErrFinal)
-	err = e.Reopen(ctx, s.ID, &engine.ReopenOpts{Force: true})
+	require.ErrorIs(t, e.Retry(ctx, s.ID, nil), engine.ErrFinal)
+	err = e.Retry(ctx, s.ID, &engine.RetryOpts{Force: true})
 	require.ErrorIs(t, err, engine.ErrCompensated)
 	require.Contains(t, err.Error(), "pay")
 	fsNoMoreRuns(t, e, pool, s.ID)
@@ -1912,7 +1913,7 @@ func TestReopenRefusesAHeldOperation(t *testing.T) {
 	// As a cancel's claim leaves it while it compensates.
 	_, err = pool.Exec(ctx, `UPDATE idemflow_operation SET locked_by = gen_random_uuid(), locked_until = now() + interval '1 hour' WHERE id = $1`, s.ID)
 	require.NoError(t, err)
-	require.ErrorIs(t, e.Reopen(ctx, s.ID, nil), engine.ErrRunning)
+	require.ErrorIs(t, e.Retry(ctx, s.ID, nil), engine.ErrRunning)
 	again := fsGet(t, e, s.ID)
 	require.True(t, again.Parked, "reopened under its holder")
 	require.Equal(t, fsBooks{debits: 1}, fsReadBooks(t, pool), "nothing undone while the outcome is unknown")
@@ -1920,5 +1921,5 @@ func TestReopenRefusesAHeldOperation(t *testing.T) {
 	// Its holder gone (the lease expired), it reopens.
 	_, err = pool.Exec(ctx, `UPDATE idemflow_operation SET locked_until = now() - interval '1 second' WHERE id = $1`, s.ID)
 	require.NoError(t, err)
-	require.NoError(t, e.Reopen(ctx, s.ID, nil), nil)
+	require.NoError(t, e.Retry(ctx, s.ID, nil), nil)
 }

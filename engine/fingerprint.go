@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/idemflow/idemflow/internal/fieldhash"
 )
 
 // Fingerprint is what tells a retry of a Start from a different Start under the
@@ -20,8 +22,9 @@ import (
 // as an HTTP layer that fingerprints the request body and adds the method and
 // the path, passes its own in StartOpts.Fingerprint.
 type Fingerprint struct {
-	// Fields maps a top-level field's name to a hash of its canonical JSON (see
-	// FieldHash). An input that is not a JSON object has one field, "".
+	// Fields maps a top-level field's name to a hash of its
+	// canonical JSON (the first 16 bytes of its SHA-256, in unpadded
+	// base64url). An input that is not a JSON object has one field, "".
 	Fields map[string]string `json:"fields"`
 	// Context maps names to values compared as they are, such as "method" and
 	// "path". A context name that differs is reported like a field.
@@ -29,7 +32,7 @@ type Fingerprint struct {
 }
 
 // fingerprintVersion is the format of stored fingerprints: {"v":3,"fields":...,
-// "context":...}, each field's hash FieldHash's. Version 2 was the same with
+// "context":...}, each field's hash fieldhash.Of's. Version 2 was the same with
 // the whole SHA-256 in hex; version 1, written by the idempotency package
 // before the engine fingerprinted, was {"method":...,"path":...,"fields":...}
 // with those hashes. Both are read as version 3 (see decodeFingerprint).
@@ -125,30 +128,16 @@ func decodeFingerprint(raw []byte) *Fingerprint {
 		fp.Context = map[string]string{"method": s.Method, "path": s.Path}
 	}
 	if s.V < 3 {
-		// A hex SHA-256 holds the bytes that FieldHash keeps: the same field
+		// A hex SHA-256 holds the bytes that fieldhash.Of keeps: the same field
 		// compares equal across the deploy. Anything else stays as it is, and
 		// differs from every hash.
 		for name, h := range fp.Fields {
 			if sum, err := hex.DecodeString(h); err == nil && len(sum) == sha256.Size {
-				fp.Fields[name] = base64.RawURLEncoding.EncodeToString(sum[:fieldHashSize])
+				fp.Fields[name] = base64.RawURLEncoding.EncodeToString(sum[:fieldhash.Size])
 			}
 		}
 	}
 	return fp
-}
-
-// fieldHashSize is how many bytes of a field's SHA-256 a fingerprint keeps:
-// enough that two values with the same hash are never met, half the bytes to
-// store with every operation.
-const fieldHashSize = 16
-
-// FieldHash returns the hash that a Fingerprint keeps of a field whose value is
-// canonical: the first 16 bytes of the SHA-256 of its bytes, in unpadded
-// base64url (22 characters). Canonical JSON (object members sorted by key, no
-// white space, numbers in one form) is the caller's to make.
-func FieldHash(canonical []byte) string {
-	sum := sha256.Sum256(canonical)
-	return base64.RawURLEncoding.EncodeToString(sum[:fieldHashSize])
 }
 
 // fingerprintOf fingerprints an encoded input, leaving out the fields in
@@ -162,7 +151,7 @@ func fingerprintOf(raw []byte, ignore []string) (*Fingerprint, error) {
 		if err != nil {
 			return nil, err
 		}
-		fp.Fields[""] = FieldHash(c)
+		fp.Fields[""] = fieldhash.Of(c)
 		return fp, nil
 	}
 	if !json.Valid(raw) {
@@ -178,7 +167,7 @@ func fingerprintOf(raw []byte, ignore []string) (*Fingerprint, error) {
 		if c, err = canonical(v); err != nil {
 			return false
 		}
-		fp.Fields[name] = FieldHash(c) // a later member of the same name wins, as in encoding/json
+		fp.Fields[name] = fieldhash.Of(c) // a later member of the same name wins, as in encoding/json
 		return true
 	})
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/fieldhash"
 )
 
 // fingerprintByMap is fingerprintOf as it was before forEachMember: the input
@@ -19,7 +21,7 @@ func fingerprintByMap(raw []byte, ignore []string) (*Fingerprint, error) {
 		if err != nil {
 			return nil, err
 		}
-		fp.Fields[""] = FieldHash(c)
+		fp.Fields[""] = fieldhash.Of(c)
 		return fp, nil
 	}
 	var fields map[string]json.RawMessage
@@ -34,7 +36,7 @@ func fingerprintByMap(raw []byte, ignore []string) (*Fingerprint, error) {
 		if err != nil {
 			return nil, err
 		}
-		fp.Fields[name] = FieldHash(c)
+		fp.Fields[name] = fieldhash.Of(c)
 	}
 	return fp, nil
 }

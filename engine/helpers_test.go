@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/faults"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 
@@ -122,7 +123,7 @@ type setupOpts struct {
 	retry   engine.RetryPolicy
 	lease   time.Duration
 	workers bool
-	hook    engine.HookFunc
+	hook    faults.Hook
 	// inlineRetry is Config.InlineRetryMax.
 	inlineRetry time.Duration
 }
@@ -147,7 +148,7 @@ func setup(t *testing.T, opts setupOpts) (*engine.Engine, *engine.Operation[tran
 		Lease:          opts.lease,
 		SweepInterval:  50 * time.Millisecond,
 		PollInterval:   20 * time.Millisecond,
-		Test:           engine.TestConfig{Hook: opts.hook},
+		Test:           faults.Config{Hook: opts.hook},
 		InlineRetryMax: opts.inlineRetry,
 	})
 	require.NoError(t, err)

@@ -72,7 +72,7 @@ type Info struct {
 	// they are done.
 	Compensating *PermanentError
 	// PriorError, for an operation in progress that an operator reopened by
-	// force (ReopenOpts.Force), is the server fault it had ended with: what its
+	// force (RetryOpts.Force), is the server fault it had ended with: what its
 	// client was told, and what an HTTP layer replays for its key until it
 	// finishes again.
 	PriorError *PermanentError
@@ -83,7 +83,7 @@ type Info struct {
 	// reconciliation mismatch.
 	Attention *Attention
 	// Parked is true when no run takes the operation up again until an operator
-	// reopens (Engine.Reopen) or cancels (Engine.Cancel) it.
+	// reopens (Engine.Retry) or cancels (Engine.Cancel) it.
 	Parked bool
 	// Runs counts the runs that claimed the operation: 1 for an operation that
 	// finished in its first attempt.
@@ -94,7 +94,7 @@ type Info struct {
 	// it; the Info that Start and Wait return leave it nil.
 	Steps []StepInfo
 	// Audit lists the operators' requests on the operation, oldest first
-	// (Reopen, Cancel, Resolve, done or refused). Get fills it.
+	// (Retry, Cancel, Resolve, done or refused). Get fills it.
 	Audit []AuditEntry
 	// Mismatches are the reconciliation mismatches that name the operation
 	// (see Engine.Reconcile). Get fills it.

@@ -2,7 +2,7 @@ package engine_test
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -41,7 +41,10 @@ func TestStartWhileTheKeysRowIsLocked(t *testing.T) {
 	// What RunEnded hears of the retries' runs: the reservation's lock wait.
 	ended := make(chan error, 8)
 	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Observer: &engine.Observer{
-		RunEnded: func(_ context.Context, _ engine.OperationEvent, err error) {
+		RunEnded: func(_ context.Context, _ engine.OperationEvent, end engine.RunEnd, err error) {
+			if end == engine.RunKeyTaken {
+				err = fmt.Errorf("%s: %w", end, err)
+			}
 			if err != nil {
 				ended <- err
 			}
@@ -78,11 +81,11 @@ func TestStartWhileTheKeysRowIsLocked(t *testing.T) {
 		require.Equal(t, first.ID, again.ID)
 		require.Equal(t, engine.StatusSucceeded, again.Existing.Status)
 		require.JSONEq(t, `1`, string(again.Existing.Result))
-		require.ErrorIs(t, requireLockWait(t), engine.ErrKeyTaken, "RunEnded hears of a key taken")
+		require.ErrorContains(t, requireLockWait(t), string(engine.RunKeyTaken), "RunEnded hears of a key taken")
 
 		_, err = engine.Start(ctx, e, op, "c", "k1", 2, nil)
 		require.ErrorIs(t, err, engine.ErrKeyReused, "another input is refused as ever")
-		require.ErrorIs(t, requireLockWait(t), engine.ErrKeyTaken)
+		require.ErrorContains(t, requireLockWait(t), string(engine.RunKeyTaken))
 	})
 
 	t.Run("ReservationNotCommitted", func(t *testing.T) {
@@ -96,7 +99,7 @@ func TestStartWhileTheKeysRowIsLocked(t *testing.T) {
 		_, err = engine.Start(ctx, e, op, "c", "k2", 2, nil)
 		require.ErrorIs(t, err, engine.ErrUnavailable, "nothing committed holds the key yet: retry")
 		require.True(t, engine.IsUnavailable(err))
-		require.False(t, errors.Is(requireLockWait(t), engine.ErrKeyTaken))
+		require.NotContains(t, requireLockWait(t).Error(), string(engine.RunKeyTaken))
 		require.NoError(t, tx.Rollback(ctx))
 
 		started, err := engine.Start(ctx, e, op, "c", "k2", 2, nil)

@@ -43,14 +43,12 @@ type TakeoverConfig struct {
 	// ConnConfig is the liveness connection's: a direct connection to
 	// PostgreSQL, which holds a session. Defaults to the control pool's
 	// (Config.ControlPool, else the pool's). Through a pooler in transaction
-	// mode (PgBouncer) a session lock means nothing: give a direct one here,
-	// or the lock is not held and operations wait for their lease.
+	// mode (PgBouncer; Config.Pooler) a session lock would stay on a server
+	// connection of the pooler's: give a direct one here (one connection per
+	// process, idle but for a ping a second), or none is taken and a dead
+	// process's operations wait for their lease.
 	ConnConfig *pgx.ConnConfig
 }
-
-// DefaultTakeoverInterval is how often a process looks for a dead process's
-// operations by default.
-const DefaultTakeoverInterval = 250 * time.Millisecond
 
 // newRunID returns the id of a new run: random, its first four bytes the
 // process's liveness key while it holds its lock (zero otherwise, which no
@@ -66,6 +64,17 @@ func (e *Engine) newRunID() uuid.UUID {
 // (watchLiveness) until ctx ends. Without the lock the process runs as
 // before: its operations are taken over when their lease ends.
 func (e *Engine) holdLiveness(ctx context.Context) error {
+	if e.cfg.Pooler {
+		// Through a pooler in transaction mode, a session lock would stay on
+		// whichever server connection took it, after this process is gone.
+		if e.cfg.Takeover.ConnConfig == nil {
+			e.logger.InfoContext(ctx, "through a pooler, and no direct connection for the liveness lock (Takeover.ConnConfig): "+
+				"this process's operations are taken over when their lease ends, not when it dies")
+			return nil
+		}
+		e.logger.InfoContext(ctx, "through a pooler: the liveness lock is held on the direct connection of Takeover.ConnConfig",
+			slog.String("host", e.cfg.Takeover.ConnConfig.Host), slog.Int("port", int(e.cfg.Takeover.ConnConfig.Port)))
+	}
 	conn, key, err := e.lockLiveness(ctx, 0)
 	if err != nil {
 		return err

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idemflow/idemflow/reconcile"
 )
 
 // Observer is told what the engine does in this process, for metrics and
@@ -37,24 +39,22 @@ type Observer struct {
 	// resume). The context it returns (a span's, say) is the run's: its
 	// steps, and the rest of the Observer's calls for the run, get it.
 	RunStarted func(ctx context.Context, op OperationEvent, resumed bool) context.Context
-	// RunEnded: the run ends; err is nil when it finished the operation, else
-	// why it stopped: ErrHandedOff, ErrParked, ErrKeyTaken or ErrWaiting when
-	// the run did not fail (a retry, an operator, another run carry the
-	// operation on), context.Canceled when the engine stopped, anything else
-	// when the run failed itself (a lost lease, a database error).
-	RunEnded func(ctx context.Context, op OperationEvent, err error)
+	// RunEnded: the run ends, as end says. Only RunFailed is a failure of
+	// the run's own (a lost lease, a database error); err says why the run
+	// stopped, and is nil for RunFinished.
+	RunEnded func(ctx context.Context, op OperationEvent, end RunEnd, err error)
 	// StepStarted: an attempt of a step begins. The context it returns is the
 	// attempt's: the step's function gets it (an HTTP call made with it
 	// carries a span's context), and StepAttempted ends the attempt with it.
 	StepStarted func(ctx context.Context, step StepEvent) context.Context
 	// OperatorRequested: this process carried out, or refused, an operator's
-	// request (Reopen, Cancel, Resolve): action is ActionRetry, ActionCancel or
+	// request (Retry, Cancel, Resolve): action is ActionRetry, ActionCancel or
 	// ActionResolve, result "done", "refused" or "failed".
 	OperatorRequested func(ctx context.Context, action, result string)
 	// Reconciled: a reconciliation run of a source ended here; counts are
 	// the mismatches of each kind now (as Engine.MismatchCounts), so that a
 	// gauge shows a run's findings at once.
-	Reconciled func(ctx context.Context, source string, counts map[MismatchKind]int64)
+	Reconciled func(ctx context.Context, source string, counts map[reconcile.Kind]int64)
 }
 
 // Observers combines observers into one that tells each, in order; nil ones
@@ -113,10 +113,10 @@ func Observers(obs ...*Observer) *Observer {
 			}
 			return ctx
 		},
-		RunEnded: func(ctx context.Context, op OperationEvent, err error) {
+		RunEnded: func(ctx context.Context, op OperationEvent, end RunEnd, err error) {
 			for _, o := range list {
 				if o.RunEnded != nil {
-					o.RunEnded(ctx, op, err)
+					o.RunEnded(ctx, op, end, err)
 				}
 			}
 		},
@@ -135,7 +135,7 @@ func Observers(obs ...*Observer) *Observer {
 				}
 			}
 		},
-		Reconciled: func(ctx context.Context, source string, counts map[MismatchKind]int64) {
+		Reconciled: func(ctx context.Context, source string, counts map[reconcile.Kind]int64) {
 			for _, o := range list {
 				if o.Reconciled != nil {
 					o.Reconciled(ctx, source, counts)
@@ -155,8 +155,53 @@ func (r *run) startRun(ctx context.Context) context.Context {
 
 func (r *run) endRun(ctx context.Context, err error) {
 	if obs := r.e.cfg.Observer; obs != nil && obs.RunEnded != nil {
-		r.observed(ctx, "RunEnded", func() { obs.RunEnded(ctx, r.opEvent(), err) })
+		r.observed(ctx, "RunEnded", func() { obs.RunEnded(ctx, r.opEvent(), runEndOf(err), err) })
 	}
+}
+
+// RunEnd is how a run of an operation ended (Observer.RunEnded). Only
+// RunFailed is a failure: in the others the operation finished, or another
+// run, a retry or an operator carries it on.
+type RunEnd string
+
+// The ends of a run.
+const (
+	// RunFinished: the run finished the operation, succeeded or failed.
+	RunFinished RunEnd = "finished"
+	// RunHandedOff: it scheduled a River job to carry the operation on after
+	// a backoff, or handed it back as it was.
+	RunHandedOff RunEnd = "handed_off"
+	// RunParked: it parked the operation for an operator.
+	RunParked RunEnd = "parked"
+	// RunKeyTaken: a first attempt whose reservation found the key already
+	// taken (Start returns that operation).
+	RunKeyTaken RunEnd = "key_taken"
+	// RunWaiting: this process's definition lacks a step the operation needs;
+	// it waits for a process that has it.
+	RunWaiting RunEnd = "waiting"
+	// RunStopped: the engine stopped (Stop) while the run was under way; the
+	// operation is handed back.
+	RunStopped RunEnd = "stopped"
+	// RunFailed: the run failed itself (a lost lease, a database error).
+	RunFailed RunEnd = "failed"
+)
+
+func runEndOf(err error) RunEnd {
+	switch {
+	case err == nil:
+		return RunFinished
+	case errors.Is(err, errHandedOff):
+		return RunHandedOff
+	case errors.Is(err, errParked):
+		return RunParked
+	case errors.Is(err, errKeyTaken):
+		return RunKeyTaken
+	case errors.Is(err, errWaiting):
+		return RunWaiting
+	case errors.Is(err, context.Canceled):
+		return RunStopped
+	}
+	return RunFailed
 }
 
 // startStep tells the observer that attempt of st begins, and returns the

@@ -205,8 +205,8 @@ func TestObserverContexts(t *testing.T) {
 		StepAttempted: func(ctx context.Context, s engine.StepEvent) {
 			note(fmt.Sprint("attempt ends in ", ctx.Value(spanKey{})))
 		},
-		RunEnded: func(ctx context.Context, op engine.OperationEvent, err error) {
-			note(fmt.Sprint("run ends in ", ctx.Value(spanKey{}), " err=", err))
+		RunEnded: func(ctx context.Context, op engine.OperationEvent, end engine.RunEnd, err error) {
+			note(fmt.Sprint("run ends in ", ctx.Value(spanKey{}), " ", end, " err=", err))
 		},
 	}
 	rec := &recorder{}
@@ -218,7 +218,7 @@ func TestObserverContexts(t *testing.T) {
 	_, err = s.Wait(ctx)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == 3 }, 5*time.Second, 10*time.Millisecond)
-	require.Equal(t, []string{"step sees run:ctx/step:call", "attempt ends in run:ctx/step:call", "run ends in run:ctx err=<nil>"}, seen)
+	require.Equal(t, []string{"step sees run:ctx/step:call", "attempt ends in run:ctx/step:call", "run ends in run:ctx finished err=<nil>"}, seen)
 	require.Contains(t, rec.sorted(), "step ctx call #1 succeeded", "the second observer is told too")
 }
 
@@ -241,7 +241,7 @@ func TestObserverPanics(t *testing.T) {
 		StepAttempted:      func(context.Context, engine.StepEvent) { boom() },
 		LookedUp:           func(context.Context, engine.StepEvent, bool) { boom() },
 		RunStarted:         func(context.Context, engine.OperationEvent, bool) context.Context { panic("observer bug") },
-		RunEnded:           func(context.Context, engine.OperationEvent, error) { boom() },
+		RunEnded:           func(context.Context, engine.OperationEvent, engine.RunEnd, error) { boom() },
 		StepStarted:        func(context.Context, engine.StepEvent) context.Context { panic("observer bug") },
 	}
 	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Observer: obs})

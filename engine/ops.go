@@ -13,8 +13,8 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// ReopenOpts are the optional parts of a Reopen.
-type ReopenOpts struct {
+// RetryOpts are the optional parts of a Retry.
+type RetryOpts struct {
 	// Force reopens an operation that ended failed with a server fault (a step
 	// out of attempts, a failed compensation or result function): its client
 	// was told, and the key goes on replaying that answer (Info.PriorError)
@@ -25,7 +25,7 @@ type ReopenOpts struct {
 	Reason string
 }
 
-// Reopen gives an operation that needs an operator another run, for an
+// Retry gives an operation that needs an operator another run, for an
 // operator who has mended the cause: a parked operation, or, with
 // opts.Force, one that failed with a server fault. It is in progress again,
 // no longer needing attention, and a River job runs it. A failed operation,
@@ -48,8 +48,8 @@ type ReopenOpts struct {
 // was compensated: run again under the same derived key, that call would be
 // answered with the one that was undone, and the step would read as done.
 // Such an operation is over; a new one, under a new key, asks again.
-func (e *Engine) Reopen(ctx context.Context, id uuid.UUID, opts *ReopenOpts) error {
-	o := ReopenOpts{}
+func (e *Engine) Retry(ctx context.Context, id uuid.UUID, opts *RetryOpts) error {
+	o := RetryOpts{}
 	if opts != nil {
 		o = *opts
 	}
@@ -117,7 +117,7 @@ func (e *Engine) reopen(ctx context.Context, id uuid.UUID, force bool) error {
 	return nil
 }
 
-// runNow is Reopen of an operation in progress that is not parked: one that
+// runNow is Retry of an operation in progress that is not parked: one that
 // needs attention (a step retried past its point of no return, a step that
 // waits for its outcome past its settle window) runs again at once, from
 // where it is, in a River job: a waiting step asks its lookup, and sends

@@ -159,8 +159,8 @@ func TestOperatorRetry(t *testing.T) {
 	require.Equal(t, s.ID, failed[0].ID)
 
 	// A server fault is the client's answer: only a forced retry reopens it.
-	require.ErrorIs(t, e.Reopen(ctx, s.ID, nil), engine.ErrFinal)
-	require.NoError(t, e.Reopen(ctx, s.ID, &engine.ReopenOpts{Force: true}))
+	require.ErrorIs(t, e.Retry(ctx, s.ID, nil), engine.ErrFinal)
+	require.NoError(t, e.Retry(ctx, s.ID, &engine.RetryOpts{Force: true}))
 	b.failPayout.Store(0)
 	ctx2, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -169,7 +169,7 @@ func TestOperatorRetry(t *testing.T) {
 	require.Equal(t, engine.StatusSucceeded, info.Status)
 	// The first run's ledger move was reversed; the retry moved it again: once, net.
 	require.Equal(t, books{ledgerRows: 4, reversals: 2, payouts: 1, payoutCalls: 1, finals: 1}, readBooks(t, b.pool))
-	require.ErrorIs(t, e.Reopen(ctx, s.ID, nil), engine.ErrNotFailed)
+	require.ErrorIs(t, e.Retry(ctx, s.ID, nil), engine.ErrNotFailed)
 }
 
 func TestCancel(t *testing.T) {

@@ -11,139 +11,26 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/idemflow/idemflow/reconcile"
 	"github.com/idemflow/idemflow/store"
 )
-
-// Record is one of an outside service's records (a provider's refund), as a
-// Source lists it for reconciliation.
-type Record struct {
-	// Key is the idempotency key the record was made under: an external
-	// step's derived key, when one of our steps made it.
-	Key string
-	// Reference is the service's id of the record.
-	Reference string
-	// Amount is what it moved, in minor units.
-	Amount int64
-	// Status is how it ended; empty means RecordSucceeded.
-	Status RecordStatus
-	// CreatedAt is when the service made it.
-	CreatedAt time.Time
-	// Data is what else the step's ReconcileFunc compares (an order id, a
-	// currency), kept as JSON with a mismatch for its report. May be nil.
-	Data any
-}
-
-// RecordStatus is the status of a Record.
-type RecordStatus string
-
-// The statuses of a Record.
-const (
-	// RecordSucceeded: the service carried it out (money moved).
-	RecordSucceeded RecordStatus = "succeeded"
-	// RecordPending: accepted, not final yet; never judged until it is.
-	RecordPending RecordStatus = "pending"
-	// RecordFailed: final, and it moved nothing.
-	RecordFailed RecordStatus = "failed"
-)
-
-func (s RecordStatus) orDefault() RecordStatus {
-	if s == "" {
-		return RecordSucceeded
-	}
-	return s
-}
-
-// MismatchKind says how a record and the steps disagree.
-type MismatchKind string
-
-// The kinds of mismatch that the engine tells itself; a ReconcileFunc may
-// return MismatchAmountDiffers, MismatchReferenceDiffers or a kind of the
-// application's.
-const (
-	// MismatchUnknownKey: a record that moved money under a key no operation
-	// of ours holds (made outside the engine, or an operation the database
-	// lost).
-	MismatchUnknownKey MismatchKind = "unknown_key"
-	// MismatchNotSucceeded: the service carried out the record, but the step
-	// that holds its key did not succeed, and its operation finished.
-	MismatchNotSucceeded MismatchKind = "not_succeeded"
-	// MismatchRecordFailed: the step succeeded, but the service's record
-	// says it failed and moved nothing.
-	MismatchRecordFailed MismatchKind = "record_failed"
-	// MismatchAmountDiffers: the record is not for what the operation asked
-	// (its amount, or what the ReconcileFunc compares with it).
-	MismatchAmountDiffers MismatchKind = "amount_differs"
-	// MismatchReferenceDiffers: an operator resolved the step as made under
-	// one reference, and the service's record under its key has another.
-	MismatchReferenceDiffers MismatchKind = "reference_differs"
-)
-
-// MismatchKinds are the kinds the engine knows, for a gauge's labels.
-var MismatchKinds = []MismatchKind{MismatchUnknownKey, MismatchNotSucceeded, MismatchRecordFailed, MismatchAmountDiffers, MismatchReferenceDiffers}
-
-// ReconcileFunc compares rec, the service's record under the step's derived
-// key, with the input of the operation whose step succeeded, and returns the
-// kind of mismatch, or "" when they agree.
-type ReconcileFunc[In any] func(in In, rec Record) MismatchKind
-
-// ListRequest asks a Source for one page of its records.
-type ListRequest struct {
-	// Since: only records made after it, oldest first.
-	Since time.Time
-	// Cursor is where the previous page ended (its next); empty for the first.
-	Cursor string
-	// Limit bounds the page (Source.PageSize).
-	Limit int
-}
-
-// ListFunc lists one page of a service's records. It returns the cursor of
-// the next page, or "" after the last one.
-type ListFunc func(ctx context.Context, req ListRequest) (records []Record, next string, err error)
-
-// Source is an outside service whose records reconciliation checks against
-// the steps that call it.
-type Source struct {
-	// Name names the source in mismatches and reports ("provider").
-	Name string
-	// List lists its records, in pages.
-	List ListFunc
-	// PageSize is the Limit of every page. Defaults to 1000.
-	PageSize int
-}
-
-// ReconcileConfig configures reconciliation (Config.Reconcile).
-type ReconcileConfig struct {
-	// Sources are the outside services to check; none, no reconciliation.
-	Sources []Source
-	// Interval is how often River's leader runs every source. Defaults to
-	// DefaultReconcileInterval; negative: only on request (Engine.Reconcile).
-	Interval time.Duration
-	// Window is how far back a run reads records. Defaults to, and may not
-	// exceed, the shortest retention of the engine's operation types that
-	// call out: an operation deleted by the retention job would leave its
-	// records looking unknown.
-	Window time.Duration
-}
-
-// DefaultReconcileInterval is how often reconciliation runs by default.
-const DefaultReconcileInterval = time.Minute
 
 // Mismatch is a record of a Source that disagrees with the steps, as a
 // reconciliation run or CheckRecord found it. It stays until a later run no
 // longer finds it, and makes the operation it names need attention.
 type Mismatch struct {
 	Source string
-	Kind   MismatchKind
+	Kind   reconcile.Kind
 	// The record: its key, reference, amount, status, when it was made, and
 	// its Data as JSON.
 	Key             string
 	Reference       string
 	Amount          int64
-	RecordStatus    RecordStatus
+	RecordStatus    reconcile.Status
 	RecordCreatedAt time.Time
 	Data            json.RawMessage
 	// OperationID is the operation whose step Step holds the key; uuid.Nil
-	// for MismatchUnknownKey. Operation, Scope and OperationStatus are that
+	// for reconcile.UnknownKey. Operation, Scope and OperationStatus are that
 	// operation's as they are now (empty once it was deleted).
 	OperationID     uuid.UUID
 	Step            string
@@ -178,14 +65,10 @@ type ReconcileReport struct {
 	Mismatches []Mismatch
 }
 
-// ErrUnknownSource is returned for a source name that Config.Reconcile does
-// not have.
-var ErrUnknownSource = errors.New("no such reconciliation source")
-
 // reconcileReportMax bounds the mismatches that a report lists.
 const reconcileReportMax = 1000
 
-func (c *ReconcileConfig) validate(retention time.Duration) error {
+func validateReconcile(c *reconcile.Config, retention time.Duration) error {
 	seen := map[string]bool{}
 	for _, s := range c.Sources {
 		switch {
@@ -221,7 +104,7 @@ func (e *Engine) shortestRetention() time.Duration {
 	return r
 }
 
-func (e *Engine) source(name string) (*Source, error) {
+func (e *Engine) source(name string) (*reconcile.Source, error) {
 	for i := range e.cfg.Reconcile.Sources {
 		if s := &e.cfg.Reconcile.Sources[i]; s.Name == name {
 			return s, nil
@@ -232,16 +115,16 @@ func (e *Engine) source(name string) (*Source, error) {
 
 // Reconcile runs one reconciliation of the source named source now and returns
 // its report: it reads the source's records made within the window
-// (ReconcileConfig.Window), page by page, and matches each, by its key, with
+// (reconcile.Config.Window), page by page, and matches each, by its key, with
 // the step whose derived key it is. A record is judged once it is final
-// (not RecordPending) and the operation holding its key has finished:
-//   - a record that moved money under no key of ours: MismatchUnknownKey;
-//   - one that moved money while its step did not succeed: MismatchNotSucceeded
+// (not reconcile.Pending) and the operation holding its key has finished:
+//   - a record that moved money under no key of ours: reconcile.UnknownKey;
+//   - one that moved money while its step did not succeed: reconcile.NotSucceeded
 //     (a step compensated since undid it, and is in order);
-//   - one that failed while its step succeeded: MismatchRecordFailed;
+//   - one that failed while its step succeeded: reconcile.RecordFailed;
 //   - one whose step an operator resolved under another reference:
-//     MismatchReferenceDiffers;
-//   - else what the step's ReconcileFunc says.
+//     reconcile.ReferenceDiffers;
+//   - else what the step's reconcile function (ExternalStepDef.Reconcile) says.
 //
 // What it finds is kept (store table idemflow_mismatch) with its last sighting;
 // the mismatches of the source that it did not see again are deleted as it
@@ -263,7 +146,7 @@ func (e *Engine) Reconcile(ctx context.Context, source string) (*ReconcileReport
 	if limit == 0 {
 		limit = 1000
 	}
-	req := ListRequest{Since: run.WindowStart, Limit: limit}
+	req := reconcile.ListRequest{Since: run.WindowStart, Limit: limit}
 	for {
 		recs, next, err := src.List(ctx, req)
 		if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/internal/testdb"
+	"github.com/idemflow/idemflow/reconcile"
 )
 
 // reconcileBenchSizesEnv overrides the sizes (records, comma separated) that
@@ -240,24 +241,24 @@ func (s *reconcileScenario) unknownKey(q int) string {
 
 // record is the j-th record the source lists, oldest first: those of
 // operations, and one that no operation holds after every unknownEvery.
-func (s *reconcileScenario) record(j int) Record {
+func (s *reconcileScenario) record(j int) reconcile.Record {
 	q, r := j/(s.unknownEvery+1), j%(s.unknownEvery+1)
 	if r == s.unknownEvery {
 		i := (q+1)*s.unknownEvery - 1
-		return Record{Key: s.unknownKey(q), Reference: "re_x" + strconv.Itoa(q), Amount: 1,
-			Status: RecordSucceeded, CreatedAt: s.created(i).Add(2 * time.Millisecond)}
+		return reconcile.Record{Key: s.unknownKey(q), Reference: "re_x" + strconv.Itoa(q), Amount: 1,
+			Status: reconcile.Succeeded, CreatedAt: s.created(i).Add(2 * time.Millisecond)}
 	}
 	i := q*s.unknownEvery + r
 	amount := s.amount(i)
 	if s.mismatched(i) {
 		amount++
 	}
-	return Record{Key: derivedKey(s.id("op", i), s.secret("op", i), "pay", "shop", s.clientKey(i), "pay"),
-		Reference: "re_" + strconv.Itoa(i), Amount: amount, Status: RecordSucceeded, CreatedAt: s.created(i).Add(time.Millisecond)}
+	return reconcile.Record{Key: derivedKey(s.id("op", i), s.secret("op", i), "pay", "shop", s.clientKey(i), "pay"),
+		Reference: "re_" + strconv.Itoa(i), Amount: amount, Status: reconcile.Succeeded, CreatedAt: s.created(i).Add(time.Millisecond)}
 }
 
 // list is the source's ListFunc: the cursor is the index of the next record.
-func (s *reconcileScenario) list(_ context.Context, req ListRequest) ([]Record, string, error) {
+func (s *reconcileScenario) list(_ context.Context, req reconcile.ListRequest) ([]reconcile.Record, string, error) {
 	from := 0
 	if req.Cursor != "" {
 		n, err := strconv.Atoi(req.Cursor)
@@ -267,7 +268,7 @@ func (s *reconcileScenario) list(_ context.Context, req ListRequest) ([]Record, 
 		from = n
 	}
 	total := s.records()
-	page := make([]Record, 0, min(req.Limit, total-from))
+	page := make([]reconcile.Record, 0, min(req.Limit, total-from))
 	j := from
 	for ; j < total && len(page) < req.Limit; j++ {
 		if r := s.record(j); r.CreatedAt.After(req.Since) {
@@ -317,9 +318,9 @@ func (s *reconcileScenario) engine(tb testing.TB) (*Engine, *queryCounter) {
 
 	pay := ExternalStep("pay", func(context.Context, Attempt, reconcileBenchIn, *reconcileBenchState) error {
 		return nil
-	}).Reconcile(func(in reconcileBenchIn, rec Record) MismatchKind {
+	}).Reconcile(func(in reconcileBenchIn, rec reconcile.Record) reconcile.Kind {
 		if rec.Amount != in.Amount {
-			return MismatchAmountDiffers
+			return reconcile.AmountDiffers
 		}
 		return ""
 	})
@@ -328,7 +329,7 @@ func (s *reconcileScenario) engine(tb testing.TB) (*Engine, *queryCounter) {
 	require.NoError(tb, err)
 	e, err := New(pool, &Config{
 		Operations: []Definition{op},
-		Reconcile:  ReconcileConfig{Sources: []Source{{Name: "bank", List: s.list, PageSize: s.pageSize}}, Interval: -1},
+		Reconcile:  reconcile.Config{Sources: []reconcile.Source{{Name: "bank", List: s.list, PageSize: s.pageSize}}, Interval: -1},
 	})
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = e.Stop(context.Background()) })
@@ -400,10 +401,10 @@ func (s *reconcileScenario) check(tb testing.TB, rep *ReconcileReport) {
 	for k := range s.n / s.mismatchEvery {
 		i := s.mismatchedOp(k)
 		key := derivedKey(s.id("op", i), s.secret("op", i), "pay", "shop", s.clientKey(i), "pay")
-		want[key] = Mismatch{Kind: MismatchAmountDiffers, OperationID: s.id("op", i), Step: "pay", Amount: s.amount(i) + 1}
+		want[key] = Mismatch{Kind: reconcile.AmountDiffers, OperationID: s.id("op", i), Step: "pay", Amount: s.amount(i) + 1}
 	}
 	for q := range s.n / s.unknownEvery {
-		want[s.unknownKey(q)] = Mismatch{Kind: MismatchUnknownKey, Amount: 1}
+		want[s.unknownKey(q)] = Mismatch{Kind: reconcile.UnknownKey, Amount: 1}
 	}
 	require.Len(tb, rep.Mismatches, len(want))
 	for _, m := range rep.Mismatches {
@@ -424,7 +425,7 @@ func (s *reconcileScenario) sourceCost(tb testing.TB) (allocMiB float64, took ti
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	start := time.Now()
-	req := ListRequest{Since: s.base.Add(-time.Hour), Limit: s.pageSize}
+	req := reconcile.ListRequest{Since: s.base.Add(-time.Hour), Limit: s.pageSize}
 	for {
 		recs, next, err := s.list(context.Background(), req)
 		require.NoError(tb, err)

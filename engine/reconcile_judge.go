@@ -14,6 +14,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
+	"github.com/idemflow/idemflow/reconcile"
 	"github.com/idemflow/idemflow/store"
 )
 
@@ -28,7 +29,7 @@ type judgement struct {
 // judge matches a page of records with the steps, in three reads whatever its
 // size: the operations their keys name, those operations' steps, and (only
 // for steps an operator resolved) the operators' references.
-func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs []Record) (*judgement, error) {
+func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs []reconcile.Record) (*judgement, error) {
 	j := &judgement{}
 	ids := make([]uuid.UUID, 0, len(recs))
 	for _, r := range recs {
@@ -49,7 +50,7 @@ func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs [
 
 	// Each record's step, when its key is one: found by deriving the key again.
 	type match struct {
-		rec  *Record
+		rec  *reconcile.Record
 		op   *store.ReconcileOperation
 		step string
 	}
@@ -58,7 +59,7 @@ func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs [
 	var names []string
 	for i := range recs {
 		r := &recs[i]
-		status := r.Status.orDefault()
+		status := r.Status.OrDefault()
 		id, ok := operationOfKey(r.Key)
 		if !ok && olderKeyScheme(r.Key) {
 			j.unverifiable++
@@ -77,11 +78,11 @@ func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs [
 			}
 		}
 		switch {
-		case status == RecordPending:
+		case status == reconcile.Pending:
 			j.notYet = append(j.notYet, r.Key)
 		case step == "":
-			if status == RecordSucceeded {
-				j.found = append(j.found, mismatchOf(r, MismatchUnknownKey, uuid.Nil, "",
+			if status == reconcile.Succeeded {
+				j.found = append(j.found, mismatchOf(r, reconcile.UnknownKey, uuid.Nil, "",
 					"the record moved money under a key that no operation holds"))
 			} else {
 				j.inOrder = append(j.inOrder, r.Key)
@@ -134,14 +135,14 @@ func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs [
 		st, recorded := byKey[stepKey{op.ID, m.step}]
 		succeeded := recorded && st.State == store.StepSucceeded
 		undone := recorded && st.State == store.StepCompensated
-		status := r.Status.orDefault()
-		kind, detail := MismatchKind(""), ""
+		status := r.Status.OrDefault()
+		kind, detail := reconcile.Kind(""), ""
 		switch {
-		case status == RecordSucceeded && !succeeded && !undone:
-			kind, detail = MismatchNotSucceeded, fmt.Sprintf("the record moved money; the operation %s and its step %s did not succeed", op.State, m.step)
-		case status == RecordFailed && succeeded:
-			kind, detail = MismatchRecordFailed, fmt.Sprintf("the step %s succeeded; the record failed and moved nothing", m.step)
-		case status == RecordSucceeded && succeeded:
+		case status == reconcile.Succeeded && !succeeded && !undone:
+			kind, detail = reconcile.NotSucceeded, fmt.Sprintf("the record moved money; the operation %s and its step %s did not succeed", op.State, m.step)
+		case status == reconcile.Failed && succeeded:
+			kind, detail = reconcile.RecordFailed, fmt.Sprintf("the step %s succeeded; the record failed and moved nothing", m.step)
+		case status == reconcile.Succeeded && succeeded:
 			kind, detail = e.compare(op, m.step, st, refs[op.ID], r)
 		}
 		if kind == "" {
@@ -174,10 +175,10 @@ func lastOfEach(ms []store.Mismatch) []store.Mismatch {
 
 // compare compares a succeeded step's record with what the operator said
 // (a step resolved by one) and with its operation's input (the step's
-// ReconcileFunc).
-func (e *Engine) compare(op *store.ReconcileOperation, step string, st store.ReconcileStep, operatorRef string, r *Record) (MismatchKind, string) {
+// reconcile function).
+func (e *Engine) compare(op *store.ReconcileOperation, step string, st store.ReconcileStep, operatorRef string, r *reconcile.Record) (reconcile.Kind, string) {
 	if st.ResolvedBy == ResolvedByOperator && operatorRef != "" && r.Reference != "" && operatorRef != r.Reference {
-		return MismatchReferenceDiffers, fmt.Sprintf("an operator resolved the step as made under %q; the record is %q", operatorRef, r.Reference)
+		return reconcile.ReferenceDiffers, fmt.Sprintf("an operator resolved the step as made under %q; the record is %q", operatorRef, r.Reference)
 	}
 	def := e.def(op.Name, op.Version)
 	if def == nil {
@@ -201,7 +202,7 @@ func (e *Engine) compare(op *store.ReconcileOperation, step string, st store.Rec
 	return kind, fmt.Sprintf("the record (amount %d, reference %q) is not what the operation asked for", r.Amount, r.Reference)
 }
 
-func mismatchOf(r *Record, kind MismatchKind, op uuid.UUID, step, detail string) store.Mismatch {
+func mismatchOf(r *reconcile.Record, kind reconcile.Kind, op uuid.UUID, step, detail string) store.Mismatch {
 	var data json.RawMessage
 	if r.Data != nil {
 		if b, err := json.Marshal(r.Data); err == nil {
@@ -214,7 +215,7 @@ func mismatchOf(r *Record, kind MismatchKind, op uuid.UUID, step, detail string)
 	}
 	return store.Mismatch{
 		RecordKey: r.Key, Kind: string(kind), Reference: r.Reference, Amount: r.Amount,
-		RecordStatus: string(r.Status.orDefault()), RecordCreatedAt: created, Data: data,
+		RecordStatus: string(r.Status.OrDefault()), RecordCreatedAt: created, Data: data,
 		OperationID: op, Step: step, Detail: detail,
 	}
 }
@@ -276,7 +277,7 @@ func (e *Engine) observeReconciled(ctx context.Context, source string) {
 // nothing, and both return nil. tx, when not nil, is the application's
 // transaction to do it in (the event's, so that it is checked exactly
 // once with it); else the engine's pool.
-func (e *Engine) CheckRecord(ctx context.Context, tx pgx.Tx, source string, rec Record) (*Mismatch, error) {
+func (e *Engine) CheckRecord(ctx context.Context, tx pgx.Tx, source string, rec reconcile.Record) (*Mismatch, error) {
 	if _, err := e.source(source); err != nil {
 		return nil, err
 	}
@@ -284,7 +285,7 @@ func (e *Engine) CheckRecord(ctx context.Context, tx pgx.Tx, source string, rec 
 	if tx != nil {
 		db = tx
 	}
-	j, err := e.judge(ctx, db, source, []Record{rec})
+	j, err := e.judge(ctx, db, source, []reconcile.Record{rec})
 	if err != nil {
 		return nil, fmt.Errorf("engine: check record %s: %w", rec.Key, err)
 	}
@@ -300,7 +301,7 @@ func (e *Engine) CheckRecord(ctx context.Context, tx pgx.Tx, source string, rec 
 		return nil, fmt.Errorf("engine: check record %s: %w", rec.Key, err)
 	}
 	m := j.found[0]
-	return &Mismatch{Source: source, Kind: MismatchKind(m.Kind), Key: m.RecordKey, Reference: m.Reference, Amount: m.Amount,
-		RecordStatus: RecordStatus(m.RecordStatus), RecordCreatedAt: m.RecordCreatedAt, Data: m.Data,
+	return &Mismatch{Source: source, Kind: reconcile.Kind(m.Kind), Key: m.RecordKey, Reference: m.Reference, Amount: m.Amount,
+		RecordStatus: reconcile.Status(m.RecordStatus), RecordCreatedAt: m.RecordCreatedAt, Data: m.Data,
 		OperationID: m.OperationID, Step: m.Step, Detail: m.Detail}, nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/idemflow/idemflow/reconcile"
 	"github.com/idemflow/idemflow/store"
 )
 
@@ -40,18 +41,18 @@ func (e *Engine) Mismatches(ctx context.Context) ([]Mismatch, error) {
 }
 
 // MismatchCounts returns how many mismatches there are of each kind, every
-// kind of MismatchKinds included: what a gauge shows.
-func (e *Engine) MismatchCounts(ctx context.Context) (map[MismatchKind]int64, error) {
+// kind of reconcile.Kinds included: what a gauge shows.
+func (e *Engine) MismatchCounts(ctx context.Context) (map[reconcile.Kind]int64, error) {
 	counts, err := e.store.MismatchCounts(ctx, e.pool)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	out := make(map[MismatchKind]int64, len(MismatchKinds)+len(counts))
-	for _, k := range MismatchKinds {
+	out := make(map[reconcile.Kind]int64, len(reconcile.Kinds)+len(counts))
+	for _, k := range reconcile.Kinds {
 		out[k] = 0
 	}
 	for k, n := range counts {
-		out[MismatchKind(k)] = n
+		out[reconcile.Kind(k)] = n
 	}
 	return out, nil
 }
@@ -64,8 +65,8 @@ func (e *Engine) mismatches(ctx context.Context, source string, op *uuid.UUID) (
 	out := make([]Mismatch, len(rows))
 	for i, r := range rows {
 		out[i] = Mismatch{
-			Source: r.Source, Kind: MismatchKind(r.Kind), Key: r.RecordKey, Reference: r.Reference, Amount: r.Amount,
-			RecordStatus: RecordStatus(r.RecordStatus), RecordCreatedAt: r.RecordCreatedAt, Data: r.Data,
+			Source: r.Source, Kind: reconcile.Kind(r.Kind), Key: r.RecordKey, Reference: r.Reference, Amount: r.Amount,
+			RecordStatus: reconcile.Status(r.RecordStatus), RecordCreatedAt: r.RecordCreatedAt, Data: r.Data,
 			OperationID: r.OperationID, Step: r.Step, Operation: r.OperationName, Scope: r.OperationScope,
 			OperationStatus: Status(r.OperationState), Detail: r.Detail, FirstSeen: r.FirstSeen, LastSeen: r.LastSeen,
 		}

@@ -17,18 +17,19 @@ import (
 
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/internal/testdb"
+	"github.com/idemflow/idemflow/reconcile"
 )
 
 // ledgerOf is an outside service's book of records, listed in pages as a
 // reconciliation source.
 type ledgerOf struct {
 	mu      sync.Mutex
-	records []engine.Record
+	records []reconcile.Record
 	// asked are the requests List got.
-	asked []engine.ListRequest
+	asked []reconcile.ListRequest
 }
 
-func (l *ledgerOf) add(r engine.Record) {
+func (l *ledgerOf) add(r reconcile.Record) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if r.CreatedAt.IsZero() {
@@ -41,7 +42,7 @@ func (l *ledgerOf) add(r engine.Record) {
 }
 
 // set changes the record under key.
-func (l *ledgerOf) set(key string, fn func(r *engine.Record)) {
+func (l *ledgerOf) set(key string, fn func(r *reconcile.Record)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i := range l.records {
@@ -51,7 +52,7 @@ func (l *ledgerOf) set(key string, fn func(r *engine.Record)) {
 	}
 }
 
-func (l *ledgerOf) list(_ context.Context, req engine.ListRequest) ([]engine.Record, string, error) {
+func (l *ledgerOf) list(_ context.Context, req reconcile.ListRequest) ([]reconcile.Record, string, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.asked = append(l.asked, req)
@@ -63,7 +64,7 @@ func (l *ledgerOf) list(_ context.Context, req engine.ListRequest) ([]engine.Rec
 		}
 		from = n
 	}
-	var page []engine.Record
+	var page []reconcile.Record
 	i := from
 	for ; i < len(l.records) && len(page) < req.Limit; i++ {
 		if l.records[i].CreatedAt.After(req.Since) {
@@ -96,12 +97,12 @@ func reconcileEngine(t *testing.T, book *ledgerOf) (*engine.Engine, *engine.Oper
 		if in.Decline {
 			return engine.Fail("declined", "the bank declined")
 		}
-		book.add(engine.Record{Key: at.Key, Amount: in.Amount})
+		book.add(reconcile.Record{Key: at.Key, Amount: in.Amount})
 		s.Ref = at.Key
 		return nil
-	}).Reconcile(func(in payIn, rec engine.Record) engine.MismatchKind {
+	}).Reconcile(func(in payIn, rec reconcile.Record) reconcile.Kind {
 		if rec.Amount != in.Amount {
-			return engine.MismatchAmountDiffers
+			return reconcile.AmountDiffers
 		}
 		return ""
 	})
@@ -112,7 +113,7 @@ func reconcileEngine(t *testing.T, book *ledgerOf) (*engine.Engine, *engine.Oper
 	e, err := engine.New(pool, &engine.Config{
 		Operations: []engine.Definition{op}, Lease: time.Second, SweepInterval: 50 * time.Millisecond,
 		PollInterval: 20 * time.Millisecond,
-		Reconcile:    engine.ReconcileConfig{Sources: []engine.Source{{Name: "bank", List: book.list, PageSize: 2}}, Interval: -1},
+		Reconcile:    reconcile.Config{Sources: []reconcile.Source{{Name: "bank", List: book.list, PageSize: 2}}, Interval: -1},
 	})
 	require.NoError(t, err)
 	return e, op, pool
@@ -141,23 +142,23 @@ func TestReconcile(t *testing.T) {
 	require.Equal(t, engine.StatusSucceeded, fine.Status)
 	require.Regexp(t, `^idf3_[A-Za-z0-9_-]{48}$`, fine.Steps[0].DerivedKey)
 	changed := pay(t, e, op, "changed", payIn{Amount: 200})
-	book.set(changed.Steps[0].DerivedKey, func(r *engine.Record) { r.Amount = 250 })
+	book.set(changed.Steps[0].DerivedKey, func(r *reconcile.Record) { r.Amount = 250 })
 	// Declined, then carried out after all: money moved under a failed operation.
 	late := pay(t, e, op, "late", payIn{Amount: 300, Decline: true})
 	require.Equal(t, engine.StatusFailed, late.Status)
-	book.add(engine.Record{Key: late.Steps[0].DerivedKey, Amount: 300})
+	book.add(reconcile.Record{Key: late.Steps[0].DerivedKey, Amount: 300})
 	// Failed at the bank after our step succeeded.
 	reversed := pay(t, e, op, "reversed", payIn{Amount: 400})
-	book.set(reversed.Steps[0].DerivedKey, func(r *engine.Record) { r.Status = engine.RecordFailed })
+	book.set(reversed.Steps[0].DerivedKey, func(r *reconcile.Record) { r.Status = reconcile.Failed })
 	// Made outside; a key of an older scheme; a pending record; a forged key
 	// naming a real operation; a failed record under an unknown key (it moved
 	// nothing).
-	book.add(engine.Record{Key: "manual-refund-7", Amount: 700})
-	book.add(engine.Record{Key: "idf2_ZZGPyTIDrLHK-dgrZMoLAXWEtJnl-hWdC4rGrempfW4", Amount: 1})
-	book.add(engine.Record{Key: "pending-1", Amount: 5, Status: engine.RecordPending})
+	book.add(reconcile.Record{Key: "manual-refund-7", Amount: 700})
+	book.add(reconcile.Record{Key: "idf2_ZZGPyTIDrLHK-dgrZMoLAXWEtJnl-hWdC4rGrempfW4", Amount: 1})
+	book.add(reconcile.Record{Key: "pending-1", Amount: 5, Status: reconcile.Pending})
 	forged := forgeKey(t, fine.ID)
-	book.add(engine.Record{Key: forged, Amount: 100})
-	book.add(engine.Record{Key: "declined-elsewhere", Amount: 9, Status: engine.RecordFailed})
+	book.add(reconcile.Record{Key: forged, Amount: 100})
+	book.add(reconcile.Record{Key: "declined-elsewhere", Amount: 9, Status: reconcile.Failed})
 
 	rep, err := e.Reconcile(ctx, "bank")
 	require.NoError(t, err)
@@ -170,16 +171,16 @@ func TestReconcile(t *testing.T) {
 		require.Equal(t, 2, a.Limit)
 		require.WithinDuration(t, time.Now().Add(-engine.DefaultRetention), a.Since, time.Minute, "the window is the retention")
 	}
-	kinds := map[string]engine.MismatchKind{}
+	kinds := map[string]reconcile.Kind{}
 	for _, m := range rep.Mismatches {
 		kinds[m.Key] = m.Kind
 	}
-	require.Equal(t, map[string]engine.MismatchKind{
-		changed.Steps[0].DerivedKey:  engine.MismatchAmountDiffers,
-		late.Steps[0].DerivedKey:     engine.MismatchNotSucceeded,
-		reversed.Steps[0].DerivedKey: engine.MismatchRecordFailed,
-		"manual-refund-7":            engine.MismatchUnknownKey,
-		forged:                       engine.MismatchUnknownKey,
+	require.Equal(t, map[string]reconcile.Kind{
+		changed.Steps[0].DerivedKey:  reconcile.AmountDiffers,
+		late.Steps[0].DerivedKey:     reconcile.NotSucceeded,
+		reversed.Steps[0].DerivedKey: reconcile.RecordFailed,
+		"manual-refund-7":            reconcile.UnknownKey,
+		forged:                       reconcile.UnknownKey,
 	}, kinds)
 	for _, m := range rep.Mismatches {
 		if m.Key == late.Steps[0].DerivedKey {
@@ -189,15 +190,15 @@ func TestReconcile(t *testing.T) {
 			require.Equal(t, engine.StatusFailed, m.OperationStatus)
 			require.NotEmpty(t, m.Detail)
 		}
-		if m.Kind == engine.MismatchUnknownKey {
+		if m.Kind == reconcile.UnknownKey {
 			require.Equal(t, uuid.Nil, m.OperationID)
 		}
 	}
 	counts, err := e.MismatchCounts(ctx)
 	require.NoError(t, err)
-	require.Equal(t, map[engine.MismatchKind]int64{
-		engine.MismatchUnknownKey: 2, engine.MismatchNotSucceeded: 1, engine.MismatchRecordFailed: 1,
-		engine.MismatchAmountDiffers: 1, engine.MismatchReferenceDiffers: 0,
+	require.Equal(t, map[reconcile.Kind]int64{
+		reconcile.UnknownKey: 2, reconcile.NotSucceeded: 1, reconcile.RecordFailed: 1,
+		reconcile.AmountDiffers: 1, reconcile.ReferenceDiffers: 0,
 	}, counts)
 
 	t.Run("NamedOperationsNeedAttention", func(t *testing.T) {
@@ -220,7 +221,7 @@ func TestReconcile(t *testing.T) {
 	})
 
 	t.Run("ClearedWhenNoLongerFound", func(t *testing.T) {
-		book.set(changed.Steps[0].DerivedKey, func(r *engine.Record) { r.Amount = 200 })
+		book.set(changed.Steps[0].DerivedKey, func(r *reconcile.Record) { r.Amount = 200 })
 		rep, err := e.Reconcile(ctx, "bank")
 		require.NoError(t, err)
 		for _, m := range rep.Mismatches {
@@ -265,7 +266,7 @@ func TestReconcileInProgress(t *testing.T) {
 	info, err := e.Get(ctx, s.ID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusInProgress, info.Status)
-	book.add(engine.Record{Key: info.Steps[0].DerivedKey, Amount: 6})
+	book.add(reconcile.Record{Key: info.Steps[0].DerivedKey, Amount: 6})
 
 	rep, err := e.Reconcile(ctx, "bank")
 	require.NoError(t, err)
@@ -281,14 +282,14 @@ func TestCheckRecord(t *testing.T) {
 	book := &ledgerOf{}
 	e, op, pool := reconcileEngine(t, book)
 	late := pay(t, e, op, "late", payIn{Amount: 300, Decline: true})
-	rec := engine.Record{Key: late.Steps[0].DerivedKey, Reference: "ref_late", Amount: 300, Data: map[string]string{"note": "webhook"}}
+	rec := reconcile.Record{Key: late.Steps[0].DerivedKey, Reference: "ref_late", Amount: 300, Data: map[string]string{"note": "webhook"}}
 
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	m, err := e.CheckRecord(ctx, tx, "bank", rec)
 	require.NoError(t, err)
 	require.NotNil(t, m)
-	require.Equal(t, engine.MismatchNotSucceeded, m.Kind)
+	require.Equal(t, reconcile.NotSucceeded, m.Kind)
 	require.NoError(t, tx.Rollback(ctx))
 	rep, err := e.Reconciliation(ctx, "bank")
 	require.NoError(t, err)
@@ -312,9 +313,9 @@ func TestCheckRecord(t *testing.T) {
 
 	// A record in order changes nothing; pending is not judged.
 	fine := pay(t, e, op, "fine", payIn{Amount: 1})
-	for _, r := range []engine.Record{
+	for _, r := range []reconcile.Record{
 		{Key: fine.Steps[0].DerivedKey, Amount: 1},
-		{Key: "x", Amount: 1, Status: engine.RecordPending},
+		{Key: "x", Amount: 1, Status: reconcile.Pending},
 	} {
 		m, err := e.CheckRecord(ctx, nil, "bank", r)
 		require.NoError(t, err)
@@ -327,18 +328,18 @@ func TestCheckRecord(t *testing.T) {
 func TestReconcileConfig(t *testing.T) {
 	t.Parallel()
 	pool := testdb.Pool(t)
-	list := func(context.Context, engine.ListRequest) ([]engine.Record, string, error) { return nil, "", nil }
-	for name, rc := range map[string]engine.ReconcileConfig{
-		"window":    {Sources: []engine.Source{{Name: "a", List: list}}, Window: 48 * time.Hour},
-		"no name":   {Sources: []engine.Source{{List: list}}},
-		"no list":   {Sources: []engine.Source{{Name: "a"}}},
-		"duplicate": {Sources: []engine.Source{{Name: "a", List: list}, {Name: "a", List: list}}},
+	list := func(context.Context, reconcile.ListRequest) ([]reconcile.Record, string, error) { return nil, "", nil }
+	for name, rc := range map[string]reconcile.Config{
+		"window":    {Sources: []reconcile.Source{{Name: "a", List: list}}, Window: 48 * time.Hour},
+		"no name":   {Sources: []reconcile.Source{{List: list}}},
+		"no list":   {Sources: []reconcile.Source{{Name: "a"}}},
+		"duplicate": {Sources: []reconcile.Source{{Name: "a", List: list}, {Name: "a", List: list}}},
 	} {
 		_, err := engine.New(pool, &engine.Config{Reconcile: rc})
 		require.Error(t, err, name)
 		require.Contains(t, err.Error(), "reconcile", name)
 	}
-	_, err := engine.New(pool, &engine.Config{Reconcile: engine.ReconcileConfig{Sources: []engine.Source{{Name: "a", List: list}}, Window: time.Hour}})
+	_, err := engine.New(pool, &engine.Config{Reconcile: reconcile.Config{Sources: []reconcile.Source{{Name: "a", List: list}}, Window: time.Hour}})
 	require.NoError(t, err)
 }
 
@@ -350,7 +351,7 @@ func TestReconcileBoundedPages(t *testing.T) {
 	ctx := context.Background()
 	book := &ledgerOf{}
 	for i := range 25 {
-		book.add(engine.Record{Key: fmt.Sprintf("outside-%d", i), Amount: 1})
+		book.add(reconcile.Record{Key: fmt.Sprintf("outside-%d", i), Amount: 1})
 	}
 	e, _, pool := reconcileEngine(t, book)
 	rep, err := e.Reconcile(ctx, "bank")
@@ -362,9 +363,9 @@ func TestReconcileBoundedPages(t *testing.T) {
 	}
 	require.True(t, slices.IsSortedFunc(rep.Mismatches, func(a, b engine.Mismatch) int { return a.FirstSeen.Compare(b.FirstSeen) }))
 
-	stuck, err := engine.New(pool, &engine.Config{Reconcile: engine.ReconcileConfig{Sources: []engine.Source{{Name: "s",
-		List: func(_ context.Context, req engine.ListRequest) ([]engine.Record, string, error) {
-			return []engine.Record{{Key: "k"}}, "same", nil
+	stuck, err := engine.New(pool, &engine.Config{Reconcile: reconcile.Config{Sources: []reconcile.Source{{Name: "s",
+		List: func(_ context.Context, req reconcile.ListRequest) ([]reconcile.Record, string, error) {
+			return []reconcile.Record{{Key: "k"}}, "same", nil
 		}}}}})
 	require.NoError(t, err)
 	_, err = stuck.Reconcile(ctx, "s")
@@ -379,23 +380,23 @@ func TestReconcileOddPages(t *testing.T) {
 	ctx := context.Background()
 	now := time.Now()
 	pages := map[string]struct {
-		recs []engine.Record
+		recs []reconcile.Record
 		next string
 	}{
-		"": {[]engine.Record{
+		"": {[]reconcile.Record{
 			{Reference: "by-hand-1", Amount: 5, CreatedAt: now},
 			{Reference: "by-hand-2", Amount: 7, CreatedAt: now},
 		}, "2"},
 		"2": {nil, "3"},
-		"3": {[]engine.Record{
+		"3": {[]reconcile.Record{
 			{Key: "twice", Reference: "r-1", Amount: 1, CreatedAt: now},
 			{Key: "twice", Reference: "r-1", Amount: 1, CreatedAt: now},
 			{Key: "twice", Reference: "r-2", Amount: 2, CreatedAt: now},
 		}, ""},
 	}
 	pool := testdb.Pool(t)
-	e, err := engine.New(pool, &engine.Config{Reconcile: engine.ReconcileConfig{Interval: -1, Sources: []engine.Source{{Name: "bank",
-		List: func(_ context.Context, req engine.ListRequest) ([]engine.Record, string, error) {
+	e, err := engine.New(pool, &engine.Config{Reconcile: reconcile.Config{Interval: -1, Sources: []reconcile.Source{{Name: "bank",
+		List: func(_ context.Context, req reconcile.ListRequest) ([]reconcile.Record, string, error) {
 			p := pages[req.Cursor]
 			return p.recs, p.next, nil
 		}}}}})
@@ -406,7 +407,7 @@ func TestReconcileOddPages(t *testing.T) {
 	require.Equal(t, int64(5), rep.Checked)
 	got := map[string]int64{}
 	for _, m := range rep.Mismatches {
-		require.Equal(t, engine.MismatchUnknownKey, m.Kind)
+		require.Equal(t, reconcile.UnknownKey, m.Kind)
 		got[m.Key+"/"+m.Reference] = m.Amount
 	}
 	require.Equal(t, map[string]int64{"/by-hand-1": 5, "/by-hand-2": 7, "twice/r-1": 1, "twice/r-2": 2}, got)

@@ -14,40 +14,17 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// ResolveFunc records in the state a call that an operator says was made,
-// under the outside service's reference for what it made (a provider's refund
-// id), as the step itself would have. It returns an error for a reference it
-// cannot take (a malformed id): the resolve is refused.
-type ResolveFunc[In, S any] func(in In, state *S, reference string) error
-
 // Resolution is an operator's word on how the call of an operation's waiting
 // or parked external step ended (see Engine.Resolve).
 type Resolution struct {
 	// Made says the call went through; false, that it did not.
 	Made bool
 	// Reference is the outside service's reference for what a made call made,
-	// handed to the step's ResolveFunc. Required when the step has one.
+	// handed to the step's resolve function (ExternalStepDef.Resolve). Required when the step has one.
 	Reference string
 	// Reason says why, for the audit and the logs. Required.
 	Reason string
 }
-
-// ErrNotResolvable is returned by Resolve, changing nothing, for an operation
-// that is not waiting on an external step's outcome an operator may decide:
-// finished, running, compensating, or stopped at a step that does not call
-// out.
-var ErrNotResolvable = errors.New("operation is not resolvable")
-
-// ErrResolutionContradicts is matched by the error of a Resolve, which
-// changed nothing, whose word the step's lookup contradicts: "made" while the
-// service has nothing under the key, another reference or a pending call;
-// "not made" while it has the call.
-var ErrResolutionContradicts = errors.New("the resolution contradicts the outside service")
-
-// CodeResolvedNotMade is the error of an operation whose external step an
-// operator resolved as not made: a server fault (its client is answered as
-// for a step out of attempts).
-const CodeResolvedNotMade = "resolved_not_made"
 
 // Resolve closes, on an operator's word, what the engine cannot decide alone:
 // an operation in progress whose first unfinished step calls out and either
@@ -64,7 +41,7 @@ const CodeResolvedNotMade = "resolved_not_made"
 // It returns ErrNotResolvable for an operation that is not so, ErrRunning when
 // a live run holds it, ErrNotFound when there is none, and an error naming the
 // field for a Resolution without a Reason, or without a Reference for a made
-// call of a step with a ResolveFunc.
+// call of a step with a resolve function.
 func (e *Engine) Resolve(ctx context.Context, id uuid.UUID, res Resolution) (*Info, error) {
 	info, err := e.resolve(ctx, id, res)
 	made := res.Made
@@ -95,15 +72,11 @@ func (e *Engine) resolve(ctx context.Context, id uuid.UUID, res Resolution) (*In
 		return nil, fmt.Errorf("engine: resolve %s: %w", id, ErrRunning)
 	case errors.Is(err, ErrNotResolvable), errors.Is(err, ErrResolutionContradicts), errors.Is(err, ErrInvalidResolution):
 		return nil, err
-	case err != nil && !errors.Is(err, ErrHandedOff) && !errors.Is(err, ErrParked):
+	case err != nil && !errors.Is(err, errHandedOff) && !errors.Is(err, errParked):
 		return nil, fmt.Errorf("engine: resolve %s: %w", id, err)
 	}
 	return e.Get(ctx, id)
 }
-
-// ErrInvalidResolution is matched by the error of a Resolve whose Resolution
-// lacks what it needs (a reason; a reference for a step that records one).
-var ErrInvalidResolution = errors.New("invalid resolution")
 
 // resolveStep applies res to the operation's first unfinished step, which
 // must call out and wait past its settle window or be parked. For a made call

@@ -79,11 +79,3 @@ func (p RetryPolicy) Backoff(attempt int) time.Duration {
 	}
 	return time.Duration(d)
 }
-
-// The defaults of RetryPolicy.
-const (
-	DefaultRetryBase        = time.Second
-	DefaultRetryFactor      = 2.0
-	DefaultRetryCap         = 5 * time.Minute
-	DefaultRetryMaxAttempts = 10
-)

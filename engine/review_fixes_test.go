@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/faults"
 )
 
 // Cases found in review. Each failed before its fix.
@@ -81,7 +82,7 @@ func TestCancelRefusesExternalStepWithoutLookup(t *testing.T) {
 	pool := fsPool(t)
 	f := &fsFlow{pool: pool, undoablePay: true} // compensatable, no lookup
 	op := f.op(t, "review_cancel")
-	id := fsCrashAt(t, pool, op, "pay", engine.PointAfterEffect)
+	id := fsCrashAt(t, pool, op, "pay", faults.PointAfterEffect)
 	before := fsReadBooks(t, pool)
 	require.Equal(t, fsBooks{debits: 1, payments: 1, requests: 1}, before)
 

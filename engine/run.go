@@ -11,19 +11,20 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/idemflow/idemflow/internal/faults"
 	"github.com/idemflow/idemflow/store"
 )
 
-// Reasons a run ends without finishing its operation (the exported ones are
-// what Observer.RunEnded gets, to tell them from failures). None of them is a
+// Reasons a run ends without finishing its operation (Observer.RunEnded
+// hears them as a RunEnd). None of them is a
 // failure of the operation: another run carries it on, or an operator does.
 var (
-	// ErrKeyTaken is what Observer.RunEnded gets for a first attempt whose
+	// errKeyTaken ends a first attempt whose
 	// reservation found the key already taken (Start returns that operation).
-	ErrKeyTaken = errors.New("idempotency key already taken")
-	// ErrHandedOff is what Observer.RunEnded gets for a run that scheduled a
+	errKeyTaken = errors.New("idempotency key already taken")
+	// errHandedOff ends a run that scheduled a
 	// River job to carry the operation on after a backoff.
-	ErrHandedOff = errors.New("handed off to a river job")
+	errHandedOff = errors.New("handed off to a river job")
 	// errRetryNow: the run waited out a short backoff itself; the step runs again.
 	errRetryNow = errors.New("retry the step now")
 	// errLost: another run recorded the work first; this run's lease had expired.
@@ -36,13 +37,13 @@ var (
 	// on a row that could then not be read). Nothing was reserved; a retry is
 	// answered once that transaction ends.
 	errKeyRowLocked = errors.New("the reservation waited out lock_timeout, and no committed operation holds the key")
-	// ErrParked is what Observer.RunEnded gets for a run that parked the
+	// errParked ends a run that parked the
 	// operation for an operator.
-	ErrParked = errors.New("parked for an operator")
-	// ErrWaiting is what Observer.RunEnded gets for a run that handed the
+	errParked = errors.New("parked for an operator")
+	// errWaiting ends a run that handed the
 	// operation back because this process's definition lacks a step the
 	// operation needs, for a process that has it.
-	ErrWaiting = errors.New("waiting for a process that can run it")
+	errWaiting = errors.New("waiting for a process that can run it")
 )
 
 // run is one attempt at an operation by one process: the first attempt, or a
@@ -153,7 +154,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		if r.e.logger.Enabled(ctx, slog.LevelDebug) {
 			r.logger().DebugContext(ctx, "operation finished", slog.String("status", string(info.Status)), slog.Int("runs", info.Runs))
 		}
-	case errors.Is(err, ErrKeyTaken), errors.Is(err, ErrHandedOff), errors.Is(err, ErrParked), errors.Is(err, ErrWaiting),
+	case errors.Is(err, errKeyTaken), errors.Is(err, errHandedOff), errors.Is(err, errParked), errors.Is(err, errWaiting),
 		errors.Is(err, errCannotCancel): // handed back as it was
 	case keyLocked: // logged below, when no committed operation answers
 	case errors.Is(err, errLost):
@@ -191,7 +192,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 			}
 			res := reservation{err: err}
 			switch {
-			case errors.Is(err, ErrKeyTaken):
+			case errors.Is(err, errKeyTaken):
 				res = r.existing(ctx, nil)
 			case keyLocked:
 				res = r.existing(ctx, err)
@@ -203,7 +204,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 					r.logger().InfoContext(ctx, "the reservation waited out lock_timeout on its key, which no committed operation holds; the start is to be retried",
 						slog.Any("error", err))
 				} else {
-					err = fmt.Errorf("%w: %w", ErrKeyTaken, err)
+					err = fmt.Errorf("%w: %w", errKeyTaken, err)
 				}
 			case IsUnavailable(err) && r.reservedAfterAll(ctx):
 				// Its answer was lost, not the reservation: the starter is told
@@ -347,11 +348,11 @@ func (r *run) restoreState() error {
 }
 
 // hook calls Config.Test.Hook, whose error (a fault it injects) fails the attempt.
-func (r *run) hook(ctx context.Context, st *stepDef, p Point, attempt int) error {
+func (r *run) hook(ctx context.Context, st *stepDef, p faults.Point, attempt int) error {
 	if r.e.cfg.Test.Hook == nil {
 		return nil
 	}
-	return r.e.cfg.Test.Hook(ctx, HookEvent{
+	return r.e.cfg.Test.Hook(ctx, faults.Event{
 		Operation: r.def.name, OperationID: r.id, Step: st.name, Point: p, Attempt: attempt, Resumed: r.resumed,
 	})
 }

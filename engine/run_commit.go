@@ -52,7 +52,7 @@ func (r *run) beginLast(ctx context.Context) *txn {
 func runError(err error) error {
 	switch {
 	case errors.Is(err, store.ErrKeyTaken):
-		return ErrKeyTaken
+		return errKeyTaken
 	case errors.Is(err, store.ErrFenced):
 		return errLost
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idemflow/idemflow/internal/faults"
 	"github.com/idemflow/idemflow/store"
 )
 
@@ -31,7 +32,7 @@ func (r *run) lookup(ctx context.Context, st *stepDef, at Attempt) (bool, error)
 		var err error
 		found, err = st.lookup(ctx, at, r.in, r.state)
 		if test := r.e.cfg.Test.Lookup; test != nil {
-			found, err = test(ctx, HookEvent{Operation: r.def.name, OperationID: r.id, Step: st.name, Point: PointLookup,
+			found, err = test(ctx, faults.Event{Operation: r.def.name, OperationID: r.id, Step: st.name, Point: faults.PointLookup,
 				Attempt: at.Number, Resumed: r.resumed}, found, err)
 		}
 		return err
@@ -64,7 +65,7 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 	at := r.attempt(st, attempt)
 	resolvedBy := "call"
 	err := protect(func() error {
-		if err := r.hook(ctx, st, PointBefore, attempt); err != nil {
+		if err := r.hook(ctx, st, faults.PointBefore, attempt); err != nil {
 			return err
 		}
 		// A resumed run cannot know whether the run before it called out: ask first.
@@ -81,7 +82,7 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 		return st.external(ctx, at, r.in, r.state)
 	})
 	if err == nil {
-		err = protect(func() error { return r.hook(ctx, st, PointAfterEffect, attempt) })
+		err = protect(func() error { return r.hook(ctx, st, faults.PointAfterEffect, attempt) })
 	}
 	if err != nil && errors.Is(err, ErrOutcomePending) && context.Cause(ctx) == nil {
 		return r.pendingOutcome(ctx, i, st, attempt, started, err)

@@ -206,7 +206,7 @@ func (r *run) parkIn(ctx context.Context, tx *txn, code, reason string) (*Info, 
 		return nil, err
 	}
 	r.logger().WarnContext(ctx, "operation parked; it needs an operator (retry or cancel)", slog.String("code", code), slog.String("reason", reason))
-	return nil, ErrParked
+	return nil, errParked
 }
 
 // parkUndecodable parks the operation because its state did not survive a
@@ -237,7 +237,7 @@ func (r *run) handOff(ctx context.Context, tx *txn, delay time.Duration) error {
 		return err
 	}
 	r.e.handedToRiver(ctx)
-	return ErrHandedOff
+	return errHandedOff
 }
 
 // recordFailure records a step's permanent failure (when failure is not nil),

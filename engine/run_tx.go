@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/idemflow/idemflow/internal/faults"
 )
 
 func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*Info, error) {
@@ -18,7 +20,7 @@ func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*In
 	}
 	defer tx.end(ctx)
 	err := protect(func() error {
-		if err := r.hook(ctx, st, PointBefore, attempt); err != nil {
+		if err := r.hook(ctx, st, faults.PointBefore, attempt); err != nil {
 			return err
 		}
 		return st.tx(ctx, tx, r.attempt(st, attempt), r.in, r.state)
@@ -29,7 +31,7 @@ func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*In
 		return nil, runError(tx.failed)
 	}
 	if err == nil {
-		err = protect(func() error { return r.hook(ctx, st, PointAfterEffect, attempt) })
+		err = protect(func() error { return r.hook(ctx, st, faults.PointAfterEffect, attempt) })
 	}
 	if err != nil {
 		tx.end(ctx)

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idemflow/idemflow/reconcile"
 )
 
 // StepKind tells how the engine runs a step and checkpoints it.
@@ -17,22 +19,6 @@ type TxFunc[In, S any] func(ctx context.Context, tx Tx, at Attempt, in In, state
 // ExternalFunc is the body of an external step. It must pass at.Key to the
 // outside service as the idempotency key of its request.
 type ExternalFunc[In, S any] func(ctx context.Context, at Attempt, in In, state *S) error
-
-// LookupFunc asks the outside service whether an earlier attempt of an external
-// step, made with at.Key, went through. When it did, the function fills state as
-// the step would have and returns true: the step is checkpointed without a new call.
-// False with a nil error means that the service has nothing under the key.
-// Two errors are answers too: one that matches ErrOutcomePending (see Pending) says
-// that the service has the call but no final outcome yet (it is still
-// processing, or accepted it as pending), and a *PermanentError from Fail
-// says that the call ended without effect (a pending payout that failed):
-// the step fails with it. Any other error is a lookup that could not answer.
-type LookupFunc[In, S any] func(ctx context.Context, at Attempt, in In, state *S) (bool, error)
-
-// CompensateFunc undoes a succeeded step when a later step fails permanently. It
-// runs in a transaction that also records the compensation, so it takes effect
-// once. at is the compensation's attempt; its Key is the step's derived key.
-type CompensateFunc[In, S any] func(ctx context.Context, tx Tx, at Attempt, in In, state *S) error
 
 // Attempt describes one attempt of a step, of any kind, or of its compensation or
 // lookup.
@@ -68,15 +54,15 @@ type stepSpec[In, S any] struct {
 	kind       StepKind
 	tx         TxFunc[In, S]
 	external   ExternalFunc[In, S]
-	lookup     LookupFunc[In, S]
-	compensate CompensateFunc[In, S]
+	lookup     func(ctx context.Context, at Attempt, in In, state *S) (bool, error)
+	compensate func(ctx context.Context, tx Tx, at Attempt, in In, state *S) error
 	retry      RetryPolicy
 	// settle is the step's settle window; settleSet tells an explicit zero
 	// from the default.
 	settle    time.Duration
 	settleSet bool
-	resolve   ResolveFunc[In, S]
-	reconcile ReconcileFunc[In]
+	resolve   func(in In, state *S, reference string) error
+	reconcile func(in In, rec reconcile.Record) reconcile.Kind
 }
 
 // TxStepDef declares a transactional step. Make one with TxStep; its methods
@@ -92,8 +78,10 @@ func TxStep[In, S any](name string, fn TxFunc[In, S]) TxStepDef[In, S] {
 func (d TxStepDef[In, S]) Name() string { return d.s.name }
 
 // Compensate returns the step with fn as its compensation: what undoes it when a
-// later step fails permanently.
-func (d TxStepDef[In, S]) Compensate(fn CompensateFunc[In, S]) TxStepDef[In, S] {
+// later step fails permanently. fn runs in a transaction that also records the
+// compensation, so it takes effect once; at is the compensation's attempt, and
+// its Key is the step's derived key.
+func (d TxStepDef[In, S]) Compensate(fn func(ctx context.Context, tx Tx, at Attempt, in In, state *S) error) TxStepDef[In, S] {
 	d.s.compensate = fn
 	return d
 }
@@ -123,15 +111,25 @@ func (d ExternalStepDef[In, S]) Name() string { return d.s.name }
 // by derived key, whether a lost attempt went through. Without one, an attempt
 // whose outcome is unknown parks the operation (see the package documentation,
 // "Failure").
-func (d ExternalStepDef[In, S]) Lookup(fn LookupFunc[In, S]) ExternalStepDef[In, S] {
+//
+// fn asks about the earlier attempts made with at.Key. When one went through,
+// fn fills state as the step would have and returns true: the step is
+// checkpointed without a new call. False with a nil error means that the
+// service has nothing under the key. Two errors are answers too: one that
+// matches ErrOutcomePending (see Pending) says that the service has the call
+// but no final outcome yet (it is still processing, or accepted it as
+// pending), and a *PermanentError from Fail says that the call ended without
+// effect (a pending payout that failed): the step fails with it. Any other
+// error is a lookup that could not answer.
+func (d ExternalStepDef[In, S]) Lookup(fn func(ctx context.Context, at Attempt, in In, state *S) (bool, error)) ExternalStepDef[In, S] {
 	d.s.lookup = fn
 	return d
 }
 
 // Compensate returns the step with fn as its compensation: what undoes it when a
 // later step fails permanently. An external step without one is a point of no
-// return (a pivot).
-func (d ExternalStepDef[In, S]) Compensate(fn CompensateFunc[In, S]) ExternalStepDef[In, S] {
+// return (a pivot). fn runs as TxStepDef.Compensate's does.
+func (d ExternalStepDef[In, S]) Compensate(fn func(ctx context.Context, tx Tx, at Attempt, in In, state *S) error) ExternalStepDef[In, S] {
 	d.s.compensate = fn
 	return d
 }
@@ -161,8 +159,11 @@ func (d ExternalStepDef[In, S]) Settle(window time.Duration) ExternalStepDef[In,
 // Resolve returns the step with fn as what records, in the state, a call that
 // an operator says was made, under the outside service's reference (see
 // Engine.Resolve). Without one, an operator's "made" leaves the state as the
-// step's lookup, or else the step before it, left it.
-func (d ExternalStepDef[In, S]) Resolve(fn ResolveFunc[In, S]) ExternalStepDef[In, S] {
+// step's lookup, or else the step before it, left it. fn records the call as
+// the step itself would have, from the reference for what it made (a
+// provider's refund id); it returns an error for a reference it cannot take (a
+// malformed id), and the resolve is refused.
+func (d ExternalStepDef[In, S]) Resolve(fn func(in In, state *S, reference string) error) ExternalStepDef[In, S] {
 	d.s.resolve = fn
 	return d
 }
@@ -171,14 +172,12 @@ func (d ExternalStepDef[In, S]) Resolve(fn ResolveFunc[In, S]) ExternalStepDef[I
 // service under the step's derived key with the operation's input, once the
 // step succeeded (see Engine.Reconcile): an amount or an order that is not
 // what was asked. Without one, reconciliation checks only that the record and
-// the step agree on whether the call was carried out.
-func (d ExternalStepDef[In, S]) Reconcile(fn ReconcileFunc[In]) ExternalStepDef[In, S] {
+// the step agree on whether the call was carried out. fn returns the kind of
+// mismatch, or "" when the record and the input agree.
+func (d ExternalStepDef[In, S]) Reconcile(fn func(in In, rec reconcile.Record) reconcile.Kind) ExternalStepDef[In, S] {
 	d.s.reconcile = fn
 	return d
 }
-
-// DefaultSettle is the settle window of an external step that does not set one.
-const DefaultSettle = 5 * time.Minute
 
 func (d ExternalStepDef[In, S]) spec() *stepSpec[In, S] { return &d.s }
 
@@ -195,7 +194,7 @@ type stepDef struct {
 	// resolve records an operator's reference in the state (ExternalStepDef.Resolve).
 	resolve func(in, state any, reference string) error
 	// reconcile compares a record with the input (ExternalStepDef.Reconcile).
-	reconcile func(in any, rec Record) MismatchKind
+	reconcile func(in any, rec reconcile.Record) reconcile.Kind
 }
 
 // pivot reports whether the step is a point of no return: it calls out and

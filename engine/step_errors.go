@@ -185,7 +185,7 @@ func (e *PermanentError) Is(target error) bool {
 // HaltError stops an operation where it is: it stays in progress, needing
 // attention with this code and message, and no run takes it up again, nothing
 // is retried and nothing compensated, until an operator retries it
-// (Engine.Reopen) or cancels it (Engine.Cancel, which refuses past the point of
+// (Engine.Retry) or cancels it (Engine.Cancel, which refuses past the point of
 // no return). Make one with Halt.
 type HaltError struct {
 	// Code is a short machine-readable reason, such as "provider_mismatch".

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/faults"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 
@@ -57,8 +58,8 @@ func TestTakeoverChild(t *testing.T) {
 	e, err := engine.New(pool, &engine.Config{
 		Operations: []engine.Definition{op},
 		Lease:      lease,
-		Test: engine.TestConfig{Hook: func(ctx context.Context, ev engine.HookEvent) error {
-			if ev.Step == "payout" && ev.Point == engine.PointAfterEffect {
+		Test: faults.Config{Hook: func(ctx context.Context, ev faults.Event) error {
+			if ev.Step == "payout" && ev.Point == faults.PointAfterEffect {
 				if reached.Add(1) == int32(n) {
 					fmt.Println(takeoverReached)
 				}

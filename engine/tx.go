@@ -49,10 +49,6 @@ func AtCommit(tx Tx) Tx {
 	return tx
 }
 
-// ErrOwnedTx is returned by Commit and Rollback on the pgx.Tx that PgxTx gives:
-// the engine ends a step's transaction, with the step's checkpoint.
-var ErrOwnedTx = errors.New("engine: a step's transaction is committed or rolled back by the engine")
-
 // PgxTx returns the step's transaction as a pgx.Tx, for a library that takes one
 // (River's InsertTx, to enqueue a job that commits with the step's writes and
 // checkpoint, or not at all). Its Commit and Rollback return ErrOwnedTx.

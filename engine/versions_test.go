@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/faults"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 
@@ -58,8 +59,8 @@ func startAndAbandon(t *testing.T, pool *pgxpool.Pool, op *engine.Operation[int,
 	reached := make(chan struct{})
 	var once sync.Once
 	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Lease: time.Second,
-		Test: engine.TestConfig{Hook: func(ctx context.Context, ev engine.HookEvent) error {
-			if ev.Step == step && ev.Point == engine.PointBefore && !ev.Resumed {
+		Test: faults.Config{Hook: func(ctx context.Context, ev faults.Event) error {
+			if ev.Step == step && ev.Point == faults.PointBefore && !ev.Resumed {
 				once.Do(func() { close(reached) })
 				<-ctx.Done()
 				return ctx.Err()
@@ -209,7 +210,9 @@ func TestCheck(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := engine.Check(ctx, pool, tt.defs)
+			e, err := engine.New(pool, &engine.Config{Operations: tt.defs})
+			require.NoError(t, err)
+			got, err := e.Check(ctx)
 			require.NoError(t, err)
 			require.Equal(t, tt.want, got)
 		})

@@ -184,8 +184,8 @@ func (e *Engine) handToWorkers(ctx context.Context, resumes []handedResume, why 
 func (e *Engine) resume(ctx context.Context, id uuid.UUID, name string, recovery bool) error {
 	_, err := e.claimAndRun(ctx, id, name, nil, recovery)
 	switch {
-	case err == nil, errors.Is(err, ErrHandedOff), errors.Is(err, errLost), errors.Is(err, errNotClaimed),
-		errors.Is(err, ErrParked), errors.Is(err, ErrWaiting), errors.Is(err, errVersionNotRun):
+	case err == nil, errors.Is(err, errHandedOff), errors.Is(err, errLost), errors.Is(err, errNotClaimed),
+		errors.Is(err, errParked), errors.Is(err, errWaiting), errors.Is(err, errVersionNotRun):
 		// errVersionNotRun: the job ends; the operation's lease runs out, and
 		// the sweeper of a process that runs its version takes it.
 		return nil

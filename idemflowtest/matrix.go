@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/faults"
 )
 
 // Matrix runs a user's operation through every crash point, or every fault of
@@ -192,7 +193,7 @@ func (m Matrix[In, S, Out]) faultResults(t *testing.T, fail bool) []Result {
 	base, points := m.baseline(t)
 	var external []string
 	for _, p := range points {
-		if p.Kind == engine.StepKindExternal && p.Point == engine.PointBefore {
+		if p.Kind == engine.StepKindExternal && p.Point == faults.PointBefore {
 			external = append(external, p.Step)
 		}
 	}
@@ -240,7 +241,7 @@ func runPoints(t *testing.T, group string, names []string, fail bool, run func(t
 // point is a moment at which the first run was seen.
 type point struct {
 	Step  string          `json:"step"`
-	Point engine.Point    `json:"point"`
+	Point Point           `json:"point"`
 	Kind  engine.StepKind `json:"kind,omitempty"`
 }
 
@@ -253,7 +254,7 @@ func (m Matrix[In, S, Out]) baseline(t *testing.T) (Result, []point) {
 	var mu sync.Mutex
 	seen := map[point]bool{}
 	var points []point
-	hook := func(_ context.Context, ev engine.HookEvent) error {
+	hook := func(_ context.Context, ev faults.Event) error {
 		mu.Lock()
 		defer mu.Unlock()
 		p := point{Step: ev.Step, Point: ev.Point}
@@ -305,14 +306,14 @@ func (m Matrix[In, S, Out]) prepare(t *testing.T) (string, *pgxpool.Pool, *Run) 
 }
 
 // engine makes the operation and an engine for it with hook.
-func (m Matrix[In, S, Out]) engine(t *testing.T, pool *pgxpool.Pool, run *Run, hook engine.HookFunc, workers bool) (*engine.Engine, *engine.Operation[In, S, Out]) {
+func (m Matrix[In, S, Out]) engine(t *testing.T, pool *pgxpool.Pool, run *Run, hook faults.Hook, workers bool) (*engine.Engine, *engine.Operation[In, S, Out]) {
 	t.Helper()
 	return m.engineWith(t, pool, run, hook, nil, workers)
 }
 
-// engineWith is engine with a lookup hook (engine.TestConfig.Lookup) too.
-func (m Matrix[In, S, Out]) engineWith(t *testing.T, pool *pgxpool.Pool, run *Run, hook engine.HookFunc,
-	lookup func(context.Context, engine.HookEvent, bool, error) (bool, error), workers bool) (*engine.Engine, *engine.Operation[In, S, Out]) {
+// engineWith is engine with a lookup hook (faults.Config.Lookup) too.
+func (m Matrix[In, S, Out]) engineWith(t *testing.T, pool *pgxpool.Pool, run *Run, hook faults.Hook,
+	lookup func(context.Context, faults.Event, bool, error) (bool, error), workers bool) (*engine.Engine, *engine.Operation[In, S, Out]) {
 	t.Helper()
 	op, err := m.Operation(pool, run.Env)
 	if err != nil {
@@ -470,7 +471,7 @@ func (m Matrix[In, S, Out]) child(t *testing.T, p point) {
 	}
 	cfg.Operations = []engine.Definition{op}
 	cfg.Lease = TestLease
-	cfg.Test.Hook = func(_ context.Context, ev engine.HookEvent) error {
+	cfg.Test.Hook = func(_ context.Context, ev faults.Event) error {
 		if ev.Step == p.Step && ev.Point == p.Point {
 			fmt.Println(markReached)
 			_ = os.Stdout.Sync()
@@ -508,21 +509,21 @@ func (m Matrix[In, S, Out]) withFault(t *testing.T, step string, fault Fault) Re
 		// until is when the late call lands, or stops being pending.
 		until time.Time
 	)
-	hook := func(_ context.Context, ev engine.HookEvent) error {
+	hook := func(_ context.Context, ev faults.Event) error {
 		if ev.Step != step || ev.Attempt != 1 {
 			return nil
 		}
 		var err error
 		switch {
-		case fault == FaultError && ev.Point == engine.PointBefore:
+		case fault == FaultError && ev.Point == faults.PointBefore:
 			err = errors.New("idemflowtest: injected failure of the call before it reached the service")
-		case fault == FaultLostResponse && ev.Point == engine.PointAfterEffect:
+		case fault == FaultLostResponse && ev.Point == faults.PointAfterEffect:
 			err = errors.New("idemflowtest: injected loss of the call's answer (connection reset)")
-		case fault == FaultTimeout && ev.Point == engine.PointAfterEffect:
+		case fault == FaultTimeout && ev.Point == faults.PointAfterEffect:
 			err = fmt.Errorf("idemflowtest: injected timeout waiting for the call's answer: %w", context.DeadlineExceeded)
-		case fault == FaultLateLanding && ev.Point == engine.PointAfterEffect:
+		case fault == FaultLateLanding && ev.Point == faults.PointAfterEffect:
 			err = engine.Permanent(fmt.Errorf("idemflowtest: injected timeout of a call that lands later: %w", context.DeadlineExceeded))
-		case fault == FaultPending && ev.Point == engine.PointAfterEffect:
+		case fault == FaultPending && ev.Point == faults.PointAfterEffect:
 			err = engine.Pending("idemflowtest: injected: the service accepted the call as pending")
 		}
 		if err != nil {
@@ -537,7 +538,7 @@ func (m Matrix[In, S, Out]) withFault(t *testing.T, step string, fault Fault) Re
 		}
 		return nil
 	}
-	lookup := func(_ context.Context, ev engine.HookEvent, found bool, err error) (bool, error) {
+	lookup := func(_ context.Context, ev faults.Event, found bool, err error) (bool, error) {
 		mu.Lock()
 		hidden := ev.Step == step && time.Now().Before(until)
 		mu.Unlock()

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/fieldhash"
 )
 
 // parsedBody is a request body that is a JSON object without duplicate keys: its
@@ -68,7 +68,7 @@ func parseBodyTokens(data []byte) (*parsedBody, error) {
 		raw := bytes.TrimSpace(data[start:dec.InputOffset()])
 		raw = bytes.TrimSpace(bytes.TrimPrefix(raw, []byte(":")))
 		b.fields[name] = json.RawMessage(raw)
-		b.hashes[name] = engine.FieldHash(canon.Bytes())
+		b.hashes[name] = fieldhash.Of(canon.Bytes())
 	}
 	if _, err := dec.Token(); err != nil { // the closing brace
 		return nil, errNotJSON(err)

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/fieldhash"
 )
 
 // parseBodyFast is parseBody for the bodies clients send: valid JSON without
@@ -38,7 +38,7 @@ func parseBodyFast(data []byte) (_ *parsedBody, ok bool) {
 			return false
 		}
 		b.fields[name] = json.RawMessage(data[start:s.i])
-		b.hashes[name] = engine.FieldHash(canon)
+		b.hashes[name] = fieldhash.Of(canon)
 		return true
 	})
 	if !ok {

@@ -239,7 +239,7 @@ func TestOperationAPI(t *testing.T) {
 	require.Equal(t, "external", charge.Kind)
 	require.Equal(t, 2, charge.Attempts)
 	require.Equal(t, failed.Steps[1].DerivedKey, charge.DerivedKey)
-	require.True(t, strings.HasPrefix(charge.DerivedKey, engine.DerivedKeyPrefix), charge.DerivedKey)
+	require.True(t, strings.HasPrefix(charge.DerivedKey, "idf3_"), charge.DerivedKey)
 	require.NotNil(t, charge.LastCause)
 	require.Contains(t, *charge.LastCause, "dial tcp 10.0.0.7:443")
 	require.NotNil(t, charge.LastError)

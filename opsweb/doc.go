@@ -1,6 +1,6 @@
 // Package opsweb is the operators' view of an engine over HTTP: server-rendered
 // pages and a JSON API that list operations, show one with every step, and
-// retry (Engine.Reopen) or cancel (Engine.Cancel) it, and a page of the
+// retry (Engine.Retry) or cancel (Engine.Cancel) it, and a page of the
 // engine's reconciliation (Engine.Reconcile). A service that embeds
 // idemflow mounts the one handler that New returns, behind its own
 // authentication:

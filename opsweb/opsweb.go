@@ -57,7 +57,7 @@ type Config struct {
 	// "reference".
 	ReferenceField string
 	// ReconcileSources names the engine's reconciliation sources (the names
-	// of engine.ReconcileConfig.Sources), which the reconciliation page
+	// of reconcile.Config.Sources), which the reconciliation page
 	// reports on and offers to run: the engine does not list them. A source
 	// left out still shows once a mismatch of its own names it. Defaults to
 	// none.

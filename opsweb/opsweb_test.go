@@ -21,6 +21,7 @@ import (
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/opsweb"
+	"github.com/idemflow/idemflow/reconcile"
 )
 
 const adminToken = "ops-secret"
@@ -61,12 +62,12 @@ type bundle struct {
 // provider is an outside service's records, listed in one page.
 type provider struct {
 	mu      sync.Mutex
-	records []engine.Record
+	records []reconcile.Record
 	err     error
 }
 
 // add lists r from now on, made now unless it says when.
-func (p *provider) add(r engine.Record) {
+func (p *provider) add(r reconcile.Record) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if r.CreatedAt.IsZero() {
@@ -82,13 +83,13 @@ func (p *provider) fail(err error) {
 	p.err = err
 }
 
-func (p *provider) list(_ context.Context, req engine.ListRequest) ([]engine.Record, string, error) {
+func (p *provider) list(_ context.Context, req reconcile.ListRequest) ([]reconcile.Record, string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.err != nil {
 		return nil, "", p.err
 	}
-	var page []engine.Record
+	var page []reconcile.Record
 	for _, r := range p.records {
 		if r.CreatedAt.After(req.Since) {
 			page = append(page, r)
@@ -138,8 +139,8 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, err)
 	b.op = op
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	b.e = idemflowtest.Engine(t, idemflowtest.Pool(t, nil), &engine.Config{Logger: logger, Reconcile: engine.ReconcileConfig{
-		Sources: []engine.Source{{Name: "provider", List: b.provider.list}}, Interval: -1,
+	b.e = idemflowtest.Engine(t, idemflowtest.Pool(t, nil), &engine.Config{Logger: logger, Reconcile: reconcile.Config{
+		Sources: []reconcile.Source{{Name: "provider", List: b.provider.list}}, Interval: -1,
 	}}, op)
 	h, err := opsweb.New(b.e, &opsweb.Config{AuthFunc: opsweb.TokenAuth(adminToken), APIPath: "/admin", Logger: logger,
 		ReconcileSources: []string{"provider"}})

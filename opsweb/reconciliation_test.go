@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/opsweb"
+	"github.com/idemflow/idemflow/reconcile"
 )
 
 // failRecord lists, under the charge's derived key of the finished operation
@@ -19,8 +20,8 @@ import (
 func (b *bundle) failRecord(info *engine.Info, reference string) {
 	b.t.Helper()
 	require.Equal(b.t, "charge", info.Steps[1].Name)
-	b.provider.add(engine.Record{Key: info.Steps[1].DerivedKey, Reference: reference, Amount: 1250,
-		Status: engine.RecordFailed, Data: map[string]string{"orderId": "o-7"}})
+	b.provider.add(reconcile.Record{Key: info.Steps[1].DerivedKey, Reference: reference, Amount: 1250,
+		Status: reconcile.Failed, Data: map[string]string{"orderId": "o-7"}})
 }
 
 func TestOperationMismatches(t *testing.T) {
@@ -51,7 +52,7 @@ func TestOperationMismatches(t *testing.T) {
 		require.Len(t, op.Mismatches, 1)
 		m := op.Mismatches[0]
 		require.Equal(t, "provider", m.Source)
-		require.Equal(t, string(engine.MismatchRecordFailed), m.Kind)
+		require.Equal(t, string(reconcile.RecordFailed), m.Kind)
 		require.Equal(t, ok.Steps[1].DerivedKey, m.Key)
 		require.Equal(t, "re_<i>1</i>", m.Reference)
 		require.Equal(t, int64(1250), m.Amount)
@@ -98,7 +99,7 @@ func TestReconciliationPage(t *testing.T) {
 	require.Contains(t, section, `<form method="post" action="/ops/reconciliation/run">`)
 	require.Contains(t, section, `<input type="hidden" name="source" value="provider"><button type="submit">Run now</button>`)
 
-	b.provider.add(engine.Record{Key: "outside-1", Reference: "re_outside", Amount: 300, Status: engine.RecordSucceeded})
+	b.provider.add(reconcile.Record{Key: "outside-1", Reference: "re_outside", Amount: 300, Status: reconcile.Succeeded})
 	b.failRecord(ok, "re_ok")
 
 	t.Run("RunNowNeedsSameOrigin", func(t *testing.T) {

@@ -40,7 +40,9 @@ import (
 	"github.com/idemflow/idemflow/idempotency"
 	"github.com/idemflow/idemflow/internal/demoapi"
 	"github.com/idemflow/idemflow/internal/fakeprovider"
+	"github.com/idemflow/idemflow/internal/faults"
 	"github.com/idemflow/idemflow/internal/pgcluster"
+	"github.com/idemflow/idemflow/reconcile"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 
@@ -203,7 +205,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		SweepInterval:     min(engine.DefaultSweepInterval, cfg.lease/3),
 		Retention:         cfg.retention,
 		RetentionInterval: min(cfg.retention, time.Minute),
-		Test:              engine.TestConfig{Hook: faultHook(cfg)},
+		Test:              faults.Config{Hook: faultHook(cfg)},
 		ControlPool:       control,
 		MaxInFlight:       cfg.maxInFlight,
 		// A client over its share gets 429; the others keep theirs.
@@ -364,13 +366,13 @@ var errInjected = errors.New("DEMO_FAIL: injected transient failure")
 // point of the first run of a step; DEMO_PANIC and DEMO_FAIL make the first n
 // attempts of a step, in every operation and process, panic or fail before they
 // do anything.
-func faultHook(cfg *config) engine.HookFunc {
+func faultHook(cfg *config) faults.Hook {
 	at, panics, fails := cfg.crash, cfg.panics, cfg.fails
 	if at == nil && panics == nil && fails == nil {
 		return nil
 	}
-	return func(ctx context.Context, ev engine.HookEvent) error {
-		if ev.Point == engine.PointBefore {
+	return func(ctx context.Context, ev faults.Event) error {
+		if ev.Point == faults.PointBefore {
 			if panics != nil && ev.Step == panics.step && ev.Attempt <= panics.n {
 				panic(fmt.Sprintf("DEMO_PANIC: injected panic in attempt %d of step %s", ev.Attempt, ev.Step))
 			}
@@ -390,13 +392,13 @@ func faultHook(cfg *config) engine.HookFunc {
 // -reconcile-interval (never when 0: only on request), within
 // -reconcile-window. Its list has a client of its own: -provider-timeout bounds
 // the refunds' calls, not a page of the list.
-func reconcileConfig(cfg *config, providerURL string) engine.ReconcileConfig {
+func reconcileConfig(cfg *config, providerURL string) reconcile.Config {
 	interval := cfg.reconcileInterval
 	if interval == 0 {
 		interval = -1
 	}
-	return engine.ReconcileConfig{
-		Sources:  []engine.Source{refund.Source(&refund.ProviderClient{BaseURL: providerURL})},
+	return reconcile.Config{
+		Sources:  []reconcile.Source{refund.Source(&refund.ProviderClient{BaseURL: providerURL})},
 		Interval: interval,
 		Window:   cfg.reconcileWindow,
 	}

@@ -40,8 +40,8 @@
 //   - idemflow.operation.status: on a run that finished its operation,
 //     "succeeded" or "failed"
 //   - idemflow.run.end_reason: on a run that ended without finishing its
-//     operation and without failing (ReasonHandedOff, ReasonParked,
-//     ReasonKeyTaken, ReasonWaiting, ReasonStopped)
+//     operation and without failing (the engine's RunEnd:
+//     handed_off, parked, key_taken, waiting, stopped)
 //   - idemflow.step.name, idemflow.step.attempt (from 1): on an attempt
 //   - idemflow.step.derived_key: on an attempt, the step's derived idempotency
 //     key (Attempt.Key: what an external step's call sends, to find it in a

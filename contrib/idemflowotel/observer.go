@@ -2,7 +2,6 @@ package idemflowotel
 
 import (
 	"context"
-	"errors"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -30,24 +29,6 @@ const (
 	attrStepDerivedKey   = attribute.Key("idemflow.step.derived_key")
 	attrStepOutcome      = attribute.Key("idemflow.step.outcome")
 	attrLookupFound      = attribute.Key("idemflow.lookup.found")
-)
-
-// The values of idemflow.run.end_reason: why a run ended without finishing
-// its operation, none of them a failure.
-const (
-	// ReasonHandedOff: a River job carries the operation on after a backoff.
-	ReasonHandedOff = "handed_off"
-	// ReasonParked: the operation waits for an operator (Engine.Reopen or
-	// Engine.Cancel).
-	ReasonParked = "parked"
-	// ReasonKeyTaken: a first attempt found its key held by an operation
-	// already; the Start answered with that one.
-	ReasonKeyTaken = "key_taken"
-	// ReasonWaiting: this process's definition lacks a step the operation
-	// needs; a process that has it carries it on.
-	ReasonWaiting = "waiting"
-	// ReasonStopped: the engine stopped; the operation resumes at a sweep.
-	ReasonStopped = "stopped"
 )
 
 // LookupEventName names the span event of a lookup by derived key.
@@ -151,7 +132,7 @@ func (t *tracer) operationFinished(ctx context.Context, _ engine.OperationEvent,
 	}
 }
 
-func (t *tracer) runEnded(ctx context.Context, _ engine.OperationEvent, err error) {
+func (t *tracer) runEnded(ctx context.Context, _ engine.OperationEvent, end engine.RunEnd, err error) {
 	r := runFrom(ctx)
 	if r == nil {
 		return
@@ -160,19 +141,23 @@ func (t *tracer) runEnded(ctx context.Context, _ engine.OperationEvent, err erro
 		// An attempt that the engine ended without an outcome: the run
 		// stopped in it (a first attempt whose key was taken, a lost lease, a
 		// commit that failed).
-		endWith(r.open.span, err)
+		endWith(r.open.span, end, err)
 		r.open = nil
 	}
-	endWith(r.span, err)
+	endWith(r.span, end, err)
 }
 
-// endWith ends span with the status that err, a run's end, calls for.
-func endWith(span trace.Span, err error) {
-	if reason, failed := runEnd(err); failed {
+// endWith ends span with the status that a run's end calls for: an error
+// for RunFailed, else, for a run that did not finish its operation, the end
+// as idemflow.run.end_reason.
+func endWith(span trace.Span, end engine.RunEnd, err error) {
+	switch end {
+	case engine.RunFailed:
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
-	} else if reason != "" {
-		span.SetAttributes(attrRunEndReason.String(reason))
+	case engine.RunFinished:
+	default:
+		span.SetAttributes(attrRunEndReason.String(string(end)))
 	}
 	span.End()
 }
@@ -221,28 +206,4 @@ func (t *tracer) lookedUp(ctx context.Context, s engine.StepEvent, found bool) {
 		// Engine.Cancel asks a lookup outside any attempt.
 		r.span.AddEvent(LookupEventName, attrs)
 	}
-}
-
-// runEnd classifies the error a run ended with: a reason when the run ended
-// without finishing the operation and without failing, failed when err is a
-// failure of the run's (a lost lease, a database error, a panic of the
-// engine's).
-func runEnd(err error) (reason string, failed bool) {
-	if err == nil {
-		return "", false
-	}
-	if errors.Is(err, context.Canceled) {
-		return ReasonStopped, false
-	}
-	for target, reason := range map[error]string{
-		engine.ErrHandedOff: ReasonHandedOff,
-		engine.ErrParked:    ReasonParked,
-		engine.ErrKeyTaken:  ReasonKeyTaken,
-		engine.ErrWaiting:   ReasonWaiting,
-	} {
-		if errors.Is(err, target) {
-			return reason, false
-		}
-	}
-	return "", true
 }

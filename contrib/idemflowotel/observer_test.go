@@ -283,7 +283,7 @@ func TestObserver(t *testing.T) {
 		runs := named(spans, "idemflow.run/pay")
 		require.Len(t, runs, 2)
 		first, second := runs[0], runs[1]
-		requireAttrs(t, first, map[string]any{"idemflow.run.resumed": false, "idemflow.run.end_reason": idemflowotel.ReasonHandedOff})
+		requireAttrs(t, first, map[string]any{"idemflow.run.resumed": false, "idemflow.run.end_reason": string(engine.RunHandedOff)})
 		requireNoAttr(t, first, "idemflow.operation.status")
 		require.Equal(t, codes.Unset, first.Status.Code, "a hand-off is no failure")
 		requireAttrs(t, second, map[string]any{"idemflow.run.resumed": true, "idemflow.operation.status": "succeeded"})
@@ -342,8 +342,8 @@ func TestRunUnderParentSpan(t *testing.T) {
 }
 
 // TestRunEndReasons: the runs that end without finishing their operation, and
-// without failing, are Unset with their reason (the engine's ErrParked,
-// ErrKeyTaken...).
+// without failing, are Unset with their reason (the engine's RunEnd:
+// parked, key_taken...).
 func TestRunEndReasons(t *testing.T) {
 	t.Parallel()
 
@@ -362,7 +362,7 @@ func TestRunEndReasons(t *testing.T) {
 		require.True(t, idemflowtest.Wait(t, e, s).Parked)
 		spans := rec.awaitRuns(t, 1)
 		run := named(spans, "idemflow.run/halt")[0]
-		requireAttrs(t, run, map[string]any{"idemflow.run.end_reason": idemflowotel.ReasonParked})
+		requireAttrs(t, run, map[string]any{"idemflow.run.end_reason": string(engine.RunParked)})
 		require.Equal(t, codes.Unset, run.Status.Code)
 		step := named(spans, "idemflow.step/bank")[0]
 		requireAttrs(t, step, map[string]any{"idemflow.step.outcome": "failed"})
@@ -383,7 +383,7 @@ func TestRunEndReasons(t *testing.T) {
 		runs := named(spans, "idemflow.run/pay")
 		require.Len(t, runs, 2)
 		run := runs[1]
-		requireAttrs(t, run, map[string]any{"idemflow.run.end_reason": idemflowotel.ReasonKeyTaken})
+		requireAttrs(t, run, map[string]any{"idemflow.run.end_reason": string(engine.RunKeyTaken)})
 		requireNoAttr(t, run, "idemflow.operation.status")
 		require.Equal(t, codes.Unset, run.Status.Code)
 		// The attempt whose transaction carried the refused reservation
@@ -391,7 +391,7 @@ func TestRunEndReasons(t *testing.T) {
 		debit := named(spans, "idemflow.step/debit")
 		require.Len(t, debit, 2)
 		require.Equal(t, run.SpanContext, debit[1].Parent)
-		requireAttrs(t, debit[1], map[string]any{"idemflow.run.end_reason": idemflowotel.ReasonKeyTaken})
+		requireAttrs(t, debit[1], map[string]any{"idemflow.run.end_reason": string(engine.RunKeyTaken)})
 		requireNoAttr(t, debit[1], "idemflow.step.outcome")
 		require.Equal(t, codes.Unset, debit[1].Status.Code)
 	})

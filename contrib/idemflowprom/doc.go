@@ -35,5 +35,5 @@
 //   - idemflow_operations_waiting_for_version{operation,version}: unfinished
 //     operations of a version this process does not run
 //   - idemflow_reconciliation_mismatches{kind}: reconciliation mismatches now
-//     (engine.MismatchKinds, 0 when none), set as a run ends and by Refresh
+//     (reconcile.Kinds, 0 when none), set as a run ends and by Refresh
 package idemflowprom

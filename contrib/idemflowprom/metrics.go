@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idempotency"
+	"github.com/idemflow/idemflow/reconcile"
 )
 
 // Opts are the optional parts of New.
@@ -112,7 +113,7 @@ func New(reg prometheus.Registerer, opts *Opts) (*Metrics, error) {
 		}, []string{"kind"}),
 		seen: map[string]bool{},
 	}
-	for _, k := range engine.MismatchKinds {
+	for _, k := range reconcile.Kinds {
 		m.mismatches.WithLabelValues(string(k)).Set(0)
 	}
 	for _, c := range []prometheus.Collector{m.started, m.finished, m.attempts, m.duration, m.recoveries, m.lookups, m.requests, m.inProgress, m.attention, m.outcome, m.oldest, m.waiting, m.operators, m.mismatches} {
@@ -143,7 +144,7 @@ func (m *Metrics) Observer() *engine.Observer {
 		OperatorRequested: func(_ context.Context, action, result string) {
 			m.operators.WithLabelValues(action, result).Inc()
 		},
-		Reconciled: func(_ context.Context, _ string, counts map[engine.MismatchKind]int64) {
+		Reconciled: func(_ context.Context, _ string, counts map[reconcile.Kind]int64) {
 			m.setMismatches(counts)
 		},
 		LookedUp: func(_ context.Context, s engine.StepEvent, found bool) {
@@ -180,13 +181,13 @@ func (m *Metrics) Declare(defs ...engine.Definition) {
 
 // setMismatches sets the mismatches' gauge, every kind it showed before kept
 // (at 0 when gone).
-func (m *Metrics) setMismatches(counts map[engine.MismatchKind]int64) {
+func (m *Metrics) setMismatches(counts map[reconcile.Kind]int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for k, n := range counts {
 		m.mismatches.WithLabelValues(string(k)).Set(float64(n))
 	}
-	for _, k := range engine.MismatchKinds {
+	for _, k := range reconcile.Kinds {
 		if _, ok := counts[k]; !ok {
 			m.mismatches.WithLabelValues(string(k)).Set(0)
 		}

@@ -15,7 +15,7 @@ import (
 // the key taken and returns the operation that holds it (Created false,
 // Started.Existing filled), not an error, whatever that operation's state: a
 // slot whose operation failed is not run again by a firing (reopen it with
-// Engine.Reopen).
+// Engine.Retry).
 //
 // in must be derived from scope and slot only, so that every firer, in every
 // process, builds the same input: a firing whose input differs from the one

@@ -254,7 +254,7 @@ func TestStep(t *testing.T) {
 		reqs, _, bodies := b.p.requests()
 		req := reqs[0]
 		require.Equal(t, step.DerivedKey, req.Header.Get("Idempotency-Key"))
-		require.True(t, strings.HasPrefix(step.DerivedKey, engine.DerivedKeyPrefix), step.DerivedKey)
+		require.True(t, strings.HasPrefix(step.DerivedKey, "idf3_"), step.DerivedKey)
 		require.Equal(t, "application/json", req.Header.Get("Content-Type"))
 		require.Equal(t, "Bearer test-token", req.Header.Get("Authorization"))
 		require.JSONEq(t, `{"orderId": "A-1", "amount": 1500}`, bodies[0])

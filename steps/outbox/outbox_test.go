@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/faults"
 	"github.com/idemflow/idemflow/internal/testdb"
 	"github.com/idemflow/idemflow/steps/outbox"
 )
@@ -92,8 +93,8 @@ func TestOutbox(t *testing.T) {
 			require.NoError(t, err)
 			e, err := engine.New(pool, &engine.Config{
 				Operations: []engine.Definition{op},
-				Test: engine.TestConfig{Hook: func(_ context.Context, ev engine.HookEvent) error {
-					if ev.Step == tt.failing && ev.Point == engine.PointAfterEffect && ev.Attempt == 1 {
+				Test: faults.Config{Hook: func(_ context.Context, ev faults.Event) error {
+					if ev.Step == tt.failing && ev.Point == faults.PointAfterEffect && ev.Attempt == 1 {
 						return errors.New("injected failure after the effect")
 					}
 					return nil

@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/internal/pguuid"
+	"github.com/idemflow/idemflow/reconcile"
 	"github.com/idemflow/idemflow/workflows/refund/internal/refunddb"
 )
 
@@ -150,11 +151,11 @@ func (w *Workflows) checkRecord(ctx context.Context, tx engine.Tx, in ProviderEv
 	if err != nil {
 		return err
 	}
-	status := engine.RecordSucceeded
+	status := reconcile.Succeeded
 	if in.Type == EventRefundFailed {
-		status = engine.RecordFailed
+		status = reconcile.Failed
 	}
-	_, err = e.CheckRecord(ctx, ptx, ProviderSource, engine.Record{
+	_, err = e.CheckRecord(ctx, ptx, ProviderSource, reconcile.Record{
 		Key: in.Data.IdempotencyKey, Reference: in.Data.RefundID, Amount: in.Data.Amount, Status: status,
 		Data: RecordData{OrderID: in.Data.OrderID},
 	})

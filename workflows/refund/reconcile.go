@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/reconcile"
 	"github.com/idemflow/idemflow/steps/httpstep"
 )
 
@@ -24,7 +24,7 @@ type ProviderLister interface {
 	// ListRefunds returns the refunds made after req.Since, oldest first, at
 	// most req.Limit of them after the cursor req.Cursor, and the cursor of
 	// the next page ("" after the last).
-	ListRefunds(ctx context.Context, req engine.ListRequest) ([]ListedRefund, string, error)
+	ListRefunds(ctx context.Context, req reconcile.ListRequest) ([]ListedRefund, string, error)
 }
 
 // ListedRefund is a refund as the provider's list tells it.
@@ -43,19 +43,19 @@ type RecordData struct {
 	OrderID string `json:"orderId"`
 }
 
-// Source returns the provider as a reconciliation source (engine.Source) for
+// Source returns the provider as a reconciliation source (reconcile.Source) for
 // engine.Config.Reconcile, listing through p.
-func Source(p ProviderLister) engine.Source {
-	return engine.Source{
+func Source(p ProviderLister) reconcile.Source {
+	return reconcile.Source{
 		Name: ProviderSource,
-		List: func(ctx context.Context, req engine.ListRequest) ([]engine.Record, string, error) {
+		List: func(ctx context.Context, req reconcile.ListRequest) ([]reconcile.Record, string, error) {
 			refunds, next, err := p.ListRefunds(ctx, req)
 			if err != nil {
 				return nil, "", err
 			}
-			recs := make([]engine.Record, len(refunds))
+			recs := make([]reconcile.Record, len(refunds))
 			for i, r := range refunds {
-				recs[i] = engine.Record{
+				recs[i] = reconcile.Record{
 					Key: r.IdempotencyKey, Reference: r.ID, Amount: r.Amount, Status: recordStatus(r.Status),
 					CreatedAt: r.CreatedAt, Data: RecordData{OrderID: r.OrderID},
 				}
@@ -68,23 +68,23 @@ func Source(p ProviderLister) engine.Source {
 // recordStatus maps a provider refund's status to a record's. An empty status
 // is a succeeded refund, as in ProviderRefund; one the demo does not know is
 // taken as pending, so that it is never judged on a guess.
-func recordStatus(s string) engine.RecordStatus {
+func recordStatus(s string) reconcile.Status {
 	switch s {
 	case "", ProviderStatusSucceeded:
-		return engine.RecordSucceeded
+		return reconcile.Succeeded
 	case ProviderStatusFailed:
-		return engine.RecordFailed
+		return reconcile.Failed
 	default:
-		return engine.RecordPending
+		return reconcile.Pending
 	}
 }
 
-// reconcileProvider is the provider step's ReconcileFunc: the provider's
+// reconcileProvider is the provider step's reconcile function (ExternalStepDef.Reconcile): the provider's
 // refund under the step's key must be for the order and amount asked.
-func reconcileProvider(in RefundInput, rec engine.Record) engine.MismatchKind {
+func reconcileProvider(in RefundInput, rec reconcile.Record) reconcile.Kind {
 	d, _ := rec.Data.(RecordData)
 	if rec.Amount != in.Amount || d.OrderID != in.OrderID {
-		return engine.MismatchAmountDiffers
+		return reconcile.AmountDiffers
 	}
 	return ""
 }
@@ -103,7 +103,7 @@ type refundPage struct {
 
 // ListRefunds implements ProviderLister: GET {BaseURL}/refunds with
 // createdAfter, limit and after.
-func (c *ProviderClient) ListRefunds(ctx context.Context, req engine.ListRequest) ([]ListedRefund, string, error) {
+func (c *ProviderClient) ListRefunds(ctx context.Context, req reconcile.ListRequest) ([]ListedRefund, string, error) {
 	q := url.Values{}
 	if !req.Since.IsZero() {
 		q.Set("createdAfter", req.Since.UTC().Format(time.RFC3339Nano))

@@ -301,7 +301,7 @@ func (c *commands) request(ctx context.Context, action string, args []string) in
 	var err error
 	switch action {
 	case "retry":
-		req, err = c.admin.Reopen(ctx, id, &engine.ReopenOpts{Force: force})
+		req, err = c.admin.Retry(ctx, id, &engine.RetryOpts{Force: force})
 	case "resolve":
 		res, ok := parseResolution(args[1:])
 		if !ok {

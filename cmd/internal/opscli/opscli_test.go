@@ -18,6 +18,7 @@ import (
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/testdb"
+	"github.com/idemflow/idemflow/reconcile"
 )
 
 type result struct {
@@ -67,7 +68,7 @@ func TestCommand(t *testing.T) {
 	r = idemflow(t, dbURL, "show", s.ID.String())
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "bank")
-	require.Contains(t, r.stdout, engine.DerivedKeyPrefix)
+	require.Contains(t, r.stdout, "idf3_")
 
 	r = idemflow(t, dbURL, "processes")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -190,12 +191,12 @@ func TestCommandMismatches(t *testing.T) {
 		engine.ExternalStep("bank", func(context.Context, engine.Attempt, int, *int) error { return nil }),
 	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
 	require.NoError(t, err)
-	var records atomic.Pointer[[]engine.Record]
-	records.Store(&[]engine.Record{})
-	bank := engine.Source{Name: "bank", List: func(context.Context, engine.ListRequest) ([]engine.Record, string, error) {
+	var records atomic.Pointer[[]reconcile.Record]
+	records.Store(&[]reconcile.Record{})
+	bank := reconcile.Source{Name: "bank", List: func(context.Context, reconcile.ListRequest) ([]reconcile.Record, string, error) {
 		return *records.Load(), "", nil
 	}}
-	e := idemflowtest.Engine(t, openPool(t, dbURL), &engine.Config{Reconcile: engine.ReconcileConfig{Sources: []engine.Source{bank}, Interval: -1}}, op)
+	e := idemflowtest.Engine(t, openPool(t, dbURL), &engine.Config{Reconcile: reconcile.Config{Sources: []reconcile.Source{bank}, Interval: -1}}, op)
 
 	r := idemflow(t, dbURL, "mismatches")
 	require.Equal(t, 0, r.code, r.stdout+r.stderr)
@@ -208,8 +209,8 @@ func TestCommandMismatches(t *testing.T) {
 	got, err := e.Get(ctx, s.ID)
 	require.NoError(t, err)
 	// The bank says the payout failed after all, and knows one we never asked.
-	records.Store(&[]engine.Record{
-		{Key: got.Steps[0].DerivedKey, Reference: "po_1", Amount: 30, Status: engine.RecordFailed, CreatedAt: time.Now()},
+	records.Store(&[]reconcile.Record{
+		{Key: got.Steps[0].DerivedKey, Reference: "po_1", Amount: 30, Status: reconcile.Failed, CreatedAt: time.Now()},
 		{Key: "by-hand-1", Reference: "po_2", Amount: 99, CreatedAt: time.Now()},
 	})
 	_, err = e.Reconcile(ctx, "bank")
