@@ -15,15 +15,15 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// Reasons a run ends without finishing its operation (Observer.RunEnded
-// hears them as a RunEnd). None of them is a
-// failure of the operation: another run carries it on, or an operator does.
+// Reasons a run ends without finishing its operation (Observer.RunEnded hears
+// them as a RunEnd). None of them is a failure of the operation: another run
+// carries it on, or an operator does.
 var (
-	// errKeyTaken ends a first attempt whose
-	// reservation found the key already taken (Start returns that operation).
+	// errKeyTaken ends a first attempt whose reservation found the key
+	// already taken (Start returns that operation).
 	errKeyTaken = errors.New("idempotency key already taken")
-	// errHandedOff ends a run that scheduled a
-	// River job to carry the operation on after a backoff.
+	// errHandedOff ends a run that scheduled a River job to carry the
+	// operation on after a backoff.
 	errHandedOff = errors.New("handed off to a river job")
 	// errRetryNow: the run waited out a short backoff itself; the step runs again.
 	errRetryNow = errors.New("retry the step now")
@@ -37,12 +37,11 @@ var (
 	// on a row that could then not be read). Nothing was reserved; a retry is
 	// answered once that transaction ends.
 	errKeyRowLocked = errors.New("the reservation waited out lock_timeout, and no committed operation holds the key")
-	// errParked ends a run that parked the
-	// operation for an operator.
+	// errParked ends a run that parked the operation for an operator.
 	errParked = errors.New("parked for an operator")
-	// errWaiting ends a run that handed the
-	// operation back because this process's definition lacks a step the
-	// operation needs, for a process that has it.
+	// errWaiting ends a run that handed the operation back because this
+	// process's definition lacks a step the operation needs, for a process
+	// that has it.
 	errWaiting = errors.New("waiting for a process that can run it")
 )
 

@@ -237,17 +237,11 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 	switch {
 	case ctx.Err() != nil:
 		return // the client has gone
-	case errors.Is(err, engine.ErrOverloaded):
-		ep.unavailable(w, CodeOverloaded, "the server has too many operations in flight; retry with the same key")
-		return
-	case errors.Is(err, engine.ErrScopeBusy):
-		// This client is over its share; the others are not: 429, not 503.
-		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(ep.cfg.RetryAfter), 10))
-		WriteError(w, http.StatusTooManyRequests, CodeTooManyRequests, "you have too many operations in flight; retry with the same key", nil)
-		return
 	case engine.IsUnavailable(err):
 		log().WarnContext(ctx, "the database did not answer the reservation", slog.Any("error", err))
-		ep.unavailable(w, CodeServiceUnavailable, "the database is not available; retry with the same key")
+		WriteStartError(w, err, ep.cfg.RetryAfter, "retry with the same key")
+		return
+	case WriteStartError(w, err, ep.cfg.RetryAfter, "retry with the same key"):
 		return
 	case errors.As(err, &reused):
 		w.Header().Set(HeaderOperationID, reused.ID.String())
@@ -255,9 +249,6 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 			"this idempotency key was used for a different request; use a new key for a new request",
 			map[string]any{"mismatchedFields": reused.Fields})
 		ep.observe(ctx, OutcomeMismatch)
-		return
-	case errors.Is(err, engine.ErrStopped):
-		ep.unavailable(w, CodeServiceUnavailable, "the server is shutting down; retry with the same key")
 		return
 	case err != nil:
 		ep.internalError(ctx, w, log(), "start the operation", err)
@@ -384,10 +375,6 @@ func (ep *endpoint[In, S, Out]) answerExisting(w http.ResponseWriter, info *engi
 func (ep *endpoint[In, S, Out]) unavailable(w http.ResponseWriter, code, message string) {
 	w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(ep.cfg.RetryAfter), 10))
 	WriteError(w, http.StatusServiceUnavailable, code, message, nil)
-}
-
-func retryAfterSeconds(d time.Duration) int64 {
-	return max(1, int64((d+time.Second-1)/time.Second))
 }
 
 // answerFinished writes the stored answer of a finished operation: the same

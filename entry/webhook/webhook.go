@@ -254,12 +254,11 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 	switch {
 	case ctx.Err() != nil:
 		return // the provider has gone; it delivers again
-	case errors.Is(err, engine.ErrOverloaded):
-		ep.unavailable(w, idempotency.CodeOverloaded, "the server has too many operations in flight; deliver the event again")
-		return
 	case engine.IsUnavailable(err):
 		log.WarnContext(ctx, "the database did not answer the reservation", slog.Any("error", err))
-		ep.unavailable(w, idempotency.CodeServiceUnavailable, "the database is not available; deliver the event again")
+		idempotency.WriteStartError(w, err, ep.cfg.RetryAfter, "deliver the event again")
+		return
+	case idempotency.WriteStartError(w, err, ep.cfg.RetryAfter, "deliver the event again"):
 		return
 	case errors.As(err, &reused):
 		// Providers never do this; whatever it is, the event does not run twice.
@@ -269,9 +268,6 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 		idempotency.WriteError(w, http.StatusUnprocessableEntity, idempotency.CodeKeyReused,
 			"this event id was delivered before with a different event",
 			map[string]any{"mismatchedFields": reused.Fields})
-		return
-	case errors.Is(err, engine.ErrStopped):
-		ep.unavailable(w, idempotency.CodeServiceUnavailable, "the server is shutting down; deliver the event again")
 		return
 	case err != nil:
 		log.ErrorContext(ctx, "could not start the event's operation", slog.Any("error", err))
