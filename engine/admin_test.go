@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 
@@ -32,7 +33,7 @@ func TestAdmin(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, found, 2)
 
-	live := versionEngine(t, pool, v1) // runs version 1 only
+	live := idemflowtest.Engine(t, pool, versionConfig, v1) // runs version 1 only
 	procs, err := admin.Processes(ctx)
 	require.NoError(t, err)
 	require.Len(t, procs, 1)
@@ -69,7 +70,7 @@ func TestAdmin(t *testing.T) {
 
 	// A process with version 2 arrives: it finishes the operation (the sweeper
 	// is faster than the pending request), then refuses the stale cancel.
-	both := versionEngine(t, pool, v1, v2)
+	both := idemflowtest.Engine(t, pool, versionConfig, v1, v2)
 	_, err = both.Wait(waitCtx, waitingV2)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {

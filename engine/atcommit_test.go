@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 
@@ -71,7 +72,7 @@ func TestAtCommit(t *testing.T) {
 			}
 			var calls atomic.Int32
 			op := atCommitOp(t, true, fail, &calls)
-			e := newEngine(t, pool, op)
+			e := idemflowtest.Engine(t, pool, nil, op)
 
 			started, err := engine.Start(ctx, e, op, "c", "k", 0, nil)
 			require.NoError(t, err)
@@ -155,7 +156,7 @@ func TestFailFromSQL(t *testing.T) {
 				}),
 			}, func(in int, s *int) (int, error) { return in, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: 1}})
 			require.NoError(t, err)
-			e := newEngine(t, pool, op)
+			e := idemflowtest.Engine(t, pool, nil, op)
 
 			started, err := engine.Start(ctx, e, op, "c", "small", 3, nil)
 			require.NoError(t, err)

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 
@@ -24,7 +25,7 @@ func TestAuditKeptAsLongAsTheOperation(t *testing.T) {
 		}),
 	}, func(int, *struct{}) (int, error) { return 0, nil }, nil)
 	require.NoError(t, err)
-	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
+	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 	s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusFailed, fsWait(t, e, s.ID).Status)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/faults"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
@@ -51,13 +52,7 @@ func TestCrash(t *testing.T) {
 				// operation, resuming it once the dead run's lease expires.
 				b := &bundle{pool: pool}
 				op := b.transferOp(t, engine.RetryPolicy{Base: 10 * time.Millisecond})
-				e, err := engine.New(pool, &engine.Config{
-					Operations: []engine.Definition{op}, Lease: time.Second,
-					SweepInterval: 50 * time.Millisecond, PollInterval: 20 * time.Millisecond,
-				})
-				require.NoError(t, err)
-				require.NoError(t, e.StartWorkers(ctx))
-				t.Cleanup(func() { require.NoError(t, e.Stop(context.WithoutCancel(ctx))) })
+				e := idemflowtest.Engine(t, pool, nil, op) // a lease of a second
 
 				started, err := engine.Start(ctx, e, op, crashScope, crashKey, transferIn{From: "a", To: "b", Amount: 42}, nil)
 				require.NoError(t, err)

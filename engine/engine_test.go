@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
 func TestStart(t *testing.T) {
@@ -216,7 +217,7 @@ func TestRetry(t *testing.T) {
 			}),
 		}, func(in int, s *int) (int, error) { return *s, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond}})
 		require.NoError(t, err)
-		e := newEngine(t, pool, op)
+		e := idemflowtest.Engine(t, pool, nil, op)
 		started, err := engine.Start(ctx, e, op, "c", "k", 5, nil)
 		require.NoError(t, err)
 		info := waitDone(t, e, started)
@@ -286,7 +287,7 @@ func TestPermanentFailure(t *testing.T) {
 			step("a", false), step("b", false), step("c", false), step("d", true), step("e", false),
 		}, func(in int, s *int) (int, error) { return 0, nil }, nil)
 		require.NoError(t, err)
-		e := newEngine(t, pool, op)
+		e := idemflowtest.Engine(t, pool, nil, op)
 		started, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
 		require.NoError(t, err)
 		info := waitDone(t, e, started)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 
@@ -50,7 +51,7 @@ func TestFirstStatementRefusedByPgx(t *testing.T) {
 			}, func(in int, s *int) (int, error) { return *s, nil },
 				&engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond, MaxAttempts: 2}})
 			require.NoError(t, err)
-			e := newEngine(t, pool, op) // Lease 1s, sweep 50ms, workers started
+			e := idemflowtest.Engine(t, pool, nil, op) // Lease 1s, sweep 50ms, workers started
 			started, err := engine.Start(ctx, e, op, "c", "k", 0, nil)
 			require.NoError(t, err)
 			wctx, cancel := context.WithTimeout(ctx, 6*time.Second)
@@ -195,7 +196,7 @@ func TestLostReservationAnswer(t *testing.T) {
 		engine.TxStep("done", func(context.Context, engine.Tx, engine.Attempt, string, *int) error { return nil }),
 	}, func(string, *int) (int, error) { return 1, nil }, nil)
 	require.NoError(t, err)
-	e := newEngine(t, pool, op)
+	e := idemflowtest.Engine(t, pool, nil, op)
 
 	started, err := engine.Start(ctx, e, op, "c", "k", "LOSE-THE-RESERVATION", nil)
 	require.NoError(t, err, "told unavailable while the key is taken")
@@ -238,7 +239,7 @@ func TestLostCommitAnswerIsNotAStepFailure(t *testing.T) {
 		engine.TxStep("done", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
 	}, func(in int, s *int) (int, error) { return *s, nil }, nil)
 	require.NoError(t, err)
-	e := newEngine(t, pool, op)
+	e := idemflowtest.Engine(t, pool, nil, op)
 	started, err := engine.Start(ctx, e, op, "c", "k", 0, nil)
 	require.NoError(t, err)
 	info := waitDone(t, e, started)
@@ -292,7 +293,7 @@ func TestFirstQueryRowsStillOpen(t *testing.T) {
 		engine.TxStep("settle", settle),
 	}, func(in int, s *int) (int, error) { return *s, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond, MaxAttempts: 1}})
 	require.NoError(t, err)
-	e := newEngine(t, pool, op)
+	e := idemflowtest.Engine(t, pool, nil, op)
 	started, err := engine.Start(ctx, e, op, "c", "k", 0, nil)
 	require.NoError(t, err)
 	info := waitDone(t, e, started)
@@ -319,7 +320,7 @@ func TestResultErrorAfterCompensableLastStep(t *testing.T) {
 		}).Compensate(func(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ int, _ *int) error { return nil }),
 	}, func(in int, s *int) (int, error) { return 0, fmt.Errorf("no result") }, nil)
 	require.NoError(t, err)
-	e := newEngine(t, pool, op)
+	e := idemflowtest.Engine(t, pool, nil, op)
 	started, err := engine.Start(ctx, e, op, "c", "k", 0, nil)
 	require.NoError(t, err)
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -359,7 +360,7 @@ func TestCompensateExternalStep(t *testing.T) {
 		}),
 	}, func(in int, s *int) (int, error) { return 0, nil }, nil)
 	require.NoError(t, err)
-	e := newEngine(t, pool, op)
+	e := idemflowtest.Engine(t, pool, nil, op)
 	started, err := engine.Start(ctx, e, op, "c", "k", 0, nil)
 	require.NoError(t, err)
 	info := waitDone(t, e, started)
@@ -403,7 +404,7 @@ func TestDeferredConstraintAtCommit(t *testing.T) {
 			}, func(in int, s *int) (int, error) { return 0, nil },
 				&engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond, MaxAttempts: 2}})
 			require.NoError(t, err)
-			e := newEngine(t, pool, op)
+			e := idemflowtest.Engine(t, pool, nil, op)
 			started, err := engine.Start(ctx, e, op, "c", "k", 0, nil)
 			require.NoError(t, err)
 			info := waitDone(t, e, started)

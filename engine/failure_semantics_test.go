@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/faults"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
@@ -32,7 +33,10 @@ import (
 //
 // Most use fsFlow: debit (a transactional step with a compensation), pay (an
 // external step without one, so the pivot) and book (a transactional step),
-// over scratch tables, with faults injected per attempt.
+// over scratch tables, with faults injected per attempt. Their engines have
+// the engine's default lease (Lease: engine.DefaultLease, 15 seconds) where
+// idemflowtest's is a second: a run held at a gate is taken over only when the
+// test expires its lease itself.
 
 const fsSchema = `
 CREATE TABLE fs_ledger (id bigserial PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL, reversal boolean NOT NULL DEFAULT false);
@@ -220,43 +224,6 @@ func fsPool(t *testing.T) *pgxpool.Pool {
 	_, err := pool.Exec(context.Background(), fsSchema)
 	require.NoError(t, err)
 	return pool
-}
-
-// fsNewEngine returns an engine with fast sweeps and polls, its workers not
-// started, for a test that stops it itself (a second Stop at cleanup is a
-// no-op).
-func fsNewEngine(t *testing.T, pool *pgxpool.Pool, cfg engine.Config) *engine.Engine {
-	t.Helper()
-	if cfg.SweepInterval == 0 {
-		cfg.SweepInterval = 50 * time.Millisecond
-	}
-	if cfg.PollInterval == 0 {
-		cfg.PollInterval = 20 * time.Millisecond
-	}
-	e, err := engine.New(pool, &cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = e.Stop(ctx)
-	})
-	return e
-}
-
-// fsEngine is fsNewEngine with the workers started when asked, and a Stop at
-// cleanup that must succeed.
-func fsEngine(t *testing.T, pool *pgxpool.Pool, cfg engine.Config, workers bool) *engine.Engine {
-	t.Helper()
-	e := fsNewEngine(t, pool, cfg)
-	if workers {
-		require.NoError(t, e.StartWorkers(context.Background()))
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, e.Stop(ctx))
-	})
-	return e
 }
 
 // fsHurry makes the engine's scheduled resume jobs due now, every 20ms until
@@ -480,7 +447,7 @@ func TestPivotForwardOnly(t *testing.T) {
 			}
 			op := f.op(t, "pivot")
 			gate := newFSGate(fsAt("book", faults.PointBefore, failures+1))
-			e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, InlineRetryMax: tc.inline, Test: faults.Config{Hook: gate.hook}}, true)
+			e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease, InlineRetryMax: tc.inline, Test: faults.Config{Hook: gate.hook}}, op)
 			fsHurry(t, pool)
 
 			s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
@@ -536,7 +503,7 @@ func TestFailedPastPivotParks(t *testing.T) {
 		},
 	}
 	op := f.op(t, "parked")
-	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 	fsHurry(t, pool)
 
 	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
@@ -585,7 +552,7 @@ func fsCrashAt(t *testing.T, pool *pgxpool.Pool, op *engine.Operation[fsIn, fsSt
 	t.Helper()
 	ctx := context.Background()
 	gate := newFSGate(fsAt(step, point, 1))
-	a := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Test: faults.Config{Hook: gate.hook}})
+	a := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease, Test: faults.Config{Hook: gate.hook}}, op)
 	s, err := engine.Start(ctx, a, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 	require.NoError(t, err)
 	gate.wait(t)
@@ -619,7 +586,7 @@ func TestCancelPastPivot(t *testing.T) {
 			},
 		}
 		op := f.op(t, "cancel_recorded")
-		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
+		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 		require.NoError(t, err)
 		before := fsAwait(t, e, s.ID, "book's first failure recorded", func(i *engine.Info) bool { return i.Steps[2].Attempts == 1 })
@@ -656,7 +623,7 @@ func TestCancelPastPivot(t *testing.T) {
 		id := fsCrashAt(t, pool, op, "pay", faults.PointAfterEffect)
 		require.Equal(t, fsBooks{debits: 1, payments: 1, requests: 1}, fsReadBooks(t, pool))
 
-		b := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
+		b := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 		before := fsGet(t, b, id)
 		require.Equal(t, []engine.StepStatus{engine.StepStatusSucceeded, engine.StepStatusPending, engine.StepStatusPending}, fsStatuses(before),
 			"the rows must not know that the call went through")
@@ -689,7 +656,7 @@ func TestCancelPastPivot(t *testing.T) {
 		id := fsCrashAt(t, pool, op, "pay", faults.PointBefore)
 		require.Equal(t, fsBooks{debits: 1}, fsReadBooks(t, pool))
 
-		b := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
+		b := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 		info, err := b.Cancel(ctx, id, "customer withdrew")
 		require.NoError(t, err)
 		require.Equal(t, int32(1), f.lookups.Load(), "Cancel must ask the lookup")
@@ -725,7 +692,7 @@ func TestExternalStepOutOfAttempts(t *testing.T) {
 		f := &fsFlow{pool: pool, lookup: true, retry: retry,
 			payFault: func(int) (bool, error) { return false, errors.New("provider unavailable") }}
 		op := f.op(t, "out_not_found")
-		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
+		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 		require.NoError(t, err)
 		info := fsWait(t, e, s.ID)
@@ -755,7 +722,7 @@ func TestExternalStepOutOfAttempts(t *testing.T) {
 				return true, errors.New("answer lost")
 			}}
 		op := f.op(t, "out_found")
-		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
+		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 		require.NoError(t, err)
 		info := fsWait(t, e, s.ID)
@@ -779,7 +746,7 @@ func TestExternalStepOutOfAttempts(t *testing.T) {
 		f := &fsFlow{pool: pool, retry: retry,
 			payFault: func(int) (bool, error) { return false, errors.New("provider unavailable") }}
 		op := f.op(t, "out_unknown")
-		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+		e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 		require.NoError(t, err)
 		info := fsAwait(t, e, s.ID, "parked", fsParked)
@@ -826,7 +793,7 @@ func TestPanicsContained(t *testing.T) {
 		}}
 		op := f.op(t, "panic_tx")
 		gate := newFSGate(fsAt("book", faults.PointBefore, 2))
-		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Test: faults.Config{Hook: gate.hook}}, false)
+		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease, Test: faults.Config{Hook: gate.hook}}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
 		gate.wait(t)
@@ -871,7 +838,7 @@ func TestPanicsContained(t *testing.T) {
 		}
 		gate := newFSGate(fsAt("book", faults.PointBefore, 3))
 		// The backoff (5ms) is longer than InlineRetryMax: a River job runs each retry.
-		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, InlineRetryMax: time.Millisecond, Test: faults.Config{Hook: fsHooks(trace, gate.hook)}}, true)
+		e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease, InlineRetryMax: time.Millisecond, Test: faults.Config{Hook: fsHooks(trace, gate.hook)}}, op)
 		fsHurry(t, pool)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
@@ -913,7 +880,7 @@ func TestPanicsContained(t *testing.T) {
 		}
 		op := f.op(t, "panic_lookup")
 		gate := newFSGate(fsAt("pay", faults.PointBefore, 3))
-		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Test: faults.Config{Hook: gate.hook}}, false)
+		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease, Test: faults.Config{Hook: gate.hook}}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
 		gate.wait(t)
@@ -942,7 +909,7 @@ func TestPanicsContained(t *testing.T) {
 		}}
 		op := f.op(t, "panic_cancel_lookup")
 		id := fsCrashAt(t, pool, op, "pay", faults.PointBefore)
-		b := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
+		b := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 		_, err := b.Cancel(ctx, id, "customer withdrew")
 		require.ErrorContains(t, err, "kaboom-cancel-lookup", "a lookup that cannot answer stops the cancel")
 		info := fsGet(t, b, id)
@@ -972,7 +939,7 @@ func TestPanicsContained(t *testing.T) {
 			},
 		}
 		op := f.op(t, "panic_undo")
-		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+		e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 		fsHurry(t, pool)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
@@ -991,7 +958,7 @@ func TestPanicsContained(t *testing.T) {
 		f := &fsFlow{pool: pool, lookup: true, undoablePay: true, retry: retry,
 			resultFault: func() error { panic("kaboom-result") }}
 		op := f.op(t, "panic_result")
-		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
+		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
 		done := fsWait(t, e, s.ID)
@@ -1018,7 +985,7 @@ func TestPanicsContained(t *testing.T) {
 			return nil
 		}}
 		op := f.op(t, "panic_result_pivot")
-		e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+		e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
 		info := fsAwait(t, e, s.ID, "parked", fsParked)
@@ -1085,7 +1052,7 @@ func TestUndecodableStateParks(t *testing.T) {
 				}).Retries(engine.RetryPolicy{Base: time.Hour, Cap: time.Hour}),
 			}, func(in fsCountIn, s *fsSeenState) (int, error) { return s.Seen, nil }, nil)
 			require.NoError(t, err)
-			e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+			e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 			s, err := engine.Start(ctx, e, op, "c", "k", fsCountIn{N: 7}, nil)
 			require.NoError(t, err)
 			fsAwait(t, e, s.ID, "second's failure recorded", func(i *engine.Info) bool { return i.Steps[1].Attempts == 1 })
@@ -1282,8 +1249,8 @@ func TestFenceByRun(t *testing.T) {
 
 			gate := newFSGate(fsAt("work", faults.PointBefore, 1))
 			// A's lease is long enough that it never renews during the test.
-			a := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{opA}, Lease: time.Hour, Test: faults.Config{Hook: gate.hook}})
-			b := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{opB}, Lease: time.Second}, true)
+			a := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: time.Hour, Test: faults.Config{Hook: gate.hook}}, opA)
+			b := idemflowtest.Engine(t, pool, &engine.Config{Lease: time.Second}, opB)
 
 			s, err := engine.Start(ctx, a, opA, "c", "k", 1, nil)
 			require.NoError(t, err)
@@ -1378,8 +1345,8 @@ func TestFenceByRunWhileNewHolderWorks(t *testing.T) {
 	gateB := newFSGate(func(ev faults.Event) bool {
 		return ev.Step == "work" && ev.Point == faults.PointBefore && ev.Resumed
 	})
-	a := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{opA}, Lease: time.Hour, Test: faults.Config{Hook: gateA.hook}})
-	b := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{opB}, Lease: 5 * time.Second, Test: faults.Config{Hook: gateB.hook}}, true)
+	a := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: time.Hour, Test: faults.Config{Hook: gateA.hook}}, opA)
+	b := idemflowtest.Engine(t, pool, &engine.Config{Lease: 5 * time.Second, Test: faults.Config{Hook: gateB.hook}}, opB)
 
 	s, err := engine.Start(ctx, a, opA, "c", "k", 1, nil)
 	require.NoError(t, err)
@@ -1430,7 +1397,7 @@ func TestKeyReuse(t *testing.T) {
 		return op
 	}
 	op, other := define("order"), define("other_order")
-	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op, other}}, false)
+	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op, other)
 	first := fsOrder{Amount: 100, Currency: "EUR", Order: "o-1", Note: "first", Meta: map[string]int{"a": 1, "b": 2}}
 	held, err := engine.Start(ctx, e, op, "c", "k", first, nil)
 	require.NoError(t, err)
@@ -1551,7 +1518,7 @@ func TestClientFacingTexts(t *testing.T) {
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, MaxAttempts: 2}})
 	require.NoError(t, err)
 	gate := newFSGate(fsAt("write", faults.PointBefore, 2))
-	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Test: faults.Config{Hook: gate.hook}}, false)
+	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease, Test: faults.Config{Hook: gate.hook}}, op)
 	internals := []string{"duplicate key", "fs_text_pkey", "23505", insert, "http://10.0.0.1/x", "10.0.0.1", "/etc/passwd"}
 	clean := func(t *testing.T, client, operator string) {
 		t.Helper()
@@ -1632,7 +1599,7 @@ func TestHaltParks(t *testing.T) {
 			}, func(in int, _ *int) (int, error) { return in, nil },
 				&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, MaxAttempts: 5}})
 			require.NoError(t, err)
-			e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+			e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 
 			s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
 			require.NoError(t, err)
@@ -1691,7 +1658,7 @@ func TestDerivedKeyAfterRetention(t *testing.T) {
 	pool := fsPool(t)
 	f := &fsFlow{pool: pool, lookup: true}
 	op := f.op(t, "retained")
-	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
+	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 	in := fsIn{Account: "acct", Amount: 100}
 
 	first, err := engine.Start(ctx, e, op, "c", "K", in, nil)
@@ -1748,7 +1715,7 @@ func TestCompensationRetriesBoundedAcrossRuns(t *testing.T) {
 		},
 	}
 	op := f.op(t, "undo_fails")
-	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 	fsHurry(t, pool)
 	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 	require.NoError(t, err)
@@ -1788,7 +1755,7 @@ func TestReopenRefusesCompensatedCall(t *testing.T) {
 		bookFault: func(int) error { return engine.Permanent(errors.New("the books are closed")) },
 	}
 	op := f.op(t, "undo_call")
-	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 	require.NoError(t, err)
 	failed := fsWait(t, e, s.ID)
@@ -1825,7 +1792,7 @@ func TestRefusedCancelKeepsBackoff(t *testing.T) {
 		payFault: func(int) (bool, error) { return true, errors.New("connection reset") },
 	}
 	op := f.op(t, "cancel_backoff")
-	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 	require.NoError(t, err)
 	fsAwait(t, e, s.ID, "waiting out its backoff", func(i *engine.Info) bool {
@@ -1870,9 +1837,9 @@ func TestAdminCancelOutlastsLease(t *testing.T) {
 		},
 	}
 	op := f.op(t, "cancel_slow")
-	cfg := engine.Config{Operations: []engine.Definition{op}, Lease: lease}
-	e := fsEngine(t, pool, cfg, true)
-	fsEngine(t, pool, cfg, true)
+	cfg := &engine.Config{Lease: lease}
+	e := idemflowtest.Engine(t, pool, cfg, op)
+	idemflowtest.Engine(t, pool, cfg, op)
 	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 	require.NoError(t, err)
 	fsAwait(t, e, s.ID, "waiting out its backoff", func(i *engine.Info) bool {
@@ -1903,7 +1870,7 @@ func TestReopenRefusesAHeldOperation(t *testing.T) {
 		payFault: func(int) (bool, error) { return false, errors.New("connection reset") },
 	}
 	op := f.op(t, "held")
-	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 	require.NoError(t, err)
 	// Out of attempts with no lookup: parked, its outcome unknown.

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/faults"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
@@ -129,7 +130,8 @@ type setupOpts struct {
 }
 
 // setup returns an engine on a database of its own with the scratch tables, the
-// transfer operation registered, and River workers started when asked.
+// transfer operation registered, and River workers started when asked; its
+// sweeps and polls are idemflowtest's, its lease 15 seconds unless asked.
 func setup(t *testing.T, opts setupOpts) (*engine.Engine, *engine.Operation[transferIn, transferState, transferOut], *bundle) {
 	t.Helper()
 	ctx := context.Background()
@@ -143,24 +145,15 @@ func setup(t *testing.T, opts setupOpts) (*engine.Engine, *engine.Operation[tran
 	if opts.lease == 0 {
 		opts.lease = 15 * time.Second
 	}
-	e, err := engine.New(b.pool, &engine.Config{
-		Operations:     []engine.Definition{op},
+	cfg := &engine.Config{
 		Lease:          opts.lease,
-		SweepInterval:  50 * time.Millisecond,
-		PollInterval:   20 * time.Millisecond,
 		Test:           faults.Config{Hook: opts.hook},
 		InlineRetryMax: opts.inlineRetry,
-	})
-	require.NoError(t, err)
-	if opts.workers {
-		require.NoError(t, e.StartWorkers(ctx))
 	}
-	t.Cleanup(func() {
-		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		require.NoError(t, e.Stop(stopCtx))
-	})
-	return e, op, b
+	if opts.workers {
+		return idemflowtest.Engine(t, b.pool, cfg, op), op, b
+	}
+	return idemflowtest.NewEngine(t, b.pool, cfg, op), op, b
 }
 
 // books reads what the scratch tables hold.
@@ -198,18 +191,4 @@ func setupPool(t *testing.T) *pgxpool.Pool {
 	_, err := pool.Exec(context.Background(), scratchSchema)
 	require.NoError(t, err)
 	return pool
-}
-
-// newEngine returns an engine with its workers started, stopped at cleanup.
-func newEngine(t *testing.T, pool *pgxpool.Pool, ops ...engine.Definition) *engine.Engine {
-	t.Helper()
-	e, err := engine.New(pool, &engine.Config{Operations: ops, SweepInterval: 50 * time.Millisecond, PollInterval: 20 * time.Millisecond, Lease: time.Second})
-	require.NoError(t, err)
-	require.NoError(t, e.StartWorkers(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, e.Stop(ctx))
-	})
-	return e
 }

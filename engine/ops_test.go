@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
 func TestDeleteFinished(t *testing.T) {
@@ -83,7 +84,7 @@ func finishLongAndShort(t *testing.T) (e *engine.Engine, pool *pgxpool.Pool, lon
 	pool = setupPool(t)
 	b := &bundle{pool: pool}
 	longOp, hourOp := b.transferOp(t, engine.RetryPolicy{}), shortOp(t, time.Hour)
-	e = newEngine(t, pool, longOp, hourOp)
+	e = idemflowtest.Engine(t, pool, nil, longOp, hourOp)
 	s1, err := engine.Start(ctx, e, longOp, "c", "long", transferIn{From: "a", To: "b", Amount: 1}, nil)
 	require.NoError(t, err)
 	waitDone(t, e, s1)
@@ -213,7 +214,7 @@ func TestCancel(t *testing.T) {
 			}),
 		}, func(in int, s *int) (int, error) { return in, nil }, nil)
 		require.NoError(t, err)
-		e := newEngine(t, pool, op)
+		e := idemflowtest.Engine(t, pool, nil, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
 		require.NoError(t, err)
 		<-entered

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/testdb"
 	"github.com/idemflow/idemflow/reconcile"
 )
@@ -110,12 +111,9 @@ func reconcileEngine(t *testing.T, book *ledgerOf) (*engine.Engine, *engine.Oper
 		func(_ payIn, s *payState) (payState, error) { return *s, nil }, nil)
 	require.NoError(t, err)
 	pool := testdb.Pool(t)
-	e, err := engine.New(pool, &engine.Config{
-		Operations: []engine.Definition{op}, Lease: time.Second, SweepInterval: 50 * time.Millisecond,
-		PollInterval: 20 * time.Millisecond,
-		Reconcile:    reconcile.Config{Sources: []reconcile.Source{{Name: "bank", List: book.list, PageSize: 2}}, Interval: -1},
-	})
-	require.NoError(t, err)
+	e := idemflowtest.NewEngine(t, pool, &engine.Config{
+		Reconcile: reconcile.Config{Sources: []reconcile.Source{{Name: "bank", List: book.list, PageSize: 2}}, Interval: -1},
+	}, op)
 	return e, op, pool
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
 func TestStartTx(t *testing.T) {
@@ -96,7 +97,7 @@ func TestVersioning(t *testing.T) {
 	require.NoError(t, e.Stop(ctx))
 	_, err = pool.Exec(ctx, `UPDATE idemflow_operation SET locked_until = now() WHERE id = $1`, started.ID)
 	require.NoError(t, err)
-	back := newEngine(t, pool, b.transferOp(t, engine.RetryPolicy{}))
+	back := idemflowtest.Engine(t, pool, nil, b.transferOp(t, engine.RetryPolicy{}))
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	info, err = back.Wait(wctx, started.ID)

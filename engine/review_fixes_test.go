@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/faults"
 )
 
@@ -32,7 +33,7 @@ func TestErrorTextThatIsNotUTF8(t *testing.T) {
 		},
 	}
 	op := f.op(t, "review_utf8")
-	e := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{op}, Lease: 300 * time.Millisecond})
+	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: 300 * time.Millisecond}, op)
 	require.NoError(t, e.StartWorkers(ctx))
 	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 	require.NoError(t, err)
@@ -54,7 +55,7 @@ func TestStoredWithoutFingerprint(t *testing.T) {
 	pool := fsPool(t)
 	f := &fsFlow{pool: pool, lookup: true}
 	op := f.op(t, "review_fp")
-	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
+	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 	in := fsIn{Account: "acct", Amount: 100}
 	s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 	require.NoError(t, err)
@@ -86,7 +87,7 @@ func TestCancelRefusesExternalStepWithoutLookup(t *testing.T) {
 	before := fsReadBooks(t, pool)
 	require.Equal(t, fsBooks{debits: 1, payments: 1, requests: 1}, before)
 
-	b := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
+	b := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 	_, err := b.Cancel(ctx, id, "customer withdrew")
 	require.ErrorIs(t, err, engine.ErrPastPivot)
 	require.Equal(t, before, fsReadBooks(t, pool), "nothing undone")

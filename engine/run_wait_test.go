@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 
@@ -145,7 +146,7 @@ func lateOp(t *testing.T, p *lateProvider, name string, settle time.Duration, at
 func lateEngine(t *testing.T, op engine.Definition) (*engine.Engine, *pgxpool.Pool) {
 	t.Helper()
 	pool := testdb.Pool(t)
-	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 	fsHurry(t, pool)
 	return e, pool
 }
@@ -248,7 +249,7 @@ func TestUnknownOutcome(t *testing.T) {
 		p := newLateProvider(func(int32) string { return "hang" })
 		op := lateOp(t, p, "cancel_mid_call", settle, 3)
 		pool := testdb.Pool(t)
-		e := fsNewEngine(t, pool, engine.Config{Operations: []engine.Definition{op}})
+		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
 		require.NoError(t, err)
 		require.Eventually(t, func() bool { return p.calls.Load() == 1 }, fsTimeout, time.Millisecond)
@@ -257,7 +258,7 @@ func TestUnknownOutcome(t *testing.T) {
 		_ = e.Stop(stopCtx) // the call is cut: its request may still land
 		stopped := time.Now()
 
-		other := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
+		other := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 		_, err = other.Cancel(ctx, s.ID, "customer gave up")
 		var ou *engine.OutcomeUnknownError
 		require.ErrorAs(t, err, &ou)
@@ -447,7 +448,7 @@ func TestToldAnswersFinal(t *testing.T) {
 	require.NoError(t, err)
 	pool := testdb.Pool(t)
 	// No workers yet: a reopened operation waits in the database, to be read.
-	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, false)
+	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 	fsHurry(t, pool)
 
 	business := error(engine.Fail("declined", "declined"))
@@ -502,7 +503,7 @@ func TestDatabaseTroubleIsNotTheStepsFault(t *testing.T) {
 	}, func(int, *struct{}) (int, error) { return 0, nil },
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: 2}})
 	require.NoError(t, err)
-	e := fsEngine(t, pool, engine.Config{Operations: []engine.Definition{op}}, true)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
 	fsHurry(t, pool)
 
 	// Hold the row's lock while the step tries more often than it may fail.

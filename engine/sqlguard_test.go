@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 
@@ -102,7 +103,7 @@ func guardSetup(t *testing.T) (*engine.Engine, *engine.Operation[guardIn, int, i
 		engine.TxStep("mark", mark),
 	}, func(in guardIn, _ *int) (int64, error) { return in.Amount, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: 1}})
 	require.NoError(t, err)
-	return newEngine(t, pool, op), op, pool, counts
+	return idemflowtest.Engine(t, pool, nil, op), op, pool, counts
 }
 
 // guardOrder reads what the steps left of an order.

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
 // A first attempt goes on from the state as a resumed run would decode it from
@@ -71,7 +72,7 @@ func TestStateAfterStepIsTheCheckpoints(t *testing.T) {
 	}, func(_ int, s *pointerState) (string, error) { return *s.Name, nil }, nil)
 	require.NoError(t, err)
 
-	e := newEngine(t, pool, values, copied, pointers)
+	e := idemflowtest.Engine(t, pool, nil, values, copied, pointers)
 	for _, tc := range []struct {
 		name   string
 		start  func() (*engine.Started, error)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
 // TestSweeperResumesOperationWhoseJobIsGone loses a retry's River job and checks
@@ -113,7 +114,7 @@ func TestStopHandsOperationsBack(t *testing.T) {
 	defer cancel()
 	require.ErrorIs(t, first.Stop(stopCtx), context.DeadlineExceeded)
 
-	second := newEngine(t, pool, op)
+	second := idemflowtest.Engine(t, pool, nil, op)
 	waitCtx, cancelWait := context.WithTimeout(ctx, 30*time.Second)
 	defer cancelWait()
 	info, err := second.Wait(waitCtx, s.ID)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/faults"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
@@ -79,15 +80,9 @@ func startAndAbandon(t *testing.T, pool *pgxpool.Pool, op *engine.Operation[int,
 	return s.ID
 }
 
-func versionEngine(t *testing.T, pool *pgxpool.Pool, defs ...engine.Definition) *engine.Engine {
-	t.Helper()
-	e, err := engine.New(pool, &engine.Config{Operations: defs, Lease: time.Second,
-		SweepInterval: 20 * time.Millisecond, PollInterval: 20 * time.Millisecond})
-	require.NoError(t, err)
-	require.NoError(t, e.StartWorkers(context.Background()))
-	t.Cleanup(func() { require.NoError(t, e.Stop(context.WithoutCancel(context.Background()))) })
-	return e
-}
+// versionConfig is the configuration of the engines of the version tests:
+// idemflowtest's, with sweeps every 20ms.
+var versionConfig = &engine.Config{SweepInterval: 20 * time.Millisecond}
 
 // TestVersionLeftAlone: a version-2 operation abandoned mid-way is left exactly
 // as it is by a process that runs version 1 only, however many sweeps pass, and
@@ -102,10 +97,10 @@ func TestVersionLeftAlone(t *testing.T) {
 
 	id := startAndAbandon(t, pool, v2, "k2", "b")
 	require.Equal(t, []string{"a"}, v.ran(id))
-	before, err := versionEngine(t, pool, v1).Get(ctx, id) // a v1-only process
+	before, err := idemflowtest.Engine(t, pool, versionConfig, v1).Get(ctx, id) // a v1-only process
 	require.NoError(t, err)
 
-	old := versionEngine(t, pool, v1)
+	old := idemflowtest.Engine(t, pool, versionConfig, v1)
 	// Several leases and sweeps: the v1 process neither claims, fails,
 	// compensates nor runs any of it.
 	for range 4 {
@@ -133,7 +128,7 @@ func TestVersionLeftAlone(t *testing.T) {
 	require.ErrorIs(t, err, engine.ErrNotRegistered, "a v1 process cancels a v2 operation")
 	require.Equal(t, []string{"a"}, v.ran(id))
 
-	both := versionEngine(t, pool, v1, v2)
+	both := idemflowtest.Engine(t, pool, versionConfig, v1, v2)
 	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	info, err := both.Wait(waitCtx, id)
@@ -153,7 +148,7 @@ func TestVersionKept(t *testing.T) {
 	v1, v2 := v.op(t, 1, "a", "b"), v.op(t, 2, "a", "b", "c")
 
 	id := startAndAbandon(t, pool, v1, "k1", "b")
-	both := versionEngine(t, pool, v2, v1)
+	both := idemflowtest.Engine(t, pool, versionConfig, v2, v1)
 	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	info, err := both.Wait(waitCtx, id)
@@ -188,7 +183,7 @@ func TestCheck(t *testing.T) {
 	secondV1 := startAndAbandon(t, pool, v1, "two", "b")
 	onV2 := startAndAbandon(t, pool, v2, "three", "c")
 	// A finished operation needs nothing.
-	e := versionEngine(t, pool, other)
+	e := idemflowtest.Engine(t, pool, versionConfig, other)
 	s, err := engine.Start(ctx, e, other, "c", "done", 1, nil)
 	require.NoError(t, err)
 	_, err = s.Wait(ctx)
@@ -217,7 +212,7 @@ func TestCheck(t *testing.T) {
 			require.Equal(t, tt.want, got)
 		})
 	}
-	here, err := versionEngine(t, pool, v2).Check(ctx)
+	here, err := idemflowtest.Engine(t, pool, versionConfig, v2).Check(ctx)
 	require.NoError(t, err)
 	require.Len(t, here, 1)
 	require.Equal(t, "no definition of ver version 1", here[0].Reason())
@@ -258,7 +253,7 @@ func TestListFilters(t *testing.T) {
 		func(in int, _ *int) (int, error) { return in, nil }, nil)
 	require.NoError(t, err)
 	waiting := startAndAbandon(t, pool, v1, "waiting", "b")
-	e := versionEngine(t, pool, other)
+	e := idemflowtest.Engine(t, pool, versionConfig, other)
 	var done []uuid.UUID
 	for i := range 3 {
 		s, err := engine.Start(ctx, e, other, fmt.Sprint("client-", i%2), fmt.Sprint("k", i), i, nil)

@@ -3,12 +3,10 @@ package idemflowtest
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 
@@ -38,66 +36,6 @@ func openPool(tb testing.TB, url string, setup func(ctx context.Context, pool *p
 		require.NoError(tb, setup(tb.Context(), pool), "idemflowtest: set up the database")
 	}
 	return pool
-}
-
-// The timings of an engine made by Engine: short, so that a resume after a
-// crash takes about a second.
-const (
-	TestLease         = time.Second
-	TestSweepInterval = 50 * time.Millisecond
-	TestPollInterval  = 20 * time.Millisecond
-)
-
-// Engine returns an engine on pool for tb, with workers started, stopped when tb
-// ends. cfg may be nil; its zero Lease, SweepInterval and PollInterval take
-// TestLease, TestSweepInterval and TestPollInterval, and defs are added to its
-// Operations.
-func Engine(tb testing.TB, pool *pgxpool.Pool, cfg *engine.Config, defs ...engine.Definition) *engine.Engine {
-	tb.Helper()
-	e := newEngine(tb, pool, cfg, defs...)
-	require.NoError(tb, e.StartWorkers(tb.Context()), "idemflowtest: start workers")
-	return e
-}
-
-func newEngine(tb testing.TB, pool *pgxpool.Pool, cfg *engine.Config, defs ...engine.Definition) *engine.Engine {
-	tb.Helper()
-	c := engine.Config{}
-	if cfg != nil {
-		c = *cfg
-	}
-	c.Operations = append(append([]engine.Definition(nil), c.Operations...), defs...)
-	if c.Lease == 0 {
-		c.Lease = TestLease
-	}
-	if c.SweepInterval == 0 {
-		c.SweepInterval = TestSweepInterval
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = TestPollInterval
-	}
-	e, err := engine.New(pool, &c)
-	require.NoError(tb, err, "idemflowtest: new engine")
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := e.Stop(ctx); err != nil {
-			tb.Errorf("idemflowtest: stop the engine: %v", err)
-		}
-	})
-	return e
-}
-
-// Wait waits at most 30 seconds for the operation to finish or be parked, and
-// returns it with its steps.
-func Wait(tb testing.TB, e *engine.Engine, s *engine.Started) *engine.Info {
-	tb.Helper()
-	ctx, cancel := context.WithTimeout(tb.Context(), 30*time.Second)
-	defer cancel()
-	info, err := s.Wait(ctx)
-	require.NoError(tb, err, "idemflowtest: wait for operation %s", s.ID)
-	full, err := e.Get(ctx, info.ID)
-	require.NoError(tb, err)
-	return full
 }
 
 // ExamplePool returns a pool on a new database for an example function, which

@@ -326,7 +326,7 @@ func (m Matrix[In, S, Out]) engineWith(t *testing.T, pool *pgxpool.Pool, run *Ru
 	cfg.Operations = []engine.Definition{op}
 	cfg.Test.Hook = hook
 	cfg.Test.Lookup = lookup
-	e := newEngine(t, pool, &cfg)
+	e := NewEngine(t, pool, &cfg)
 	if workers {
 		if err := e.StartWorkers(t.Context()); err != nil {
 			t.Fatalf("idemflowtest: start workers: %v", err)

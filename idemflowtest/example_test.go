@@ -1,0 +1,48 @@
+package idemflowtest_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
+)
+
+// A test of an operation: a database of its own, an engine with short test
+// timings and its workers started (stopped when the test ends), and a wait for
+// the end. (An example has no *testing.T, so this one only compiles.)
+func ExampleEngine() {
+	type refundIn struct{ Amount int64 }
+	refund, err := engine.NewOperation("refund", []engine.Step[refundIn, struct{}]{
+		engine.TxStep("record", func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in refundIn, _ *struct{}) error {
+			return nil // the service's own writes, in the step's transaction
+		}),
+	}, func(refundIn, *struct{}) (string, error) { return "refunded", nil }, nil)
+	if err != nil {
+		panic(err)
+	}
+
+	testRefund := func(t *testing.T) {
+		t.Parallel()
+		pool := idemflowtest.Pool(t, nil)
+		e := idemflowtest.Engine(t, pool, nil, refund)
+		s, err := engine.Start(t.Context(), e, refund, "shop", "order-1", refundIn{Amount: 100}, nil)
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusSucceeded, idemflowtest.Wait(t, e, s).Status)
+	}
+	_ = testRefund
+}
+
+// A test that drives the engine by hand: no workers, so nothing resumes or
+// retries an operation until the test says so.
+func ExampleNewEngine() {
+	testSweep := func(t *testing.T) {
+		e := idemflowtest.NewEngine(t, idemflowtest.Pool(t, nil), &engine.Config{Lease: engine.DefaultLease})
+		// ... start an operation, make its lease expire ...
+		require.NoError(t, e.Sweep(t.Context()))
+		require.NoError(t, e.StartWorkers(t.Context()))
+	}
+	_ = testSweep
+}
