@@ -36,8 +36,8 @@ const (
 // queued message, and a settlement every 2 seconds.
 var chaosEntryArgs = []string{"-queue-duplicates", "1", "-settlement-interval", "2s"}
 
-// The entry points' counters.
-var chaosEntry struct {
+// chaosEntryCounts are the entry points' counters of a run.
+type chaosEntryCounts struct {
 	queued, queuePosts, queueReposts atomic.Int64
 	redeliveries, redeliveredCopies  atomic.Int64
 	events, eventDeliveries          atomic.Int64
@@ -66,7 +66,7 @@ func (r *chaosRun) queueOrder(w, n, client int, rng *rand.Rand) {
 	r.mu.Lock()
 	r.keys = append(r.keys, k)
 	r.mu.Unlock()
-	chaosEntry.queued.Add(1)
+	r.entry.queued.Add(1)
 	token := chaosClients[client].token
 	body, err := json.Marshal(map[string]any{"messageId": k.key, "orderId": k.orderID, "customerId": k.customerID, "amount": k.amount})
 	require.NoError(r.t, err)
@@ -84,10 +84,10 @@ func (r *chaosRun) queueOrder(w, n, client int, rng *rand.Rand) {
 			switch {
 			case err == nil && resp.status == http.StatusAccepted:
 				if !posted.IsZero() {
-					chaosEntry.queueReposts.Add(1)
+					r.entry.queueReposts.Add(1)
 				}
 				posted = time.Now()
-				chaosEntry.queuePosts.Add(1)
+				r.entry.queuePosts.Add(1)
 			case err == nil && resp.status < 500:
 				r.broken(false, true, "%s: POST %d %s", k, resp.status, resp.body)
 				return
@@ -133,8 +133,8 @@ func (r *chaosRun) redeliverWebhooks() {
 		}
 		var got struct{ Sent int }
 		_ = json.Unmarshal(resp.body, &got)
-		chaosEntry.redeliveries.Add(1)
-		chaosEntry.redeliveredCopies.Add(int64(got.Sent))
+		r.entry.redeliveries.Add(1)
+		r.entry.redeliveredCopies.Add(int64(got.Sent))
 	}
 }
 
@@ -180,9 +180,9 @@ func (r *chaosRun) checkEntryPoints() {
 		}
 		time.Sleep(pollInterval)
 	}
-	chaosEntry.events.Store(int64(len(events)))
+	r.entry.events.Store(int64(len(events)))
 	for _, ev := range events {
-		chaosEntry.eventDeliveries.Add(int64(ev.Deliveries))
+		r.entry.eventDeliveries.Add(int64(ev.Deliveries))
 	}
 
 	conn, err := pgx.Connect(ctx, r.dbURL)
@@ -226,13 +226,13 @@ func (r *chaosRun) checkEntryPoints() {
 		                  AND p.account = 'payout:' || to_char(s.slot AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'))`); n > 0 {
 		r.broken(true, false, "%d payout accounts of no settlement", n)
 	}
-	chaosEntry.settlements.Store(count("SELECT count(*) FROM demo_settlement"))
-	chaosEntry.settledPositive.Store(count("SELECT count(*) FROM demo_settlement WHERE amount > 0"))
+	r.entry.settlements.Store(count("SELECT count(*) FROM demo_settlement"))
+	r.entry.settledPositive.Store(count("SELECT count(*) FROM demo_settlement WHERE amount > 0"))
 }
 
 // entryReport is the report's line of the entry points.
 func (r *chaosRun) entryReport() string {
-	e := &chaosEntry
+	e := &r.entry
 	return fmt.Sprintf("  entry points:       %d queued orders (%d posts, %d again after %s unconsumed; 1 copy each); %d webhook events, %d deliveries, %d redeliveries of all (%d copies); %d settlements (%d of a positive balance)",
 		e.queued.Load(), e.queuePosts.Load(), e.queueReposts.Load(), chaosRepost, e.events.Load(), e.eventDeliveries.Load(),
 		e.redeliveries.Load(), e.redeliveredCopies.Load(), e.settlements.Load(), e.settledPositive.Load())

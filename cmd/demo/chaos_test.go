@@ -110,7 +110,7 @@ func TestChaos(t *testing.T) {
 		seed = rand.Uint64()
 	}
 	t.Logf("chaos seed %d (rerun with -chaos.seed=%d), %s of faults", seed, seed, *chaosDuration)
-	run := newChaosRun(t, seed)
+	run := newChaosRun(t, seed, chaosOpts{processes: chaosProcesses})
 	run.start()
 	run.inject(*chaosDuration)
 	run.awaitFinalAnswers()
@@ -135,13 +135,16 @@ type chaosRun struct {
 	// stepFaults counts the demos started with each of chaosStepFaults.
 	stepFaults map[string]int
 
-	// proxy stands between the demos and the cluster: demoURL is dbURL
-	// through it.
+	// proxy stands between the demos and the cluster (or its PgBouncer):
+	// demoURL is dbURL through it.
 	proxy   *faultProxy
 	demoURL string
+	opts    chaosOpts
+	// entry counts what the entry points did (chaos_entry_test.go).
+	entry chaosEntryCounts
 
 	mu      sync.Mutex
-	demos   [chaosProcesses]*demo // the running ones
+	demos   []*demo // the running ones, opts.processes slots
 	bases   []string              // their base URLs, for the clients
 	started []*demo               // every demo ever started
 	keys    []*chaosKey
@@ -213,7 +216,17 @@ func (k *chaosKey) body(metadata any, amountDelta int64) []byte {
 	return raw
 }
 
-func newChaosRun(t *testing.T, seed uint64) *chaosRun {
+// chaosOpts are what TestChaos and TestChaosPooler run differently.
+type chaosOpts struct {
+	processes int // demos serving at once
+	// pooler puts a PgBouncer in transaction mode (poolSize server
+	// connections) between the proxy and the cluster, and runs the demos
+	// with -pooler transaction.
+	pooler   bool
+	poolSize int
+}
+
+func newChaosRun(t *testing.T, seed uint64, opts chaosOpts) *chaosRun {
 	// The data directory's parents must be searchable by the unprivileged user
 	// that runs PostgreSQL when the tests run as root.
 	dir, err := os.MkdirTemp("", "idemflow-chaos-")
@@ -228,6 +241,7 @@ func newChaosRun(t *testing.T, seed uint64) *chaosRun {
 			Settings: map[string]string{"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"},
 		},
 		faults: map[string]int{}, stepFaults: map[string]int{}, fiveXX: map[string]int{},
+		opts: opts, demos: make([]*demo, opts.processes),
 	}
 	transport := &http.Transport{MaxIdleConnsPerHost: 64, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext}
 	r.http = &http.Client{Transport: transport}
@@ -249,9 +263,17 @@ func newChaosRun(t *testing.T, seed uint64) *chaosRun {
 	cluster, err := pgcluster.Ensure(t.Context(), r.pgCfg)
 	require.NoError(t, err)
 	r.dbURL, r.port = cluster.URL("postgres"), cluster.Port()
+	target := r.port
+	if opts.pooler {
+		// Its cleanup runs after the demos are killed, before the cluster
+		// stops. It tries a restarted server again after a second, not 15.
+		b := pgcluster.StartPgBouncerT(t, r.dbURL, &pgcluster.PgBouncerConfig{PoolSize: opts.poolSize,
+			Settings: map[string]string{"server_login_retry": "1"}})
+		target = b.Port()
+	}
 	// The proxy's cleanup runs after the demos are killed, before the cluster
 	// stops.
-	r.proxy = newFaultProxy(t, net.JoinHostPort("127.0.0.1", fmt.Sprint(r.port)))
+	r.proxy = newFaultProxy(t, net.JoinHostPort("127.0.0.1", fmt.Sprint(target)))
 	u, err := url.Parse(r.dbURL)
 	require.NoError(t, err)
 	u.Host = r.proxy.addr()
@@ -287,8 +309,12 @@ func (r *chaosRun) spawn() *demo {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = stdoutLog.Close() })
 
-	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-retry-backoff", "50ms", "-wait", "2s", "-lease", "1s",
-		"-provider-timeout", "500ms", "-provider-settle", "4s"}, chaosEntryArgs...)...)
+	args := append([]string{"-addr", "127.0.0.1:0", "-retry-backoff", "50ms", "-wait", "2s", "-lease", "1s",
+		"-provider-timeout", "500ms", "-provider-settle", "4s"}, chaosEntryArgs...)
+	if r.opts.pooler {
+		args = append(args, "-pooler", "transaction")
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(demoEnviron(), "DATABASE_URL="+r.demoURL)
 	// Every demo but one in four also injects step faults of its own, in every
 	// operation it runs: panics before and at the provider call, and a finalize
@@ -368,7 +394,7 @@ func (r *chaosRun) broken(dup, lost bool, format string, args ...any) {
 // start starts the demos (together: they migrate the empty database) and the
 // client goroutines.
 func (r *chaosRun) start() {
-	var ds [chaosProcesses]*demo
+	ds := make([]*demo, len(r.demos))
 	for i := range ds {
 		ds[i] = r.spawn()
 	}
@@ -458,7 +484,7 @@ func (r *chaosRun) inject(d time.Duration) {
 
 // kill kills one of the demos with SIGKILL and starts another at once.
 func (r *chaosRun) kill() {
-	i := r.rng.IntN(chaosProcesses)
+	i := r.rng.IntN(len(r.demos))
 	d := r.demos[i]
 	r.setDemo(i, nil)
 	d.kill()
@@ -1312,8 +1338,8 @@ func (r *chaosRun) report() {
 	}
 	requests := r.requests.Load()
 	lines := []string{
-		fmt.Sprintf("chaos report: seed %d, %s of faults against %d demo processes (-lease 1s -retry-backoff 50ms -wait 2s -provider-timeout 500ms -provider-settle 4s), %d client goroutines",
-			r.seed, r.faultsEnd.Sub(r.faultsStart).Round(time.Second), chaosProcesses, chaosWorkers),
+		fmt.Sprintf("chaos report: seed %d, %s of faults against %d demo processes (-lease 1s -retry-backoff 50ms -wait 2s -provider-timeout 500ms -provider-settle 4s%s), %d client goroutines",
+			r.seed, r.faultsEnd.Sub(r.faultsStart).Round(time.Second), len(r.demos), r.poolerNote(), chaosWorkers),
 		fmt.Sprintf("  operations:         %d keys: %d orders, %d refunds (%d succeeded, %d declined 402, %d exceeded 422, %d order not found 404)",
 			len(r.keys), orders, refunds, succeeded, declined, exceeded, notFound),
 		fmt.Sprintf("  requests:           %d; retries of a key: %d, after %d cut by a kill or restart, %d client timeouts, %d 5xx (%s), %d 202, %d 409 in progress",
@@ -1343,6 +1369,14 @@ func (r *chaosRun) report() {
 		shown := r.problem[:min(len(r.problem), 50)]
 		r.t.Errorf("%d broken invariants (%d duplicates, %d lost), the first %d:\n%s", len(r.problem), r.dups, r.lost, len(shown), strings.Join(shown, "\n"))
 	}
+}
+
+// poolerNote describes the run's PgBouncer for its report, if it has one.
+func (r *chaosRun) poolerNote() string {
+	if !r.opts.pooler {
+		return ""
+	}
+	return fmt.Sprintf(" -pooler transaction, through PgBouncer with %d server connections", r.opts.poolSize)
 }
 
 // stop stops the demos with SIGTERM: they exit 0.

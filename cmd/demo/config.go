@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemflow/idemflow/internal/demoapi"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
@@ -27,17 +29,22 @@ type config struct {
 	providerURL  string        // -provider-url, DEMO_PROVIDER_URL
 	dataDir      string        // -data-dir, DEMO_DATA_DIR
 	databaseURL  string        // DATABASE_URL
-	crash        *crashPoint   // DEMO_CRASH
-	entry        entryConfig   // -webhook-secret, -webhook-url, -queue-duplicates, -settlement-interval (entrypoints.go)
-	maxAttempts  int           // -max-attempts, DEMO_MAX_ATTEMPTS
-	retention    time.Duration // -retention, DEMO_RETENTION
-	panics       *stepFault    // DEMO_PANIC
-	fails        *stepFault    // DEMO_FAIL
-	maxInFlight  int           // -max-in-flight, DEMO_MAX_IN_FLIGHT
-	perClient    int           // -max-in-flight-per-client, DEMO_MAX_IN_FLIGHT_PER_CLIENT
-	versions     []int         // -refund-versions, DEMO_REFUND_VERSIONS
-	providerAddr string        // -provider-addr, DEMO_PROVIDER_ADDR
-	adminToken   string        // -admin-token, DEMO_ADMIN_TOKEN
+	// pooler is set when DATABASE_URL goes through a pooler in transaction
+	// mode; direct, when set, reaches the same database without it, for the
+	// liveness lock.
+	pooler       bool            // -pooler, DEMO_POOLER
+	direct       *pgx.ConnConfig // -direct-database-url, DEMO_DIRECT_DATABASE_URL
+	crash        *crashPoint     // DEMO_CRASH
+	entry        entryConfig     // -webhook-secret, -webhook-url, -queue-duplicates, -settlement-interval (entrypoints.go)
+	maxAttempts  int             // -max-attempts, DEMO_MAX_ATTEMPTS
+	retention    time.Duration   // -retention, DEMO_RETENTION
+	panics       *stepFault      // DEMO_PANIC
+	fails        *stepFault      // DEMO_FAIL
+	maxInFlight  int             // -max-in-flight, DEMO_MAX_IN_FLIGHT
+	perClient    int             // -max-in-flight-per-client, DEMO_MAX_IN_FLIGHT_PER_CLIENT
+	versions     []int           // -refund-versions, DEMO_REFUND_VERSIONS
+	providerAddr string          // -provider-addr, DEMO_PROVIDER_ADDR
+	adminToken   string          // -admin-token, DEMO_ADMIN_TOKEN
 	// providerTimeout bounds one attempt of the provider step; providerSettle
 	// is the provider's longest processing time (the step's settle window).
 	providerTimeout time.Duration // -provider-timeout, DEMO_PROVIDER_TIMEOUT
@@ -114,6 +121,8 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	providerSettle := fs.String("provider-settle", env("DEMO_PROVIDER_SETTLE", "2m"), "the provider's longest processing time: a refund request that got no definite answer may still be carried out this long after it was sent (DEMO_PROVIDER_SETTLE)")
 	reconcileInterval := fs.String("reconcile-interval", env("DEMO_RECONCILE_INTERVAL", "1m"), "how often the books are checked against the provider's records; 0: only on POST /admin/reconciliation/run (DEMO_RECONCILE_INTERVAL)")
 	reconcileWindow := fs.String("reconcile-window", env("DEMO_RECONCILE_WINDOW", ""), "how far back reconciliation reads the provider's records; default and at most -retention (DEMO_RECONCILE_WINDOW)")
+	pooler := fs.String("pooler", env("DEMO_POOLER", "none"), "none, or transaction: DATABASE_URL goes through a connection pooler in transaction mode (PgBouncer's pool_mode=transaction), and the demo keeps no session state on it (DEMO_POOLER)")
+	directURL := fs.String("direct-database-url", env("DEMO_DIRECT_DATABASE_URL", ""), "with -pooler transaction, a URL of the same database that does not go through the pooler, for the liveness lock: a crashed process's operations are then taken over at once rather than when their lease ends (DEMO_DIRECT_DATABASE_URL)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -180,6 +189,21 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 		}
 		if c.reconcileWindow > c.retention {
 			return nil, fmt.Errorf("-reconcile-window: %s is longer than -retention (%s): refunds deleted by retention would look unknown", c.reconcileWindow, c.retention)
+		}
+	}
+	switch strings.TrimSpace(*pooler) {
+	case "none":
+	case "transaction":
+		c.pooler = true
+	default:
+		return nil, fmt.Errorf("-pooler: %q is not none or transaction", *pooler)
+	}
+	if d := strings.TrimSpace(*directURL); d != "" {
+		if !c.pooler {
+			return nil, errors.New("-direct-database-url is for -pooler transaction: without a pooler, DATABASE_URL is direct")
+		}
+		if c.direct, err = pgx.ParseConfig(d); err != nil {
+			return nil, fmt.Errorf("-direct-database-url: %w", err)
 		}
 	}
 	c.providerAddr = *providerAddr

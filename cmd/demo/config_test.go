@@ -39,6 +39,18 @@ func TestParseConfig(t *testing.T) {
 		{name: "AdminTokenFlag", args: []string{"-admin-token", "ops-2"}, env: map[string]string{"HOME": "/h", "DEMO_ADMIN_TOKEN": "ops-1"}, check: func(t *testing.T, c *config) {
 			require.Equal(t, "ops-2", c.adminToken)
 		}},
+		{name: "Pooler", env: map[string]string{"HOME": "/h", "DEMO_POOLER": "transaction", "DEMO_DIRECT_DATABASE_URL": "postgres://u@db:5433/d"}, check: func(t *testing.T, c *config) {
+			require.True(t, c.pooler)
+			require.Equal(t, "db", c.direct.Host)
+			require.Equal(t, uint16(5433), c.direct.Port)
+		}},
+		{name: "PoolerNone", args: []string{"-pooler", "none"}, env: map[string]string{"HOME": "/h", "DEMO_POOLER": "transaction"}, check: func(t *testing.T, c *config) {
+			require.False(t, c.pooler)
+			require.Nil(t, c.direct)
+		}},
+		{name: "PoolerSession", args: []string{"-pooler", "session"}, wantErr: `-pooler: "session" is not none or transaction`},
+		{name: "DirectWithoutPooler", args: []string{"-direct-database-url", "postgres://db"}, wantErr: "-direct-database-url is for -pooler transaction"},
+		{name: "DirectBad", args: []string{"-pooler", "transaction", "-direct-database-url", "postgres://db:port"}, wantErr: "-direct-database-url"},
 		{name: "AdminTokenWithSpace", args: []string{"-admin-token", "ops 2"}, wantErr: "-admin-token"},
 		{name: "AdminTokenBlank", args: []string{"-admin-token", "  "}, wantErr: "-admin-token"},
 		{name: "AdminTokenIsAClients", args: []string{"-clients", "a=x,b=y", "-admin-token", "y"}, wantErr: "client b has the same token"},

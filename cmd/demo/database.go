@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -33,6 +32,9 @@ func openRunningDatabase(ctx context.Context, cfg *config, logger *slog.Logger) 
 func open(ctx context.Context, cfg *config, logger *slog.Logger, start bool) (pool *pgxpool.Pool, stop func(context.Context), err error) {
 	stop = func(context.Context) {}
 	url := cfg.databaseURL
+	if url == "" && cfg.pooler {
+		return nil, nil, errors.New("-pooler transaction: set DATABASE_URL to the pooler's URL (the private cluster has none)")
+	}
 	if url == "" && !start {
 		cluster, err := pgcluster.Attach(ctx, &pgcluster.Config{DataDir: cfg.dataDir, Logger: logger})
 		if errors.Is(err, pgcluster.ErrNotRunning) {
@@ -67,8 +69,13 @@ func open(ctx context.Context, cfg *config, logger *slog.Logger, start bool) (po
 		stop(ctx)
 		return nil, nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
-	poolCfg.MaxConns = max(poolCfg.MaxConns, 20)
-	engine.BoundPool(poolCfg, &engine.PoolOpts{Lease: cfg.lease})
+	if !cfg.pooler {
+		poolCfg.MaxConns = max(poolCfg.MaxConns, 20)
+	}
+	// Through a pooler, pgx's default (pool_max_conns in the URL, else the
+	// larger of 4 and the CPUs): client connections count against the pooler's
+	// max_client_conn, and its server connections bound the work anyway.
+	engine.BoundPool(poolCfg, &engine.PoolOpts{Lease: cfg.lease, Pooler: cfg.pooler})
 	pool, err = pgxpool.NewWithConfig(ctx, poolCfg)
 	if err == nil {
 		err = pool.Ping(ctx)
@@ -84,17 +91,26 @@ func open(ctx context.Context, cfg *config, logger *slog.Logger, start bool) (po
 }
 
 // controlConns are the connections of the engine's own pool: River's LISTEN,
-// its producer and leader, lease renewals and the sweeper.
-const controlConns = 8
+// its producer and leader, lease renewals and the sweeper; pooledControlConns
+// through a pooler, where River polls and the pooler's server connections are
+// shared by every process.
+const (
+	controlConns       = 8
+	pooledControlConns = 2
+)
 
 // openControlPool opens the engine's own small pool on pool's database, so that
 // the application's traffic cannot starve lease renewals.
-func openControlPool(ctx context.Context, pool *pgxpool.Pool, lease time.Duration) (*pgxpool.Pool, error) {
+func openControlPool(ctx context.Context, pool *pgxpool.Pool, cfg *config) (*pgxpool.Pool, error) {
 	c := pool.Config().Copy()
-	c.MaxConns, c.MinConns = controlConns, controlConns // warm: a renewal never waits for a connection to be made
+	conns := int32(controlConns)
+	if cfg.pooler {
+		conns = pooledControlConns
+	}
+	c.MaxConns, c.MinConns = conns, conns // warm: a renewal never waits for a connection to be made
 	// Its statements are short: a renewal that takes a third of the lease is
 	// better failed, and tried again.
-	engine.BoundPool(c, &engine.PoolOpts{Lease: lease, StatementTimeout: lease / 3})
+	engine.BoundPool(c, &engine.PoolOpts{Lease: cfg.lease, StatementTimeout: cfg.lease / 3, Pooler: cfg.pooler})
 	control, err := pgxpool.NewWithConfig(ctx, c)
 	if err != nil {
 		return nil, fmt.Errorf("open the engine's pool: %w", err)

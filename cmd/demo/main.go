@@ -137,7 +137,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 	if err := migrate(ctx, pool, logger); err != nil {
 		return err
 	}
-	control, err := openControlPool(ctx, pool, cfg.lease)
+	control, err := openControlPool(ctx, pool, cfg)
 	if err != nil {
 		return err
 	}
@@ -207,7 +207,11 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		RetentionInterval: min(cfg.retention, time.Minute),
 		Test:              faults.Config{Hook: faultHook(cfg)},
 		ControlPool:       control,
-		MaxInFlight:       cfg.maxInFlight,
+		// Through a pooler: River polls, and the liveness lock is held on the
+		// direct connection, if any.
+		Pooler:      cfg.pooler,
+		Takeover:    engine.TakeoverConfig{ConnConfig: cfg.direct},
+		MaxInFlight: cfg.maxInFlight,
 		// A client over its share gets 429; the others keep theirs.
 		MaxInFlightPerScope: cfg.perClient,
 		River: engine.RiverConfig{

@@ -1,0 +1,44 @@
+package main
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/idemflow/idemflow/internal/pgcluster"
+)
+
+// The pooler's chaos: as many demos as a service runs pods, sharing the
+// server connections of one PgBouncer.
+const (
+	chaosPoolerProcesses = 16
+	chaosPoolerConns     = 20
+)
+
+// TestChaosPooler is TestChaos through PgBouncer in transaction mode: 16 demo
+// processes, started with -pooler transaction and no direct connection (so a
+// killed one's operations are taken over when their 1 s lease ends), share
+// its 20 server connections; the fault proxy stands between the demos and
+// PgBouncer, and PostgreSQL restarts behind it. The same faults, traffic and
+// checks: every key one operation and one answer, 0 duplicates and 0 lost.
+// The long form: go test ./cmd/demo -run TestChaosPooler -chaos.duration=5m -v
+func TestChaosPooler(t *testing.T) {
+	t.Parallel()
+	if _, err := pgcluster.BinDir(); err != nil {
+		t.Skipf("no PostgreSQL server binaries: %v", err)
+	}
+	if _, err := pgcluster.PgBouncerPath(); err != nil {
+		t.Skipf("no PgBouncer: %v", err)
+	}
+	seed := *chaosSeed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	t.Logf("chaos seed %d (rerun with -chaos.seed=%d), %s of faults", seed, seed, *chaosDuration)
+	run := newChaosRun(t, seed, chaosOpts{processes: chaosPoolerProcesses, pooler: true, poolSize: chaosPoolerConns})
+	run.start()
+	run.inject(*chaosDuration)
+	run.awaitFinalAnswers()
+	run.check()
+	run.report()
+	run.stop()
+}
