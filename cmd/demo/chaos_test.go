@@ -144,9 +144,9 @@ type chaosRun struct {
 	entry chaosEntryCounts
 
 	mu      sync.Mutex
-	demos   []*demo // the running ones, opts.processes slots
-	bases   []string              // their base URLs, for the clients
-	started []*demo               // every demo ever started
+	demos   []*demo  // the running ones, opts.processes slots
+	bases   []string // their base URLs, for the clients
+	started []*demo  // every demo ever started
 	keys    []*chaosKey
 	events  []time.Time // kills, database restarts, and the proxy's resets and stalls
 	faults  map[string]int
