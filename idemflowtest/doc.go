@@ -3,7 +3,15 @@
 // whether an operation keeps its books right when its process dies, or its
 // calls fail, at any point.
 //
-// # Databases
+// # Databases and engines
+//
+//	func TestRefund(t *testing.T) {
+//		pool := idemflowtest.Pool(t, nil)
+//		e := idemflowtest.Engine(t, pool, nil, refund)
+//		s, err := engine.Start(t.Context(), e, refund, "shop", "order-1", in, nil)
+//		require.NoError(t, err)
+//		require.Equal(t, engine.StatusSucceeded, idemflowtest.Wait(t, e, s).Status)
+//	}
 //
 // DatabaseURL and Pool give each test a database of its own with idemflow's
 // and River's tables, cloned in milliseconds from a template that is migrated
@@ -16,7 +24,19 @@
 // test's database is dropped when the test passes and kept, its URL logged,
 // when it fails.
 //
+// Engine returns an engine with its workers started and short timings
+// (TestLease), stopped when the test ends; NewEngine one without workers.
+// A test that injects faults of its own sets the engine's fault hooks
+// (engine.Config.Test) with HookEvent and the Point constants.
+//
 // # The crash matrix
+//
+//	m := idemflowtest.Matrix[payout.Input, payout.State, payout.Result]{
+//		Setup:     func(t *testing.T, pool *pgxpool.Pool) *idemflowtest.Run { ... }, // fakes, rows, Check
+//		Operation: func(pool *pgxpool.Pool, env map[string]string) (*engine.Operation[...], error) { ... },
+//		Input:     payout.Input{Wallet: "w1", Amount: 30},
+//	}
+//	m.Crashes(t)
 //
 // Matrix.Crashes runs an operation once, recording the points it reaches:
 // each step before it runs and after its effect (an external step's call made,
@@ -27,7 +47,8 @@
 // as a client's retry of the same key finds it, and the matrix calls the
 // user's Check, which says whether the books are right: one bank request per
 // key, the wallet debited once. Each point is a subtest, and a table of all of
-// them is logged:
+// them is logged ("retry": whether the client's retry found the operation, its
+// reservation committed, or started it anew):
 //
 //	point                                retry      status       parked  invariants
 //	baseline                             new        succeeded    false   ok
@@ -38,14 +59,18 @@
 //	finalize/before                      found      succeeded    false   ok
 //	...
 //
-// ("retry": whether the client's retry found the operation, its reservation
-// committed, or started it anew.)
-//
-// Matrix.Faults does the same in the test process for the faults of each
-// external step's first attempt: an error before the call, an answer lost
-// after it took effect, a timeout after it took effect.
-//
 // Outside services must outlive the killed child: start their fakes in Setup,
 // in the test process, and pass their URLs to the operation through Run.Env.
 // The fakeservice package is such a fake.
+//
+// # The fault matrix
+//
+//	m.Faults(t)
+//
+// Matrix.Faults does the same in the test process for each Fault of each
+// external step's first attempt (Faults lists them): an error before the call,
+// an answer lost after it took effect, a timeout after it took effect, a call
+// that lands at the service LateLanding after it timed out, and a pending
+// outcome (PendingFor). A step whose settle window is shorter than the
+// landing compensates a call that went through, and fails its Check.
 package idemflowtest
