@@ -11,6 +11,10 @@
 //
 // # Slots and keys
 //
+//	slot := schedule.Slot(time.Now(), time.Hour) // 10:00:00Z at 10:42 UTC
+//	key := schedule.Key(statement.Name(), slot)  // "schedule statement 2026-12-01T10:00:00Z"
+//	started, err := schedule.Fire(ctx, e, statement, "client-1", slot, StatementIn{Slot: slot})
+//
 // Slot(t, period) is the start of the period that holds t, in UTC; every
 // process computes the same one for the same instant, and daylight saving time
 // plays no part. Key(name, slot) is the slot's idempotency key, such as
@@ -30,6 +34,8 @@
 //
 // # Why not River periodic jobs alone
 //
+//	go r.Run(ctx) // every process fires every slot; the key makes all but the first no-ops
+//
 // River's periodic jobs are inserted by the elected leader only, from a
 // schedule it keeps in memory: a period's job comes late while no leader is
 // elected, and twice around a leader change or a deploy, when the new leader
@@ -44,20 +50,19 @@
 //
 // # What a firing costs
 //
+//	schedule.Config[StatementIn]{Period: time.Hour, Concurrency: 4, Jitter: time.Second, ...}
+//
 // Run fires each slot at its start (plus Config.Jitter), in each process, for
 // every scope: one reservation attempt per scope per period per process. The
 // firing that reserves the key runs the operation's first attempt in its
 // process, as engine.Start does. Every other firing costs the database one
-// aborted transaction and an indexed read: the reservation is a plain INSERT,
-// sent in one round trip with BEGIN and the first statement of the
-// operation's first step; a taken key is a unique violation, which aborts the
-// transaction (it takes a transaction id and leaves a dead row version for
-// autovacuum), so nothing of the step commits; then the engine reads the
-// operation by its key. So the first step's function runs, up to its first
-// statement, in every firing: like any transactional step, it must do nothing
-// outside its transaction (a log line, a call) before that. An operation
-// whose first step is external reserves alone, before it, and does not run it
-// on a taken key.
+// aborted transaction (a taken key is a unique violation; it leaves a dead row
+// version for autovacuum) and an indexed read of the operation by its key.
+// The reservation goes with the first statement of the operation's first
+// step, so that step's function runs, up to its first statement, in every
+// firing: like any transactional step, it must do nothing outside its
+// transaction (a log line, a call) before that. An operation whose first step
+// is external reserves alone, before it, and does not run it on a taken key.
 //
 // With P processes and N scopes, a period costs N operations and (P-1)·N
 // refused reservations. Each process fires its scopes in a random order,
@@ -69,6 +74,10 @@
 //
 // # Clock skew
 //
+//	if slot.After(dbNow) {
+//		return engine.RetryAfter(errors.New("slot not begun"), slot.Sub(dbNow))
+//	}
+//
 // Processes compute the slot from their own clocks, and all compute the same
 // slot for the same period. A process whose clock is late fires each slot
 // late, by its skew, and finds it fired: harmless. One whose clock is early
@@ -78,6 +87,9 @@
 // engine.RetryAfter. Skew matters once more for retention (below).
 //
 // # Retention
+//
+//	op, err := engine.NewOperation("statement", steps, result,
+//		&engine.OperationOpts{Retention: 2 * 24 * time.Hour}) // a daily schedule: at least two periods
 //
 // A SLOT'S KEY LIVES AS LONG AS ITS OPERATION. The engine's retention job
 // deletes a finished operation, and so frees its key, once it finished longer
@@ -93,11 +105,14 @@
 // Every asks the engine for the operation type's retention (Engine.Retention)
 // and refuses a period longer than half of it. Runner.FireSlot refuses a slot
 // whose start is a retention ago (less a margin for the clocks' skew) with
-// ErrSlotExpired. Fire has no such guard: it fires what it is given. For money, give the step's own row a unique
+// ErrSlotExpired. Fire has no such guard: it fires what it is given. For
+// money, give the step's own row a unique
 // constraint on (scope, slot) as well: it outlives the operation, and a
 // second run of a slot then fails its step instead of moving money again.
 //
 // # Scopes and periods
+//
+//	err := r.FireSlot(ctx, schedule.Slot(missed, time.Hour)) // a slot no process was up for
 //
 // Config.ScopesFunc is asked for the scopes once per slot in each process. A
 // scope that appears after every process fired a slot waits for the next
