@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
@@ -191,4 +193,186 @@ func setupPool(t *testing.T) *pgxpool.Pool {
 	_, err := pool.Exec(context.Background(), scratchSchema)
 	require.NoError(t, err)
 	return pool
+}
+
+// fsHurry makes the engine's scheduled resume jobs due now, every 20ms until
+// the test ends. River's scheduler promotes scheduled jobs only every 5
+// seconds, so each retry through River would otherwise take up to that long.
+// It changes when a retry runs, never what it does.
+func fsHurry(t *testing.T, pool *pgxpool.Pool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			_, _ = pool.Exec(ctx, `UPDATE river_job SET state = 'available', scheduled_at = now()
+				WHERE state = 'scheduled' AND kind = 'idemflow_resume'`)
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}
+
+const fsTimeout = 20 * time.Second
+
+func fsGet(t *testing.T, e *engine.Engine, id uuid.UUID) *engine.Info {
+	t.Helper()
+	info, err := e.Get(context.Background(), id)
+	require.NoError(t, err)
+	return info
+}
+
+// fsAwait waits until the operation satisfies cond, and returns it as read
+// then.
+func fsAwait(t *testing.T, e *engine.Engine, id uuid.UUID, what string, cond func(*engine.Info) bool) *engine.Info {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		info, err := e.Get(context.Background(), id)
+		return err == nil && cond(info)
+	}, fsTimeout, 10*time.Millisecond, "waiting for the operation: %s", what)
+	return fsGet(t, e, id)
+}
+
+func fsParked(i *engine.Info) bool { return i.Parked }
+
+// fsWait waits for the operation to finish.
+func fsWait(t *testing.T, e *engine.Engine, id uuid.UUID) *engine.Info {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), fsTimeout)
+	defer cancel()
+	info, err := e.Wait(ctx, id)
+	require.NoError(t, err)
+	return info
+}
+
+func fsStatuses(info *engine.Info) []engine.StepStatus {
+	out := make([]engine.StepStatus, len(info.Steps))
+	for i, s := range info.Steps {
+		out[i] = s.Status
+	}
+	return out
+}
+
+// fsGate holds the first attempt that match selects at its hook point until
+// the test opens the gate (or the run's context ends).
+type fsGate struct {
+	match   func(faults.Event) bool
+	hit     atomic.Bool
+	reached chan faults.Event
+	release chan struct{}
+}
+
+func newFSGate(match func(faults.Event) bool) *fsGate {
+	return &fsGate{match: match, reached: make(chan faults.Event, 1), release: make(chan struct{})}
+}
+
+// fsAt selects the given attempt of step at point.
+func fsAt(step string, point faults.Point, attempt int) func(faults.Event) bool {
+	return func(ev faults.Event) bool {
+		return ev.Step == step && ev.Point == point && ev.Attempt == attempt
+	}
+}
+
+func (g *fsGate) hook(ctx context.Context, ev faults.Event) error {
+	if !g.match(ev) || !g.hit.CompareAndSwap(false, true) {
+		return nil
+	}
+	g.reached <- ev
+	select {
+	case <-g.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// wait waits until an attempt is held at the gate.
+func (g *fsGate) wait(t *testing.T) faults.Event {
+	t.Helper()
+	select {
+	case ev := <-g.reached:
+		return ev
+	case <-time.After(fsTimeout):
+		require.FailNow(t, "no attempt reached the gate")
+		return faults.Event{}
+	}
+}
+
+func (g *fsGate) open() { close(g.release) }
+
+// fsHooks calls each hook in turn, stopping at the first error.
+func fsHooks(hooks ...faults.Hook) faults.Hook {
+	return func(ctx context.Context, ev faults.Event) error {
+		for _, h := range hooks {
+			if err := h(ctx, ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// fsResumeArgs is the engine's resume job as River stores it (kind
+// idemflow_resume), enqueued by hand to check that a job does not take a
+// parked operation up again.
+type fsResumeArgs struct {
+	OperationID uuid.UUID `json:"operation_id"`
+	Operation   string    `json:"operation"`
+}
+
+func (fsResumeArgs) Kind() string { return "idemflow_resume" }
+
+// fsResumeJobs counts the River jobs that resume an operation, in any state.
+func fsResumeJobs(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM river_job WHERE kind = 'idemflow_resume'`).Scan(&n))
+	return n
+}
+
+// fsNoMoreRuns checks, without waiting for time to pass, that nothing takes
+// the operation up again: sweeps with its lease expired enqueue no resume job,
+// and a resume job enqueued by hand ends without running anything. The
+// engine's workers must be started.
+func fsNoMoreRuns(t *testing.T, e *engine.Engine, pool *pgxpool.Pool, id uuid.UUID) {
+	t.Helper()
+	ctx := context.Background()
+	before := fsGet(t, e, id)
+	n := fsResumeJobs(t, pool)
+	for range 3 {
+		_, err := pool.Exec(ctx, `UPDATE idemflow_operation SET locked_until = now() - interval '1 second' WHERE id = $1`, id)
+		require.NoError(t, err)
+		require.NoError(t, e.Sweep(ctx))
+	}
+	require.Equal(t, n, fsResumeJobs(t, pool), "a sweep enqueued a resume job for the operation")
+
+	res, err := e.River().Insert(ctx, fsResumeArgs{OperationID: id, Operation: before.Name}, &river.InsertOpts{Queue: engine.DefaultQueue})
+	require.NoError(t, err)
+	var state string
+	require.Eventually(t, func() bool {
+		job, err := e.River().JobGet(ctx, res.Job.ID)
+		if err != nil {
+			return false
+		}
+		state = string(job.State)
+		return state == "completed" || state == "retryable" || state == "discarded"
+	}, fsTimeout, 10*time.Millisecond, "the resume job never ran")
+	require.Equal(t, "completed", state)
+
+	after := fsGet(t, e, id)
+	require.Equal(t, before.Runs, after.Runs, "a run claimed the operation")
+	require.Equal(t, before.Parked, after.Parked)
+	require.Equal(t, before.Status, after.Status)
+	for i := range before.Steps {
+		require.Equal(t, before.Steps[i].Attempts, after.Steps[i].Attempts, "step %s was attempted again", before.Steps[i].Name)
+	}
 }

@@ -2,14 +2,13 @@ package engine_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"maps"
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
@@ -125,242 +124,229 @@ func TestStart(t *testing.T) {
 	})
 }
 
-func TestRetry(t *testing.T) {
+type fsOrder struct {
+	Amount   int64          `json:"amount"`
+	Currency string         `json:"currency"`
+	Order    string         `json:"order"`
+	Note     string         `json:"note"`
+	Meta     map[string]int `json:"meta"`
+	Ref      string         `json:"ref,omitempty"`
+}
+
+// TestKeyReuse: a start under a held key with another input is refused with
+// a *KeyReusedError that names exactly the top-level fields that differ, but
+// the unfingerprinted ones; the same input (up to those) gets the existing
+// operation. Start and StartTx alike.
+func TestKeyReuse(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := fsPool(t)
+	define := func(name string) *engine.Operation[fsOrder, int, int] {
+		op, err := engine.NewOperation(name, []engine.Step[fsOrder, int]{
+			engine.TxStep("noop", func(context.Context, engine.Tx, engine.Attempt, fsOrder, *int) error { return nil }),
+		}, func(in fsOrder, _ *int) (int, error) { return int(in.Amount), nil }, &engine.OperationOpts{Unfingerprinted: []string{"note"}})
+		require.NoError(t, err)
+		return op
+	}
+	op, other := define("order"), define("other_order")
+	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op, other)
+	first := fsOrder{Amount: 100, Currency: "EUR", Order: "o-1", Note: "first", Meta: map[string]int{"a": 1, "b": 2}}
+	held, err := engine.Start(ctx, e, op, "c", "k", first, nil)
+	require.NoError(t, err)
+	require.True(t, held.Created)
+	done := fsWaitStarted(t, held)
+	require.Equal(t, engine.StatusSucceeded, done.Status)
+
+	// A second operation holds a key reserved with StartTx, not run yet.
+	var heldTx *engine.Started
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		heldTx, err = engine.StartTx(ctx, tx, e, op, "c", "k-tx", first, nil)
+		return err
+	}))
+	require.True(t, heldTx.Created)
+
+	refused := func(t *testing.T, err error, id uuid.UUID, fields ...string) {
+		t.Helper()
+		require.ErrorIs(t, err, engine.ErrKeyReused)
+		var kre *engine.KeyReusedError
+		require.ErrorAs(t, err, &kre)
+		require.Equal(t, id, kre.ID)
+		require.Equal(t, fields, kre.Fields)
+	}
+	with := func(change func(*fsOrder)) fsOrder {
+		in := first
+		in.Meta = map[string]int{"a": 1, "b": 2}
+		change(&in)
+		return in
+	}
+
+	for _, tc := range []struct {
+		name   string
+		in     fsOrder
+		fields []string // nil: the same start
+	}{
+		{"FieldsThatDiffer", with(func(in *fsOrder) { in.Amount, in.Order, in.Note = 101, "o-2", "second" }), []string{"amount", "order"}},
+		{"NestedValueAndAddedField", with(func(in *fsOrder) { in.Meta["b"], in.Ref = 3, "r-1" }), []string{"meta", "ref"}},
+		{"UnfingerprintedOnly", with(func(in *fsOrder) { in.Note = "changed" }), nil},
+		{"SameInput", with(func(*fsOrder) {}), nil},
+	} {
+		t.Run("Start/"+tc.name, func(t *testing.T) {
+			t.Parallel()
+			s, err := engine.Start(ctx, e, op, "c", "k", tc.in, nil)
+			if tc.fields != nil {
+				refused(t, err, held.ID, tc.fields...)
+				return
+			}
+			require.NoError(t, err)
+			require.False(t, s.Created)
+			require.Equal(t, held.ID, s.ID)
+			require.Equal(t, held.ID, s.Existing.ID)
+			require.Equal(t, engine.StatusSucceeded, s.Existing.Status)
+			require.JSONEq(t, string(done.Result), string(s.Existing.Result))
+		})
+		t.Run("StartTx/"+tc.name, func(t *testing.T) {
+			t.Parallel()
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { require.NoError(t, tx.Rollback(ctx)) }()
+			s, err := engine.StartTx(ctx, tx, e, op, "c", "k", tc.in, nil)
+			if tc.fields != nil {
+				refused(t, err, held.ID, tc.fields...)
+				return
+			}
+			require.NoError(t, err)
+			require.False(t, s.Created)
+			require.Equal(t, held.ID, s.Existing.ID)
+			require.Equal(t, engine.StatusSucceeded, s.Existing.Status)
+		})
+		t.Run("StartOnStartTxKey/"+tc.name, func(t *testing.T) {
+			t.Parallel()
+			s, err := engine.Start(ctx, e, op, "c", "k-tx", tc.in, nil)
+			if tc.fields != nil {
+				refused(t, err, heldTx.ID, tc.fields...)
+				return
+			}
+			require.NoError(t, err)
+			require.False(t, s.Created)
+			require.Equal(t, heldTx.ID, s.Existing.ID)
+			require.Equal(t, engine.StatusInProgress, s.Existing.Status)
+		})
+	}
+
+	t.Run("OtherOperationType", func(t *testing.T) {
+		t.Parallel()
+		_, err := engine.Start(ctx, e, other, "c", "k", first, nil)
+		refused(t, err, held.ID, "operation")
+	})
+}
+
+// fsWaitStarted waits for a started operation to finish.
+func fsWaitStarted(t *testing.T, s *engine.Started) *engine.Info {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), fsTimeout)
+	defer cancel()
+	info, err := s.Wait(ctx)
+	require.NoError(t, err)
+	return info
+}
+
+// TestFingerprintOfAnEarlierVersion: an operation stored with a version 2
+// fingerprint (whole SHA-256 hashes in hex) is recognised by a start of the
+// same input after the deploy that shortened the hashes, and one of another
+// input is still refused, naming the field.
+func TestFingerprintOfAnEarlierVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e, op, b := setup(t, setupOpts{})
+	in := transferIn{From: "a", To: "b", Amount: 1}
+	s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
+	require.NoError(t, err)
+	waitDone(t, e, s)
+	// As a version 2 process stored it: {"v": 2, "fields": {name: hex SHA-256}}.
+	_, err = b.pool.Exec(ctx, `UPDATE idemflow_operation
+		SET fingerprint = jsonb_build_object('v', 2, 'fields', (
+			SELECT jsonb_object_agg(f.key, encode(sha256(convert_to(f.value, 'UTF8')), 'hex'))
+			FROM json_each_text(json_build_object('from', '"a"', 'to', '"b"', 'amount', '1')) AS f))
+		WHERE id = $1`, s.ID)
+	require.NoError(t, err)
+
+	again, err := engine.Start(ctx, e, op, "c", "k", in, nil)
+	require.NoError(t, err, "a retry refused after the deploy")
+	require.False(t, again.Created)
+	require.Equal(t, s.ID, again.ID)
+
+	_, err = engine.Start(ctx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: 2}, nil)
+	var reused *engine.KeyReusedError
+	require.ErrorAs(t, err, &reused)
+	require.Equal(t, []string{"amount"}, reused.Fields)
+}
+
+// TestStoredWithoutFingerprint: an operation that an earlier release started
+// with no fingerprint (NULL) is compared by its stored input: the same input is
+// the same start, another is a reused key.
+func TestStoredWithoutFingerprint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := fsPool(t)
+	f := &fsFlow{pool: pool, lookup: true}
+	op := f.op(t, "review_fp")
+	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+	in := fsIn{Account: "acct", Amount: 100}
+	s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
+	require.NoError(t, err)
+	fsWait(t, e, s.ID)
+	_, err = pool.Exec(ctx, `UPDATE idemflow_operation SET fingerprint = NULL WHERE id = $1`, s.ID)
+	require.NoError(t, err)
+
+	again, err := engine.Start(ctx, e, op, "c", "k", in, nil)
+	require.NoError(t, err)
+	require.False(t, again.Created)
+	require.Equal(t, s.ID, again.ID)
+	_, err = engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 101}, nil)
+	var reused *engine.KeyReusedError
+	require.ErrorAs(t, err, &reused)
+	require.Equal(t, []string{"amount"}, reused.Fields)
+}
+
+func TestStartTx(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
-	t.Run("TransientErrorsRetriedInline", func(t *testing.T) {
-		t.Parallel()
-		e, op, b := setup(t, setupOpts{})
-		b.failPayout.Store(2)
-		started, err := engine.Start(ctx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: 3}, nil)
-		require.NoError(t, err)
-		info := waitDone(t, e, started)
-		require.Equal(t, engine.StatusSucceeded, info.Status)
-		got, err := e.Get(ctx, started.ID)
-		require.NoError(t, err)
-		require.Equal(t, 1, got.Runs, "short backoffs are waited out by the run itself")
-		require.Equal(t, 1, got.Steps[0].Attempts)
-		require.Equal(t, 3, got.Steps[1].Attempts)
-		require.Equal(t, books{ledgerRows: 2, payouts: 1, payoutCalls: 1, finals: 1}, readBooks(t, b.pool))
-	})
-
-	t.Run("TransientErrorsRetriedByRiver", func(t *testing.T) {
-		t.Parallel()
-		e, op, b := setup(t, setupOpts{workers: true, inlineRetry: -1})
-		b.failPayout.Store(2)
-		started, err := engine.Start(ctx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: 3}, nil)
-		require.NoError(t, err)
-		info := waitDone(t, e, started)
-		require.Equal(t, engine.StatusSucceeded, info.Status)
-		got, err := e.Get(ctx, started.ID)
-		require.NoError(t, err)
-		require.Equal(t, 3, got.Runs)
-		require.Equal(t, 1, got.Steps[0].Attempts, "the ledger step never runs again")
-		require.Equal(t, 3, got.Steps[1].Attempts)
-		require.Empty(t, got.Steps[1].LastError)
-		require.Equal(t, books{ledgerRows: 2, payouts: 1, payoutCalls: 1, finals: 1}, readBooks(t, b.pool))
-	})
-
-	t.Run("LostResponseCompletedByLookup", func(t *testing.T) {
+	t.Run("CommitsWithCallerAndRunsOnWorker", func(t *testing.T) {
 		t.Parallel()
 		e, op, b := setup(t, setupOpts{workers: true})
-		b.lostPayout.Store(1)
-		started, err := engine.Start(ctx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: 3}, nil)
-		require.NoError(t, err)
+		var started *engine.Started
+		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO test_ledger (account, amount, note) VALUES ('caller', 0, 'caller')`); err != nil {
+				return err
+			}
+			var err error
+			started, err = engine.StartTx(ctx, tx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: 9}, nil)
+			return err
+		}))
+		require.True(t, started.Created)
 		info := waitDone(t, e, started)
 		require.Equal(t, engine.StatusSucceeded, info.Status)
-		require.Equal(t, int32(1), b.calls.Load(), "the lookup finds the payout: no second call")
-		require.Equal(t, int32(1), b.lookups.Load())
+		require.Equal(t, 1, info.Runs, "the job's run is the first")
 		require.Equal(t, books{ledgerRows: 2, payouts: 1, payoutCalls: 1, finals: 1}, readBooks(t, b.pool))
 	})
 
-	t.Run("AttemptsExhaustedFailsAndCompensates", func(t *testing.T) {
+	t.Run("RollbackLeavesNothing", func(t *testing.T) {
 		t.Parallel()
-		e, op, b := setup(t, setupOpts{workers: true, retry: engine.RetryPolicy{MaxAttempts: 3}})
-		b.failPayout.Store(100)
-		started, err := engine.Start(ctx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: 3}, nil)
+		e, op, b := setup(t, setupOpts{workers: true})
+		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
-		info := waitDone(t, e, started)
-		require.Equal(t, engine.StatusFailed, info.Status)
-		require.Equal(t, "attempts_exhausted", info.Error.Code)
-		require.Equal(t, "payout", info.Error.Step)
-		require.Equal(t, int32(3), b.calls.Load())
-		got, err := e.Get(ctx, started.ID)
+		started, err := engine.StartTx(ctx, tx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: 9}, nil)
 		require.NoError(t, err)
-		require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusFailed, engine.StepStatusSkipped},
-			[]engine.StepStatus{got.Steps[0].Status, got.Steps[1].Status, got.Steps[2].Status})
-		require.Equal(t, 3, got.Steps[1].Attempts)
-		require.Contains(t, got.Steps[1].LastCause, "provider unavailable")
-		require.NotContains(t, got.Steps[1].LastError, "provider unavailable", "the client's text names nothing internal")
-		// Before attempts 2 and 3, and after the last, before anything was undone.
-		require.Equal(t, int32(3), b.lookups.Load())
-		require.Equal(t, books{ledgerRows: 2, reversals: 2}, readBooks(t, b.pool))
+		require.NoError(t, tx.Rollback(ctx))
+		_, err = e.Get(ctx, started.ID)
+		require.ErrorIs(t, err, engine.ErrNotFound)
+
+		// The key was never consumed.
+		again, err := engine.Start(ctx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: 9}, nil)
+		require.NoError(t, err)
+		require.True(t, again.Created)
+		waitDone(t, e, again)
 	})
-
-	t.Run("TxStepWritesRollBackWithFailedAttempt", func(t *testing.T) {
-		t.Parallel()
-		pool := setupPool(t)
-		calls := 0
-		op, err := engine.NewOperation("flaky", []engine.Step[int, int]{
-			engine.TxStep("write", func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in int, s *int) error {
-				calls++
-				if _, err := tx.Exec(ctx, `INSERT INTO test_ledger (account, amount) VALUES ('x', $1)`, in); err != nil {
-					return err
-				}
-				*s = 99 // must not survive the failed attempt
-				if calls == 1 {
-					return errors.New("transient")
-				}
-				*s += in
-				return nil
-			}),
-		}, func(in int, s *int) (int, error) { return *s, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond}})
-		require.NoError(t, err)
-		e := idemflowtest.Engine(t, pool, nil, op)
-		started, err := engine.Start(ctx, e, op, "c", "k", 5, nil)
-		require.NoError(t, err)
-		info := waitDone(t, e, started)
-		require.Equal(t, engine.StatusSucceeded, info.Status)
-		out, err := op.Result(info)
-		require.NoError(t, err)
-		require.Equal(t, 104, out)
-		var rows int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM test_ledger`).Scan(&rows))
-		require.Equal(t, 1, rows)
-	})
-}
-
-func TestPermanentFailure(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-
-	t.Run("DeclineCompensatesLedger", func(t *testing.T) {
-		t.Parallel()
-		e, op, b := setup(t, setupOpts{})
-		b.declinePayout.Store(true)
-		started, err := engine.Start(ctx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: 3}, nil)
-		require.NoError(t, err)
-		info := waitDone(t, e, started)
-		require.Equal(t, engine.StatusFailed, info.Status)
-		require.Equal(t, "declined", info.Error.Code)
-		require.Equal(t, int32(1), b.calls.Load(), "a permanent error is not retried")
-		require.Equal(t, books{ledgerRows: 2, reversals: 2}, readBooks(t, b.pool))
-
-		again, err := e.GetByKey(ctx, "c", "k")
-		require.NoError(t, err)
-		require.Equal(t, "declined", again.Error.Code)
-		require.Equal(t, "payout", again.Error.Step)
-	})
-
-	t.Run("FirstStepFailureStoresTheAnswer", func(t *testing.T) {
-		t.Parallel()
-		e, op, b := setup(t, setupOpts{})
-		started, err := engine.Start(ctx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: -1}, nil)
-		require.NoError(t, err)
-		require.True(t, started.Created)
-		info := waitDone(t, e, started)
-		require.Equal(t, engine.StatusFailed, info.Status)
-		require.Equal(t, "invalid_amount", info.Error.Code)
-		require.Equal(t, books{}, readBooks(t, b.pool))
-	})
-
-	t.Run("CompensationsRunInReverseOrder", func(t *testing.T) {
-		t.Parallel()
-		pool := setupPool(t)
-		var mu sync.Mutex
-		var order []string
-		step := func(name string, fail bool) engine.Step[int, int] {
-			return engine.TxStep(name, func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in int, s *int) error {
-				if fail {
-					return engine.Fail("nope", "step "+name+" refuses")
-				}
-				return nil
-			}).Compensate(func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in int, s *int) error {
-				mu.Lock()
-				defer mu.Unlock()
-				order = append(order, name)
-				return nil
-			})
-		}
-		op, err := engine.NewOperation("chain", []engine.Step[int, int]{
-			step("a", false), step("b", false), step("c", false), step("d", true), step("e", false),
-		}, func(in int, s *int) (int, error) { return 0, nil }, nil)
-		require.NoError(t, err)
-		e := idemflowtest.Engine(t, pool, nil, op)
-		started, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
-		require.NoError(t, err)
-		info := waitDone(t, e, started)
-		require.Equal(t, engine.StatusFailed, info.Status)
-		require.Equal(t, []string{"c", "b", "a"}, order)
-		got, err := e.Get(ctx, started.ID)
-		require.NoError(t, err)
-		var statuses []engine.StepStatus
-		for _, s := range got.Steps {
-			statuses = append(statuses, s.Status)
-		}
-		require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusCompensated, engine.StepStatusCompensated, engine.StepStatusFailed, engine.StepStatusSkipped}, statuses)
-	})
-}
-
-func TestDefinition(t *testing.T) {
-	t.Parallel()
-	noop := func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in int, s *int) error { return nil }
-	result := func(in int, s *int) (int, error) { return 0, nil }
-
-	tests := []struct {
-		name  string
-		steps []engine.Step[int, int]
-		opts  *engine.OperationOpts
-		want  string
-	}{
-		{"NoSteps", nil, nil, "has no steps"},
-		{"DuplicateStep", []engine.Step[int, int]{engine.TxStep("a", noop), engine.TxStep("a", noop)}, nil, "duplicate step name"},
-		{"EmptyStepName", []engine.Step[int, int]{engine.TxStep("", noop)}, nil, "has no name"},
-		{"StepNameNotUTF8", []engine.Step[int, int]{engine.TxStep("a\xff", noop)}, nil, "is not UTF-8 without NUL"},
-		{"StepNameWithNUL", []engine.Step[int, int]{engine.TxStep("a\x00b", noop)}, nil, "is not UTF-8 without NUL"},
-		{"NilFunction", []engine.Step[int, int]{engine.TxStep[int, int]("a", nil)}, nil, "has no function"},
-		{"NilExternalFunction", []engine.Step[int, int]{engine.ExternalStep[int, int]("a", nil)}, nil, "has no function"},
-		{"NilStep", []engine.Step[int, int]{nil}, nil, "step 0 is nil"},
-		{"BadFactor", []engine.Step[int, int]{engine.TxStep("a", noop)}, &engine.OperationOpts{Retry: engine.RetryPolicy{Factor: 0.5}}, "factor"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			_, err := engine.NewOperation("op", tt.steps, result, tt.opts)
-			require.ErrorContains(t, err, tt.want)
-		})
-	}
-
-	t.Run("DuplicateOperation", func(t *testing.T) {
-		t.Parallel()
-		a, err := engine.NewOperation("same", []engine.Step[int, int]{engine.TxStep("a", noop)}, result, nil)
-		require.NoError(t, err)
-		b, err := engine.NewOperation("same", []engine.Step[int, int]{engine.TxStep("b", noop)}, result, nil)
-		require.NoError(t, err)
-		_, err = engine.New(nil, &engine.Config{Operations: []engine.Definition{a, b}})
-		require.ErrorIs(t, err, engine.ErrDuplicateOperation)
-	})
-}
-
-func TestBackoff(t *testing.T) {
-	t.Parallel()
-	p := engine.RetryPolicy{Base: 100 * time.Millisecond, Factor: 3, Cap: 2 * time.Second}
-	tests := []struct {
-		attempt int
-		want    time.Duration
-	}{
-		{1, 100 * time.Millisecond},
-		{2, 300 * time.Millisecond},
-		{3, 900 * time.Millisecond},
-		{4, 2 * time.Second},
-		{1000, 2 * time.Second},
-	}
-	for _, tt := range tests {
-		t.Run(fmt.Sprint(tt.attempt), func(t *testing.T) {
-			t.Parallel()
-			require.Equal(t, tt.want, p.Backoff(tt.attempt))
-		})
-	}
-	require.Equal(t, engine.DefaultRetryBase, engine.RetryPolicy{}.Backoff(1))
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -284,4 +285,56 @@ func TestListFilters(t *testing.T) {
 	require.Equal(t, []uuid.UUID{done[0], waiting}, list(&engine.ListOpts{Max: 2, After: page[1]}))
 	require.Empty(t, list(&engine.ListOpts{OlderThan: time.Hour}))
 	require.Empty(t, list(&engine.ListOpts{NeedsAttention: true}), "an operation whose run died waits for a sweeper, not an operator")
+}
+
+func TestVersioning(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setupPool(t)
+	b := &bundle{pool: pool}
+
+	// A process with the old definition starts the operation, to run on a worker...
+	v1 := b.transferOp(t, engine.RetryPolicy{})
+	old, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{v1}})
+	require.NoError(t, err)
+	var started *engine.Started
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		started, err = engine.StartTx(ctx, tx, old, v1, "c", "k", transferIn{From: "a", To: "b", Amount: 1}, nil)
+		return err
+	}))
+
+	// ...and a process whose definition dropped the payout step picks it up.
+	v2, err := engine.NewOperation("transfer", []engine.Step[transferIn, transferState]{
+		engine.TxStep("ledger", ledger),
+		engine.TxStep("finalize", finalize),
+	}, func(in transferIn, s *transferState) (transferOut, error) { return transferOut(*s), nil }, nil)
+	require.NoError(t, err)
+	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{v2}, SweepInterval: 50 * time.Millisecond, Lease: time.Second})
+	require.NoError(t, err)
+	require.NoError(t, e.StartWorkers(ctx))
+	// It never fails or compensates the operation, nor runs any of its steps:
+	// it leaves it in progress, needing attention, for a process that can.
+	var info *engine.Info
+	require.Eventually(t, func() bool {
+		info, err = e.Get(ctx, started.ID)
+		require.NoError(t, err)
+		return info.Attention != nil
+	}, 30*time.Second, 20*time.Millisecond)
+	require.Equal(t, engine.StatusInProgress, info.Status)
+	require.True(t, info.NeedsAttention())
+	require.Equal(t, engine.CodeDefinitionChanged, info.Attention.Code)
+	require.Contains(t, info.Attention.Reason, `missing ["payout"]`)
+	require.Equal(t, books{}, readBooks(t, pool), "nothing ran")
+
+	// A process with the old definition finishes it, once its turn comes.
+	require.NoError(t, e.Stop(ctx))
+	_, err = pool.Exec(ctx, `UPDATE idemflow_operation SET locked_until = now() WHERE id = $1`, started.ID)
+	require.NoError(t, err)
+	back := idemflowtest.Engine(t, pool, nil, b.transferOp(t, engine.RetryPolicy{}))
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	info, err = back.Wait(wctx, started.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, info.Status)
+	require.Nil(t, info.Attention)
 }
