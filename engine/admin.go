@@ -143,7 +143,7 @@ type OperatorRequest struct {
 	ID          int64
 	OperationID uuid.UUID
 	// Action is ActionRetry, ActionCancel or ActionResolve; Actor who asked.
-	Action      string
+	Action      Action
 	Actor       string
 	Reason      string
 	RequestedAt time.Time
@@ -164,7 +164,7 @@ func (a *Admin) Retry(ctx context.Context, id uuid.UUID, opts *RetryOpts) (*Oper
 	if opts != nil {
 		o = *opts
 	}
-	return a.request(ctx, store.OperatorRequest{OperationID: id, Action: ActionRetry, Reason: o.Reason, Force: o.Force})
+	return a.request(ctx, store.OperatorRequest{OperationID: id, Action: string(ActionRetry), Reason: o.Reason, Force: o.Force})
 }
 
 // Resolve asks the live processes to resolve the operation id, as
@@ -174,14 +174,14 @@ func (a *Admin) Resolve(ctx context.Context, id uuid.UUID, res Resolution) (*Ope
 		return nil, fmt.Errorf("engine: resolve %s: %w: a reason is required", id, ErrInvalidResolution)
 	}
 	made := res.Made
-	return a.request(ctx, store.OperatorRequest{OperationID: id, Action: ActionResolve, Reason: res.Reason, Made: &made, Reference: res.Reference})
+	return a.request(ctx, store.OperatorRequest{OperationID: id, Action: string(ActionResolve), Reason: res.Reason, Made: &made, Reference: res.Reference})
 }
 
 // Cancel asks the live processes to cancel the operation id, as Engine.Cancel
 // does (refused past its point of no return), and waits until one has, or ctx
 // ends (ErrPending).
 func (a *Admin) Cancel(ctx context.Context, id uuid.UUID, reason string) (*OperatorRequest, error) {
-	return a.request(ctx, store.OperatorRequest{OperationID: id, Action: ActionCancel, Reason: reason})
+	return a.request(ctx, store.OperatorRequest{OperationID: id, Action: string(ActionCancel), Reason: reason})
 }
 
 // request records an operator's request, by ctx's actor (WithActor), and
@@ -202,7 +202,7 @@ func (a *Admin) request(ctx context.Context, r store.OperatorRequest) (*Operator
 		if err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
 		}
-		req := &OperatorRequest{ID: r.ID, OperationID: r.OperationID, Action: r.Action, Actor: r.Actor, Reason: r.Reason,
+		req := &OperatorRequest{ID: r.ID, OperationID: r.OperationID, Action: Action(r.Action), Actor: r.Actor, Reason: r.Reason,
 			RequestedAt: r.RequestedAt, Done: r.DoneAt, Outcome: r.Outcome, Message: r.Message}
 		if req.Done != nil {
 			return req, nil
@@ -257,7 +257,7 @@ func (e *Engine) serveOperators(ctx context.Context) error {
 		var err error
 		// The request's row is its audit entry: the engine records no other.
 		ctx := context.WithValue(WithActor(ctx, r.Actor), auditedKey{}, true)
-		switch r.Action {
+		switch Action(r.Action) {
 		case ActionRetry:
 			if err = e.Retry(ctx, r.OperationID, &RetryOpts{Force: r.Force, Reason: r.Reason}); err == nil {
 				message = "reopened; it runs again"

@@ -11,11 +11,18 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// The actions of operators, as the audit trail names them.
+// Action is what an operator asks of an operation, as the audit trail, the
+// operators' pages and the idemflow command name it.
+type Action string
+
+// The actions of operators.
 const (
-	ActionRetry   = "retry"
-	ActionCancel  = "cancel"
-	ActionResolve = "resolve"
+	// ActionRetry: another run (Engine.Retry).
+	ActionRetry Action = "retry"
+	// ActionCancel: compensate and fail (Engine.Cancel).
+	ActionCancel Action = "cancel"
+	// ActionResolve: an operator's word on a call's outcome (Engine.Resolve).
+	ActionResolve Action = "resolve"
 )
 
 // AuditEntry is one operator request on an operation: a retry, a
@@ -26,7 +33,7 @@ type AuditEntry struct {
 	// process (Result "pending").
 	At time.Time
 	// Action is ActionRetry, ActionCancel or ActionResolve.
-	Action string
+	Action Action
 	// Actor is who asked (WithActor), Reason why.
 	Actor  string
 	Reason string
@@ -74,7 +81,7 @@ func (e *Engine) audit(ctx context.Context, req store.OperatorRequest, detail st
 			req.Outcome = "refused"
 		}
 	}
-	e.observeOperator(ctx, req.Action, req.Outcome)
+	e.observeOperator(ctx, Action(req.Action), req.Outcome)
 	if ctx.Value(auditedKey{}) != nil {
 		return // an Admin request: its own row is the entry
 	}
@@ -89,7 +96,7 @@ func (e *Engine) audit(ctx context.Context, req store.OperatorRequest, detail st
 
 // observeOperator tells the observer of an operator's request carried out
 // here, containing its panic.
-func (e *Engine) observeOperator(ctx context.Context, action, result string) {
+func (e *Engine) observeOperator(ctx context.Context, action Action, result string) {
 	obs := e.cfg.Observer
 	if obs == nil || obs.OperatorRequested == nil {
 		return
@@ -110,7 +117,7 @@ func (e *Engine) auditOf(ctx context.Context, id uuid.UUID) ([]AuditEntry, error
 	}
 	out := make([]AuditEntry, len(reqs))
 	for i, r := range reqs {
-		a := AuditEntry{At: r.RequestedAt, Action: r.Action, Actor: r.Actor, Reason: r.Reason, Result: "pending", Detail: r.Message}
+		a := AuditEntry{At: r.RequestedAt, Action: Action(r.Action), Actor: r.Actor, Reason: r.Reason, Result: "pending", Detail: r.Message}
 		if r.DoneAt != nil {
 			a.At, a.Result = *r.DoneAt, r.Outcome
 		}

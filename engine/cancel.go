@@ -141,7 +141,7 @@ func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 	if reason == "" {
 		reason = defaultCancelReason
 	}
-	e.audit(ctx, store.OperatorRequest{OperationID: id, Action: ActionCancel, Reason: reason}, detail, err)
+	e.audit(ctx, store.OperatorRequest{OperationID: id, Action: string(ActionCancel), Reason: reason}, detail, err)
 	return info, err
 }
 

@@ -123,18 +123,21 @@ func (i *Info) NeedsAttention() bool {
 	return i.Status == StatusInProgress || i.Attention.Code == CodeReconciliationMismatch
 }
 
-// The values of StepInfo.ResolvedBy.
+// ResolvedBy says what gave an external step its outcome (StepInfo.ResolvedBy).
+type ResolvedBy string
+
+// What gives an external step its outcome.
 const (
 	// ResolvedByCall: the step's own call gave its outcome.
-	ResolvedByCall = "call"
+	ResolvedByCall ResolvedBy = "call"
 	// ResolvedByLookup: the step's lookup, by derived key, found that an
 	// earlier attempt whose answer was lost had gone through.
-	ResolvedByLookup = "lookup"
+	ResolvedByLookup ResolvedBy = "lookup"
 	// ResolvedByEvent: the application delivered the outcome (SettleSucceeded),
 	// from an event such as a provider's webhook.
-	ResolvedByEvent = "event"
+	ResolvedByEvent ResolvedBy = "event"
 	// ResolvedByOperator: an operator said how the call ended.
-	ResolvedByOperator = "operator"
+	ResolvedByOperator ResolvedBy = "operator"
 )
 
 // StepInfo is one step of an operation.
@@ -149,7 +152,7 @@ type StepInfo struct {
 	// ResolvedBy is ResolvedByCall, ResolvedByLookup, ResolvedByEvent or
 	// ResolvedByOperator for an external step that succeeded, empty otherwise
 	// (and for steps checkpointed before it was kept).
-	ResolvedBy string
+	ResolvedBy ResolvedBy
 	StartedAt  *time.Time
 	FinishedAt *time.Time
 	// Pending is true for a waiting step whose call the outside service
@@ -235,7 +238,7 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 			si.Attempts = s.Attempts
 			si.LastError = s.LastError
 			si.LastCause = s.LastCause
-			si.ResolvedBy = s.ResolvedBy
+			si.ResolvedBy = ResolvedBy(s.ResolvedBy)
 			started := s.StartedAt
 			si.StartedAt = &started
 			si.FinishedAt = s.FinishedAt

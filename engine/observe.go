@@ -50,7 +50,7 @@ type Observer struct {
 	// OperatorRequested: this process carried out, or refused, an operator's
 	// request (Retry, Cancel, Resolve): action is ActionRetry, ActionCancel or
 	// ActionResolve, result "done", "refused" or "failed".
-	OperatorRequested func(ctx context.Context, action, result string)
+	OperatorRequested func(ctx context.Context, action Action, result string)
 	// Reconciled: a reconciliation run of a source ended here; counts are
 	// the mismatches of each kind now (as Engine.MismatchCounts), so that a
 	// gauge shows a run's findings at once.
@@ -128,7 +128,7 @@ func Observers(obs ...*Observer) *Observer {
 			}
 			return ctx
 		},
-		OperatorRequested: func(ctx context.Context, action, result string) {
+		OperatorRequested: func(ctx context.Context, action Action, result string) {
 			for _, o := range list {
 				if o.OperatorRequested != nil {
 					o.OperatorRequested(ctx, action, result)

@@ -119,7 +119,7 @@ func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs [
 	}
 	for _, s := range steps { // a row wins over a checkpoint
 		byKey[stepKey{s.OperationID, s.Name}] = s
-		if s.ResolvedBy == ResolvedByOperator {
+		if ResolvedBy(s.ResolvedBy) == ResolvedByOperator {
 			resolvedIDs = append(resolvedIDs, s.OperationID)
 		}
 	}
@@ -177,7 +177,7 @@ func lastOfEach(ms []store.Mismatch) []store.Mismatch {
 // (a step resolved by one) and with its operation's input (the step's
 // reconcile function).
 func (e *Engine) compare(op *store.ReconcileOperation, step string, st store.ReconcileStep, operatorRef string, r *reconcile.Record) (reconcile.Kind, string) {
-	if st.ResolvedBy == ResolvedByOperator && operatorRef != "" && r.Reference != "" && operatorRef != r.Reference {
+	if ResolvedBy(st.ResolvedBy) == ResolvedByOperator && operatorRef != "" && r.Reference != "" && operatorRef != r.Reference {
 		return reconcile.ReferenceDiffers, fmt.Sprintf("an operator resolved the step as made under %q; the record is %q", operatorRef, r.Reference)
 	}
 	def := e.def(op.Name, op.Version)

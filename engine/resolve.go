@@ -49,7 +49,7 @@ func (e *Engine) Resolve(ctx context.Context, id uuid.UUID, res Resolution) (*In
 	if made {
 		detail = "resolved: the call was made"
 	}
-	e.audit(ctx, store.OperatorRequest{OperationID: id, Action: ActionResolve, Reason: res.Reason, Made: &made, Reference: res.Reference}, detail, err)
+	e.audit(ctx, store.OperatorRequest{OperationID: id, Action: string(ActionResolve), Reason: res.Reason, Made: &made, Reference: res.Reference}, detail, err)
 	return info, err
 }
 

@@ -286,7 +286,7 @@ func (r *run) storeResult(ctx context.Context) (*Info, error) {
 // error. A copy of a state of values only is that already, unless
 // encoding/json replaced invalid UTF-8 in one of its strings; a copy, so that
 // the next step shares no pointer with the last, as after a decode.
-func (r *run) succeeded(i int, st *stepDef, attempt int, started time.Time, resolvedBy string) error {
+func (r *run) succeeded(i int, st *stepDef, attempt int, started time.Time, resolvedBy ResolvedBy) error {
 	raw, err := json.Marshal(r.state)
 	if err != nil {
 		return fmt.Errorf("encode state after step %s: %w", st.name, err)
@@ -309,7 +309,7 @@ func (r *run) succeeded(i int, st *stepDef, attempt int, started time.Time, reso
 		Attempts:   attempt,
 		Output:     raw,
 		StartedAt:  started,
-		ResolvedBy: resolvedBy,
+		ResolvedBy: string(resolvedBy),
 		// An attempt before this one failed and was recorded in the step's row.
 		Retried: attempt > 1 || r.rowed[st.name],
 	})

@@ -63,7 +63,7 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 	started := time.Now()
 	ctx = r.startStep(ctx, st, attempt)
 	at := r.attempt(st, attempt)
-	resolvedBy := "call"
+	resolvedBy := ResolvedByCall
 	err := protect(func() error {
 		if err := r.hook(ctx, st, faults.PointBefore, attempt); err != nil {
 			return err
@@ -75,7 +75,7 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 				return err
 			}
 			if found {
-				resolvedBy = "lookup"
+				resolvedBy = ResolvedByLookup
 				return nil
 			}
 		}
@@ -95,7 +95,7 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 
 // externalSucceeded queues the checkpoint of an external step whose call went
 // through, and stores the result when it was the last step.
-func (r *run) externalSucceeded(ctx context.Context, i int, st *stepDef, attempt int, started time.Time, resolvedBy string, last bool) (*Info, error) {
+func (r *run) externalSucceeded(ctx context.Context, i int, st *stepDef, attempt int, started time.Time, resolvedBy ResolvedBy, last bool) (*Info, error) {
 	if err := r.succeeded(i, st, attempt, started, resolvedBy); err != nil {
 		return r.parkUndecodable(ctx, err)
 	}

@@ -53,7 +53,7 @@ func SettleSucceeded[In, S, Out any](ctx context.Context, tx pgx.Tx, e *Engine, 
 		return false, fmt.Errorf("engine: settle %s step %s: encode state: %w", id, step, err)
 	}
 	ok, err := e.store.StepSettle(ctx, tx, store.StepSettleParams{
-		OperationID: id, Name: step, State: store.StepSucceeded, Output: output, ResolvedBy: ResolvedByEvent,
+		OperationID: id, Name: step, State: store.StepSucceeded, Output: output, ResolvedBy: string(ResolvedByEvent),
 	})
 	if err != nil || !ok {
 		return false, wrapSettle(err)

@@ -64,7 +64,7 @@ func NewOperationJSON(info *engine.Info) OperationJSON {
 	for _, st := range info.Steps {
 		sb := StepJSON{
 			Name: st.Name, Status: string(st.Status), Attempts: st.Attempts, DerivedKey: st.DerivedKey,
-			ResolvedBy: st.ResolvedBy, StartedAt: st.StartedAt, FinishedAt: st.FinishedAt,
+			ResolvedBy: string(st.ResolvedBy), StartedAt: st.StartedAt, FinishedAt: st.FinishedAt,
 		}
 		if st.LastError != "" {
 			msg := st.LastError

@@ -62,7 +62,7 @@ func TestOperationHandler(t *testing.T) {
 	require.Equal(t, "settle", op.Steps[1].Name)
 	require.Equal(t, string(engine.StepStatusSucceeded), op.Steps[1].Status)
 	require.Regexp(t, `^idf3_`, op.Steps[1].DerivedKey)
-	require.Equal(t, engine.ResolvedByCall, op.Steps[1].ResolvedBy)
+	require.Equal(t, string(engine.ResolvedByCall), op.Steps[1].ResolvedBy)
 
 	status, _, body = get(declined.header.Get(idempotency.HeaderOperationID), "client-a")
 	require.Equal(t, http.StatusOK, status)

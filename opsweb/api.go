@@ -107,7 +107,7 @@ func operationOf(info *engine.Info) operationBody {
 		body.Mismatches[i] = mismatchOf(&info.Mismatches[i])
 	}
 	for _, a := range info.Audit {
-		body.Audit = append(body.Audit, auditBody{At: a.At, Action: a.Action, Actor: a.Actor, Reason: a.Reason, Result: a.Result, Detail: a.Detail})
+		body.Audit = append(body.Audit, auditBody{At: a.At, Action: string(a.Action), Actor: a.Actor, Reason: a.Reason, Result: a.Result, Detail: a.Detail})
 	}
 	if a := info.Attention; a != nil {
 		body.Attention = &attentionBody{Code: a.Code, Reason: a.Reason}

@@ -141,8 +141,8 @@ func (m *Metrics) Observer() *engine.Observer {
 			m.attempts.WithLabelValues(s.Operation.Name, s.Step, string(s.Outcome)).Inc()
 			m.duration.WithLabelValues(s.Operation.Name, s.Step).Observe(s.Duration.Seconds())
 		},
-		OperatorRequested: func(_ context.Context, action, result string) {
-			m.operators.WithLabelValues(action, result).Inc()
+		OperatorRequested: func(_ context.Context, action engine.Action, result string) {
+			m.operators.WithLabelValues(string(action), result).Inc()
 		},
 		Reconciled: func(_ context.Context, _ string, counts map[reconcile.Kind]int64) {
 			m.setMismatches(counts)
@@ -164,9 +164,9 @@ func (m *Metrics) ObserveRequest(_ context.Context, operation string, outcome id
 func (m *Metrics) Declare(defs ...engine.Definition) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, a := range []string{engine.ActionRetry, engine.ActionCancel, engine.ActionResolve} {
+	for _, a := range []engine.Action{engine.ActionRetry, engine.ActionCancel, engine.ActionResolve} {
 		for _, r := range []string{"done", "refused"} {
-			m.operators.WithLabelValues(a, r)
+			m.operators.WithLabelValues(string(a), r)
 		}
 	}
 	for _, d := range defs {
