@@ -158,12 +158,12 @@ func (e *PermanentError) Error() string {
 
 // ServerFault reports whether the error is a server fault rather than a
 // business answer: what an HTTP layer answers 500 for, with a fixed message.
-// Errors stored by older versions, which had no Fault field, are judged by the
-// engine's codes.
 func (e *PermanentError) ServerFault() bool {
 	if e.Fault {
 		return true
 	}
+	// An error stored without Fault (by a build before it existed) is judged
+	// by the engine's codes.
 	switch e.Code {
 	case CodeAttemptsExhausted, CodeCompensationFailed, CodeResultFailed, CodePermanent,
 		CodeUnreadableError, CodeDefinitionChanged, "step_failed", "":
