@@ -209,7 +209,7 @@ func (r *run) load(ctx context.Context, rec *store.Operation, recorded []store.S
 			r.stateRaw = s.Output
 		}
 		if s.State == store.StepFailed {
-			r.failure = fault("step_failed", s.Name, s.LastCause)
+			r.failure = fault(codeStepFailed, s.Name, s.LastCause)
 		}
 	}
 	if len(rec.Error) > 0 {

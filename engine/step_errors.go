@@ -166,11 +166,15 @@ func (e *PermanentError) ServerFault() bool {
 	// by the engine's codes.
 	switch e.Code {
 	case CodeAttemptsExhausted, CodeCompensationFailed, CodeResultFailed, CodePermanent,
-		CodeUnreadableError, CodeDefinitionChanged, "step_failed", "":
+		CodeUnreadableError, CodeDefinitionChanged, codeStepFailed, "":
 		return true
 	}
 	return false
 }
+
+// codeStepFailed is the code of the failure of a step whose own error was not
+// stored, as a resume rebuilds it from the step's row.
+const codeStepFailed = "step_failed"
 
 // Unwrap returns the error that Permanent wrapped, if any.
 func (e *PermanentError) Unwrap() error { return e.err }
