@@ -49,6 +49,12 @@
 // -history N first fills that database with N finished refunds, as the engine
 // leaves them (operation rows with their checkpoints, orders and refunds), and vacuums and
 // analyzes them, to show what a history in the tables costs each mode.
+//
+// -mode history, which runs on its own, measures refunds beside a history of
+// -history N finished operations that the retention deletes as it goes, against
+// an empty database in alternating phases, and samples the tables' size, dead
+// rows, autovacuum's runs and the deletes' time as it goes (-history-duration,
+// -phase, -sample, -expire-rate, -retention-interval; see modeHistory).
 package main
 
 import (
@@ -107,6 +113,8 @@ type options struct {
 	rounds int
 	// fair holds -mode fairness's options.
 	fair fairOptions
+	// hist holds -mode history's options.
+	hist historyOptions
 }
 
 func main() {
@@ -137,7 +145,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	o := &options{databaseURL: getenv("DATABASE_URL")}
 	fs.IntVar(&o.n, "n", 2000, "operations per mode")
 	fs.IntVar(&o.c, "c", 32, "concurrency: operations in flight at once")
-	mode := fs.String("mode", "all", "engine, metrics, http, replay, baseline or all (a comma-separated list works too), or fairness on its own")
+	mode := fs.String("mode", "all", "engine, metrics, http, replay, baseline or all (a comma-separated list works too), or fairness or history on its own")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per mode per line")
 	fs.IntVar(&o.rounds, "rounds", 1, "run the modes this many times, in turn (the order reversed every other round), and print the median of each mode with the per-round ratios to baseline: on a machine whose speed drifts, modes next to each other in time compare best")
 	fs.IntVar(&o.history, "history", 0, "before the modes, fill the database with this many finished refund operations (with their steps, orders and refunds), then VACUUM ANALYZE")
@@ -149,6 +157,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.StringVar(&o.dataDir, "data-dir", filepath.Join(os.TempDir(), "idemflow-bench-pg"),
 		"data directory of the private PostgreSQL cluster used when DATABASE_URL is unset")
 	o.fair.register(fs)
+	o.hist.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -175,12 +184,12 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		switch {
 		case m == "all":
 			o.modes = slices.Clone(allModes)
-		case slices.Contains(allModes, m), m == modeFairness:
+		case slices.Contains(allModes, m), m == modeFairness, m == modeHistory:
 			if !slices.Contains(o.modes, m) {
 				o.modes = append(o.modes, m)
 			}
 		default:
-			return nil, fmt.Errorf("-mode: %q is not one of engine, metrics, http, replay, baseline, all, fairness", m)
+			return nil, fmt.Errorf("-mode: %q is not one of engine, metrics, http, replay, baseline, all, fairness, history", m)
 		}
 	}
 	if slices.Contains(o.modes, modeFairness) {
@@ -188,6 +197,14 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 			return nil, errors.New("-mode fairness runs on its own")
 		}
 		if err := o.fair.check(); err != nil {
+			return nil, err
+		}
+	}
+	if slices.Contains(o.modes, modeHistory) {
+		if len(o.modes) > 1 {
+			return nil, errors.New("-mode history runs on its own")
+		}
+		if err := o.hist.check(); err != nil {
 			return nil, err
 		}
 	}

@@ -7,7 +7,61 @@ package benchdb
 
 import (
 	"context"
+	"time"
 )
+
+const historyOperationExpiringInsertSeries = `-- name: HistoryOperationExpiringInsertSeries :execrows
+INSERT INTO idemflow_operation (id, name, scope, key, state, steps, input, result, checkpoints,
+                                runs, locked_by, locked_until, created_at, finished_at, expires_at, format)
+SELECT (lpad(to_hex((extract(epoch FROM t.finished_at) * 1000)::bigint), 12, '0') || '7'
+        || substr(replace(gen_random_uuid()::text, '-', ''), 14, 19))::uuid,
+       'refund', $1::text, $2::text || g, 'succeeded',
+       ARRAY['ledger', 'provider', 'finalize'],
+       json_build_object('client', $1::text, 'orderId', $2::text || g, 'amount', $3::bigint),
+       json_build_object('refundId', 're_' || $2::text || g, 'orderId', $2::text || g,
+                         'amount', $3::bigint, 'status', 'succeeded',
+                         'providerRefundId', 'pr_' || $2::text || g),
+       (SELECT jsonb_object_agg(s.name, jsonb_build_object(
+                   'p', s.position, 'a', 1,
+                   's', (extract(epoch FROM t.finished_at) * 1000000)::bigint - 5000, 'd', 5000)
+                || CASE WHEN s.name = 'provider' THEN jsonb_build_object('r', 'call') ELSE '{}'::jsonb END)
+        FROM (VALUES ('ledger', 0), ('provider', 1), ('finalize', 2)) AS s (name, position)),
+       1, NULL, t.finished_at + interval '5 minutes', t.finished_at - interval '5 milliseconds', t.finished_at,
+       $4::timestamptz + make_interval(secs => (g - 1) / $5::float8), 2
+FROM generate_series($6::integer, $7::integer) AS g
+CROSS JOIN LATERAL (SELECT now() - interval '1 hour' + interval '1 microsecond' * g AS finished_at) AS t
+`
+
+type HistoryOperationExpiringInsertSeriesParams struct {
+	Scope       string
+	Prefix      string
+	Amount      int64
+	ExpiresFrom time.Time
+	Rate        float64
+	First       int32
+	Last        int32
+}
+
+// Inserts the finished refund operations first to last of -mode history, as
+// HistoryOperationInsertSeries does (keys and order ids prefix<g>, no orders or
+// refunds beside them), but with the end of their retention spread: operation g
+// expires at expires_from plus (g - 1) / rate seconds, so that a retention run
+// whose clock moves on from expires_from finds rate of them expired per second.
+func (q *Queries) HistoryOperationExpiringInsertSeries(ctx context.Context, db DBTX, arg HistoryOperationExpiringInsertSeriesParams) (int64, error) {
+	result, err := db.Exec(ctx, historyOperationExpiringInsertSeries,
+		arg.Scope,
+		arg.Prefix,
+		arg.Amount,
+		arg.ExpiresFrom,
+		arg.Rate,
+		arg.First,
+		arg.Last,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
 
 const historyOperationInsertSeries = `-- name: HistoryOperationInsertSeries :execrows
 INSERT INTO idemflow_operation (id, name, scope, key, state, steps, input, result, checkpoints,
@@ -93,4 +147,67 @@ func (q *Queries) HistoryRefundInsertSeries(ctx context.Context, db DBTX, arg Hi
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const historyTableStats = `-- name: HistoryTableStats :many
+SELECT t.name::text AS name,
+       pg_total_relation_size(t.name::regclass)::bigint AS total_bytes,
+       pg_relation_size(t.name::regclass)::bigint AS heap_bytes,
+       pg_indexes_size(t.name::regclass)::bigint AS index_bytes,
+       coalesce(pg_stat_get_live_tuples(t.name::regclass::oid), 0)::bigint AS live_rows,
+       coalesce(pg_stat_get_dead_tuples(t.name::regclass::oid), 0)::bigint AS dead_rows,
+       coalesce(pg_stat_get_tuples_deleted(t.name::regclass::oid), 0)::bigint AS deleted_rows,
+       coalesce(pg_stat_get_autovacuum_count(t.name::regclass::oid), 0)::bigint AS autovacuums,
+       coalesce(pg_stat_get_vacuum_count(t.name::regclass::oid), 0)::bigint AS vacuums,
+       coalesce(extract(epoch FROM now() - pg_stat_get_last_autovacuum_time(t.name::regclass::oid)), -1)::float8 AS since_autovacuum_s
+FROM unnest($1::text[]) AS t (name)
+ORDER BY t.name
+`
+
+type HistoryTableStatsRow struct {
+	Name             string
+	TotalBytes       int64
+	HeapBytes        int64
+	IndexBytes       int64
+	LiveRows         int64
+	DeadRows         int64
+	DeletedRows      int64
+	Autovacuums      int64
+	Vacuums          int64
+	SinceAutovacuumS float64
+}
+
+// The size and the dead rows of each table named: the table with its indexes
+// and TOAST, its main fork, its indexes; the live and dead rows and the
+// deletes as the statistics last published them; the vacuums and autovacuums
+// that ended, and the seconds since the last autovacuum ended (-1: none yet).
+func (q *Queries) HistoryTableStats(ctx context.Context, db DBTX, names []string) ([]*HistoryTableStatsRow, error) {
+	rows, err := db.Query(ctx, historyTableStats, names)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*HistoryTableStatsRow
+	for rows.Next() {
+		var i HistoryTableStatsRow
+		if err := rows.Scan(
+			&i.Name,
+			&i.TotalBytes,
+			&i.HeapBytes,
+			&i.IndexBytes,
+			&i.LiveRows,
+			&i.DeadRows,
+			&i.DeletedRows,
+			&i.Autovacuums,
+			&i.Vacuums,
+			&i.SinceAutovacuumS,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
