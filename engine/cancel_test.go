@@ -182,7 +182,7 @@ func TestAdminCancelOutlastsLease(t *testing.T) {
 	f := &fsFlow{pool: pool, lookup: true, retry: engine.RetryPolicy{Base: time.Hour, Cap: time.Hour, MaxAttempts: 5},
 		payFault: func(int) (bool, error) { return false, errors.New("connection refused") },
 		undoFault: func(int) error {
-			time.Sleep(4 * lease)
+			time.Sleep(4 * lease) // a compensation that outlasts the lease: the point of the test
 			return nil
 		},
 	}

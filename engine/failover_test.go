@@ -71,7 +71,7 @@ func TestFailover(t *testing.T) {
 				s, err := engine.Start(ctx, e, op, "client", key, transferIn{From: "a", To: "b", Amount: int64(i + 1)}, nil)
 				if errors.Is(err, engine.ErrUnavailable) || engine.IsUnavailable(err) {
 					unavailable.Add(1)
-					time.Sleep(100 * time.Millisecond)
+					time.Sleep(100 * time.Millisecond) // the client's pause before it retries
 					continue
 				}
 				if err != nil {

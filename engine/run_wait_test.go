@@ -63,6 +63,8 @@ func (p *lateProvider) call(ctx context.Context, at engine.Attempt, _ int, s *la
 		return errTimeout
 	case "late":
 		go func() {
+			// The request lands after the caller gave up on it: the delay is
+			// the behaviour under test, not a wait.
 			time.Sleep(150 * time.Millisecond)
 			p.land(at.Key)
 		}()
