@@ -97,7 +97,7 @@
 //	engine.ExternalStep("pay", pay).Lookup(findPayment).Settle(2 * time.Minute)
 //
 //	// in a webhook handler's transaction:
-//	ok, err := engine.SettleSucceeded(ctx, tx, e, op, engine.StepRef{DerivedKey: event.IdempotencyKey},
+//	ok, err := op.SettleSucceeded(ctx, tx, e, engine.StepRef{DerivedKey: event.IdempotencyKey},
 //		func(in In, s *State) error { s.PaymentID = event.ID; return nil })
 //
 // A call to the outside world is known (done: the step returns nil; refused:
@@ -114,7 +114,7 @@
 // fails and compensates. A pending call waits until its lookup finds it final
 // (found; or Fail: it ended without effect, and the operation compensates
 // with that answer), or the application delivers the outcome with
-// SettleSucceeded or SettleFailed, or an operator does. A lookup answers
+// Operation.SettleSucceeded or SettleFailed, or an operator does. A lookup answers
 // "still processing" with Pending. A step that waits past its window needs
 // attention (CodeOutcomeOverdue) and goes on waiting; one without a lookup
 // whose outcome is unknown is parked.

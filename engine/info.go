@@ -35,7 +35,7 @@ const (
 	// StepStatusWaiting: the step waits for its outcome, with no run busy on
 	// it: its call got no definite answer and it is out of attempts, or the
 	// outside service accepted it and settles it later (StepInfo.Pending).
-	// Its lookup, an event (SettleSucceeded, SettleFailed) or an operator
+	// Its lookup, an event (Operation.SettleSucceeded, Operation.SettleFailed) or an operator
 	// settles it (see the package documentation, "Late and unknown outcomes").
 	StepStatusWaiting StepStatus = "waiting"
 	// StepStatusSucceeded: the step is checkpointed; it never runs again.
@@ -133,7 +133,7 @@ const (
 	// ResolvedByLookup: the step's lookup, by derived key, found that an
 	// earlier attempt whose answer was lost had gone through.
 	ResolvedByLookup ResolvedBy = "lookup"
-	// ResolvedByEvent: the application delivered the outcome (SettleSucceeded),
+	// ResolvedByEvent: the application delivered the outcome (Operation.SettleSucceeded),
 	// from an event such as a provider's webhook.
 	ResolvedByEvent ResolvedBy = "event"
 	// ResolvedByOperator: an operator said how the call ended.

@@ -366,7 +366,7 @@ func TestPendingOutcome(t *testing.T) {
 			for i, want := range []bool{true, false} { // delivered twice: settled once
 				tx, err := pool.Begin(ctx)
 				require.NoError(t, err)
-				ok, err := engine.SettleSucceeded(ctx, tx, e, op, ref, func(_ int, s *lateState) error {
+				ok, err := op.SettleSucceeded(ctx, tx, e, ref, func(_ int, s *lateState) error {
 					s.Ref = "event"
 					return nil
 				})
@@ -398,7 +398,7 @@ func TestPendingOutcome(t *testing.T) {
 		require.Eventually(t, func() bool { return p.held.Load() > 0 }, fsTimeout, 5*time.Millisecond)
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
-		_, err = engine.SettleFailed(ctx, tx, e, op, engine.StepRef{DerivedKey: waiting.Steps[1].DerivedKey},
+		_, err = op.SettleFailed(ctx, tx, e, engine.StepRef{DerivedKey: waiting.Steps[1].DerivedKey},
 			engine.Fail("payment_failed", "failed"), nil)
 		require.ErrorIs(t, err, engine.ErrRunning)
 		require.NoError(t, tx.Rollback(ctx))
@@ -417,7 +417,7 @@ func TestPendingOutcome(t *testing.T) {
 		s, waiting := startWaiting(t, e, op)
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
-		ok, err := engine.SettleFailed(ctx, tx, e, op, engine.StepRef{DerivedKey: waiting.Steps[1].DerivedKey},
+		ok, err := op.SettleFailed(ctx, tx, e, engine.StepRef{DerivedKey: waiting.Steps[1].DerivedKey},
 			engine.Fail("payment_failed", "the provider failed the payment"), nil)
 		require.NoError(t, err)
 		require.True(t, ok)

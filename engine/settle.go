@@ -32,7 +32,7 @@ import (
 // or lookup will tell), or the operation has finished. ErrNotFound when there
 // is no operation ref.OperationID; an error when id is an operation of another type, step
 // is not one of its external steps, or fill fails (nothing is settled then).
-func SettleSucceeded[In, S, Out any](ctx context.Context, tx pgx.Tx, e *Engine, op *Operation[In, S, Out], ref StepRef,
+func (op *Operation[In, S, Out]) SettleSucceeded(ctx context.Context, tx pgx.Tx, e *Engine, ref StepRef,
 	fill func(in In, state *S) error) (bool, error) {
 	rec, st, recorded, err := e.waitingStep(ctx, tx, op.name, ref)
 	if err != nil || st == nil {
@@ -76,7 +76,7 @@ func SettleSucceeded[In, S, Out any](ctx context.Context, tx pgx.Tx, e *Engine, 
 // names the order and amount asked): its error settles nothing and is
 // returned. It runs in tx, as SettleSucceeded does, and returns what it
 // returns.
-func SettleFailed[In, S, Out any](ctx context.Context, tx pgx.Tx, e *Engine, op *Operation[In, S, Out], ref StepRef,
+func (op *Operation[In, S, Out]) SettleFailed(ctx context.Context, tx pgx.Tx, e *Engine, ref StepRef,
 	failure *PermanentError, check func(in In, state *S) error) (bool, error) {
 	if failure == nil {
 		return false, errors.New("engine: settle failed: no failure given")

@@ -87,7 +87,7 @@ func Permanent(err error) error {
 // service accepted the call and settles it later (a pending refund, an ACH
 // payout): the step waits, and the operation with it, with no run holding it,
 // until its lookup finds the outcome final, the application settles it
-// (SettleSucceeded, SettleFailed) or an operator does. A lookup returns it
+// (Operation.SettleSucceeded, Operation.SettleFailed) or an operator does. A lookup returns it
 // when the service has the call but is still processing it. reason is for
 // operators.
 func Pending(reason string) error {

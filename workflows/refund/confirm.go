@@ -121,12 +121,12 @@ func (w *Workflows) settleWaiting(ctx context.Context, tx engine.Tx, in Provider
 	ref := engine.StepRef{DerivedKey: in.Data.IdempotencyKey}
 	told := &ProviderRefund{ID: in.Data.RefundID, OrderID: in.Data.OrderID, Amount: in.Data.Amount}
 	if in.Type == EventRefundFailed {
-		_, err = engine.SettleFailed(ctx, ptx, e, w.Refund, ref, refundFailed(), func(req RefundInput, s *RefundState) error {
+		_, err = w.Refund.SettleFailed(ctx, ptx, e, ref, refundFailed(), func(req RefundInput, s *RefundState) error {
 			return matches(told, req, s)
 		})
 	} else {
 		told.Status = ProviderStatusSucceeded
-		_, err = engine.SettleSucceeded(ctx, ptx, e, w.Refund, ref, func(req RefundInput, s *RefundState) error {
+		_, err = w.Refund.SettleSucceeded(ctx, ptx, e, ref, func(req RefundInput, s *RefundState) error {
 			return recordRefund(told, req, s)
 		})
 	}
