@@ -178,7 +178,7 @@ func TestAdminCancelOutlastsLease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := fsPool(t)
-	const lease = 300 * time.Millisecond
+	const lease = time.Second // renewed every third of it: short, but not so short that a loaded -race run misses a renewal
 	f := &fsFlow{pool: pool, lookup: true, retry: engine.RetryPolicy{Base: time.Hour, Cap: time.Hour, MaxAttempts: 5},
 		payFault: func(int) (bool, error) { return false, errors.New("connection refused") },
 		undoFault: func(int) error {
