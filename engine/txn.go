@@ -260,7 +260,7 @@ func (t *txn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, err
 // QueryRow runs sql in the transaction.
 func (t *txn) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if err := t.usable(); err != nil {
-		return errRow{err}
+		return store.FailedRow(err)
 	}
 	if t.tx != nil {
 		return t.tx.QueryRow(ctx, sql, args...)

@@ -6,6 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemflow/idemflow/store"
 )
 
 // stepResults are the results of the step's part of a batch that began the
@@ -95,7 +97,7 @@ func (a atCommitTx) Query(context.Context, string, ...any) (pgx.Rows, error) {
 }
 
 func (a atCommitTx) QueryRow(context.Context, string, ...any) pgx.Row {
-	return errRow{errAtCommitRead}
+	return store.FailedRow(errAtCommitRead)
 }
 
 func (a atCommitTx) SendBatch(_ context.Context, b *pgx.Batch) pgx.BatchResults {
@@ -105,10 +107,3 @@ func (a atCommitTx) SendBatch(_ context.Context, b *pgx.Batch) pgx.BatchResults 
 func (a atCommitTx) CopyFrom(context.Context, pgx.Identifier, []string, pgx.CopyFromSource) (int64, error) {
 	return 0, errAtCommitRead
 }
-
-// errRow is a row that fails with err.
-type errRow struct {
-	err error
-}
-
-func (r errRow) Scan(...any) error { return r.err }

@@ -80,12 +80,16 @@ func (q Queue) Query(context.Context, string, ...any) (pgx.Rows, error) {
 
 // QueryRow fails: a queued statement has no row yet.
 func (q Queue) QueryRow(context.Context, string, ...any) pgx.Row {
-	return errRow{}
+	return FailedRow(errQueueRead)
 }
 
-type errRow struct{}
+// FailedRow returns a row whose Scan fails with err: what a DBTX that cannot
+// read answers a QueryRow with.
+func FailedRow(err error) pgx.Row { return failedRow{err} }
 
-func (errRow) Scan(...any) error { return errQueueRead }
+type failedRow struct{ err error }
+
+func (r failedRow) Scan(...any) error { return r.err }
 
 // DBTX is what every Store method runs on: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
 type DBTX interface {
