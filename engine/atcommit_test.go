@@ -113,6 +113,7 @@ func TestAtCommitCost(t *testing.T) {
 	// No workers: nothing but the first attempt sends anything.
 	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}})
 	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.Stop(context.WithoutCancel(ctx))) })
 
 	for i := range 3 {
 		counter.reset()

@@ -126,6 +126,7 @@ func TestFirstAttemptCost(t *testing.T) {
 	require.NoError(t, err)
 	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}})
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
 
 	for i := range 3 {
 		counter.reset()

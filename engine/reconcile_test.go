@@ -366,6 +366,7 @@ func TestReconcileBoundedPages(t *testing.T) {
 			return []reconcile.Record{{Key: "k"}}, "same", nil
 		}}}}})
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = stuck.Stop(context.Background()) })
 	_, err = stuck.Reconcile(ctx, "s")
 	require.ErrorContains(t, err, "cursor")
 }
@@ -399,6 +400,7 @@ func TestReconcileOddPages(t *testing.T) {
 			return p.recs, p.next, nil
 		}}}}})
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
 	rep, err := e.Reconcile(ctx, "bank")
 	require.NoError(t, err)
 	require.Equal(t, 3, rep.Pages, "the empty page is not the end")

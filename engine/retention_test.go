@@ -163,6 +163,7 @@ func TestRetentionStoredAtFinish(t *testing.T) {
 	// A process that runs neither type, and keeps what it finishes a minute.
 	other, err := engine.New(pool, &engine.Config{Retention: time.Minute})
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Stop(context.Background()) })
 	n, err := other.DeleteFinished(ctx, ptr(time.Now().Add(30*time.Minute)))
 	require.NoError(t, err)
 	require.Zero(t, n, "deleted by another process's retention")
@@ -170,6 +171,7 @@ func TestRetentionStoredAtFinish(t *testing.T) {
 	// A later deploy of the type with a minute's retention.
 	deployed, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{shortOp(t, time.Minute)}, Retention: time.Minute})
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = deployed.Stop(context.Background()) })
 	n, err = deployed.DeleteFinished(ctx, ptr(time.Now().Add(30*time.Minute)))
 	require.NoError(t, err)
 	require.Zero(t, n, "deleted by a retention shortened after it finished")

@@ -205,6 +205,7 @@ func TestCheck(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			e, err := engine.New(pool, &engine.Config{Operations: tt.defs})
 			require.NoError(t, err)
+			t.Cleanup(func() { _ = e.Stop(context.Background()) })
 			got, err := e.Check(ctx)
 			require.NoError(t, err)
 			require.Equal(t, tt.want, got)
