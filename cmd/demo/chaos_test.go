@@ -22,6 +22,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -140,6 +141,7 @@ type chaosRun struct {
 	proxy   *faultProxy
 	demoURL string
 	opts    chaosOpts
+	bouncer *pgcluster.PgBouncer // with opts.pooler
 	// entry counts what the entry points did (chaos_entry_test.go).
 	entry chaosEntryCounts
 
@@ -267,9 +269,11 @@ func newChaosRun(t *testing.T, seed uint64, opts chaosOpts) *chaosRun {
 	if opts.pooler {
 		// Its cleanup runs after the demos are killed, before the cluster
 		// stops. It tries a restarted server again after a second, not 15.
-		b := pgcluster.StartPgBouncerT(t, r.dbURL, &pgcluster.PgBouncerConfig{PoolSize: opts.poolSize,
-			Settings: map[string]string{"server_login_retry": "1"}})
-		target = b.Port()
+		// PgBouncer's own max_client_conn, 100: the demos' pools fit in it.
+		// Restarted when it exits by itself, as a supervisor would.
+		r.bouncer = pgcluster.StartPgBouncerT(t, r.dbURL, &pgcluster.PgBouncerConfig{PoolSize: opts.poolSize, MaxClientConn: 100,
+			Restart: true, Settings: map[string]string{"server_login_retry": "1"}})
+		target = r.bouncer.Port()
 	}
 	// The proxy's cleanup runs after the demos are killed, before the cluster
 	// stops.
@@ -557,6 +561,19 @@ func (r *chaosRun) restartDatabase() {
 	cluster, err := pgcluster.Ensure(r.ctx, r.pgCfg)
 	require.NoError(t, err)
 	require.Equal(t, r.port, cluster.Port(), "the cluster came back on another port")
+	if r.bouncer != nil {
+		// Up for the demos once PgBouncer logs in again (it waits
+		// server_login_retry after a failed login), as the cluster is for
+		// them without it once Ensure returns.
+		require.Eventually(t, func() bool {
+			conn, err := pgx.Connect(r.ctx, r.bouncer.URL("postgres"))
+			if err != nil {
+				return false
+			}
+			defer func() { _ = conn.Close(context.WithoutCancel(r.ctx)) }()
+			return conn.Ping(r.ctx) == nil
+		}, 30*time.Second, 20*time.Millisecond, "PgBouncer did not reach the restarted cluster")
+	}
 }
 
 // spikeLatency delays every byte between the demos and PostgreSQL, both ways,
@@ -1376,13 +1393,17 @@ func (r *chaosRun) poolerNote() string {
 	if !r.opts.pooler {
 		return ""
 	}
-	return fmt.Sprintf(" -pooler transaction, through PgBouncer with %d server connections", r.opts.poolSize)
+	return fmt.Sprintf(" -pooler transaction, through PgBouncer with %d server connections, which exited by itself and was restarted %d times",
+		r.opts.poolSize, r.bouncer.Restarts())
 }
 
-// stop stops the demos with SIGTERM: they exit 0.
+// stop stops the demos with SIGTERM, all at once: they exit 0.
 func (r *chaosRun) stop() {
 	for _, d := range r.demos {
-		d.stop()
+		require.NoError(r.t, d.cmd.Process.Signal(syscall.SIGTERM))
+	}
+	for _, d := range r.demos {
+		require.Equal(r.t, 0, d.waitExit(), "exit status of demo pid %d after SIGTERM", d.cmd.Process.Pid)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -69,12 +70,16 @@ func open(ctx context.Context, cfg *config, logger *slog.Logger, start bool) (po
 		stop(ctx)
 		return nil, nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
-	if !cfg.pooler {
+	switch {
+	case !cfg.pooler:
 		poolCfg.MaxConns = max(poolCfg.MaxConns, 20)
+	case !strings.Contains(url, "pool_max_conns"):
+		// Through a pooler, client connections count against its
+		// max_client_conn (100 by default: 16 processes of 3 and 2 fit, with
+		// room for cancel requests and closing connections), and
+		// its server connections, shared by every process, bound the work.
+		poolCfg.MaxConns = pooledConns
 	}
-	// Through a pooler, pgx's default (pool_max_conns in the URL, else the
-	// larger of 4 and the CPUs): client connections count against the pooler's
-	// max_client_conn, and its server connections bound the work anyway.
 	engine.BoundPool(poolCfg, &engine.PoolOpts{Lease: cfg.lease, Pooler: cfg.pooler})
 	pool, err = pgxpool.NewWithConfig(ctx, poolCfg)
 	if err == nil {
@@ -97,6 +102,9 @@ func open(ctx context.Context, cfg *config, logger *slog.Logger, start bool) (po
 const (
 	controlConns       = 8
 	pooledControlConns = 2
+	// pooledConns is the main pool's size through a pooler, unless the URL
+	// sets pool_max_conns.
+	pooledConns = 3
 )
 
 // openControlPool opens the engine's own small pool on pool's database, so that

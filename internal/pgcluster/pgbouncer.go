@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -39,15 +40,27 @@ type PgBouncerConfig struct {
 	// Settings are more settings of the [pgbouncer] section, such as
 	// server_login_retry. They override the ones above.
 	Settings map[string]string
+	// Restart starts PgBouncer again, on the same port, when it exits by
+	// itself, as a supervisor would: PgBouncer 1.18 (Debian 12's) exits on
+	// a FATAL when a cancel request's client goes away before the cancel is
+	// sent (pgbouncer issues #801 and #904), and pgx sends one whenever it
+	// gives up on a statement. Restarts counts them.
+	Restart bool
 }
 
 // PgBouncer is a running PgBouncer, started by StartPgBouncer.
 type PgBouncer struct {
-	port   int
-	user   string
-	dir    string
-	cmd    *exec.Cmd
-	exited chan struct{}
+	port    int
+	user    string
+	dir     string
+	restart bool
+	start   func() (*exec.Cmd, error)
+
+	mu       sync.Mutex
+	cmd      *exec.Cmd // the running one
+	stopping bool
+	restarts int
+	exited   chan struct{} // closed when it exited for good
 }
 
 // PgBouncerPath returns the path of the pgbouncer program: on PATH, else in
@@ -140,24 +153,28 @@ func StartPgBouncer(ctx context.Context, cfg *PgBouncerConfig) (*PgBouncer, erro
 		}
 	}
 	logPath := filepath.Join(dir, "pgbouncer.log")
-	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	start := func() (*exec.Cmd, error) {
+		log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("pgcluster: %w", err)
+		}
+		defer func() { _ = log.Close() }() // the child has its own copy
+		cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
+		cmd.Dir = "/"
+		cmd.Stdout, cmd.Stderr = log, log
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: u.cred}
+		setParentDeathSignal(cmd.SysProcAttr)
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("pgcluster: start pgbouncer: %w", err)
+		}
+		return cmd, nil
+	}
+	cmd, err := start()
 	if err != nil {
-		return nil, fmt.Errorf("pgcluster: %w", err)
+		return nil, err
 	}
-	defer func() { _ = log.Close() }() // the child has its own copy
-	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
-	cmd.Dir = "/"
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: u.cred}
-	setParentDeathSignal(cmd.SysProcAttr)
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("pgcluster: start pgbouncer: %w", err)
-	}
-	b := &PgBouncer{port: port, user: user, dir: dir, cmd: cmd, exited: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(b.exited)
-	}()
+	b := &PgBouncer{port: port, user: user, dir: dir, restart: cfg.Restart, start: start, cmd: cmd, exited: make(chan struct{})}
+	go b.supervise()
 	for {
 		c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), time.Second)
 		if err == nil {
@@ -186,21 +203,65 @@ func (b *PgBouncer) Port() int { return b.port }
 // Dir returns its directory, which holds its log, pgbouncer.log.
 func (b *PgBouncer) Dir() string { return b.dir }
 
+// supervise waits for PgBouncer to exit, and starts it again when it exited
+// by itself and PgBouncerConfig.Restart is set.
+func (b *PgBouncer) supervise() {
+	defer close(b.exited)
+	for {
+		b.mu.Lock()
+		cmd := b.cmd
+		b.mu.Unlock()
+		_ = cmd.Wait()
+		b.mu.Lock()
+		if b.stopping || !b.restart {
+			b.mu.Unlock()
+			return
+		}
+		b.restarts++
+		b.mu.Unlock()
+		time.Sleep(100 * time.Millisecond) // its port is free again
+		next, err := b.start()
+		b.mu.Lock()
+		if err != nil || b.stopping {
+			if next != nil {
+				_ = next.Process.Kill()
+				_ = next.Wait()
+			}
+			b.mu.Unlock()
+			return
+		}
+		b.cmd = next
+		b.mu.Unlock()
+	}
+}
+
+// Restarts counts the times it exited by itself and was started again
+// (PgBouncerConfig.Restart).
+func (b *PgBouncer) Restarts() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.restarts
+}
+
 // Stop shuts it down at once (SIGTERM: its clients are disconnected), and
 // kills it when it has not exited 5 seconds later.
 func (b *PgBouncer) Stop() error {
+	b.mu.Lock()
+	b.stopping = true
+	cmd := b.cmd
+	b.mu.Unlock()
 	select {
 	case <-b.exited:
 		return nil
 	default:
 	}
-	_ = b.cmd.Process.Signal(syscall.SIGTERM)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-b.exited:
 		return nil
 	case <-time.After(5 * time.Second):
 	}
-	_ = b.cmd.Process.Kill()
+	_ = cmd.Process.Kill()
 	<-b.exited
 	return errors.New("pgcluster: pgbouncer did not stop on SIGTERM, and was killed")
 }
