@@ -216,6 +216,7 @@ func TestPoolerChild(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, e.StartWorkers(ctx))
 	_, _ = engine.Start(ctx, e, op, crashScope, crashKey, transferIn{From: "a", To: "b", Amount: 42}, nil)
+	time.Sleep(time.Hour) // the first attempt runs on: until SIGKILL
 }
 
 // TestPoolerTakeover: a process that reaches the database through PgBouncer

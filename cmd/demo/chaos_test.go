@@ -269,9 +269,11 @@ func newChaosRun(t *testing.T, seed uint64, opts chaosOpts) *chaosRun {
 	if opts.pooler {
 		// Its cleanup runs after the demos are killed, before the cluster
 		// stops. It tries a restarted server again after a second, not 15.
-		// PgBouncer's own max_client_conn, 100: the demos' pools fit in it.
+		// 16 demos hold 80 client connections; the proxy's resets and stalls
+		// add pgx's cancel requests (a connection each, up to 15 s) and
+		// connections that the proxy has not closed yet: room for them.
 		// Restarted when it exits by itself, as a supervisor would.
-		r.bouncer = pgcluster.StartPgBouncerT(t, r.dbURL, &pgcluster.PgBouncerConfig{PoolSize: opts.poolSize, MaxClientConn: 100,
+		r.bouncer = pgcluster.StartPgBouncerT(t, r.dbURL, &pgcluster.PgBouncerConfig{PoolSize: opts.poolSize, MaxClientConn: 200,
 			Restart: true, Settings: map[string]string{"server_login_retry": "1"}})
 		target = r.bouncer.Port()
 	}

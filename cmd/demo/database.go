@@ -75,8 +75,7 @@ func open(ctx context.Context, cfg *config, logger *slog.Logger, start bool) (po
 		poolCfg.MaxConns = max(poolCfg.MaxConns, 20)
 	case !strings.Contains(url, "pool_max_conns"):
 		// Through a pooler, client connections count against its
-		// max_client_conn (100 by default: 16 processes of 3 and 2 fit, with
-		// room for cancel requests and closing connections), and
+		// max_client_conn (100 by default: 16 processes of 3 and 2 fit), and
 		// its server connections, shared by every process, bound the work.
 		poolCfg.MaxConns = pooledConns
 	}
