@@ -370,13 +370,6 @@ func (ep *endpoint[In, S, Out]) answerExisting(w http.ResponseWriter, info *engi
 	ep.answerFinished(w, info)
 }
 
-// unavailable answers 503 with Retry-After: the request did not run, and the
-// same key may be sent again.
-func (ep *endpoint[In, S, Out]) unavailable(w http.ResponseWriter, code, message string) {
-	w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(ep.cfg.RetryAfter), 10))
-	WriteError(w, http.StatusServiceUnavailable, code, message, nil)
-}
-
 // answerFinished writes the stored answer of a finished operation: the same
 // status and bytes every time.
 func (ep *endpoint[In, S, Out]) answerFinished(w http.ResponseWriter, info *engine.Info) {

@@ -18,12 +18,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/idemflow/idemflow/cmd/bench/internal/benchdb"
 	"github.com/idemflow/idemflow/contrib/idemflowprom"
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idempotency"
 	"github.com/idemflow/idemflow/workflows/refund"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 const (
@@ -49,6 +51,9 @@ type bench struct {
 	quiet *slog.Logger
 	// progress reports what the benchmark does, on stderr.
 	progress io.Writer
+	// pooled connects to the benchmark's database through the PgBouncer of
+	// modePooled; nil when no mode runs through it.
+	pooled *pgxpool.Config
 }
 
 func benchmark(ctx context.Context, opts *options, stdout, stderr io.Writer) error {
@@ -61,6 +66,14 @@ func benchmark(ctx context.Context, opts *options, stdout, stderr io.Writer) err
 	}
 	defer srv.stop(context.WithoutCancel(ctx))
 	b := &bench{opts: opts, srv: srv, quiet: quiet, progress: stderr}
+	if slices.Contains(opts.modes, modePooled) {
+		cfg, stop, err := srv.startPgBouncer(ctx, srv.url)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		b.pooled = cfg
+	}
 	// The runtime samples an allocation per 512 KiB for the heap profile, and
 	// this program links runtime/pprof, so the sampling is on unless turned
 	// off: about 3 µs per refund (stack walks in runtime.mProf_Malloc), charged
@@ -134,6 +147,12 @@ func (b *bench) runMode(ctx context.Context, mode string, round int) (*result, e
 
 	case modeEngine:
 		if e, err = b.newEnv(ctx, true, true); err != nil {
+			return nil, err
+		}
+		op = func(ctx context.Context, i int) error { return engineRefund(ctx, e, prefix, i) }
+
+	case modePooled:
+		if e, err = b.newEnvWith(ctx, envConfig{conns: b.opts.c, withEngine: true, workers: true, pooled: true}); err != nil {
 			return nil, err
 		}
 		op = func(ctx context.Context, i int) error { return engineRefund(ctx, e, prefix, i) }

@@ -39,6 +39,8 @@ type server struct {
 	// dbConfig connects to the benchmark's database.
 	dbConfig *pgxpool.Config
 	dbName   string
+	// url is the server's (DATABASE_URL's, or the private cluster's).
+	url      string
 	settings *benchdb.ServerSettingsRow
 	// postmasterPID is the private cluster's postmaster, whose CPU time and its
 	// children's the figures report; 0 for a server from DATABASE_URL.
@@ -71,6 +73,7 @@ func openServer(ctx context.Context, opts *options, logger *slog.Logger) (*serve
 			}
 		}
 	}
+	s.url = url
 	fail := func(err error) (*server, error) {
 		s.stop(context.WithoutCancel(ctx))
 		return nil, err
@@ -145,7 +148,12 @@ func (s *server) exec(ctx context.Context, sql string) error {
 // pool opens a pool on the benchmark's database of up to maxConns connections,
 // with tracer (which may be nil).
 func (s *server) pool(ctx context.Context, maxConns int, tracer pgx.QueryTracer) (*pgxpool.Pool, error) {
-	cfg := s.dbConfig.Copy()
+	return s.poolOf(ctx, s.dbConfig, maxConns, tracer)
+}
+
+// poolOf opens a pool of up to maxConns connections of config, with tracer.
+func (s *server) poolOf(ctx context.Context, config *pgxpool.Config, maxConns int, tracer pgx.QueryTracer) (*pgxpool.Pool, error) {
+	cfg := config.Copy()
 	cfg.MaxConns = int32(maxConns)
 	cfg.ConnConfig.Tracer = tracer
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -50,6 +50,9 @@ type envConfig struct {
 	conns int
 	// withEngine opens an engine, whose River workers run when workers is set.
 	withEngine, workers bool
+	// pooled connects the pools through modePooled's PgBouncer, and runs the
+	// engine with Config.Pooler.
+	pooled bool
 	// providerLatency delays every call to the provider (0: none).
 	providerLatency time.Duration
 	// engine, when not nil, changes the engine's Config.
@@ -66,10 +69,14 @@ func (b *bench) newEnvWith(ctx context.Context, cfg envConfig) (_ *env, err erro
 	}()
 	// Every operation in flight holds at most one connection of each pool; the
 	// spare ones are River's (its notifier holds one) and the lease renewals'.
-	if e.app, err = b.srv.pool(ctx, cfg.conns+10, e.appCount); err != nil {
+	dbConfig := b.srv.dbConfig
+	if cfg.pooled {
+		dbConfig = b.pooled
+	}
+	if e.app, err = b.srv.poolOf(ctx, dbConfig, cfg.conns+10, e.appCount); err != nil {
 		return e, err
 	}
-	if e.prov, err = b.srv.pool(ctx, cfg.conns+2, e.provCount); err != nil {
+	if e.prov, err = b.srv.poolOf(ctx, dbConfig, cfg.conns+2, e.provCount); err != nil {
 		return e, err
 	}
 	p, err := fakeprovider.New(e.prov, &fakeprovider.Config{Logger: b.quiet})
@@ -86,7 +93,7 @@ func (b *bench) newEnvWith(ctx context.Context, cfg envConfig) (_ *env, err erro
 	if e.wf, err = refund.New(e.provider, nil); err != nil {
 		return e, err
 	}
-	ecfg := &engine.Config{Operations: e.wf.Operations(), Logger: b.quiet}
+	ecfg := &engine.Config{Operations: e.wf.Operations(), Logger: b.quiet, Pooler: cfg.pooled}
 	if cfg.engine != nil {
 		cfg.engine(ecfg)
 	}

@@ -19,6 +19,12 @@
 //     move), the provider call, one batched transaction (the refund marked
 //     succeeded, the answer stored).
 //
+// -mode pooled is engine through a PgBouncer in transaction mode that the
+// benchmark starts in front of its server (Debian's pgbouncer; 20 server
+// connections for the application's and the provider's pools together), with
+// the pools made by engine.BoundPool with PoolOpts.Pooler and the engine with
+// Config.Pooler. -mode engine,pooled runs the two in turn in every round.
+//
 // -mode fairness, which runs on its own, measures the engine's per-scope bound
 // (Config.MaxInFlightPerScope) instead: four light clients and one heavy client
 // at 20 times their rate on a process whose MaxInFlight they exceed, the light
@@ -184,12 +190,12 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		switch {
 		case m == "all":
 			o.modes = slices.Clone(allModes)
-		case slices.Contains(allModes, m), m == modeFairness, m == modeHistory:
+		case slices.Contains(allModes, m), m == modeFairness, m == modeHistory, m == modePooled:
 			if !slices.Contains(o.modes, m) {
 				o.modes = append(o.modes, m)
 			}
 		default:
-			return nil, fmt.Errorf("-mode: %q is not one of engine, metrics, http, replay, baseline, all, fairness, history", m)
+			return nil, fmt.Errorf("-mode: %q is not one of engine, metrics, http, replay, baseline, all, pooled, fairness, history", m)
 		}
 	}
 	if slices.Contains(o.modes, modeFairness) {
