@@ -15,6 +15,25 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
+// newRun makes a run of operation id of def, whose steps, as it was started,
+// are started: what a first attempt and a claim share.
+func (e *Engine) newRun(def *opDef, id, runID uuid.UUID, scope, key string, secret []byte, fp *Fingerprint, started []string) *run {
+	return &run{
+		e:             e,
+		def:           def,
+		id:            id,
+		runID:         runID,
+		scope:         scope,
+		key:           key,
+		secret:        secret,
+		fp:            fp,
+		startedSteps:  started,
+		status:        make(map[string]store.StepState, len(started)),
+		tries:         make(map[string]int, len(started)),
+		compensations: make(map[string]int, len(started)),
+	}
+}
+
 // defKeys returns the registered definitions, in a fixed order.
 func (e *Engine) defKeys() []defKey {
 	keys := make([]defKey, 0, len(e.defs))
@@ -64,29 +83,16 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	def := e.def(name, rec.Version)
-	r := &run{
-		e:             e,
-		def:           def,
-		id:            id,
-		runID:         runID,
-		scope:         rec.Scope,
-		key:           rec.Key,
-		secret:        rec.KeySecret,
-		fp:            decodeFingerprint(rec.Fingerprint),
-		startedSteps:  rec.Steps,
-		status:        make(map[string]store.StepState, len(rec.Steps)),
-		tries:         make(map[string]int, len(rec.Steps)),
-		compensations: make(map[string]int, len(rec.Steps)),
-		rowed:         make(map[string]bool, len(rec.Steps)),
-		waits:         make(map[string]*stepWait),
-		// The first claim of an operation reserved in a caller's transaction
-		// (StartTx) is its first attempt: no run before it can have called
-		// out, so its steps call without asking their lookups first.
-		resumed:   rec.Runs > 1,
-		reserved:  true,
-		runs:      rec.Runs,
-		leaseFrom: leaseFrom,
-	}
+	r := e.newRun(def, id, runID, rec.Scope, rec.Key, rec.KeySecret, decodeFingerprint(rec.Fingerprint), rec.Steps)
+	r.rowed = make(map[string]bool, len(rec.Steps))
+	r.waits = make(map[string]*stepWait)
+	// The first claim of an operation reserved in a caller's transaction
+	// (StartTx) is its first attempt: no run before it can have called out, so
+	// its steps call without asking their lookups first.
+	r.resumed = rec.Runs > 1
+	r.reserved = true
+	r.runs = rec.Runs
+	r.leaseFrom = leaseFrom
 	if cancelReq != nil {
 		r.leftUntil, r.heldUntil = cancelReq.leftUntil, cancelReq.heldUntil
 	}

@@ -110,28 +110,12 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 		e.scopes.leave(scope, perScope)
 		return nil, ErrStopped
 	}
-	r := &run{
-		e:             e,
-		def:           def,
-		id:            uuid.Must(uuid.NewV7()),
-		runID:         e.newRunID(),
-		scope:         scope,
-		key:           key,
-		secret:        newKeySecret(),
-		fp:            p.fp,
-		steps:         def.steps,
-		startedSteps:  def.names,
-		in:            decoded,
-		runs:          1,
-		status:        make(map[string]store.StepState, len(def.steps)),
-		tries:         make(map[string]int, len(def.steps)),
-		compensations: make(map[string]int, len(def.steps)),
-		local: &localRun{
-			reserved: make(chan reservation, 1),
-			done:     make(chan struct{}),
-		},
-		leaseFrom: time.Now(),
-	}
+	r := e.newRun(def, uuid.Must(uuid.NewV7()), e.newRunID(), scope, key, newKeySecret(), p.fp, def.names)
+	r.steps = def.steps
+	r.in = decoded
+	r.runs = 1
+	r.local = &localRun{reserved: make(chan reservation, 1), done: make(chan struct{})}
+	r.leaseFrom = time.Now()
 	r.insert = p.insert(r.id, r.secret, e.cfg.Lease)
 	r.insert.LockedBy = &r.runID
 	state, err := def.decodeState(nil)
