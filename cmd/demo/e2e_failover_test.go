@@ -36,6 +36,9 @@ func TestFailover(t *testing.T) {
 	half := make(chan struct{})
 	var done sync.Once
 	finished := 0
+	// killed is when the primary was killed; firstAfter, the first success of
+	// a request sent after that, which only the new primary can give.
+	var killed, firstAfter time.Time
 	for i := range refunds {
 		wg.Add(1)
 		go func() {
@@ -44,7 +47,15 @@ func TestFailover(t *testing.T) {
 			body := map[string]any{"orderId": "F-1", "amount": 100}
 			deadline := time.Now().Add(2 * time.Minute)
 			for time.Now().Before(deadline) {
+				sent := time.Now()
 				r, err := c.send(http.MethodPost, "/refunds", key, body)
+				if err == nil && r.status == http.StatusCreated {
+					mu.Lock()
+					if !killed.IsZero() && sent.After(killed) && firstAfter.IsZero() {
+						firstAfter = time.Now()
+					}
+					mu.Unlock()
+				}
 				switch {
 				case err != nil, r.status == http.StatusServiceUnavailable, r.status == http.StatusAccepted, r.status == http.StatusConflict:
 					if r != nil && r.status == http.StatusServiceUnavailable {
@@ -70,10 +81,16 @@ func TestFailover(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("the refunds did not start")
 	}
+	mu.Lock()
+	killed = time.Now()
+	mu.Unlock()
 	require.NoError(t, primary.Kill(ctx))
 	require.NoError(t, standby.Promote(ctx))
 	wg.Wait()
 	t.Logf("answers 503 meanwhile: %d", unavailable)
+	if !firstAfter.IsZero() {
+		t.Logf("from the kill to the first success of a request sent after it: %s", firstAfter.Sub(killed).Round(time.Millisecond))
+	}
 
 	for i, s := range statuses {
 		require.Equal(t, http.StatusCreated, s, "refund %d", i)
