@@ -41,22 +41,10 @@ func TestClassify(t *testing.T) {
 // and counts what it should. It asserts counts, never speed.
 func TestRun(t *testing.T) {
 	t.Parallel()
-	adminURL := testdb.AdminURL(t)
-	getenv := func(key string) string {
-		if key == "DATABASE_URL" {
-			return adminURL
-		}
-		return ""
-	}
-	var stdout, stderr bytes.Buffer
-	code := run([]string{"-n", "20", "-c", "4", "-warmup", "4", "-history", "50", "-json"}, getenv, &stdout, &stderr)
-	require.Equal(t, 0, code, "stderr: %s", stderr.String())
-
 	results := map[string]result{}
-	sc := bufio.NewScanner(&stdout)
-	for sc.Scan() {
+	for _, line := range runJSON(t, "-n", "20", "-c", "4", "-warmup", "4", "-history", "50") {
 		var r result
-		require.NoError(t, json.Unmarshal(sc.Bytes(), &r), sc.Text())
+		require.NoError(t, json.Unmarshal(line, &r), string(line))
 		results[r.Mode] = r
 	}
 	require.Len(t, results, len(allModes))
@@ -106,4 +94,27 @@ func TestRun(t *testing.T) {
 	require.InDelta(t, 1.0, results[modeHTTP].Statements["OperationReserve"], 1e-9)
 	require.Zero(t, results[modeHTTP].Statements["OperationGetByKey"])
 	require.Equal(t, map[string]float64{"OperationReserve": 1, "OperationGetByKey": 1}, results[modeReplay].Statements)
+}
+
+// runJSON runs the benchmark with args and -json against the test cluster,
+// requires that it succeeds, and returns the lines it printed.
+func runJSON(t *testing.T, args ...string) [][]byte {
+	t.Helper()
+	adminURL := testdb.AdminURL(t)
+	getenv := func(key string) string {
+		if key == "DATABASE_URL" {
+			return adminURL
+		}
+		return ""
+	}
+	var stdout, stderr bytes.Buffer
+	code := run(append(args, "-json"), getenv, &stdout, &stderr)
+	require.Equal(t, 0, code, "stderr: %s", stderr.String())
+	var lines [][]byte
+	sc := bufio.NewScanner(&stdout)
+	for sc.Scan() {
+		lines = append(lines, bytes.Clone(sc.Bytes()))
+	}
+	require.NoError(t, sc.Err())
+	return lines
 }

@@ -1,15 +1,11 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
 	"io"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/idemflow/idemflow/internal/testdb"
 )
 
 func TestFairnessOptions(t *testing.T) {
@@ -61,22 +57,10 @@ func TestFairCompare(t *testing.T) {
 // program works and counts what it should. It asserts counts, never speed.
 func TestFairness(t *testing.T) {
 	t.Parallel()
-	adminURL := testdb.AdminURL(t)
-	getenv := func(key string) string {
-		if key == "DATABASE_URL" {
-			return adminURL
-		}
-		return ""
-	}
-	var stdout, stderr bytes.Buffer
-	code := run([]string{"-mode", "fairness", "-duration", "500ms", "-rate", "10", "-max-in-flight", "5", "-json"}, getenv, &stdout, &stderr)
-	require.Equal(t, 0, code, "stderr: %s", stderr.String())
-
 	results := map[string]fairResult{}
-	sc := bufio.NewScanner(&stdout)
-	for sc.Scan() {
+	for _, line := range runJSON(t, "-mode", "fairness", "-duration", "500ms", "-rate", "10", "-max-in-flight", "5") {
 		var r fairResult
-		require.NoError(t, json.Unmarshal(sc.Bytes(), &r), sc.Text())
+		require.NoError(t, json.Unmarshal(line, &r), string(line))
 		results[r.Scenario] = r
 	}
 	require.Len(t, results, 3)

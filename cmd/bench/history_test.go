@@ -1,14 +1,10 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/idemflow/idemflow/internal/testdb"
 )
 
 // TestHistoryMode runs -mode history briefly against the test cluster: the
@@ -17,33 +13,20 @@ import (
 // speed.
 func TestHistoryMode(t *testing.T) {
 	t.Parallel()
-	adminURL := testdb.AdminURL(t)
-	getenv := func(key string) string {
-		if key == "DATABASE_URL" {
-			return adminURL
-		}
-		return ""
-	}
-	var stdout, stderr bytes.Buffer
-	code := run([]string{"-mode", "history", "-history", "300", "-c", "4", "-warmup", "4", "-json",
-		"-history-duration", "4s", "-phase", "2s", "-sample", "1s", "-expire-rate", "1000", "-retention-interval", "200ms"},
-		getenv, &stdout, &stderr)
-	require.Equal(t, 0, code, "stderr: %s", stderr.String())
-
 	sums := map[string]historySummary{}
 	samples := 0
-	sc := bufio.NewScanner(&stdout)
-	for sc.Scan() {
+	for _, line := range runJSON(t, "-mode", "history", "-history", "300", "-c", "4", "-warmup", "4",
+		"-history-duration", "4s", "-phase", "2s", "-sample", "1s", "-expire-rate", "1000", "-retention-interval", "200ms") {
 		var s historySummary
-		require.NoError(t, json.Unmarshal(sc.Bytes(), &s), sc.Text())
+		require.NoError(t, json.Unmarshal(line, &s), string(line))
 		if s.Summary {
 			sums[s.Database] = s
 			continue
 		}
-		var line historySample
-		require.NoError(t, json.Unmarshal(sc.Bytes(), &line), sc.Text())
-		require.Len(t, line.Tables, len(historyTablesStats))
-		require.Zero(t, line.ErrorsWindow)
+		var sample historySample
+		require.NoError(t, json.Unmarshal(line, &sample), string(line))
+		require.Len(t, sample.Tables, len(historyTablesStats))
+		require.Zero(t, sample.ErrorsWindow)
 		samples++
 	}
 	require.GreaterOrEqual(t, samples, 3)
