@@ -17,7 +17,6 @@ import (
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/faults"
-	"github.com/idemflow/idemflow/internal/testdb"
 )
 
 const (
@@ -39,12 +38,7 @@ func TestCrash(t *testing.T) {
 			t.Run(at, func(t *testing.T) {
 				t.Parallel()
 				ctx := context.Background()
-				url := testdb.URL(t)
-				pool, err := pgxpool.New(ctx, url)
-				require.NoError(t, err)
-				t.Cleanup(pool.Close)
-				_, err = pool.Exec(ctx, scratchSchema)
-				require.NoError(t, err)
+				url, pool := scratchDB(t)
 
 				killChildAt(t, url, at)
 

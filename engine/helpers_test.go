@@ -186,6 +186,20 @@ func waitDone(t testing.TB, e *engine.Engine, s *engine.Started) *engine.Info {
 	return info
 }
 
+// scratchDB returns the URL of a database of its own with the scratch tables,
+// for a child process, and a pool on it, closed at cleanup.
+func scratchDB(t testing.TB) (string, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = pool.Exec(ctx, scratchSchema)
+	require.NoError(t, err)
+	return url, pool
+}
+
 // setupPool returns a database of its own with the scratch tables.
 func setupPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()

@@ -105,12 +105,7 @@ func takeoverEngine(t *testing.T, pool *pgxpool.Pool, b *bundle, lease time.Dura
 func TestTakeover(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testdb.URL(t)
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = pool.Exec(ctx, scratchSchema)
-	require.NoError(t, err)
+	url, pool := scratchDB(t)
 	const lease = time.Minute
 	b := &bundle{pool: pool}
 	e, op := takeoverEngine(t, pool, b, lease)
@@ -139,12 +134,7 @@ func TestTakeover(t *testing.T) {
 func TestTakeoverNotOfTheLiving(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testdb.URL(t)
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = pool.Exec(ctx, scratchSchema)
-	require.NoError(t, err)
+	url, pool := scratchDB(t)
 	const lease = 3 * time.Second
 	b := &bundle{pool: pool}
 	e, _ := takeoverEngine(t, pool, b, lease)
