@@ -571,6 +571,40 @@ func TestNoWaitAndOverload(t *testing.T) {
 	require.Equal(t, 1, h.effects(t, "evt_held"))
 }
 
+// TestScopeBusy: a provider over its share (engine.Config.MaxInFlightPerScope)
+// is answered 429 too_many_requests with Retry-After, reserving nothing, not
+// 500; the event is carried out when delivered again later.
+func TestScopeBusy(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	op := heldOp(t, gate)
+	pool := effectsPool(t)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Logger: quiet, MaxInFlightPerScope: 1}, op)
+	t.Cleanup(release) // before the engine stops
+	h := &harness{pool: pool, e: e}
+	cfg := config()
+	cfg.RetryAfter = 2500 * time.Millisecond
+	srv := server(t, e, op, cfg)
+
+	held := event("evt_held", 1)
+	requireReceived(t, deliver(t, srv, held, webhook.Sign(secretOld, clock, held)), false)
+	other := event("evt_other", 2)
+	a := deliver(t, srv, other, webhook.Sign(secretOld, clock, other))
+	require.Equal(t, http.StatusTooManyRequests, a.status, a.raw)
+	require.Equal(t, "too_many_requests", a.code())
+	require.Equal(t, "3", a.header.Get("Retry-After"))
+	h.requireNothingRecorded(t, "evt_other")
+
+	release()
+	require.Equal(t, engine.StatusSucceeded, waitFor(t, e, "evt_held").Status)
+	require.Eventually(t, func() bool {
+		return deliver(t, srv, other, webhook.Sign(secretOld, clock, other)).status == http.StatusOK
+	}, 10*time.Second, 5*time.Millisecond)
+	require.Equal(t, 1, h.effects(t, "evt_other"))
+}
+
 // TestWait: with Config.Wait, the first delivery is answered once the
 // operation has finished.
 func TestWait(t *testing.T) {
