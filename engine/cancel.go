@@ -62,21 +62,34 @@ func (r *run) mayCancel(ctx context.Context) error {
 			return fmt.Errorf("engine: cancel %s: %w: step %s may have called out, and has no lookup to tell", r.id, ErrPastPivot, name)
 		}
 		attempt := r.tries[name] + 1
+		box, err := r.readInbox(ctx, st)
+		if err != nil {
+			return err
+		}
+		if o := box.succeeded; o != nil {
+			return fmt.Errorf("engine: cancel %s: %w: the outside service reported step %s's call succeeded (event %s)", r.id, ErrPastPivot, name, o.EventID)
+		}
 		found, err := r.lookup(ctx, st, r.attempt(st, attempt))
 		switch answer, _, _ := readLookup(found, err); answer {
 		case answerPending:
 			return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name, Pending: true,
 				Reason: "the outside service is still processing the call"})
 		case answerFailed:
+			r.refuseNotMade(st, false)
 			return nil // the call ended without effect
 		case answerHalted, answerNone:
 			return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name,
 				Reason: "its lookup cannot answer: " + err.Error()})
 		case answerNothing:
-			if end := r.settleEnd(st); time.Now().Before(end) {
+			end, left, err := r.settleLeft(ctx, st)
+			if err != nil {
+				return err
+			}
+			if left > 0 {
 				return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name, KnownAt: end,
 					Reason: "its last request may still land at the outside service"})
 			}
+			r.refuseNotMade(st, true)
 			return nil
 		}
 		if st.pivot() {

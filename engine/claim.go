@@ -70,7 +70,7 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 	leaseFrom := time.Now()
 	// Only an operation of a version this process runs is claimed: one of
 	// another is left exactly as it is.
-	rec, err := e.store.OperationClaim(ctx, e.pool, id, runID, e.cfg.Lease, cancelReq != nil, versions)
+	rec, err := e.store.OperationClaim(ctx, e.pool, id, runID, e.cfg.Lease, cancelReq != nil, versions, e.settleWindows[name])
 	if errors.Is(err, store.ErrNotFound) {
 		if other, err := e.store.OperationGet(ctx, e.pool, id); err == nil && other.State == store.OperationInProgress &&
 			!slices.Contains(versions, int32(other.Version)) {
@@ -201,9 +201,12 @@ func (r *run) load(ctx context.Context, rec *store.Operation, recorded []store.S
 			r.failingSince[s.Name] = s.StartedAt
 		}
 		if s.SentAt != nil || s.State == store.StepWaiting {
-			w := &stepWait{pending: s.Pending, cause: s.LastCause}
+			w := &stepWait{pending: s.Pending, cause: s.LastCause, reference: s.Reference}
 			if s.SentAt != nil {
 				w.sentAt = *s.SentAt
+			}
+			if s.SettleBy != nil {
+				w.settleBy = *s.SettleBy
 			}
 			if s.WaitingSince != nil {
 				w.since = *s.WaitingSince

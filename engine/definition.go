@@ -49,6 +49,23 @@ type opDef struct {
 	copyState      func(state any) any
 	decodeInput    func(raw []byte) (any, error)
 	result         func(in, state any) ([]byte, error)
+	// window is the longest settle window of its external steps (nil: none).
+	window *time.Duration
+}
+
+// settleWindow is the longest settle window of the definition's external
+// steps, nil when none calls out.
+func (d *opDef) settleWindow() *time.Duration { return d.window }
+
+func (d *opDef) longestSettle() *time.Duration {
+	var w *time.Duration
+	for _, st := range d.steps {
+		if st.kind == StepKindExternal && (w == nil || st.settle > *w) {
+			settle := st.settle
+			w = &settle
+		}
+	}
+	return w
 }
 
 // cannotUndo reports whether the step named name commits its operation to going
@@ -163,5 +180,6 @@ func (op *Operation[In, S, Out]) erase() *opDef {
 		d.names = append(d.names, s.name)
 		d.index[s.name] = i
 	}
+	d.window = d.longestSettle()
 	return d
 }

@@ -96,9 +96,9 @@
 //
 //	engine.ExternalStep("pay", pay).Lookup(findPayment).Settle(2 * time.Minute)
 //
-//	// in a webhook handler's transaction:
-//	ok, err := op.SettleSucceeded(ctx, tx, e, engine.StepRef{DerivedKey: event.IdempotencyKey},
-//		func(in In, s *State) error { s.PaymentID = event.ID; return nil })
+//	// in a webhook handler's transaction, whenever the event arrives:
+//	added, err := e.RecordOutcome(ctx, tx, engine.Outcome{EventID: event.ID, Record: reconcile.Record{
+//		Key: event.IdempotencyKey, Reference: event.PaymentID, Amount: event.Amount, Status: reconcile.Succeeded}})
 //
 // A call to the outside world is known (done: the step returns nil; refused:
 // Fail), unknown (a timeout, a lost connection, a 5xx, a crash mid-call: the
@@ -106,18 +106,41 @@
 // DefaultSettle unless Settle says otherwise) or pending (the service accepted
 // it and tells later: the step returns Pending). Silence is never "not made".
 //
+// The window is fixed when the request is sent: the step's settle_by, the
+// database's clock then plus the step's window, is stored with it (and shown
+// as StepInfo.SettleBy), and every decision that a call was not made (its
+// lookup finding nothing, Cancel, Resolve, in any process) compares it with
+// the database's clock, never with the deciding process's settings or clock.
+//
 // An external step out of attempts with its outcome unknown (or failed with a
 // server fault) sends nothing more and waits (StepStatusWaiting), with no run,
 // lease or busy River job on it, while its lookup is asked at the step's
-// backoff (at most ten times its Base) and once more just after the window. Found: the operation goes forward. Nothing found once the window has
-// passed since the last request: the call was not made, and the operation
-// fails and compensates. A pending call waits until its lookup finds it final
-// (found; or Fail: it ended without effect, and the operation compensates
-// with that answer), or the application delivers the outcome with
-// Operation.SettleSucceeded or SettleFailed, or an operator does. A lookup answers
+// backoff (at most ten times its Base) and once more just after the window.
+// Found: the operation goes forward. Nothing found once the window has
+// passed: the call was not made, and the operation fails and compensates. A
+// pending call (Pending, or PendingAs with the service's reference) waits
+// until its lookup finds it final (found; or Fail: it ended without effect,
+// and the operation compensates with that answer), or the outside service's
+// word arrives by another door, or an operator decides. A lookup answers
 // "still processing" with Pending. A step that waits past its window needs
 // attention (CodeOutcomeOverdue) and goes on waiting; one without a lookup
 // whose outcome is unknown is parked.
+//
+// # The provider's word, whenever it arrives
+//
+// Engine.RecordOutcome keeps what an outside service says of a call (a
+// webhook's event), by the derived key it names, in the engine's inbox: in
+// the caller's transaction, once per event id, whatever the step's state then
+// (not begun, calling, waiting, finished). A waiting step reads the inbox
+// before its lookup. A success for what was asked (the step's reconcile
+// function) goes forward (ResolvedByEvent), even while the lookup finds
+// nothing, and while the inbox holds one no "not made" is concluded, by any
+// path: the transaction that would record it checks the inbox once more,
+// serialised with its writers. A failure counts only when the lookup, asked
+// then, does not contradict it: pending or found there, the step waits on; a
+// lookup that cannot answer, the failure is weighed again at the next one. An
+// outcome that names another reference than the one the service gave for the
+// pending call is not the step's.
 //
 // # Operators
 //

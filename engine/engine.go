@@ -34,6 +34,9 @@ type Engine struct {
 	// versions of each name, ascending.
 	defs     map[defKey]*opDef
 	versions map[string][]int32
+	// settleWindows is the longest settle window of the external steps of
+	// each name's versions here: what a claim stores (nil: none calls out).
+	settleWindows map[string]*time.Duration
 	// processID names this process's engine in idemflow_process.
 	processID uuid.UUID
 	// waiting holds the ids of the operations this process has logged that it
@@ -110,6 +113,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		defs:      make(map[defKey]*opDef, len(c.Operations)),
 		versions:  make(map[string][]int32),
 		waiters:   make(map[uuid.UUID][]chan *Info),
+
+		settleWindows: make(map[string]*time.Duration),
 	}
 	for _, op := range c.Operations {
 		d := op.definition()
@@ -125,6 +130,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		e.defs[d.key()] = d
 		e.versions[d.name] = append(e.versions[d.name], int32(d.version))
 		slices.Sort(e.versions[d.name])
+		if w := d.settleWindow(); w != nil && (e.settleWindows[d.name] == nil || *w > *e.settleWindows[d.name]) {
+			e.settleWindows[d.name] = w
+		}
 	}
 	if err := validateReconcile(&e.cfg.Reconcile, e.shortestRetention()); err != nil {
 		return nil, fmt.Errorf("engine: invalid config: %w", err)

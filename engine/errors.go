@@ -67,6 +67,9 @@ var (
 	// ErrOutcomeUnknown is matched by the *OutcomeUnknownError of a Cancel that
 	// would have to guess whether a call went through.
 	ErrOutcomeUnknown = errors.New("the outcome of a call is not known yet")
+	// ErrEventReused is returned by RecordOutcome, changing nothing, when the
+	// inbox holds another outcome under the same key and event id.
+	ErrEventReused = errors.New("event id reused with another outcome")
 	// ErrFinal is returned by Retry, changing nothing, for an operation whose
 	// answer is final: it ended with a business answer (Fail) or an operator's
 	// cancel, or, without RetryOpts.Force, with a server fault.

@@ -35,7 +35,7 @@ const (
 	// StepStatusWaiting: the step waits for its outcome, with no run busy on
 	// it: its call got no definite answer and it is out of attempts, or the
 	// outside service accepted it and settles it later (StepInfo.Pending).
-	// Its lookup, an event (Operation.SettleSucceeded, Operation.SettleFailed) or an operator
+	// Its lookup, an event (Engine.RecordOutcome) or an operator
 	// settles it (see the package documentation, "Late and unknown outcomes").
 	StepStatusWaiting StepStatus = "waiting"
 	// StepStatusSucceeded: the step is checkpointed; it never runs again.
@@ -133,7 +133,7 @@ const (
 	// ResolvedByLookup: the step's lookup, by derived key, found that an
 	// earlier attempt whose answer was lost had gone through.
 	ResolvedByLookup ResolvedBy = "lookup"
-	// ResolvedByEvent: the application delivered the outcome (Operation.SettleSucceeded),
+	// ResolvedByEvent: the outside service's word, by another door than the lookup (Engine.RecordOutcome),
 	// from an event such as a provider's webhook.
 	ResolvedByEvent ResolvedBy = "event"
 	// ResolvedByOperator: an operator said how the call ended.
@@ -162,6 +162,14 @@ type StepInfo struct {
 	Pending      bool
 	WaitingSince *time.Time
 	SentAt       *time.Time
+	// SettleBy is when a request of an external step that got no definite
+	// answer can no longer land, by the database's clock: fixed when the
+	// request was sent, with the step's window then. Nil for a step that sent
+	// no request that failed.
+	SettleBy *time.Time
+	// Reference is the outside service's reference of a call it accepted as
+	// pending (PendingAs); empty when none was told.
+	Reference string
 	// LastError is the last failure's message for the client: it names nothing
 	// internal (no SQL, URL or Go error text). LastCause is the same failure for
 	// operators.
@@ -243,6 +251,8 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 			si.StartedAt = &started
 			si.FinishedAt = s.FinishedAt
 			si.SentAt = s.SentAt
+			si.SettleBy = s.SettleBy
+			si.Reference = s.Reference
 			switch s.State {
 			case store.StepWaiting:
 				si.Status = StepStatusWaiting

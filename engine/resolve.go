@@ -48,6 +48,9 @@ func (e *Engine) Resolve(ctx context.Context, id uuid.UUID, res Resolution) (*In
 	detail := "resolved: the call was not made"
 	if made {
 		detail = "resolved: the call was made"
+		if res.Reference != "" {
+			detail += " under reference " + res.Reference
+		}
 	}
 	e.audit(ctx, store.OperatorRequest{OperationID: id, Action: string(ActionResolve), Reason: res.Reason, Made: &made, Reference: res.Reference}, detail, err)
 	return info, err
@@ -106,9 +109,16 @@ func (r *run) resolveStep(ctx context.Context, parked bool, res *Resolution) (*s
 		return nil, refuse("its first unfinished step, %s, does not call out", st.name)
 	case !parked && r.status[st.name] != store.StepWaiting:
 		return nil, refuse("step %s is not waiting for its outcome, and the operation is not parked", st.name)
-	case !parked && time.Now().Before(r.settleEnd(st)):
-		return nil, refuse("step %s's settle window runs until %s: its lookup decides until then",
-			st.name, r.settleEnd(st).UTC().Format(time.RFC3339))
+	}
+	if !parked {
+		end, left, err := r.settleLeft(ctx, st)
+		if err != nil {
+			return nil, err
+		}
+		if left > 0 {
+			return nil, refuse("step %s's settle window runs until %s: its lookup decides until then",
+				st.name, end.UTC().Format(time.RFC3339))
+		}
 	}
 	if res.Made && st.resolve != nil && res.Reference == "" {
 		return nil, fmt.Errorf("engine: resolve %s: %w: step %s needs the reference of what the call made", r.id, ErrInvalidResolution, st.name)
@@ -117,6 +127,13 @@ func (r *run) resolveStep(ctx context.Context, parked bool, res *Resolution) (*s
 		return fmt.Errorf("engine: resolve %s: %w: "+format, append([]any{r.id, ErrResolutionContradicts}, args...)...)
 	}
 	attempt := max(r.tries[st.name], 1)
+	box, err := r.readInbox(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	if o := box.succeeded; o != nil && (!res.Made || st.resolve != nil && o.Reference != "" && o.Reference != res.Reference) {
+		return nil, contradicts("the outside service reported step %s's call succeeded under reference %s (event %s)", st.name, o.Reference, o.EventID)
+	}
 	// The operator's state: the step's as it was, with the reference recorded.
 	mine, err := r.def.decodeState(r.stateRaw)
 	if err != nil {
@@ -166,7 +183,9 @@ func (r *run) resolveStep(ctx context.Context, parked bool, res *Resolution) (*s
 		r.state = state
 		return nil, r.succeeded(i, st, attempt, time.Now(), ResolvedByOperator)
 	}
-	if end := r.settleEnd(st); time.Now().Before(end) {
+	if end, left, err := r.settleLeft(ctx, st); err != nil {
+		return nil, err
+	} else if left > 0 {
 		// Nothing was found, or nothing can tell: either way the last request
 		// may still land until the window has passed.
 		return nil, refuse("step %s's last request may still land until %s: not made cannot be said before",
@@ -175,6 +194,7 @@ func (r *run) resolveStep(ctx context.Context, parked bool, res *Resolution) (*s
 	if err := r.restoreState(); err != nil {
 		return nil, err
 	}
+	r.refuseNotMade(st, true)
 	pe := fault(CodeResolvedNotMade, st.name, fmt.Sprintf("an operator resolved step %s as not made: %s", st.name, res.Reason))
 	r.failure = pe
 	r.status[st.name] = store.StepFailed

@@ -87,6 +87,9 @@ type run struct {
 	// failureStored is true once the operation's row holds it.
 	failure       *PermanentError
 	failureStored bool
+	// notMade, when not nil, is a decision that an external step's call was
+	// not made, which the transaction that records the failure checks.
+	notMade *notMade
 	// undecodable is why the input or state did not decode, for a cancel that
 	// goes on without them.
 	undecodable error

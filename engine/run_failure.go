@@ -92,8 +92,8 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 		r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
 		if st.lookup == nil {
 			log.ErrorContext(ctx, "external step out of attempts, and no lookup can tell whether its call went through; parking the operation")
-			now := time.Now()
-			failure.SentAt = &now
+			now, window := time.Now(), st.settle
+			failure.SentAt, failure.SettleWindow = &now, &window
 			return r.park(ctx, failure, CodeOutcomeUnknown,
 				fmt.Sprintf("step %s failed %d times and has no lookup: whether its call went through is unknown", st.name, attempt))
 		}
@@ -101,7 +101,7 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 		r.tries[st.name] = attempt
 		r.status[st.name] = store.StepWaiting
 		w := r.stepWait(st.name)
-		w.sentAt, w.pending, w.cause = time.Now(), false, stepErr.Error()
+		w.sentAt, w.unrecorded, w.pending, w.cause = time.Now(), true, false, stepErr.Error()
 		return r.awaitOutcome(ctx, i, st, started, i == len(r.steps)-1)
 	}
 	if exhausted {
@@ -113,8 +113,8 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 		log.InfoContext(ctx, "step failed; retrying later", slog.Any("error", stepErr), slog.Duration("backoff", delay))
 		r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
 		if st.kind == StepKindExternal {
-			now := time.Now()
-			failure.SentAt = &now
+			now, window := time.Now(), st.settle
+			failure.SentAt, failure.SettleWindow = &now, &window
 			r.stepWait(st.name).sentAt = now
 		}
 		return r.retryLater(ctx, failure, delay, nil)
@@ -244,6 +244,13 @@ func (r *run) handOff(ctx context.Context, tx *txn, delay time.Duration) error {
 // and the operation's error once, so that a resumed run finishes the operation
 // with it.
 func (r *run) recordFailure(ctx context.Context, tx *txn, failure *store.StepRecordFailureParams) error {
+	if nm := r.notMade; nm != nil {
+		// First: it holds the key's lock, so that an outcome that arrives
+		// now waits for this transaction, and one that came is seen.
+		if err := r.e.store.OutcomeRefuseNotMade(ctx, tx, r.id, nm.step, nm.key, nm.bySilence); err != nil {
+			return runError(err)
+		}
+	}
 	if failure != nil {
 		if err := r.e.store.StepRecordFailure(ctx, tx, *failure); err != nil {
 			return runError(err)

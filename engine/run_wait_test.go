@@ -41,6 +41,8 @@ type lateProvider struct {
 	// the lookups it holds.
 	hold atomic.Pointer[chan struct{}]
 	held atomic.Int32
+	// onCall, when set, runs in every call, with its key, before it answers.
+	onCall func(key string)
 }
 
 func newLateProvider(callFunc func(n int32) string) *lateProvider {
@@ -51,6 +53,9 @@ var errTimeout = errors.New("provider: timeout")
 
 func (p *lateProvider) call(ctx context.Context, at engine.Attempt, _ int, s *lateState) error {
 	n := p.calls.Add(1)
+	if p.onCall != nil {
+		p.onCall(at.Key)
+	}
 	what := p.callFunc(n)
 	if what == "hang" { // sent, and no answer until the caller gives up
 		<-ctx.Done()
@@ -345,88 +350,6 @@ func TestPendingOutcome(t *testing.T) {
 		require.Equal(t, engine.StepStatusFailed, fsGet(t, e, s.ID).Steps[1].Status)
 	})
 
-	for _, byKey := range []bool{false, true} {
-		name := "SettledByEventByStep"
-		if byKey {
-			name = "SettledByEventByKey"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			p := newLateProvider(pendingOnce)
-			// A lookup that never answers: only the event settles it.
-			down := errors.New("provider: lookup unavailable")
-			p.lookupErr.Store(&down)
-			op := lateOp(t, p, "pending_event", time.Hour, 3)
-			e, pool := lateEngine(t, op)
-			s, waiting := startWaiting(t, e, op)
-			ref := engine.StepRef{OperationID: s.ID, Step: "pay"}
-			if byKey {
-				ref = engine.StepRef{DerivedKey: waiting.Steps[1].DerivedKey}
-			}
-			for i, want := range []bool{true, false} { // delivered twice: settled once
-				tx, err := pool.Begin(ctx)
-				require.NoError(t, err)
-				ok, err := op.SettleSucceeded(ctx, tx, e, ref, func(_ int, s *lateState) error {
-					s.Ref = "event"
-					return nil
-				})
-				require.NoError(t, err)
-				require.Equal(t, want, ok, "delivery %d", i+1)
-				require.NoError(t, tx.Commit(ctx))
-			}
-			info := fsWait(t, e, s.ID)
-			require.Equal(t, engine.StatusSucceeded, info.Status)
-			out, err := op.Result(info)
-			require.NoError(t, err)
-			require.Equal(t, "event", out)
-			require.Equal(t, engine.ResolvedByEvent, fsGet(t, e, s.ID).Steps[1].ResolvedBy)
-			require.Equal(t, int32(1), p.calls.Load())
-			require.Zero(t, p.undos.Load())
-		})
-	}
-
-	t.Run("NotSettledUnderARunsFeet", func(t *testing.T) {
-		t.Parallel()
-		p := newLateProvider(pendingOnce)
-		op := lateOp(t, p, "pending_held", time.Hour, 3)
-		e, pool := lateEngine(t, op)
-		s, waiting := startWaiting(t, e, op)
-		// A run asks the lookup, and is held there: an event now must not
-		// settle the step behind its back.
-		hold := make(chan struct{})
-		p.hold.Store(&hold)
-		require.Eventually(t, func() bool { return p.held.Load() > 0 }, fsTimeout, 5*time.Millisecond)
-		tx, err := pool.Begin(ctx)
-		require.NoError(t, err)
-		_, err = op.SettleFailed(ctx, tx, e, engine.StepRef{DerivedKey: waiting.Steps[1].DerivedKey},
-			engine.Fail("payment_failed", "failed"), nil)
-		require.ErrorIs(t, err, engine.ErrRunning)
-		require.NoError(t, tx.Rollback(ctx))
-		p.hold.Store(nil)
-		p.settle(waiting.Steps[1].DerivedKey, true)
-		close(hold)
-		require.Equal(t, engine.StatusSucceeded, fsWait(t, e, s.ID).Status)
-		require.Zero(t, p.undos.Load())
-	})
-
-	t.Run("FailedByEvent", func(t *testing.T) {
-		t.Parallel()
-		p := newLateProvider(pendingOnce)
-		op := lateOp(t, p, "pending_event_failed", time.Hour, 3)
-		e, pool := lateEngine(t, op)
-		s, waiting := startWaiting(t, e, op)
-		tx, err := pool.Begin(ctx)
-		require.NoError(t, err)
-		ok, err := op.SettleFailed(ctx, tx, e, engine.StepRef{DerivedKey: waiting.Steps[1].DerivedKey},
-			engine.Fail("payment_failed", "the provider failed the payment"), nil)
-		require.NoError(t, err)
-		require.True(t, ok)
-		require.NoError(t, tx.Commit(ctx))
-		info := fsWait(t, e, s.ID)
-		require.Equal(t, engine.StatusFailed, info.Status)
-		require.Equal(t, "payment_failed", info.Error.Code)
-		require.Equal(t, int32(1), p.undos.Load())
-	})
 }
 
 // TestToldAnswersFinal: Retry refuses what the client was told (a business

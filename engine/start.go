@@ -235,6 +235,8 @@ func (p *prepared) insert(id uuid.UUID, secret []byte, lease time.Duration) *sto
 		Fingerprint: p.fp.encode(),
 		KeySecret:   secret,
 		Lease:       lease,
+
+		SettleWindow: p.def.settleWindow(),
 	}
 }
 

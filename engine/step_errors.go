@@ -86,12 +86,38 @@ func Permanent(err error) error {
 // yet, matched by ErrOutcomePending. An external step returns it when the outside
 // service accepted the call and settles it later (a pending refund, an ACH
 // payout): the step waits, and the operation with it, with no run holding it,
-// until its lookup finds the outcome final, the application settles it
-// (Operation.SettleSucceeded, Operation.SettleFailed) or an operator does. A lookup returns it
+// until its lookup finds the outcome final, the outside service's word arrives
+// (Engine.RecordOutcome) or an operator decides. A lookup returns it
 // when the service has the call but is still processing it. reason is for
 // operators.
 func Pending(reason string) error {
 	return fmt.Errorf("%w: %s", ErrOutcomePending, reason)
+}
+
+// PendingAs is Pending for a call that the outside service accepted under
+// reference (its id of what it will carry out): the step keeps it, and an
+// outcome that names another reference is not the step's (see
+// Engine.RecordOutcome).
+func PendingAs(reference, reason string) error {
+	return &pendingError{reference: reference, err: Pending(reason)}
+}
+
+// pendingError is PendingAs's error.
+type pendingError struct {
+	reference string
+	err       error
+}
+
+func (e *pendingError) Error() string { return e.err.Error() }
+func (e *pendingError) Unwrap() error { return e.err }
+
+// pendingReference is the reference that err, from PendingAs, names.
+func pendingReference(err error) string {
+	var pe *pendingError
+	if errors.As(err, &pe) {
+		return pe.reference
+	}
+	return ""
 }
 
 // RetryAfterError is a transient failure that names how long to wait before the

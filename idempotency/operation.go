@@ -45,9 +45,14 @@ type StepJSON struct {
 	DerivedKey string `json:"derivedKey,omitempty"`
 	// ResolvedBy says what told a succeeded step's outcome: "call", "lookup",
 	// "event" or "operator".
-	ResolvedBy string     `json:"resolvedBy,omitempty"`
-	StartedAt  *time.Time `json:"startedAt"`
-	FinishedAt *time.Time `json:"finishedAt"`
+	ResolvedBy string `json:"resolvedBy,omitempty"`
+	// SettleBy, for a step that calls out, is the JSON of when a request of it
+	// that got no definite answer can no longer land (RFC 3339, fixed when
+	// the request was sent), or null when it sent none that failed; absent
+	// for other steps.
+	SettleBy   json.RawMessage `json:"settleBy,omitempty"`
+	StartedAt  *time.Time      `json:"startedAt"`
+	FinishedAt *time.Time      `json:"finishedAt"`
 	// LastError is the client's text of the step's last failure
 	// (engine.StepInfo.LastError).
 	LastError *string `json:"lastError"`
@@ -69,6 +74,12 @@ func NewOperationJSON(info *engine.Info) OperationJSON {
 		if st.LastError != "" {
 			msg := st.LastError
 			sb.LastError = &msg
+		}
+		if st.DerivedKey != "" {
+			sb.SettleBy = json.RawMessage("null")
+			if st.SettleBy != nil {
+				sb.SettleBy, _ = json.Marshal(st.SettleBy.UTC())
+			}
 		}
 		body.Steps = append(body.Steps, sb)
 	}

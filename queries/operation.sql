@@ -2,9 +2,9 @@
 -- The lease counts from the statement, not from the start of the caller's
 -- transaction, which may have begun long before.
 -- Without locked_by, its runs start at 0: the River job's claim counts the first.
-INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_seed, locked_by, locked_until, created_at, runs, format)
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_seed, locked_by, locked_until, created_at, runs, format, settle_window)
 VALUES (@id, @name, @version, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @key_secret, sqlc.narg('locked_by'), coalesce(sqlc.narg('now')::timestamptz, clock_timestamp()) + @lease::interval, coalesce(sqlc.narg('now')::timestamptz, now()),
-        CASE WHEN sqlc.narg('locked_by')::uuid IS NULL THEN 0 ELSE 1 END, 2)
+        CASE WHEN sqlc.narg('locked_by')::uuid IS NULL THEN 0 ELSE 1 END, 2, sqlc.narg('settle_window')::interval)
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING created_at;
 
@@ -16,9 +16,9 @@ RETURNING created_at;
 -- The lease counts from the statement (clock_timestamp), not from the start of
 -- its transaction. checkpoints are those of the steps that its transaction
 -- carries, sent with it when the transaction sends nothing before its commit.
-INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_seed, locked_by, locked_until, checkpoints, format)
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_seed, locked_by, locked_until, checkpoints, format, settle_window)
 VALUES (@id, @name, @version, @scope, @key, sqlc.arg('steps')::text[], @input, sqlc.narg('fingerprint'), @key_secret, @locked_by, clock_timestamp() + @lease::interval,
-        sqlc.narg('checkpoints')::jsonb, 2);
+        sqlc.narg('checkpoints')::jsonb, 2, sqlc.narg('settle_window')::interval);
 
 -- name: OperationCheckpoint :exec
 -- Adds checkpoints (an object by step name, see store migration 00010) to the
@@ -47,10 +47,13 @@ SELECT * FROM idemflow_operation WHERE id = @id;
 -- (locked_by is null) or its holder's lease has expired. A parked operation is
 -- taken only with parked: an operator's cancel. Only an operation of one of
 -- versions is taken: the definitions that the claiming process runs.
+-- settle_window grows to the claiming process's longest window: a request its
+-- run sends may land that long after calls_until.
 UPDATE idemflow_operation
 SET locked_by = @run_id,
     locked_until = coalesce(sqlc.narg('now')::timestamptz, now()) + @lease::interval,
-    runs = runs + 1
+    runs = runs + 1,
+    settle_window = greatest(settle_window, sqlc.narg('settle_window')::interval)
 WHERE id = @id
   AND state = 'in_progress'
   AND version = ANY (sqlc.arg(versions)::integer[])

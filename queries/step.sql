@@ -2,7 +2,7 @@
 -- The operation's recorded steps: its rows and its checkpoints.
 SELECT operation_id, name, position, state, attempts, output, last_error,
        started_at, finished_at, last_cause, resolved_by, compensations,
-       sent_at, pending, waiting_since
+       sent_at, pending, waiting_since, settle_by, reference
 FROM idemflow_step_recorded WHERE operation_id = @operation_id ORDER BY position;
 
 -- name: StepMaterialize :exec
@@ -24,14 +24,19 @@ ON CONFLICT (operation_id, name) DO NOTHING;
 -- operation's row. sent_at, when given, is when the attempt's request was
 -- sent at the latest; a step keeps the last one. waiting_since is kept while
 -- the step goes on waiting. The run that writes it is fenced by
--- OperationFence in the same transaction.
+-- OperationFence in the same transaction. settle_window, when given, fixes
+-- the step's settle_by: the database's clock now (after the request was sent)
+-- plus the window; a later request moves it later, never earlier. reference,
+-- when given, is the reference of a call the service accepted as pending.
 INSERT INTO idemflow_step_row (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at,
-                               sent_at, pending, waiting_since, derived_key)
+                               sent_at, pending, waiting_since, derived_key, settle_by, reference)
 SELECT @operation_id, @name, @position, @state, @attempts, @last_error, @last_cause, @started_at,
        CASE WHEN @state::text = 'failed' THEN coalesce(sqlc.narg('now')::timestamptz, now()) END,
        sqlc.narg('sent_at')::timestamptz, @pending,
        CASE WHEN @state::text = 'waiting' THEN coalesce(sqlc.narg('now')::timestamptz, now()) END,
-       sqlc.narg('derived_key')::text
+       sqlc.narg('derived_key')::text,
+       coalesce(sqlc.narg('now')::timestamptz, clock_timestamp()) + sqlc.narg('settle_window')::interval,
+       sqlc.narg('reference')::text
 WHERE NOT EXISTS (
     SELECT 1 FROM idemflow_operation
     WHERE id = @operation_id AND checkpoints -> @name::text IS NOT NULL
@@ -45,6 +50,8 @@ SET state = excluded.state,
     sent_at = coalesce(excluded.sent_at, idemflow_step_row.sent_at),
     pending = excluded.pending,
     derived_key = coalesce(excluded.derived_key, idemflow_step_row.derived_key),
+    settle_by = greatest(excluded.settle_by, idemflow_step_row.settle_by),
+    reference = coalesce(excluded.reference, idemflow_step_row.reference),
     waiting_since = CASE
         WHEN excluded.state <> 'waiting' THEN NULL
         WHEN idemflow_step_row.state = 'waiting' THEN idemflow_step_row.waiting_since

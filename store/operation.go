@@ -38,24 +38,29 @@ type OperationInsertParams struct {
 	// Checkpoints are steps that the reservation records as succeeded
 	// (OperationReserve only): those of the transaction it commits with.
 	Checkpoints []StepCheckpointParams
+	// SettleWindow, when not nil, is the longest settle window of the
+	// operation's external steps: a request that a run sends may land that
+	// long after it (see OperationSettleBy).
+	SettleWindow *time.Duration
 }
 
 // OperationInsert reserves (Scope, Key) for a new operation. It returns false, and
 // writes nothing, when the key is already taken.
 func (s *Store) OperationInsert(ctx context.Context, db DBTX, p OperationInsertParams) (bool, error) {
 	_, err := s.q.OperationInsert(ctx, db, dbsqlc.OperationInsertParams{
-		ID:          pguuid.UUID(p.ID),
-		Name:        p.Name,
-		Version:     int32(p.Version),
-		Scope:       p.Scope,
-		Key:         p.Key,
-		Steps:       p.Steps,
-		Input:       p.Input,
-		Fingerprint: nullJSON(p.Fingerprint),
-		KeySecret:   p.KeySecret,
-		LockedBy:    pguuid.Ptr(p.LockedBy),
-		Lease:       p.Lease,
-		Now:         p.Now,
+		ID:           pguuid.UUID(p.ID),
+		Name:         p.Name,
+		Version:      int32(p.Version),
+		Scope:        p.Scope,
+		Key:          p.Key,
+		Steps:        p.Steps,
+		Input:        p.Input,
+		Fingerprint:  nullJSON(p.Fingerprint),
+		KeySecret:    p.KeySecret,
+		LockedBy:     pguuid.Ptr(p.LockedBy),
+		Lease:        p.Lease,
+		Now:          p.Now,
+		SettleWindow: p.SettleWindow,
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
@@ -72,18 +77,19 @@ func (s *Store) OperationInsert(ctx context.Context, db DBTX, p OperationInsertP
 // batch does not run. With a Queue for db it only queues the statement.
 func (s *Store) OperationReserve(ctx context.Context, db DBTX, p OperationInsertParams) error {
 	err := s.q.OperationReserve(ctx, db, dbsqlc.OperationReserveParams{
-		ID:          pguuid.UUID(p.ID),
-		Name:        p.Name,
-		Version:     int32(p.Version),
-		Scope:       p.Scope,
-		Key:         p.Key,
-		Steps:       p.Steps,
-		Input:       p.Input,
-		Fingerprint: nullJSON(p.Fingerprint),
-		KeySecret:   p.KeySecret,
-		LockedBy:    pguuid.Ptr(p.LockedBy),
-		Lease:       p.Lease,
-		Checkpoints: encodeCheckpoints(p.Checkpoints, time.Now(), true),
+		ID:           pguuid.UUID(p.ID),
+		Name:         p.Name,
+		Version:      int32(p.Version),
+		Scope:        p.Scope,
+		Key:          p.Key,
+		Steps:        p.Steps,
+		Input:        p.Input,
+		Fingerprint:  nullJSON(p.Fingerprint),
+		KeySecret:    p.KeySecret,
+		LockedBy:     pguuid.Ptr(p.LockedBy),
+		Lease:        p.Lease,
+		Checkpoints:  encodeCheckpoints(p.Checkpoints, time.Now(), true),
+		SettleWindow: p.SettleWindow,
 	})
 	if err != nil {
 		return fmt.Errorf("store: reserve operation: %w", Err(err))
@@ -134,8 +140,9 @@ func (s *Store) OperationGetForUpdate(ctx context.Context, db DBTX, id uuid.UUID
 // waits for a job, or its holder's lease expired), and counts the run. A parked
 // operation is taken only when parked is true. It returns ErrNotFound when the
 // operation is finished, held by a live run, or parked (and parked is false).
-func (s *Store) OperationClaim(ctx context.Context, db DBTX, id, run uuid.UUID, lease time.Duration, parked bool, versions []int32) (*Operation, error) {
-	row, err := s.q.OperationClaim(ctx, db, dbsqlc.OperationClaimParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Lease: lease, Parked: parked, Versions: versions})
+func (s *Store) OperationClaim(ctx context.Context, db DBTX, id, run uuid.UUID, lease time.Duration, parked bool, versions []int32, settleWindow *time.Duration) (*Operation, error) {
+	row, err := s.q.OperationClaim(ctx, db, dbsqlc.OperationClaimParams{ID: pguuid.UUID(id), RunID: pguuid.Ptr(&run), Lease: lease, Parked: parked,
+		Versions: versions, SettleWindow: settleWindow})
 	if err != nil {
 		return nil, mapErr("claim operation", err)
 	}

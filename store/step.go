@@ -39,6 +39,8 @@ func (s *Store) StepListByOperation(ctx context.Context, db DBTX, operationID uu
 			SentAt:        r.SentAt,
 			Pending:       r.Pending,
 			WaitingSince:  r.WaitingSince,
+			SettleBy:      r.SettleBy,
+			Reference:     deref(r.Reference),
 		}
 	}
 	return out, nil
@@ -81,6 +83,12 @@ type StepRecordFailureParams struct {
 	// DerivedKey, when not empty, is the step's derived key, by which a
 	// waiting step is found (StepWaitingByKey).
 	DerivedKey string
+	// SettleWindow, when not nil, says that the attempt sent a request: the
+	// step's settle_by becomes the database's clock plus it, or stays later.
+	SettleWindow *time.Duration
+	// Reference, when not empty, is the outside service's reference of a call
+	// it accepted as pending.
+	Reference string
 }
 
 // StepRecordFailure records a failed attempt. A step already checkpointed keeps
@@ -101,6 +109,10 @@ func (s *Store) StepRecordFailure(ctx context.Context, db DBTX, p StepRecordFail
 	if p.DerivedKey != "" {
 		arg.DerivedKey = ptr(p.DerivedKey)
 	}
+	if p.Reference != "" {
+		arg.Reference = ptr(Text(p.Reference))
+	}
+	arg.SettleWindow = p.SettleWindow
 	err := s.q.StepRecordFailure(ctx, db, arg)
 	if err != nil {
 		return fmt.Errorf("store: record failure of step %q: %w", p.Name, err)

@@ -46,6 +46,9 @@ func Err(err error) error {
 	if !errors.As(err, &pgErr) {
 		return err
 	}
+	if oe := outcomeErr(pgErr); oe != nil {
+		return oe
+	}
 	switch {
 	case pgErr.Code == fencedCode:
 		return fmt.Errorf("%w: %w", ErrFenced, err)
@@ -208,6 +211,12 @@ type Step struct {
 	Pending bool
 	// WaitingSince is when a waiting step began waiting.
 	WaitingSince *time.Time
+	// SettleBy is when a request of the step that got no definite answer can
+	// no longer land, by the database's clock; nil when none was recorded.
+	SettleBy *time.Time
+	// Reference is the outside service's reference of a call it accepted as
+	// pending; empty when none was told.
+	Reference string
 }
 
 // Store runs idemflow's queries. The zero value is not usable: call New.

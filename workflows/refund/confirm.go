@@ -75,12 +75,12 @@ func (w *Workflows) newProviderEvent(opts *engine.OperationOpts) (*engine.Operat
 // to apply when the refund has not got there yet (see the package
 // documentation, "Webhooks").
 //
-// It then settles the refund whose provider step waits for that refund's
-// outcome (see the package documentation, "Late and unknown outcomes"), in
-// the same transaction: succeeded goes forward, failed compensates. A refund
-// whose step does not wait (it has its answer already, or its call is still
-// being made: its own answer or lookup tells then) is not touched, nor is one
-// whose order or amount the event contradicts (its lookup halts it).
+// It then keeps the event in the engine's inbox under the refund's derived
+// key, in the same transaction, for the refund's provider step whenever it
+// waits (see the package documentation, "Late and unknown outcomes"): a
+// success for the order and amount asked goes forward, even while the
+// provider's lookup lags; a failure counts only when the lookup, asked then,
+// does not contradict it.
 func (w *Workflows) confirm(ctx context.Context, tx engine.Tx, at engine.Attempt, in ProviderEventInput, _ *ProviderEventState) error {
 	if in.Data.RefundID == "" {
 		return engine.Fail(CodeInvalidRequest, "the event names no refund")
@@ -107,8 +107,10 @@ func (w *Workflows) confirm(ctx context.Context, tx engine.Tx, at engine.Attempt
 	return nil
 }
 
-// settleWaiting settles the refund whose provider step waits under the event's
-// idempotency key, when Bind gave the workflows their engine.
+// settleWaiting hands the event to the engine's inbox under the refund's
+// derived key, when Bind gave the workflows their engine: the refund's
+// provider step applies it whenever it waits, whether the event came before or
+// after (see the package documentation, "Late and unknown outcomes").
 func (w *Workflows) settleWaiting(ctx context.Context, tx engine.Tx, in ProviderEventInput) error {
 	e := w.engine.Load()
 	if e == nil || in.Data.IdempotencyKey == "" {
@@ -118,21 +120,14 @@ func (w *Workflows) settleWaiting(ctx context.Context, tx engine.Tx, in Provider
 	if err != nil {
 		return err
 	}
-	ref := engine.StepRef{DerivedKey: in.Data.IdempotencyKey}
-	told := &ProviderRefund{ID: in.Data.RefundID, OrderID: in.Data.OrderID, Amount: in.Data.Amount}
+	o := engine.Outcome{EventID: in.ID, Record: reconcile.Record{
+		Key: in.Data.IdempotencyKey, Reference: in.Data.RefundID, Amount: in.Data.Amount, Status: reconcile.Succeeded,
+		Data: RecordData{OrderID: in.Data.OrderID},
+	}}
 	if in.Type == EventRefundFailed {
-		_, err = w.Refund.SettleFailed(ctx, ptx, e, ref, refundFailed(), func(req RefundInput, s *RefundState) error {
-			return matches(told, req, s)
-		})
-	} else {
-		told.Status = ProviderStatusSucceeded
-		_, err = w.Refund.SettleSucceeded(ctx, ptx, e, ref, func(req RefundInput, s *RefundState) error {
-			return recordRefund(told, req, s)
-		})
+		o.Record.Status, o.Failure = reconcile.Failed, refundFailed()
 	}
-	if halt := (*engine.HaltError)(nil); errors.As(err, &halt) {
-		return nil // the event contradicts the refund: its lookup halts it
-	}
+	_, err = e.RecordOutcome(ctx, ptx, o)
 	return err
 }
 

@@ -82,7 +82,11 @@ func recordStatus(s string) reconcile.Status {
 // reconcileProvider is the provider step's reconcile function (ExternalStepDef.Reconcile): the provider's
 // refund under the step's key must be for the order and amount asked.
 func reconcileProvider(in RefundInput, rec reconcile.Record) reconcile.Kind {
-	d, _ := rec.Data.(RecordData)
+	d, ok := rec.Data.(RecordData)
+	if raw, isJSON := rec.Data.(json.RawMessage); !ok && isJSON {
+		// A record read back from the engine's inbox carries its JSON.
+		_ = json.Unmarshal(raw, &d)
+	}
 	if rec.Amount != in.Amount || d.OrderID != in.OrderID {
 		return reconcile.AmountDiffers
 	}

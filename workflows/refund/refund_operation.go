@@ -189,7 +189,7 @@ func recordRefund(ref *ProviderRefund, in RefundInput, s *RefundState) error {
 	switch ref.Status {
 	case ProviderStatusSucceeded, "":
 	case ProviderStatusPending:
-		return engine.Pending(fmt.Sprintf("the provider's refund %s is pending", ref.ID))
+		return engine.PendingAs(ref.ID, fmt.Sprintf("the provider's refund %s is pending", ref.ID))
 	case ProviderStatusFailed:
 		return refundFailed()
 	default:

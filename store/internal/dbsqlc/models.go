@@ -53,6 +53,7 @@ type IdemflowOperation struct {
 	Format        int16
 	CallsUntil    *time.Time
 	PriorError    json.RawMessage
+	SettleWindow  *time.Duration
 }
 
 type IdemflowOperatorRequest struct {
@@ -70,6 +71,17 @@ type IdemflowOperatorRequest struct {
 	Actor       string
 	Made        *bool
 	Reference   *string
+}
+
+type IdemflowOutcome struct {
+	DerivedKey string
+	EventID    string
+	Status     string
+	Reference  string
+	Amount     int64
+	Data       json.RawMessage
+	Failure    json.RawMessage
+	ReceivedAt time.Time
 }
 
 type IdemflowProcess struct {
@@ -109,6 +121,8 @@ type IdemflowStepRecorded struct {
 	SentAt        *time.Time
 	Pending       bool
 	WaitingSince  *time.Time
+	SettleBy      *time.Time
+	Reference     *string
 }
 
 type IdemflowStepRow struct {
@@ -128,4 +142,6 @@ type IdemflowStepRow struct {
 	Pending       bool
 	WaitingSince  *time.Time
 	DerivedKey    *string
+	SettleBy      *time.Time
+	Reference     *string
 }

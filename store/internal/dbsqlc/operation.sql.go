@@ -45,33 +45,38 @@ const operationClaim = `-- name: OperationClaim :one
 UPDATE idemflow_operation
 SET locked_by = $1,
     locked_until = coalesce($2::timestamptz, now()) + $3::interval,
-    runs = runs + 1
-WHERE id = $4
+    runs = runs + 1,
+    settle_window = greatest(settle_window, $4::interval)
+WHERE id = $5
   AND state = 'in_progress'
-  AND version = ANY ($5::integer[])
+  AND version = ANY ($6::integer[])
   AND (locked_by IS NULL OR locked_until < coalesce($2::timestamptz, now()))
-  AND (NOT parked OR $6::boolean)
-RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error
+  AND (NOT parked OR $7::boolean)
+RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error, settle_window
 `
 
 type OperationClaimParams struct {
-	RunID    *pguuid.UUID
-	Now      *time.Time
-	Lease    time.Duration
-	ID       pguuid.UUID
-	Versions []int32
-	Parked   bool
+	RunID        *pguuid.UUID
+	Now          *time.Time
+	Lease        time.Duration
+	SettleWindow *time.Duration
+	ID           pguuid.UUID
+	Versions     []int32
+	Parked       bool
 }
 
 // Takes the operation for a run when nobody holds it: it waits for a job
 // (locked_by is null) or its holder's lease has expired. A parked operation is
 // taken only with parked: an operator's cancel. Only an operation of one of
 // versions is taken: the definitions that the claiming process runs.
+// settle_window grows to the claiming process's longest window: a request its
+// run sends may land that long after calls_until.
 func (q *Queries) OperationClaim(ctx context.Context, db DBTX, arg OperationClaimParams) (*IdemflowOperation, error) {
 	row := db.QueryRow(ctx, operationClaim,
 		arg.RunID,
 		arg.Now,
 		arg.Lease,
+		arg.SettleWindow,
 		arg.ID,
 		arg.Versions,
 		arg.Parked,
@@ -103,6 +108,7 @@ func (q *Queries) OperationClaim(ctx context.Context, db DBTX, arg OperationClai
 		&i.Format,
 		&i.CallsUntil,
 		&i.PriorError,
+		&i.SettleWindow,
 	)
 	return &i, err
 }
@@ -288,7 +294,7 @@ func (q *Queries) OperationFinish(ctx context.Context, db DBTX, arg OperationFin
 }
 
 const operationGet = `-- name: OperationGet :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error FROM idemflow_operation WHERE id = $1
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error, settle_window FROM idemflow_operation WHERE id = $1
 `
 
 func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*IdemflowOperation, error) {
@@ -320,12 +326,13 @@ func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*I
 		&i.Format,
 		&i.CallsUntil,
 		&i.PriorError,
+		&i.SettleWindow,
 	)
 	return &i, err
 }
 
 const operationGetByKey = `-- name: OperationGetByKey :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error FROM idemflow_operation WHERE scope = $1 AND key = $2
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error, settle_window FROM idemflow_operation WHERE scope = $1 AND key = $2
 `
 
 type OperationGetByKeyParams struct {
@@ -362,12 +369,13 @@ func (q *Queries) OperationGetByKey(ctx context.Context, db DBTX, arg OperationG
 		&i.Format,
 		&i.CallsUntil,
 		&i.PriorError,
+		&i.SettleWindow,
 	)
 	return &i, err
 }
 
 const operationGetForUpdate = `-- name: OperationGetForUpdate :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error FROM idemflow_operation WHERE id = $1 FOR UPDATE
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error, settle_window FROM idemflow_operation WHERE id = $1 FOR UPDATE
 `
 
 // The operation, locked until the transaction ends: an operator's retry
@@ -401,6 +409,7 @@ func (q *Queries) OperationGetForUpdate(ctx context.Context, db DBTX, id pguuid.
 		&i.Format,
 		&i.CallsUntil,
 		&i.PriorError,
+		&i.SettleWindow,
 	)
 	return &i, err
 }
@@ -512,26 +521,27 @@ func (q *Queries) OperationInProgressStats(ctx context.Context, db DBTX) ([]*Ope
 }
 
 const operationInsert = `-- name: OperationInsert :one
-INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_seed, locked_by, locked_until, created_at, runs, format)
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_seed, locked_by, locked_until, created_at, runs, format, settle_window)
 VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8, $9, $10, coalesce($11::timestamptz, clock_timestamp()) + $12::interval, coalesce($11::timestamptz, now()),
-        CASE WHEN $10::uuid IS NULL THEN 0 ELSE 1 END, 2)
+        CASE WHEN $10::uuid IS NULL THEN 0 ELSE 1 END, 2, $13::interval)
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING created_at
 `
 
 type OperationInsertParams struct {
-	ID          pguuid.UUID
-	Name        string
-	Version     int32
-	Scope       string
-	Key         string
-	Steps       []string
-	Input       []byte
-	Fingerprint json.RawMessage
-	KeySecret   []byte
-	LockedBy    *pguuid.UUID
-	Now         *time.Time
-	Lease       time.Duration
+	ID           pguuid.UUID
+	Name         string
+	Version      int32
+	Scope        string
+	Key          string
+	Steps        []string
+	Input        []byte
+	Fingerprint  json.RawMessage
+	KeySecret    []byte
+	LockedBy     *pguuid.UUID
+	Now          *time.Time
+	Lease        time.Duration
+	SettleWindow *time.Duration
 }
 
 // The lease counts from the statement, not from the start of the caller's
@@ -551,6 +561,7 @@ func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationIns
 		arg.LockedBy,
 		arg.Now,
 		arg.Lease,
+		arg.SettleWindow,
 	)
 	var created_at time.Time
 	err := row.Scan(&created_at)
@@ -558,7 +569,7 @@ func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationIns
 }
 
 const operationList = `-- name: OperationList :many
-SELECT o.id, o.name, o.scope, o.key, o.state, o.steps, o.input, o.fingerprint, o.result, o.error, o.runs, o.locked_by, o.locked_until, o.created_at, o.finished_at, o.key_seed, o.attention_code, o.attention, o.parked, o.version, o.expires_at, o.checkpoints, o.format, o.calls_until, o.prior_error,
+SELECT o.id, o.name, o.scope, o.key, o.state, o.steps, o.input, o.fingerprint, o.result, o.error, o.runs, o.locked_by, o.locked_until, o.created_at, o.finished_at, o.key_seed, o.attention_code, o.attention, o.parked, o.version, o.expires_at, o.checkpoints, o.format, o.calls_until, o.prior_error, o.settle_window,
        EXISTS (SELECT 1 FROM idemflow_mismatch AS m WHERE m.operation_id = o.id) AS mismatched,
        coalesce(o.state = 'in_progress' AND w.waits, false)::boolean AS version_waiting
 FROM idemflow_operation AS o
@@ -651,6 +662,7 @@ func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListP
 			&i.IdemflowOperation.Format,
 			&i.IdemflowOperation.CallsUntil,
 			&i.IdemflowOperation.PriorError,
+			&i.IdemflowOperation.SettleWindow,
 			&i.Mismatched,
 			&i.VersionWaiting,
 		); err != nil {
@@ -1011,24 +1023,25 @@ func (q *Queries) OperationReopen(ctx context.Context, db DBTX, arg OperationReo
 }
 
 const operationReserve = `-- name: OperationReserve :exec
-INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_seed, locked_by, locked_until, checkpoints, format)
+INSERT INTO idemflow_operation (id, name, version, scope, key, steps, input, fingerprint, key_seed, locked_by, locked_until, checkpoints, format, settle_window)
 VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8, $9, $10, clock_timestamp() + $11::interval,
-        $12::jsonb, 2)
+        $12::jsonb, 2, $13::interval)
 `
 
 type OperationReserveParams struct {
-	ID          pguuid.UUID
-	Name        string
-	Version     int32
-	Scope       string
-	Key         string
-	Steps       []string
-	Input       []byte
-	Fingerprint json.RawMessage
-	KeySecret   []byte
-	LockedBy    *pguuid.UUID
-	Lease       time.Duration
-	Checkpoints json.RawMessage
+	ID           pguuid.UUID
+	Name         string
+	Version      int32
+	Scope        string
+	Key          string
+	Steps        []string
+	Input        []byte
+	Fingerprint  json.RawMessage
+	KeySecret    []byte
+	LockedBy     *pguuid.UUID
+	Lease        time.Duration
+	Checkpoints  json.RawMessage
+	SettleWindow *time.Duration
 }
 
 // Reserves (scope, key) for an operation that this run executes at once. A taken
@@ -1052,6 +1065,7 @@ func (q *Queries) OperationReserve(ctx context.Context, db DBTX, arg OperationRe
 		arg.LockedBy,
 		arg.Lease,
 		arg.Checkpoints,
+		arg.SettleWindow,
 	)
 	return err
 }

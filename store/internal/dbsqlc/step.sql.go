@@ -79,7 +79,7 @@ func (q *Queries) StepDeleteUnsucceeded(ctx context.Context, db DBTX, operationI
 const stepListByOperation = `-- name: StepListByOperation :many
 SELECT operation_id, name, position, state, attempts, output, last_error,
        started_at, finished_at, last_cause, resolved_by, compensations,
-       sent_at, pending, waiting_since
+       sent_at, pending, waiting_since, settle_by, reference
 FROM idemflow_step_recorded WHERE operation_id = $1 ORDER BY position
 `
 
@@ -109,6 +109,8 @@ func (q *Queries) StepListByOperation(ctx context.Context, db DBTX, operationID 
 			&i.SentAt,
 			&i.Pending,
 			&i.WaitingSince,
+			&i.SettleBy,
+			&i.Reference,
 		); err != nil {
 			return nil, err
 		}
@@ -143,12 +145,14 @@ func (q *Queries) StepMaterialize(ctx context.Context, db DBTX, arg StepMaterial
 
 const stepRecordFailure = `-- name: StepRecordFailure :exec
 INSERT INTO idemflow_step_row (operation_id, name, position, state, attempts, last_error, last_cause, started_at, finished_at,
-                               sent_at, pending, waiting_since, derived_key)
+                               sent_at, pending, waiting_since, derived_key, settle_by, reference)
 SELECT $1, $2, $3, $4, $5, $6, $7, $8,
        CASE WHEN $4::text = 'failed' THEN coalesce($9::timestamptz, now()) END,
        $10::timestamptz, $11,
        CASE WHEN $4::text = 'waiting' THEN coalesce($9::timestamptz, now()) END,
-       $12::text
+       $12::text,
+       coalesce($9::timestamptz, clock_timestamp()) + $13::interval,
+       $14::text
 WHERE NOT EXISTS (
     SELECT 1 FROM idemflow_operation
     WHERE id = $1 AND checkpoints -> $2::text IS NOT NULL
@@ -162,6 +166,8 @@ SET state = excluded.state,
     sent_at = coalesce(excluded.sent_at, idemflow_step_row.sent_at),
     pending = excluded.pending,
     derived_key = coalesce(excluded.derived_key, idemflow_step_row.derived_key),
+    settle_by = greatest(excluded.settle_by, idemflow_step_row.settle_by),
+    reference = coalesce(excluded.reference, idemflow_step_row.reference),
     waiting_since = CASE
         WHEN excluded.state <> 'waiting' THEN NULL
         WHEN idemflow_step_row.state = 'waiting' THEN idemflow_step_row.waiting_since
@@ -172,18 +178,20 @@ WHERE idemflow_step_row.state IN ('retrying', 'waiting')
 `
 
 type StepRecordFailureParams struct {
-	OperationID pguuid.UUID
-	Name        string
-	Position    int32
-	State       string
-	Attempts    int32
-	LastError   *string
-	LastCause   *string
-	StartedAt   time.Time
-	Now         *time.Time
-	SentAt      *time.Time
-	Pending     bool
-	DerivedKey  *string
+	OperationID  pguuid.UUID
+	Name         string
+	Position     int32
+	State        string
+	Attempts     int32
+	LastError    *string
+	LastCause    *string
+	StartedAt    time.Time
+	Now          *time.Time
+	SentAt       *time.Time
+	Pending      bool
+	DerivedKey   *string
+	SettleWindow *time.Duration
+	Reference    *string
 }
 
 // Records a failed attempt: 'retrying' when another attempt will follow,
@@ -194,7 +202,10 @@ type StepRecordFailureParams struct {
 // operation's row. sent_at, when given, is when the attempt's request was
 // sent at the latest; a step keeps the last one. waiting_since is kept while
 // the step goes on waiting. The run that writes it is fenced by
-// OperationFence in the same transaction.
+// OperationFence in the same transaction. settle_window, when given, fixes
+// the step's settle_by: the database's clock now (after the request was sent)
+// plus the window; a later request moves it later, never earlier. reference,
+// when given, is the reference of a call the service accepted as pending.
 func (q *Queries) StepRecordFailure(ctx context.Context, db DBTX, arg StepRecordFailureParams) error {
 	_, err := db.Exec(ctx, stepRecordFailure,
 		arg.OperationID,
@@ -209,6 +220,8 @@ func (q *Queries) StepRecordFailure(ctx context.Context, db DBTX, arg StepRecord
 		arg.SentAt,
 		arg.Pending,
 		arg.DerivedKey,
+		arg.SettleWindow,
+		arg.Reference,
 	)
 	return err
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/internal/pguuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 type BenchOperation struct {
@@ -135,6 +136,7 @@ type IdemflowOperation struct {
 	Format        int16
 	CallsUntil    *time.Time
 	PriorError    []byte
+	SettleWindow  pgtype.Interval
 }
 
 type IdemflowOperatorRequest struct {
@@ -152,6 +154,17 @@ type IdemflowOperatorRequest struct {
 	Actor       string
 	Made        *bool
 	Reference   *string
+}
+
+type IdemflowOutcome struct {
+	DerivedKey string
+	EventID    string
+	Status     string
+	Reference  string
+	Amount     int64
+	Data       []byte
+	Failure    []byte
+	ReceivedAt time.Time
 }
 
 type IdemflowProcess struct {
@@ -191,6 +204,8 @@ type IdemflowStepRecorded struct {
 	SentAt        *time.Time
 	Pending       bool
 	WaitingSince  *time.Time
+	SettleBy      *time.Time
+	Reference     *string
 }
 
 type IdemflowStepRow struct {
@@ -210,4 +225,6 @@ type IdemflowStepRow struct {
 	Pending       bool
 	WaitingSince  *time.Time
 	DerivedKey    *string
+	SettleBy      *time.Time
+	Reference     *string
 }
