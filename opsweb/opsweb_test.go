@@ -311,6 +311,7 @@ type (
 		Attempts   int        `json:"attempts"`
 		DerivedKey string     `json:"derivedKey"`
 		ResolvedBy string     `json:"resolvedBy"`
+		SettleBy   *time.Time `json:"settleBy"`
 		StartedAt  *time.Time `json:"startedAt"`
 		FinishedAt *time.Time `json:"finishedAt"`
 		LastError  *string    `json:"lastError"`

@@ -69,6 +69,7 @@ type adminOperation struct {
 		Attempts   int     `json:"attempts"`
 		DerivedKey string  `json:"derivedKey"`
 		ResolvedBy string  `json:"resolvedBy"`
+		SettleBy   *string `json:"settleBy"`
 		LastError  *string `json:"lastError"`
 		LastCause  *string `json:"lastCause"`
 	} `json:"steps"`
