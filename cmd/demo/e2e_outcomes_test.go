@@ -205,7 +205,7 @@ func TestToldAnswersFinal(t *testing.T) {
 	// Every provider attempt fails: the provider step waits out its backoff
 	// between attempts, for the cancel.
 	d := startDemo(t, dbURL, &demoOpts{
-		args: []string{"-retry-backoff", "3s", "-wait", "200ms", "-provider-settle", "1s"},
+		args: []string{"-retry-backoff", "3s", "-wait", "200ms", "-provider-timeout", "500ms", "-provider-settle", "1s"},
 		env:  []string{"DEMO_FAIL=provider:1000"},
 	})
 	c := d.client(t, tokenA)
