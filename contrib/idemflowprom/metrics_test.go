@@ -2,8 +2,11 @@ package idemflowprom_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -125,4 +128,61 @@ idemflow_operations_waiting{operation="payout",reason="outcome"} 1
 idemflow_operations_in_progress{operation="idle"} 0
 idemflow_operations_in_progress{operation="payout"} 1
 `), "idemflow_step_attempts_total", "idemflow_operations_waiting", "idemflow_operations_in_progress"))
+}
+
+// families is a prometheus.Registerer that only writes down the names of the
+// metric families registered with it.
+type families map[string]bool
+
+var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+func (f families) Register(c prometheus.Collector) error {
+	ch := make(chan *prometheus.Desc)
+	go func() { c.Describe(ch); close(ch) }()
+	for d := range ch {
+		if m := fqName.FindStringSubmatch(d.String()); m != nil {
+			f[m[1]] = true
+		}
+	}
+	return nil
+}
+
+func (f families) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		_ = f.Register(c)
+	}
+}
+
+func (f families) Unregister(prometheus.Collector) bool { return false }
+
+// TestShippedRulesAndDashboard: the alerting rules and the Grafana dashboard
+// shipped in docs/ name only metric families that New registers (a
+// histogram's _bucket, _count and _sum series included), so that a renamed
+// metric cannot leave them silently empty. CI checks the rules' syntax and
+// behaviour with promtool.
+func TestShippedRulesAndDashboard(t *testing.T) {
+	t.Parallel()
+	known := families{}
+	_, err := idemflowprom.New(known, nil)
+	require.NoError(t, err)
+	require.True(t, known["idemflow_operations_waiting"])
+	name := regexp.MustCompile(`idemflow_[a-z_]+`)
+	for _, file := range []string{"../../docs/prometheus/idemflow-rules.yml", "../../docs/prometheus/idemflow-rules.test.yml", "../../docs/grafana/idemflow.json"} {
+		b, err := os.ReadFile(file)
+		require.NoError(t, err)
+		if strings.HasSuffix(file, ".json") {
+			require.True(t, json.Valid(b), "%s is JSON", file)
+		}
+		found := name.FindAllString(string(b), -1)
+		require.NotEmpty(t, found, file)
+		for _, n := range found {
+			base := n
+			for _, suffix := range []string{"_bucket", "_count", "_sum"} {
+				if b, ok := strings.CutSuffix(n, suffix); ok && known[b] {
+					base = b
+				}
+			}
+			require.True(t, known[base], "%s names %s, which idemflowprom does not export", file, n)
+		}
+	}
 }
