@@ -177,7 +177,7 @@ func TestPendingRefund(t *testing.T) {
 		c.awaitOperation(id, pollInterval, "the provider step waiting", func(op operation) bool {
 			return stepOf(t, op, "provider").Status == "waiting"
 		})
-		const gauge = `idemflow_operations_waiting_for_outcome{operation="refund"}`
+		const gauge = `idemflow_operations_waiting{operation="refund",reason="outcome"}`
 		require.Eventually(t, func() bool { return metricsOf(t, d)[gauge] == 1 }, finalTimeout, pollInterval, "the waiting operation is counted")
 		d.kill()
 
