@@ -233,6 +233,11 @@ const (
 	StepSucceeded StepOutcome = "succeeded"
 	// StepRetried: it failed transiently; another attempt follows.
 	StepRetried StepOutcome = "retried"
+	// StepPending: the outside service accepted the call (or its lookup found
+	// it still being processed) and gives its outcome later: the step waits
+	// for it. Not a failure: a healthy service may answer pending for a
+	// while.
+	StepPending StepOutcome = "pending"
 	// StepFailed: it failed for good (the operation fails, or is parked).
 	StepFailed StepOutcome = "failed"
 	// StepPanicked: it panicked (and is retried as a transient failure).

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 
@@ -135,6 +136,37 @@ func TestObserver(t *testing.T) {
 	stats, err := e.InProgress(ctx)
 	require.NoError(t, err)
 	require.Empty(t, stats, "nothing is in progress")
+}
+
+// TestObserverPending: a call answered Pending is counted as its own outcome,
+// StepPending, never StepRetried: the step waits for its outcome, it did not
+// fail. The lookup that finds it made ends the wait.
+func TestObserverPending(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	var calls atomic.Int32
+	op, err := engine.NewOperation("pend", []engine.Step[int, int]{
+		engine.ExternalStep("call", func(context.Context, engine.Attempt, int, *int) error {
+			calls.Add(1)
+			return engine.Pending("accepted; final status later")
+		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return true, nil }).Settle(time.Hour),
+	}, func(in int, _ *int) (int, error) { return in, nil },
+		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: 3}})
+	require.NoError(t, err)
+	rec := &recorder{}
+	e := idemflowtest.Engine(t, pool, &engine.Config{Observer: rec.observer()}, op)
+	fsHurry(t, pool)
+	s, err := engine.Start(context.Background(), e, op, "c", "k", 1, nil)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, fsWait(t, e, s.ID).Status)
+	require.Equal(t, int32(1), calls.Load(), "a pending call is not made again")
+	requireEvents(t, rec, []string{
+		"finished pend succeeded",
+		"lookup pend call #1 true",
+		"started pend/1",
+		"step pend call #1 pending",
+		"step pend call #1 succeeded", // found by the lookup
+	})
 }
 
 // TestObserverFinishedBeforeWait: a first attempt tells the observer that it

@@ -179,6 +179,12 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	if c.providerSettle, err = parsePositiveDuration(*providerSettle); err != nil {
 		return nil, fmt.Errorf("-provider-settle: %w", err)
 	}
+	// A request that timed out may land up to the provider's processing time
+	// later: a window shorter than the call's timeout would let a lookup
+	// conclude "not made" while the request may still be carried out.
+	if c.providerSettle < c.providerTimeout {
+		return nil, fmt.Errorf("-provider-settle: %s is shorter than -provider-timeout (%s): a request that timed out may still be carried out after its window", c.providerSettle, c.providerTimeout)
+	}
 	if c.reconcileInterval, err = time.ParseDuration(strings.TrimSpace(*reconcileInterval)); err != nil || c.reconcileInterval < 0 {
 		return nil, fmt.Errorf("-reconcile-interval: %q is not a duration of 0 or more", *reconcileInterval)
 	}

@@ -23,6 +23,8 @@ func TestParseConfigFailure(t *testing.T) {
 		require.Equal(t, 24*time.Hour, c.retention)
 		require.Nil(t, c.panics)
 		require.Nil(t, c.fails)
+		require.Equal(t, 10*time.Second, c.providerTimeout)
+		require.Equal(t, 2*time.Minute, c.providerSettle)
 	})
 
 	t.Run("Valid", func(t *testing.T) {
@@ -51,6 +53,14 @@ func TestParseConfigFailure(t *testing.T) {
 			{"FaultsEveryStep", nil, map[string]string{"DEMO_PANIC": "ledger:1", "DEMO_FAIL": "record:1"}, func(t *testing.T, c *config) {
 				require.Equal(t, &stepFault{step: "ledger", n: 1}, c.panics)
 				require.Equal(t, &stepFault{step: "record", n: 1}, c.fails)
+			}},
+			{"SettleAsLongAsTimeout", []string{"-provider-timeout", "500ms", "-provider-settle", "500ms"}, nil, func(t *testing.T, c *config) {
+				require.Equal(t, 500*time.Millisecond, c.providerTimeout)
+				require.Equal(t, 500*time.Millisecond, c.providerSettle)
+			}},
+			{"SettleShortWithShorterTimeout", nil, map[string]string{"DEMO_PROVIDER_TIMEOUT": "300ms", "DEMO_PROVIDER_SETTLE": "1s"}, func(t *testing.T, c *config) {
+				require.Equal(t, 300*time.Millisecond, c.providerTimeout)
+				require.Equal(t, time.Second, c.providerSettle)
 			}},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
@@ -88,6 +98,11 @@ func TestParseConfigFailure(t *testing.T) {
 			{"FailNegative", nil, map[string]string{"DEMO_FAIL": "ledger:-2"}, "DEMO_FAIL"},
 			{"FailNotNumber", nil, map[string]string{"DEMO_FAIL": "finalize:x"}, "DEMO_FAIL"},
 			{"FailUnknownStep", nil, map[string]string{"DEMO_FAIL": "refund:1"}, "DEMO_FAIL"},
+			{"SettleShorterThanDefaultTimeout", []string{"-provider-settle", "1s"}, nil, "-provider-settle: 1s is shorter than -provider-timeout (10s)"},
+			{"SettleShorterThanTimeout", []string{"-provider-timeout", "30s", "-provider-settle", "20s"}, nil, "-provider-settle: 20s is shorter than -provider-timeout (30s)"},
+			{"SettleShorterThanTimeoutEnv", nil, map[string]string{"DEMO_PROVIDER_TIMEOUT": "3m"}, "-provider-settle: 2m0s is shorter than -provider-timeout (3m0s)"},
+			{"SettleZero", []string{"-provider-settle", "0"}, nil, "-provider-settle"},
+			{"TimeoutZero", []string{"-provider-timeout", "0s"}, nil, "-provider-timeout"},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				t.Parallel()
@@ -103,6 +118,23 @@ func TestParseConfigFailure(t *testing.T) {
 				require.Contains(t, stderr.String(), tt.want)
 				require.Empty(t, stdout.String())
 			})
+		}
+	})
+
+	// demo ops takes the server's flags and refuses what the server refuses,
+	// before it opens a database: a shorter window would let an operator's
+	// "not made" come before the request can no longer land.
+	t.Run("OpsSettleShorterThanTimeout", func(t *testing.T) {
+		t.Parallel()
+		for _, args := range [][]string{
+			{"ops", "-provider-settle", "1s", "list"},
+			{"ops", "-provider-timeout", "5s", "-provider-settle", "4s", "resolve", "00000000-0000-0000-0000-000000000001", "not-made", "why"},
+		} {
+			var stdout, stderr bytes.Buffer
+			require.Equal(t, 2, run(args, envOf(map[string]string{"HOME": "/h"}), &stdout, &stderr), args)
+			require.Contains(t, stderr.String(), "demo ops: -provider-settle")
+			require.Contains(t, stderr.String(), "is shorter than -provider-timeout")
+			require.Empty(t, stdout.String())
 		}
 	})
 }

@@ -99,7 +99,7 @@ func TestOperatorsBrowser(t *testing.T) {
 
 	// A refund that fails: the provider answers 503 to each of its three
 	// attempts, and asked by key it has no refund.
-	d := startDemo(t, testdb.URL(t), &demoOpts{args: []string{"-max-attempts", "3", "-provider-settle", "500ms"}})
+	d := startDemo(t, testdb.URL(t), &demoOpts{args: []string{"-max-attempts", "3", "-provider-timeout", "500ms", "-provider-settle", "500ms"}})
 	c := d.client(t, tokenB)
 	c.createOrder("B-7", "cus_7", 3000)
 	c.setFault("error", 3, 0)
@@ -176,7 +176,7 @@ func TestResolveBrowser(t *testing.T) {
 	t.Parallel()
 	chromium := chromiumPath(t)
 	d := startDemo(t, testdb.URL(t), &demoOpts{args: []string{"-max-attempts", "1", "-retry-backoff", "30s", "-wait", "200ms",
-		"-provider-settle", "500ms", "-provider-url", "http://" + closedPort(t) + "/provider"}})
+		"-provider-timeout", "500ms", "-provider-settle", "500ms", "-provider-url", "http://" + closedPort(t) + "/provider"}})
 	c := d.client(t, tokenA)
 	c.createOrder("A-9", "cus_9", 3000)
 	key := newKey()

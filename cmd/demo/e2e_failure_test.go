@@ -301,7 +301,7 @@ func TestProviderOutOfAttempts(t *testing.T) {
 		t.Parallel()
 		const settle = 2 * time.Second
 		d := startDemo(t, testdb.URL(t), &demoOpts{
-			args: []string{"-max-attempts", "2", "-retry-backoff", "20ms", "-provider-settle", settle.String()},
+			args: []string{"-max-attempts", "2", "-retry-backoff", "20ms", "-provider-timeout", "500ms", "-provider-settle", settle.String()},
 			env:  []string{"DEMO_FAIL=provider:100"},
 		})
 		c := d.client(t, tokenA)
@@ -387,7 +387,7 @@ func TestProviderOutOfAttempts(t *testing.T) {
 		// Neither the refund nor the lookup gets an answer: nobody can tell
 		// whether the refund went through, so nothing is undone.
 		d := startDemo(t, testdb.URL(t), &demoOpts{args: []string{
-			"-max-attempts", "2", "-retry-backoff", "20ms", "-wait", "300ms", "-provider-settle", "1s",
+			"-max-attempts", "2", "-retry-backoff", "20ms", "-wait", "300ms", "-provider-timeout", "500ms", "-provider-settle", "1s",
 			"-provider-url", "http://" + closedPort(t) + "/provider",
 		}})
 		c := d.client(t, tokenA)

@@ -89,3 +89,41 @@ func TestMetrics(t *testing.T) {
 	require.Contains(t, m, `idemflow_oldest_in_progress_seconds{operation="refund"}`)
 	d.stop()
 }
+
+// TestMetricsPending: a refund that the provider accepts as pending counts its
+// provider attempt as outcome "pending", never "retried" (the provider did not
+// fail), and while it waits for the provider's word it is counted by
+// idemflow_operations_waiting{reason="outcome"}, back to 0 once it ended.
+func TestMetricsPending(t *testing.T) {
+	t.Parallel()
+	// The lookup is asked only after 10 s: the webhook settles it first, 3 s
+	// after the call. -lease 1s reads the gauges every second.
+	d := startDemo(t, testdb.URL(t), &demoOpts{args: []string{"-retry-backoff", "10s", "-wait", "200ms", "-lease", "1s"}})
+	c := d.client(t, tokenA)
+	c.createOrder("A-1", "cus_1", 5000)
+	c.setPending(1, 3000, "succeeded")
+
+	const (
+		pending = `idemflow_step_attempts_total{operation="refund",outcome="pending",step="provider"}`
+		retried = `idemflow_step_attempts_total{operation="refund",outcome="retried",step="provider"}`
+		waiting = `idemflow_operations_waiting{operation="refund",reason="outcome"}`
+	)
+	require.Contains(t, metricsOf(t, d), waiting, "declared at start")
+	key := newKey()
+	body := map[string]any{"orderId": "A-1", "amount": 700}
+	id := requireAccepted(t, c.post("/refunds", key, body))
+	c.awaitOperation(id, pollInterval, "the provider step waiting", func(op operation) bool {
+		return stepOf(t, op, "provider").Status == "waiting"
+	})
+	m := metricsOf(t, d)
+	require.Equal(t, 1.0, m[pending])
+	require.NotContains(t, m, retried, "pending is not a failed attempt")
+	require.Eventually(t, func() bool { return metricsOf(t, d)[waiting] == 1 }, finalTimeout, pollInterval, "the waiting refund is counted")
+
+	requireStatus(t, c.postUntilFinal("/refunds", key, body), http.StatusCreated)
+	m = metricsOf(t, d)
+	require.Equal(t, 1.0, m[pending])
+	require.NotContains(t, m, retried)
+	require.Eventually(t, func() bool { return metricsOf(t, d)[waiting] == 0 }, finalTimeout, pollInterval, "nothing waits once it ended")
+	d.stop()
+}

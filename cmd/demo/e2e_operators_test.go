@@ -77,7 +77,7 @@ type adminOperation struct {
 
 func TestOperators(t *testing.T) {
 	t.Parallel()
-	d := startDemo(t, testdb.URL(t), &demoOpts{args: []string{"-max-attempts", "3", "-provider-settle", "500ms"}})
+	d := startDemo(t, testdb.URL(t), &demoOpts{args: []string{"-max-attempts", "3", "-provider-timeout", "500ms", "-provider-settle", "500ms"}})
 	require.Contains(t, d.stdout.String(), adminToken, "the admin token is printed at start")
 	a, b := d.client(t, tokenA), d.client(t, tokenB)
 

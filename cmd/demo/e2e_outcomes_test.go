@@ -177,7 +177,7 @@ func TestPendingRefund(t *testing.T) {
 		c.awaitOperation(id, pollInterval, "the provider step waiting", func(op operation) bool {
 			return stepOf(t, op, "provider").Status == "waiting"
 		})
-		const gauge = `idemflow_operations_waiting_for_outcome{operation="refund"}`
+		const gauge = `idemflow_operations_waiting{operation="refund",reason="outcome"}`
 		require.Eventually(t, func() bool { return metricsOf(t, d)[gauge] == 1 }, finalTimeout, pollInterval, "the waiting operation is counted")
 		d.kill()
 
@@ -205,7 +205,7 @@ func TestToldAnswersFinal(t *testing.T) {
 	// Every provider attempt fails: the provider step waits out its backoff
 	// between attempts, for the cancel.
 	d := startDemo(t, dbURL, &demoOpts{
-		args: []string{"-retry-backoff", "3s", "-wait", "200ms", "-provider-settle", "1s"},
+		args: []string{"-retry-backoff", "3s", "-wait", "200ms", "-provider-timeout", "500ms", "-provider-settle", "1s"},
 		env:  []string{"DEMO_FAIL=provider:1000"},
 	})
 	c := d.client(t, tokenA)

@@ -429,7 +429,7 @@ func TestReconciliation(t *testing.T) {
 		// One attempt; the provider unreachable, so the refund waits past
 		// its 1 s window for an operator.
 		d := startDemo(t, dbURL, &demoOpts{args: append([]string{"-wait", "200ms", "-max-attempts", "1", "-retry-backoff", "30s",
-			"-provider-settle", "1s", "-provider-url", proxy.URL}, reconcileOnRequest...)})
+			"-provider-timeout", "500ms", "-provider-settle", "1s", "-provider-url", proxy.URL}, reconcileOnRequest...)})
 		c := d.client(t, tokenA)
 		c.createOrder("A-1", "cus_1", 5000)
 		down.Store(true)

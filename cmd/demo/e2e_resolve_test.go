@@ -71,7 +71,7 @@ func TestResolve(t *testing.T) {
 	// (which marks it needing attention), then not for 30 s: the operator's
 	// turn.
 	d := startDemo(t, dbURL, &demoOpts{args: []string{"-wait", "200ms", "-max-attempts", "1", "-retry-backoff", "30s",
-		"-provider-settle", "1s", "-provider-url", proxy.URL}})
+		"-provider-timeout", "500ms", "-provider-settle", "1s", "-provider-url", proxy.URL}})
 	c := d.client(t, tokenA)
 	pc := p.client(t, "")
 	down.Store(true)
@@ -152,7 +152,7 @@ func TestResolve(t *testing.T) {
 	t.Run("NotMadeFromTheCommandLine", func(t *testing.T) {
 		id, key, body := waiting(t, "R-2")
 		// demo ops takes the server's flags: its -provider-settle is the window.
-		res := demoOps(t, dbURL, "-provider-settle", "1s", "-actor", "erin", "resolve", id, "not-made", "the provider has no record of it")
+		res := demoOps(t, dbURL, "-provider-timeout", "500ms", "-provider-settle", "1s", "-actor", "erin", "resolve", id, "not-made", "the provider has no record of it")
 		require.Equal(t, 0, res.code, "stdout %s\nstderr %s", res.stdout, res.stderr)
 		final := c.postUntilFinal("/refunds", key, body)
 		requireError(t, final, http.StatusInternalServerError, "operation_failed")
@@ -163,7 +163,7 @@ func TestResolve(t *testing.T) {
 		require.Equal(t, "resolve", last.Action)
 		require.Equal(t, "erin", last.Actor)
 		require.Equal(t, "done", last.Result)
-		res = demoOps(t, dbURL, "-provider-settle", "1s", "resolve", id, "made", "pr_X", "too late")
+		res = demoOps(t, dbURL, "-provider-timeout", "500ms", "-provider-settle", "1s", "resolve", id, "made", "pr_X", "too late")
 		require.Equal(t, 1, res.code, "stdout %s\nstderr %s", res.stdout, res.stderr)
 		require.Contains(t, res.stderr, "not resolvable")
 	})

@@ -47,7 +47,8 @@
 //     key (Attempt.Key: what an external step's call sends, to find it in a
 //     provider's logs; Opts.OmitDerivedKey leaves it out)
 //   - idemflow.step.outcome: on an attempt, how it ended: "succeeded",
-//     "retried", "failed" or "panicked"
+//     "retried", "pending" (the call was accepted and its outcome comes
+//     later: the step waits for it), "failed" or "panicked"
 //
 // A lookup by derived key is an event of the attempt's span, idemflow.lookup,
 // with idemflow.step.name, idemflow.step.attempt and idemflow.lookup.found.
@@ -56,7 +57,9 @@
 //
 // Spans of what went well are left Unset, as OpenTelemetry asks of
 // instrumentation. An attempt that did not succeed is Error, described by its
-// outcome. A run is Error, with the error recorded, only when it failed
+// outcome, except a pending one: the outside service accepted the call and
+// answers later, which is no failure, so it is Unset (its outcome attribute
+// says "pending"). A run is Error, with the error recorded, only when it failed
 // itself: it lost its lease, the database failed it, the engine panicked. A run
 // that finished its operation is Unset even when the operation failed (a
 // business answer, or a compensated failure: idemflow.operation.status says

@@ -183,7 +183,9 @@ func (t *tracer) stepAttempted(ctx context.Context, s engine.StepEvent) {
 		return
 	}
 	st.span.SetAttributes(attrStepOutcome.String(string(s.Outcome)))
-	if s.Outcome != engine.StepSucceeded {
+	// A pending answer is no failure: the call was accepted, and its outcome
+	// comes later.
+	if s.Outcome != engine.StepSucceeded && s.Outcome != engine.StepPending {
 		desc := "attempt " + string(s.Outcome)
 		if s.Err != nil {
 			// For operators, as traces are: it may name internals.

@@ -422,6 +422,35 @@ func TestRunEndReasons(t *testing.T) {
 	})
 }
 
+// TestObserverPending: an attempt answered pending is no failure: its span
+// is Unset, its outcome "pending"; the run that waits for the outcome hands
+// the operation off, and the lookup that finds it made ends it in another run.
+func TestObserverPending(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t)
+	op, err := engine.NewOperation("pend", []engine.Step[int, int]{
+		engine.ExternalStep("bank", func(context.Context, engine.Attempt, int, *int) error {
+			return engine.Pending("accepted; final status later")
+		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return true, nil }).Settle(time.Hour),
+	}, func(in int, _ *int) (int, error) { return in, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond}})
+	require.NoError(t, err)
+	e := idemflowtest.Engine(t, idemflowtest.Pool(t, nil), &engine.Config{Observer: idemflowotel.Observer(rec.tp, nil)}, op)
+	s, err := engine.Start(t.Context(), e, op, "c", "k", 1, nil)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, idemflowtest.Wait(t, e, s).Status)
+	spans := rec.awaitRuns(t, 2)
+	runs := named(spans, "idemflow.run/pend")
+	require.Len(t, runs, 2, "%v", names(spans))
+	requireAttrs(t, runs[0], map[string]any{"idemflow.run.end_reason": string(engine.RunHandedOff)})
+	require.Equal(t, codes.Unset, runs[0].Status.Code)
+	requireAttrs(t, runs[1], map[string]any{"idemflow.operation.status": "succeeded"})
+	bank := named(spans, "idemflow.step/bank")
+	require.NotEmpty(t, bank)
+	requireAttrs(t, bank[0], map[string]any{"idemflow.step.outcome": "pending"})
+	require.Equal(t, codes.Unset, bank[0].Status.Code, "pending is no failure")
+	require.Empty(t, bank[0].Events, "no error recorded")
+}
+
 // TestObserverOff: without a provider, nothing is traced.
 func TestObserverOff(t *testing.T) {
 	t.Parallel()

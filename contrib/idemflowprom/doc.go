@@ -29,8 +29,12 @@
 //     that need attention (engine.Info.NeedsAttention)
 //   - idemflow_operator_requests_total{action,result}: operators' retries,
 //     cancels and resolves, done or refused
-//   - idemflow_operations_waiting_for_outcome{operation}: unfinished operations
-//     with a step that waits for its outcome (unknown or pending)
+//   - idemflow_operations_waiting{operation,reason}: unfinished operations
+//     waiting with no process busy on them, by reason: ReasonOutcome
+//     ("outcome"), a step waits for an outside service's word (its outcome
+//     unknown or pending)
+//   - idemflow_operations_waiting_for_outcome{operation}: deprecated, the same
+//     count as idemflow_operations_waiting{reason="outcome"}
 //   - idemflow_oldest_in_progress_seconds{operation}
 //   - idemflow_operations_waiting_for_version{operation,version}: unfinished
 //     operations of a version this process does not run

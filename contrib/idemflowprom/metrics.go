@@ -26,6 +26,13 @@ type Opts struct {
 	Logger *slog.Logger
 }
 
+// ReasonOutcome is the reason label of idemflow_operations_waiting for an
+// operation with a step that waits for an outside service's word: the call's
+// outcome is unknown or pending (engine.StepStatusWaiting). It sleeps in its
+// rows, no process busy on it but for a lookup now and then, until a lookup,
+// an event or an operator settles it.
+const ReasonOutcome = "outcome"
+
 // Metrics are an engine's metrics, registered with a Prometheus registerer.
 type Metrics struct {
 	opts Opts
@@ -42,8 +49,11 @@ type Metrics struct {
 	outcome    *prometheus.GaugeVec
 	operators  *prometheus.CounterVec
 	oldest     *prometheus.GaugeVec
-	waiting    *prometheus.GaugeVec
-	mismatches *prometheus.GaugeVec
+	// waiting is idemflow_operations_waiting{operation,reason};
+	// waitingVersion, idemflow_operations_waiting_for_version.
+	waiting        *prometheus.GaugeVec
+	waitingVersion *prometheus.GaugeVec
+	mismatches     *prometheus.GaugeVec
 
 	// mu guards seen, the operation types the gauges reported last time: a
 	// type with nothing in progress any more is reported 0, not dropped.
@@ -76,7 +86,7 @@ func New(reg prometheus.Registerer, opts *Opts) (*Metrics, error) {
 			Name: "idemflow_operations_finished_total", Help: "Operations that ended in this process, by status.",
 		}, []string{"operation", "status"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idemflow_step_attempts_total", Help: "Step attempts that ended in this process, by outcome (succeeded, retried, failed, panicked).",
+			Name: "idemflow_step_attempts_total", Help: "Step attempts that ended in this process, by outcome (succeeded, retried, pending, failed, panicked).",
 		}, []string{"operation", "step", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "idemflow_step_duration_seconds", Help: "Durations of step attempts.", Buckets: o.Buckets,
@@ -100,12 +110,15 @@ func New(reg prometheus.Registerer, opts *Opts) (*Metrics, error) {
 			Name: "idemflow_operator_requests_total", Help: "Operators' requests (retry, cancel, resolve) this process carried out or refused.",
 		}, []string{"action", "result"}),
 		outcome: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "idemflow_operations_waiting_for_outcome", Help: "Unfinished operations with a step that waits for its outcome: a call whose outcome is unknown or pending.",
+			Name: "idemflow_operations_waiting_for_outcome", Help: "Deprecated: idemflow_operations_waiting{reason=\"outcome\"}. Unfinished operations with a step that waits for its outcome: a call whose outcome is unknown or pending.",
 		}, []string{"operation"}),
+		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idemflow_operations_waiting", Help: "Unfinished operations waiting with no process busy on them, by reason (outcome: a step waits for an outside service's word).",
+		}, []string{"operation", "reason"}),
 		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemflow_oldest_in_progress_seconds", Help: "Age of the oldest unfinished operation (0 when none).",
 		}, []string{"operation"}),
-		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		waitingVersion: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemflow_operations_waiting_for_version", Help: "Unfinished operations of a version this process does not run: they wait for a process that does.",
 		}, []string{"operation", "version"}),
 		mismatches: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -116,7 +129,7 @@ func New(reg prometheus.Registerer, opts *Opts) (*Metrics, error) {
 	for _, k := range reconcile.Kinds {
 		m.mismatches.WithLabelValues(string(k)).Set(0)
 	}
-	for _, c := range []prometheus.Collector{m.started, m.finished, m.attempts, m.duration, m.recoveries, m.lookups, m.requests, m.inProgress, m.attention, m.outcome, m.oldest, m.waiting, m.operators, m.mismatches} {
+	for _, c := range []prometheus.Collector{m.started, m.finished, m.attempts, m.duration, m.recoveries, m.lookups, m.requests, m.inProgress, m.attention, m.outcome, m.waiting, m.oldest, m.waitingVersion, m.operators, m.mismatches} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -174,6 +187,7 @@ func (m *Metrics) Declare(defs ...engine.Definition) {
 		m.inProgress.WithLabelValues(d.Name()).Set(0)
 		m.attention.WithLabelValues(d.Name()).Set(0)
 		m.outcome.WithLabelValues(d.Name()).Set(0)
+		m.waiting.WithLabelValues(d.Name(), ReasonOutcome).Set(0)
 		m.oldest.WithLabelValues(d.Name()).Set(0)
 		m.seen[d.Name()] = true
 	}
@@ -213,7 +227,7 @@ func (m *Metrics) Refresh(ctx context.Context, e *engine.Engine) error {
 		oldest                    time.Duration
 	}
 	byName := map[string]*sums{}
-	m.waiting.Reset()
+	m.waitingVersion.Reset()
 	for _, s := range stats {
 		t := byName[s.Name]
 		if t == nil {
@@ -225,7 +239,7 @@ func (m *Metrics) Refresh(ctx context.Context, e *engine.Engine) error {
 		t.outcome += s.WaitingOutcome
 		t.oldest = max(t.oldest, s.Oldest)
 		if !s.Runnable {
-			m.waiting.WithLabelValues(s.Name, strconv.Itoa(s.Version)).Set(float64(s.Count))
+			m.waitingVersion.WithLabelValues(s.Name, strconv.Itoa(s.Version)).Set(float64(s.Count))
 		}
 	}
 	now := map[string]bool{}
@@ -233,6 +247,7 @@ func (m *Metrics) Refresh(ctx context.Context, e *engine.Engine) error {
 		m.inProgress.WithLabelValues(name).Set(float64(t.count))
 		m.attention.WithLabelValues(name).Set(float64(t.attention))
 		m.outcome.WithLabelValues(name).Set(float64(t.outcome))
+		m.waiting.WithLabelValues(name, ReasonOutcome).Set(float64(t.outcome))
 		m.oldest.WithLabelValues(name).Set(t.oldest.Seconds())
 		now[name] = true
 	}
@@ -241,6 +256,7 @@ func (m *Metrics) Refresh(ctx context.Context, e *engine.Engine) error {
 			m.inProgress.WithLabelValues(name).Set(0)
 			m.attention.WithLabelValues(name).Set(0)
 			m.outcome.WithLabelValues(name).Set(0)
+			m.waiting.WithLabelValues(name, ReasonOutcome).Set(0)
 			m.oldest.WithLabelValues(name).Set(0)
 		}
 	}

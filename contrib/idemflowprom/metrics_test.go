@@ -2,8 +2,11 @@ package idemflowprom_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -57,7 +60,7 @@ idemflow_operations_started_total{operation="pay"} 2
 # HELP idemflow_operations_finished_total Operations that ended in this process, by status.
 # TYPE idemflow_operations_finished_total counter
 idemflow_operations_finished_total{operation="pay",status="succeeded"} 2
-# HELP idemflow_step_attempts_total Step attempts that ended in this process, by outcome (succeeded, retried, failed, panicked).
+# HELP idemflow_step_attempts_total Step attempts that ended in this process, by outcome (succeeded, retried, pending, failed, panicked).
 # TYPE idemflow_step_attempts_total counter
 idemflow_step_attempts_total{operation="pay",outcome="retried",step="bank"} 1
 idemflow_step_attempts_total{operation="pay",outcome="succeeded",step="bank"} 2
@@ -74,4 +77,112 @@ idemflow_operations_in_progress{operation="pay"} 0
 `), "idemflow_operations_started_total", "idemflow_operations_finished_total", "idemflow_step_attempts_total", "idemflow_lookups_total",
 		"idemflow_idempotency_requests_total", "idemflow_operations_in_progress"))
 	require.Equal(t, 2, testutil.CollectAndCount(reg, "idemflow_step_duration_seconds"), "a histogram per step")
+}
+
+// TestMetricsPending: a call answered pending counts as outcome "pending",
+// not "retried", and its operation, waiting for the outcome, is counted by
+// idemflow_operations_waiting{reason="outcome"} (0 for a type with none).
+func TestMetricsPending(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := idemflowtest.Pool(t, nil)
+	reg := prometheus.NewRegistry()
+	m, err := idemflowprom.New(reg, nil)
+	require.NoError(t, err)
+
+	op, err := engine.NewOperation("payout", []engine.Step[int, int]{
+		engine.ExternalStep("bank", func(context.Context, engine.Attempt, int, *int) error {
+			return engine.Pending("accepted; final status later")
+		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) {
+			return false, engine.Pending("still processing")
+		}).Settle(time.Hour),
+		// The lookup is asked again only an hour later: the operation waits.
+	}, func(in int, _ *int) (int, error) { return in, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Hour}})
+	require.NoError(t, err)
+	idle, err := engine.NewOperation("idle", []engine.Step[int, int]{
+		engine.TxStep("a", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
+	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
+	require.NoError(t, err)
+	m.Declare(op, idle)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Observer: m.Observer()}, op, idle)
+
+	s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		info, err := e.Get(ctx, s.ID)
+		require.NoError(t, err)
+		return info.Steps[0].Status == engine.StepStatusWaiting
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, m.Refresh(ctx, e))
+
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP idemflow_step_attempts_total Step attempts that ended in this process, by outcome (succeeded, retried, pending, failed, panicked).
+# TYPE idemflow_step_attempts_total counter
+idemflow_step_attempts_total{operation="payout",outcome="pending",step="bank"} 1
+# HELP idemflow_operations_waiting Unfinished operations waiting with no process busy on them, by reason (outcome: a step waits for an outside service's word).
+# TYPE idemflow_operations_waiting gauge
+idemflow_operations_waiting{operation="idle",reason="outcome"} 0
+idemflow_operations_waiting{operation="payout",reason="outcome"} 1
+# HELP idemflow_operations_in_progress Unfinished operations in the database.
+# TYPE idemflow_operations_in_progress gauge
+idemflow_operations_in_progress{operation="idle"} 0
+idemflow_operations_in_progress{operation="payout"} 1
+`), "idemflow_step_attempts_total", "idemflow_operations_waiting", "idemflow_operations_in_progress"))
+}
+
+// families is a prometheus.Registerer that only writes down the names of the
+// metric families registered with it.
+type families map[string]bool
+
+var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+func (f families) Register(c prometheus.Collector) error {
+	ch := make(chan *prometheus.Desc)
+	go func() { c.Describe(ch); close(ch) }()
+	for d := range ch {
+		if m := fqName.FindStringSubmatch(d.String()); m != nil {
+			f[m[1]] = true
+		}
+	}
+	return nil
+}
+
+func (f families) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		_ = f.Register(c)
+	}
+}
+
+func (f families) Unregister(prometheus.Collector) bool { return false }
+
+// TestShippedRulesAndDashboard: the alerting rules and the Grafana dashboard
+// shipped in docs/ name only metric families that New registers (a
+// histogram's _bucket, _count and _sum series included), so that a renamed
+// metric cannot leave them silently empty. CI checks the rules' syntax and
+// behaviour with promtool.
+func TestShippedRulesAndDashboard(t *testing.T) {
+	t.Parallel()
+	known := families{}
+	_, err := idemflowprom.New(known, nil)
+	require.NoError(t, err)
+	require.True(t, known["idemflow_operations_waiting"])
+	name := regexp.MustCompile(`idemflow_[a-z_]+`)
+	for _, file := range []string{"../../docs/prometheus/idemflow-rules.yml", "../../docs/prometheus/idemflow-rules.test.yml", "../../docs/grafana/idemflow.json"} {
+		b, err := os.ReadFile(file)
+		require.NoError(t, err)
+		if strings.HasSuffix(file, ".json") {
+			require.True(t, json.Valid(b), "%s is JSON", file)
+		}
+		found := name.FindAllString(string(b), -1)
+		require.NotEmpty(t, found, file)
+		for _, n := range found {
+			base := n
+			for _, suffix := range []string{"_bucket", "_count", "_sum"} {
+				if b, ok := strings.CutSuffix(n, suffix); ok && known[b] {
+					base = b
+				}
+			}
+			require.True(t, known[base], "%s names %s, which idemflowprom does not export", file, n)
+		}
+	}
 }
