@@ -173,7 +173,7 @@ type StepInfo struct {
 func (e *Engine) Get(ctx context.Context, id uuid.UUID) (*Info, error) {
 	rec, err := e.store.OperationGet(ctx, e.pool, id)
 	if err != nil {
-		return nil, mapNotFound(err)
+		return nil, e.statementErr(ctx, err)
 	}
 	return e.infoWithSteps(ctx, rec)
 }
@@ -183,7 +183,7 @@ func (e *Engine) Get(ctx context.Context, id uuid.UUID) (*Info, error) {
 func (e *Engine) GetByKey(ctx context.Context, scope, key string) (*Info, error) {
 	rec, err := e.store.OperationGetByKey(ctx, e.pool, scope, key)
 	if err != nil {
-		return nil, mapNotFound(err)
+		return nil, e.statementErr(ctx, err)
 	}
 	return e.infoWithSteps(ctx, rec)
 }
