@@ -28,7 +28,8 @@ type schemaWatch struct {
 	// has not been read since).
 	verdict atomic.Pointer[schemaVerdict]
 	// checking is held while the build's statements are checked against the
-	// schema, so that concurrent health checks check once.
+	// schema, so that concurrent health checks check once, and while a
+	// statement's failure is recorded, so that it is logged once.
 	checking sync.Mutex
 	// rechecking is true while a refused start reads the version again.
 	rechecking atomic.Bool
@@ -147,6 +148,8 @@ func (e *Engine) schemaFault(ctx context.Context, err error) error {
 	if verr != nil || database <= build {
 		return nil
 	}
+	e.schema.checking.Lock() // so that concurrent starts log it once
+	defer e.schema.checking.Unlock()
 	return e.incompatible(ctx, database, build, err)
 }
 

@@ -191,7 +191,7 @@ func (e *Engine) GetByKey(ctx context.Context, scope, key string) (*Info, error)
 func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info, error) {
 	steps, err := e.store.StepListByOperation(ctx, e.pool, rec.ID)
 	if err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
+		return nil, e.statementErr(ctx, err)
 	}
 	info := infoFromRecord(rec)
 	if info.Audit, err = e.auditOf(ctx, rec.ID); err != nil {
