@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -149,4 +151,48 @@ func TestHealth(t *testing.T) {
 		require.NoError(t, err)
 		require.ErrorIs(t, e.Health(ctx), engine.ErrNotMigrated)
 	})
+}
+
+// TestHealthResume: a resume job that a process runs after a newer build's
+// migration that is not rolling is put back (snoozed) rather than failed, so
+// that it uses up no attempt, and a process that can run it does.
+func TestHealthResume(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e, op, b := setup(t, setupOpts{workers: true})
+	pool := b.pool
+
+	// An operation handed to a River job that is not due yet.
+	var started *engine.Started
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		if started, err = engine.StartTx(ctx, tx, e, op, "s", "k", transferIn{From: "a", To: "b", Amount: 5}, nil); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE river_job SET state = 'scheduled', scheduled_at = now() + interval '1 hour' WHERE kind = 'idemflow_resume'`)
+		return err
+	}))
+
+	_, err := pool.Exec(ctx, notRollingUp)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE river_job SET state = 'available', scheduled_at = now() WHERE kind = 'idemflow_resume'`)
+	require.NoError(t, err)
+	snoozed := func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce((metadata->>'snoozes')::int, 0) FROM river_job WHERE kind = 'idemflow_resume'`).Scan(&n))
+		return n > 0
+	}
+	require.Eventually(t, snoozed, fsTimeout, 10*time.Millisecond, "the job is put back")
+	require.ErrorIs(t, e.Health(ctx), engine.ErrIncompatibleSchema)
+
+	_, err = pool.Exec(ctx, notRollingDown)
+	require.NoError(t, err)
+	require.NoError(t, e.Health(ctx))
+	fsHurry(t, pool)
+	require.Equal(t, engine.StatusSucceeded, waitDone(t, e, started).Status)
+	var attempts int
+	var errs []byte
+	require.NoError(t, pool.QueryRow(ctx, `SELECT attempt, coalesce(array_to_json(errors), '[]')::text FROM river_job WHERE kind = 'idemflow_resume'`).Scan(&attempts, &errs))
+	require.Equal(t, "[]", string(errs), "no attempt failed")
+	require.Equal(t, 1, attempts, "the one that ran it")
 }
