@@ -58,17 +58,20 @@ type schemaVerdict struct {
 // before it name in every start): this process cannot work there, and should
 // be replaced by one of the newer build. Until then its starts are refused at
 // once, with the same error and nothing reserved (IsUnavailable is true of
-// it, so the idempotency package answers them 503 with Retry-After), and the
-// reason is logged once, naming the migrations that this build lacks. A
-// database moved back to this build's version clears it. The error matches
+// it, so the idempotency package answers them 503 with Retry-After), its
+// River workers put back the resume jobs they take (snoozed, using up no
+// attempt) for a process of the newer build, and the reason is logged once,
+// naming the migrations that this build lacks. A database moved back to this
+// build's version clears it. The error matches
 // ErrNotMigrated when the database lacks this build's migrations, and
 // ErrUnavailable when the database does not answer within ctx.
 //
 // It reads one row (the schema's version) on Config.ControlPool. Only while
 // the database is ahead of this build does it check this build's statements
 // against the schema, once per version there: PostgreSQL parses each, and
-// runs none. A start or a read (Get, GetByKey) whose statement fails on the
-// schema while the database is ahead gives the same verdict at once.
+// runs none. A start, a read (Get, GetByKey) or a resume whose statement
+// fails on the schema while the database is ahead gives the same verdict at
+// once.
 func (e *Engine) Health(ctx context.Context) error {
 	database, build, err := store.SchemaVersions(ctx, e.control)
 	switch {
