@@ -276,4 +276,10 @@
 // definitions lists the unfinished operations it could not run. To retire a
 // version: deploy with both, wait until Check with the new one alone returns
 // nothing, then deploy without the old one.
+//
+// idemflow's own schema has versions too (Migrate). A process left running
+// after a newer build migrated the database with a migration that its
+// statements do not fit (one that is not rolling) cannot work there: Health,
+// for a service's health check, returns ErrIncompatibleSchema, and its starts
+// are refused with it, reserving nothing, until it is replaced.
 package engine

@@ -254,7 +254,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		return fmt.Errorf("river ui: %w", err)
 	}
 	srv, err := demoapi.New(&demoapi.Config{
-		Pool: pool, Health: control, Engine: e, Workflows: wf, Clients: apiClients(cfg.clients),
+		Pool: pool, Engine: e, Workflows: wf, Clients: apiClients(cfg.clients),
 		Wait: cfg.wait, Provider: providerHandler, Logger: logger,
 		Metrics: promhttp.Handler(), ObserveRequest: metrics.ObserveRequest,
 		AdminToken: cfg.adminToken, RiverUI: riverUI, EntryPoints: entry,
