@@ -24,6 +24,11 @@ type Resolution struct {
 	Reference string
 	// Reason says why, for the audit and the logs. Required.
 	Reason string
+	// Failure, for a call not made, is the answer the operation ends with
+	// (made with Fail): a business answer, where the operation has one for a
+	// call that did nothing ("not charged"). Nil: CodeResolvedNotMade, a
+	// server fault. Ignored for a made call.
+	Failure *PermanentError
 }
 
 // Resolve closes, on an operator's word, what the engine cannot decide alone:
@@ -120,6 +125,9 @@ func (r *run) resolveStep(ctx context.Context, parked bool, res *Resolution) (*s
 				st.name, end.UTC().Format(time.RFC3339))
 		}
 	}
+	if f := res.Failure; f != nil && !res.Made && (f.Code == "" || f.Message == "") {
+		return nil, fmt.Errorf("engine: resolve %s: %w: the answer for a call not made needs a code and a message", r.id, ErrInvalidResolution)
+	}
 	if res.Made && st.resolve != nil && res.Reference == "" {
 		return nil, fmt.Errorf("engine: resolve %s: %w: step %s needs the reference of what the call made", r.id, ErrInvalidResolution, st.name)
 	}
@@ -196,6 +204,10 @@ func (r *run) resolveStep(ctx context.Context, parked bool, res *Resolution) (*s
 	}
 	r.refuseNotMade(st, true)
 	pe := fault(CodeResolvedNotMade, st.name, fmt.Sprintf("an operator resolved step %s as not made: %s", st.name, res.Reason))
+	if f := res.Failure; f != nil {
+		pe = &PermanentError{Code: f.Code, Message: f.Message, Details: f.Details, Step: st.name, Fault: f.ServerFault(),
+			Cause: fmt.Sprintf("an operator resolved step %s as not made: %s", st.name, res.Reason)}
+	}
 	r.failure = pe
 	r.status[st.name] = store.StepFailed
 	return &store.StepRecordFailureParams{
