@@ -80,6 +80,10 @@ func (e *Engine) resolve(ctx context.Context, id uuid.UUID, res Resolution) (*In
 		return nil, fmt.Errorf("engine: resolve %s: %w", id, ErrRunning)
 	case errors.Is(err, ErrNotResolvable), errors.Is(err, ErrResolutionContradicts), errors.Is(err, ErrInvalidResolution):
 		return nil, err
+	case errors.Is(err, store.ErrOutcomeSucceeded):
+		return nil, fmt.Errorf("engine: resolve %s: %w: the outside service reported the call succeeded", id, ErrResolutionContradicts)
+	case errors.Is(err, store.ErrMayLand):
+		return nil, fmt.Errorf("engine: resolve %s: %w: its last request may still land: %w", id, ErrNotResolvable, err)
 	case err != nil && !errors.Is(err, errHandedOff) && !errors.Is(err, errParked):
 		return nil, fmt.Errorf("engine: resolve %s: %w", id, err)
 	}
