@@ -61,6 +61,9 @@ type stepSpec[In, S any] struct {
 	// from the default.
 	settle    time.Duration
 	settleSet bool
+	// timeout bounds each call of an external step (zero: the engine sets
+	// none).
+	timeout   time.Duration
 	resolve   func(in In, state *S, reference string) error
 	reconcile func(in In, rec reconcile.Record) reconcile.Kind
 }
@@ -156,6 +159,25 @@ func (d ExternalStepDef[In, S]) Settle(window time.Duration) ExternalStepDef[In,
 	return d
 }
 
+// Timeout returns the step with d as the bound of each of its calls: the
+// context its function gets ends d after the attempt began, and the attempt
+// fails with the context's error then (an unknown outcome). The settle window
+// (Settle, or DefaultSettle) must be at least d: NewOperation refuses a
+// shorter one, since a request that timed out may still land after it. Zero,
+// the default, sets no bound (the function's own client bounds its calls).
+func (d ExternalStepDef[In, S]) Timeout(timeout time.Duration) ExternalStepDef[In, S] {
+	d.s.timeout = timeout
+	return d
+}
+
+// window is the step's settle window, the default when Settle was not called.
+func (s *stepSpec[In, S]) window() time.Duration {
+	if !s.settleSet {
+		return DefaultSettle
+	}
+	return s.settle
+}
+
 // Resolve returns the step with fn as what records, in the state, a call that
 // an operator says was made, under the outside service's reference (see
 // Engine.Resolve). Without one, an operator's "made" leaves the state as the
@@ -191,6 +213,8 @@ type stepDef struct {
 	retry      RetryPolicy
 	// settle is an external step's settle window (see ExternalStepDef.Settle).
 	settle time.Duration
+	// timeout bounds each call (ExternalStepDef.Timeout); zero: no bound.
+	timeout time.Duration
 	// resolve records an operator's reference in the state (ExternalStepDef.Resolve).
 	resolve func(in, state any, reference string) error
 	// reconcile compares a record with the input (ExternalStepDef.Reconcile).

@@ -338,7 +338,8 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 
 // refundConfig is the refund operations' configuration from the demo's flags.
 func refundConfig(cfg *config) *refund.Config {
-	return &refund.Config{Retry: retryPolicy(cfg), RefundVersions: cfg.versions, ProviderSettle: cfg.providerSettle}
+	return &refund.Config{Retry: retryPolicy(cfg), RefundVersions: cfg.versions, ProviderSettle: cfg.providerSettle,
+		ProviderTimeout: cfg.providerTimeout}
 }
 
 // providerHTTP is the provider client's HTTP, made once per process so that
