@@ -90,7 +90,7 @@ type Config[In any] struct {
 	Test TestConfig
 }
 
-// TestConfig holds the knobs of Config for tests.
+// TestConfig holds the knobs of Config and OutcomeConfig for tests.
 type TestConfig struct {
 	// NowFunc is the clock that signatures' timestamps are checked against.
 	// Defaults to time.Now.
