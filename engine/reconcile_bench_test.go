@@ -137,6 +137,7 @@ func TestReconcileBenchScenario(t *testing.T) {
 	require.Equal(t, map[string]int{
 		"ReconcileOperations": 9, "ReconcileSteps": 9, "MismatchUpsert": 6,
 		"ReconcileNow": 1, "MismatchClear": 1, "ReconciliationRunRecord": 1, "ReconciliationRunGet": 1, "MismatchList": 1,
+		"MismatchCount": 1,
 	}, queries.calls())
 }
 
