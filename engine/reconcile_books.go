@@ -76,23 +76,31 @@ type bookStep struct {
 	succeededAt time.Time
 }
 
-// bookSteps are the steps of ops as the books hold them, by operation and
-// name: their checkpoints, overridden by rows.
-func bookSteps(ops []store.ReconcileOperation, rows []store.ReconcileStep) map[stepKey]bookStep {
-	out := make(map[stepKey]bookStep, len(rows))
-	for i := range ops {
-		for name, c := range ops[i].Checkpointed {
-			out[stepKey{ops[i].ID, name}] = bookStep{state: store.StepSucceeded, reference: c.Reference, succeededAt: c.SucceededAt}
-		}
+// stepRows are step rows by operation and name.
+type stepRows map[stepKey]store.ReconcileStep
+
+func stepRowsOf(rows []store.ReconcileStep) stepRows {
+	out := make(stepRows, len(rows))
+	for _, r := range rows {
+		out[stepKey{r.OperationID, r.Name}] = r
 	}
-	for _, r := range rows { // a row wins over a checkpoint
+	return out
+}
+
+// bookStep returns the step name of op as the books hold it: its row, which
+// wins, else its checkpoint in op's row; false when neither exists.
+func (rows stepRows) bookStep(op *store.ReconcileOperation, name string) (bookStep, bool) {
+	if r, ok := rows[stepKey{op.ID, name}]; ok {
 		bs := bookStep{state: r.State, resolvedBy: ResolvedBy(r.ResolvedBy), output: r.Output}
 		if r.FinishedAt != nil {
 			bs.succeededAt = *r.FinishedAt
 		}
-		out[stepKey{r.OperationID, r.Name}] = bs
+		return bs, true
 	}
-	return out
+	if c, ok := op.Checkpoint(name); ok {
+		return bookStep{state: store.StepSucceeded, resolvedBy: ResolvedBy(c.ResolvedBy), reference: c.Reference, succeededAt: c.SucceededAt}, true
+	}
+	return bookStep{}, false
 }
 
 // stepKey names a step of an operation.
@@ -144,6 +152,15 @@ func (e *Engine) bookedReference(def *opDef, step string, bs bookStep, operatorR
 		return operatorRef
 	}
 	return ""
+}
+
+// resolvedByText names how a step's outcome was known, for a mismatch's
+// detail: a checkpoint from before "r" was kept names none.
+func resolvedByText(by ResolvedBy) string {
+	if by == "" {
+		return "its call or lookup"
+	}
+	return string(by)
 }
 
 // v7Floor is the least UUIDv7 of the millisecond of t: every id made from
@@ -212,11 +229,11 @@ func (e *Engine) checkBooks(ctx context.Context, source string, run *store.Recon
 		if err != nil {
 			return checked, err
 		}
-		steps := bookSteps(ops, rows)
+		steps := stepRowsOf(rows)
 		var operatorIDs []uuid.UUID
-		for k, bs := range steps {
-			if bs.resolvedBy == ResolvedByOperator {
-				operatorIDs = append(operatorIDs, k.id)
+		for _, r := range rows {
+			if ResolvedBy(r.ResolvedBy) == ResolvedByOperator {
+				operatorIDs = append(operatorIDs, r.OperationID)
 			}
 		}
 		refs := map[uuid.UUID]string{}
@@ -236,7 +253,7 @@ func (e *Engine) checkBooks(ctx context.Context, source string, run *store.Recon
 				if sd.kind != StepKindExternal || sd.source != source {
 					continue
 				}
-				bs, ok := steps[stepKey{op.ID, sd.name}]
+				bs, ok := steps.bookStep(op, sd.name)
 				if !ok || bs.state != store.StepSucceeded || bs.succeededAt.IsZero() ||
 					bs.succeededAt.After(run.StartedAt.Add(-sd.settle)) {
 					continue
@@ -247,11 +264,15 @@ func (e *Engine) checkBooks(ctx context.Context, source string, run *store.Recon
 					continue
 				}
 				ref := e.bookedReference(def, sd.name, bs, refs[op.ID])
+				under := ""
+				if ref != "" {
+					under = fmt.Sprintf(" under %q", ref)
+				}
 				found = append(found, store.Mismatch{
 					RecordKey: key, Kind: string(reconcile.MissingRecord), Reference: ref, RecordCreatedAt: bs.succeededAt,
 					OperationID: op.ID, Step: sd.name,
-					Detail: fmt.Sprintf("the step %s succeeded (under %q) at %s; %s lists no record under its key",
-						sd.name, ref, bs.succeededAt.UTC().Format(time.RFC3339), source),
+					Detail: fmt.Sprintf("the step %s succeeded%s at %s (resolved by %s); %s lists no record under its key",
+						sd.name, under, bs.succeededAt.UTC().Format(time.RFC3339), resolvedByText(bs.resolvedBy), source),
 				})
 			}
 		}

@@ -115,11 +115,7 @@ func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs [
 	if err != nil {
 		return nil, err
 	}
-	judgedOps := make([]store.ReconcileOperation, 0, len(matched))
-	for _, m := range matched {
-		judgedOps = append(judgedOps, *m.op)
-	}
-	byKey := bookSteps(judgedOps, steps)
+	byKey := stepRowsOf(steps)
 	var resolvedIDs []uuid.UUID
 	for _, s := range steps {
 		if ResolvedBy(s.ResolvedBy) == ResolvedByOperator {
@@ -135,7 +131,7 @@ func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs [
 
 	for _, m := range matched {
 		r, op := m.rec, m.op
-		st, recorded := byKey[stepKey{op.ID, m.step}]
+		st, recorded := byKey.bookStep(op, m.step)
 		succeeded := recorded && st.state == store.StepSucceeded
 		undone := recorded && st.state == store.StepCompensated
 		status := r.Status.OrDefault()
@@ -193,12 +189,8 @@ func (e *Engine) mayHaveExpired(id uuid.UUID, now time.Time) bool {
 func (e *Engine) compare(op *store.ReconcileOperation, step string, st bookStep, operatorRef string, r *reconcile.Record) (reconcile.Kind, string) {
 	def := e.def(op.Name, op.Version)
 	if booked := e.bookedReference(def, step, st, operatorRef); booked != "" && r.Reference != "" && booked != r.Reference {
-		by := string(st.resolvedBy)
-		if by == "" {
-			by = string(ResolvedByCall)
-		}
 		return reconcile.ReferenceDiffers, fmt.Sprintf("the books hold the step %s as made under %q (resolved by %s); the record is %q",
-			step, booked, by, r.Reference)
+			step, booked, resolvedByText(st.resolvedBy), r.Reference)
 	}
 	if def == nil {
 		return "", "" // another process's version: nothing to compare with here

@@ -4,15 +4,20 @@
 -- The operations that a page of records names by their keys' ids: what a
 -- record is matched against, with the steps checkpointed in the row (store
 -- migration 00010: succeeded, unless a step row overrides them), each with the
--- reference it recorded ("f", '' when none) and when it succeeded
--- (microseconds since 1970 UTC), in one order.
-SELECT id, name, version, scope, key, state, steps, input, key_seed, created_at,
-       coalesce(ARRAY(SELECT c.key FROM jsonb_each(checkpoints) AS c ORDER BY c.key), '{}')::text[] AS checkpointed,
-       coalesce(ARRAY(SELECT coalesce(c.value ->> 'f', '') FROM jsonb_each(checkpoints) AS c ORDER BY c.key), '{}')::text[] AS checkpoint_refs,
-       coalesce(ARRAY(SELECT (c.value ->> 's')::bigint + (c.value ->> 'd')::bigint FROM jsonb_each(checkpoints) AS c ORDER BY c.key),
-                '{}')::bigint[] AS checkpoint_done
-FROM idemflow_operation
-WHERE id = ANY (sqlc.arg(ids)::text[]::uuid[]);
+-- reference it recorded ("f", '' when none), how it was resolved ("r") and
+-- when it succeeded (microseconds since 1970 UTC), in one order: one pass
+-- over the checkpoints.
+SELECT o.id, o.name, o.version, o.scope, o.key, o.state, o.steps, o.input, o.key_seed, o.created_at,
+       coalesce(c.names, '{}')::text[] AS checkpointed, coalesce(c.refs, '{}')::text[] AS checkpoint_refs,
+       coalesce(c.bys, '{}')::text[] AS checkpoint_resolved_by, coalesce(c.done, '{}')::bigint[] AS checkpoint_done
+FROM idemflow_operation AS o
+LEFT JOIN LATERAL (
+    SELECT array_agg(e.key) AS names, array_agg(coalesce(e.value ->> 'f', '')) AS refs,
+           array_agg(coalesce(e.value ->> 'r', '')) AS bys,
+           array_agg((e.value ->> 's')::bigint + (e.value ->> 'd')::bigint) AS done
+    FROM jsonb_each(o.checkpoints) AS e
+) AS c ON true
+WHERE o.id = ANY (sqlc.arg(ids)::text[]::uuid[]);
 
 -- name: ReconcileBooks :many
 -- A page of the finished operations of the types names created from
@@ -21,17 +26,21 @@ WHERE id = ANY (sqlc.arg(ids)::text[]::uuid[]);
 -- the primary key from the first page's after; created_at, on the
 -- database's clock, is what decides. Their checkpoints as ReconcileOperations
 -- reads them.
-SELECT id, name, version, scope, key, state, key_seed, created_at,
-       coalesce(ARRAY(SELECT c.key FROM jsonb_each(checkpoints) AS c ORDER BY c.key), '{}')::text[] AS checkpointed,
-       coalesce(ARRAY(SELECT coalesce(c.value ->> 'f', '') FROM jsonb_each(checkpoints) AS c ORDER BY c.key), '{}')::text[] AS checkpoint_refs,
-       coalesce(ARRAY(SELECT (c.value ->> 's')::bigint + (c.value ->> 'd')::bigint FROM jsonb_each(checkpoints) AS c ORDER BY c.key),
-                '{}')::bigint[] AS checkpoint_done
-FROM idemflow_operation
-WHERE id > sqlc.arg(after)::uuid
-  AND created_at >= sqlc.arg(created_from)::timestamptz
-  AND state <> 'in_progress'
-  AND name = ANY (sqlc.arg(names)::text[])
-ORDER BY id
+SELECT o.id, o.name, o.version, o.scope, o.key, o.state, o.key_seed, o.created_at,
+       coalesce(c.names, '{}')::text[] AS checkpointed, coalesce(c.refs, '{}')::text[] AS checkpoint_refs,
+       coalesce(c.bys, '{}')::text[] AS checkpoint_resolved_by, coalesce(c.done, '{}')::bigint[] AS checkpoint_done
+FROM idemflow_operation AS o
+LEFT JOIN LATERAL (
+    SELECT array_agg(e.key) AS names, array_agg(coalesce(e.value ->> 'f', '')) AS refs,
+           array_agg(coalesce(e.value ->> 'r', '')) AS bys,
+           array_agg((e.value ->> 's')::bigint + (e.value ->> 'd')::bigint) AS done
+    FROM jsonb_each(o.checkpoints) AS e
+) AS c ON true
+WHERE o.id > sqlc.arg(after)::uuid
+  AND o.created_at >= sqlc.arg(created_from)::timestamptz
+  AND o.state <> 'in_progress'
+  AND o.name = ANY (sqlc.arg(names)::text[])
+ORDER BY o.id
 LIMIT sqlc.arg(max)::int;
 
 -- name: ReconcileSteps :many

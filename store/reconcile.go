@@ -27,30 +27,52 @@ type ReconcileOperation struct {
 	CreatedAt time.Time
 	// Checkpointed are the steps checkpointed in the operation's row:
 	// succeeded, unless a step row says otherwise.
-	Checkpointed map[string]Checkpointed
+	Checkpointed []Checkpointed
 }
 
 // Checkpointed is what a checkpoint in an operation's row tells
 // reconciliation of its step.
 type Checkpointed struct {
+	// Name is the step's.
+	Name string
 	// Reference is the outside service's reference that the step recorded
 	// (StepCheckpointParams.Reference); empty when none was.
 	Reference string
+	// ResolvedBy is how an external step's outcome was known ("call",
+	// "lookup"); empty for other steps.
+	ResolvedBy string
 	// SucceededAt is when the step succeeded.
 	SucceededAt time.Time
 }
 
-func checkpointedOf(names, refs []string, done []int64) map[string]Checkpointed {
-	out := make(map[string]Checkpointed, len(names))
+// Checkpoint returns the checkpoint of the step name, if the operation's row
+// holds one.
+func (o *ReconcileOperation) Checkpoint(name string) (Checkpointed, bool) {
+	for _, c := range o.Checkpointed {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return Checkpointed{}, false
+}
+
+func checkpointedOf(names, refs, bys []string, done []int64) []Checkpointed {
+	if len(names) == 0 {
+		return nil
+	}
+	out := make([]Checkpointed, len(names))
 	for i, n := range names {
-		c := Checkpointed{}
+		c := Checkpointed{Name: n}
 		if i < len(refs) {
 			c.Reference = refs[i]
+		}
+		if i < len(bys) {
+			c.ResolvedBy = bys[i]
 		}
 		if i < len(done) {
 			c.SucceededAt = time.UnixMicro(done[i])
 		}
-		out[n] = c
+		out[i] = c
 	}
 	return out
 }
@@ -65,7 +87,7 @@ func (s *Store) ReconcileOperations(ctx context.Context, db DBTX, ids []uuid.UUI
 	for i, r := range rows {
 		out[i] = ReconcileOperation{ID: uuid.UUID(r.ID), Name: r.Name, Version: int(r.Version), Scope: r.Scope,
 			Key: r.Key, State: OperationState(r.State), Steps: r.Steps, Input: r.Input, KeySecret: r.KeySeed,
-			CreatedAt: r.CreatedAt, Checkpointed: checkpointedOf(r.Checkpointed, r.CheckpointRefs, r.CheckpointDone)}
+			CreatedAt: r.CreatedAt, Checkpointed: checkpointedOf(r.Checkpointed, r.CheckpointRefs, r.CheckpointResolvedBy, r.CheckpointDone)}
 	}
 	return out, nil
 }
@@ -98,7 +120,7 @@ func (s *Store) ReconcileBooks(ctx context.Context, db DBTX, p ReconcileBooksPar
 	for i, r := range rows {
 		out[i] = ReconcileOperation{ID: uuid.UUID(r.ID), Name: r.Name, Version: int(r.Version), Scope: r.Scope,
 			Key: r.Key, State: OperationState(r.State), KeySecret: r.KeySeed, CreatedAt: r.CreatedAt,
-			Checkpointed: checkpointedOf(r.Checkpointed, r.CheckpointRefs, r.CheckpointDone)}
+			Checkpointed: checkpointedOf(r.Checkpointed, r.CheckpointRefs, r.CheckpointResolvedBy, r.CheckpointDone)}
 	}
 	return out, nil
 }

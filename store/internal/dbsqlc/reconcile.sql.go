@@ -266,17 +266,21 @@ func (q *Queries) MismatchUpsert(ctx context.Context, db DBTX, arg MismatchUpser
 }
 
 const reconcileBooks = `-- name: ReconcileBooks :many
-SELECT id, name, version, scope, key, state, key_seed, created_at,
-       coalesce(ARRAY(SELECT c.key FROM jsonb_each(checkpoints) AS c ORDER BY c.key), '{}')::text[] AS checkpointed,
-       coalesce(ARRAY(SELECT coalesce(c.value ->> 'f', '') FROM jsonb_each(checkpoints) AS c ORDER BY c.key), '{}')::text[] AS checkpoint_refs,
-       coalesce(ARRAY(SELECT (c.value ->> 's')::bigint + (c.value ->> 'd')::bigint FROM jsonb_each(checkpoints) AS c ORDER BY c.key),
-                '{}')::bigint[] AS checkpoint_done
-FROM idemflow_operation
-WHERE id > $1::uuid
-  AND created_at >= $2::timestamptz
-  AND state <> 'in_progress'
-  AND name = ANY ($3::text[])
-ORDER BY id
+SELECT o.id, o.name, o.version, o.scope, o.key, o.state, o.key_seed, o.created_at,
+       coalesce(c.names, '{}')::text[] AS checkpointed, coalesce(c.refs, '{}')::text[] AS checkpoint_refs,
+       coalesce(c.bys, '{}')::text[] AS checkpoint_resolved_by, coalesce(c.done, '{}')::bigint[] AS checkpoint_done
+FROM idemflow_operation AS o
+LEFT JOIN LATERAL (
+    SELECT array_agg(e.key) AS names, array_agg(coalesce(e.value ->> 'f', '')) AS refs,
+           array_agg(coalesce(e.value ->> 'r', '')) AS bys,
+           array_agg((e.value ->> 's')::bigint + (e.value ->> 'd')::bigint) AS done
+    FROM jsonb_each(o.checkpoints) AS e
+) AS c ON true
+WHERE o.id > $1::uuid
+  AND o.created_at >= $2::timestamptz
+  AND o.state <> 'in_progress'
+  AND o.name = ANY ($3::text[])
+ORDER BY o.id
 LIMIT $4::int
 `
 
@@ -288,17 +292,18 @@ type ReconcileBooksParams struct {
 }
 
 type ReconcileBooksRow struct {
-	ID             pguuid.UUID
-	Name           string
-	Version        int32
-	Scope          string
-	Key            string
-	State          string
-	KeySeed        []byte
-	CreatedAt      time.Time
-	Checkpointed   []string
-	CheckpointRefs []string
-	CheckpointDone []int64
+	ID                   pguuid.UUID
+	Name                 string
+	Version              int32
+	Scope                string
+	Key                  string
+	State                string
+	KeySeed              []byte
+	CreatedAt            time.Time
+	Checkpointed         []string
+	CheckpointRefs       []string
+	CheckpointResolvedBy []string
+	CheckpointDone       []int64
 }
 
 // A page of the finished operations of the types names created from
@@ -332,6 +337,7 @@ func (q *Queries) ReconcileBooks(ctx context.Context, db DBTX, arg ReconcileBook
 			&i.CreatedAt,
 			&i.Checkpointed,
 			&i.CheckpointRefs,
+			&i.CheckpointResolvedBy,
 			&i.CheckpointDone,
 		); err != nil {
 			return nil, err
@@ -359,37 +365,43 @@ func (q *Queries) ReconcileNow(ctx context.Context, db DBTX) (time.Time, error) 
 
 const reconcileOperations = `-- name: ReconcileOperations :many
 
-SELECT id, name, version, scope, key, state, steps, input, key_seed, created_at,
-       coalesce(ARRAY(SELECT c.key FROM jsonb_each(checkpoints) AS c ORDER BY c.key), '{}')::text[] AS checkpointed,
-       coalesce(ARRAY(SELECT coalesce(c.value ->> 'f', '') FROM jsonb_each(checkpoints) AS c ORDER BY c.key), '{}')::text[] AS checkpoint_refs,
-       coalesce(ARRAY(SELECT (c.value ->> 's')::bigint + (c.value ->> 'd')::bigint FROM jsonb_each(checkpoints) AS c ORDER BY c.key),
-                '{}')::bigint[] AS checkpoint_done
-FROM idemflow_operation
-WHERE id = ANY ($1::text[]::uuid[])
+SELECT o.id, o.name, o.version, o.scope, o.key, o.state, o.steps, o.input, o.key_seed, o.created_at,
+       coalesce(c.names, '{}')::text[] AS checkpointed, coalesce(c.refs, '{}')::text[] AS checkpoint_refs,
+       coalesce(c.bys, '{}')::text[] AS checkpoint_resolved_by, coalesce(c.done, '{}')::bigint[] AS checkpoint_done
+FROM idemflow_operation AS o
+LEFT JOIN LATERAL (
+    SELECT array_agg(e.key) AS names, array_agg(coalesce(e.value ->> 'f', '')) AS refs,
+           array_agg(coalesce(e.value ->> 'r', '')) AS bys,
+           array_agg((e.value ->> 's')::bigint + (e.value ->> 'd')::bigint) AS done
+    FROM jsonb_each(o.checkpoints) AS e
+) AS c ON true
+WHERE o.id = ANY ($1::text[]::uuid[])
 `
 
 type ReconcileOperationsRow struct {
-	ID             pguuid.UUID
-	Name           string
-	Version        int32
-	Scope          string
-	Key            string
-	State          string
-	Steps          []string
-	Input          []byte
-	KeySeed        []byte
-	CreatedAt      time.Time
-	Checkpointed   []string
-	CheckpointRefs []string
-	CheckpointDone []int64
+	ID                   pguuid.UUID
+	Name                 string
+	Version              int32
+	Scope                string
+	Key                  string
+	State                string
+	Steps                []string
+	Input                []byte
+	KeySeed              []byte
+	CreatedAt            time.Time
+	Checkpointed         []string
+	CheckpointRefs       []string
+	CheckpointResolvedBy []string
+	CheckpointDone       []int64
 }
 
 // The ids are text, cast here: every pgx query mode encodes a text array.
 // The operations that a page of records names by their keys' ids: what a
 // record is matched against, with the steps checkpointed in the row (store
 // migration 00010: succeeded, unless a step row overrides them), each with the
-// reference it recorded ("f", ” when none) and when it succeeded
-// (microseconds since 1970 UTC), in one order.
+// reference it recorded ("f", ” when none), how it was resolved ("r") and
+// when it succeeded (microseconds since 1970 UTC), in one order: one pass
+// over the checkpoints.
 func (q *Queries) ReconcileOperations(ctx context.Context, db DBTX, ids []string) ([]*ReconcileOperationsRow, error) {
 	rows, err := db.Query(ctx, reconcileOperations, ids)
 	if err != nil {
@@ -412,6 +424,7 @@ func (q *Queries) ReconcileOperations(ctx context.Context, db DBTX, ids []string
 			&i.CreatedAt,
 			&i.Checkpointed,
 			&i.CheckpointRefs,
+			&i.CheckpointResolvedBy,
 			&i.CheckpointDone,
 		); err != nil {
 			return nil, err
