@@ -194,7 +194,10 @@ func (d ExternalStepDef[In, S]) Reconcile(fn func(in In, rec reconcile.Record) r
 // step whose derived key the source does not list is reconcile.MissingRecord,
 // and one whose reference is not the record's is reconcile.ReferenceDiffers.
 // Without Records, a step is only judged from the records listed under its
-// key, and its reference only when an operator gave it.
+// key, and its reference only when an operator gave it. An engine without
+// the source (reconcile.Config.Sources) checks nothing the other way, and
+// still compares the reference with the records that another source lists
+// under the step's key.
 func (d ExternalStepDef[In, S]) Records(source string, reference func(state *S) string) ExternalStepDef[In, S] {
 	d.s.source, d.s.reference = source, reference
 	return d
