@@ -167,6 +167,11 @@ func (op *Operation[In, S, Out]) erase() *opDef {
 			fn := s.reconcile
 			sd.reconcile = func(in any, rec reconcile.Record) reconcile.Kind { return fn(in.(In), rec) }
 		}
+		sd.source = s.source
+		if s.reference != nil {
+			fn := s.reference
+			sd.reference = func(state any) string { return fn(state.(*S)) }
+		}
 		if s.compensate != nil {
 			fn := s.compensate
 			sd.compensate = func(ctx context.Context, tx Tx, at Attempt, in, state any) error {

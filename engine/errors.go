@@ -114,6 +114,9 @@ var (
 	// ErrUnknownSource is returned for a source name that Config.Reconcile does
 	// not have.
 	ErrUnknownSource = errors.New("no such reconciliation source")
+	// ErrInvalidCursor is returned by MismatchList for an After that is not
+	// a Next it gave.
+	ErrInvalidCursor = errors.New("invalid cursor")
 )
 
 // IsUnavailable reports whether err says that the database could not be

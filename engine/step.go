@@ -66,6 +66,9 @@ type stepSpec[In, S any] struct {
 	timeout   time.Duration
 	resolve   func(in In, state *S, reference string) error
 	reconcile func(in In, rec reconcile.Record) reconcile.Kind
+	// source and reference: see ExternalStepDef.Records.
+	source    string
+	reference func(state *S) string
 }
 
 // TxStepDef declares a transactional step. Make one with TxStep; its methods
@@ -201,6 +204,27 @@ func (d ExternalStepDef[In, S]) Reconcile(fn func(in In, rec reconcile.Record) r
 	return d
 }
 
+// Records returns the step with source as the reconciliation source
+// (reconcile.Source.Name) that lists the records its calls make, and
+// reference as what reads, from the operation's state after the step, the
+// source's reference for what it made (a provider's refund id), whoever
+// recorded it: its call, its lookup, an event or an operator (through
+// Resolve). reference may be nil, and may return "" for a state that holds
+// none.
+//
+// Reconciliation then looks both ways (see Engine.Reconcile): a succeeded
+// step whose derived key the source does not list is reconcile.MissingRecord,
+// and one whose reference is not the record's is reconcile.ReferenceDiffers.
+// Without Records, a step is only judged from the records listed under its
+// key, and its reference only when an operator gave it. An engine without
+// the source (reconcile.Config.Sources) checks nothing the other way, and
+// still compares the reference with the records that another source lists
+// under the step's key.
+func (d ExternalStepDef[In, S]) Records(source string, reference func(state *S) string) ExternalStepDef[In, S] {
+	d.s.source, d.s.reference = source, reference
+	return d
+}
+
 func (d ExternalStepDef[In, S]) spec() *stepSpec[In, S] { return &d.s }
 
 type stepDef struct {
@@ -219,6 +243,10 @@ type stepDef struct {
 	resolve func(in, state any, reference string) error
 	// reconcile compares a record with the input (ExternalStepDef.Reconcile).
 	reconcile func(in any, rec reconcile.Record) reconcile.Kind
+	// source lists the step's records, and reference reads the reference it
+	// recorded from the state after it (ExternalStepDef.Records).
+	source    string
+	reference func(state any) string
 }
 
 // pivot reports whether the step is a point of no return: it calls out and

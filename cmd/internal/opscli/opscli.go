@@ -219,12 +219,21 @@ func (c *commands) show(ctx context.Context, args []string) int {
 	return exitOK
 }
 
-// mismatches lists reconciliation's findings, oldest first; exit 1 when there
-// is any.
+// mismatches lists reconciliation's findings, every one, oldest first; exit
+// 1 when there is any.
 func (c *commands) mismatches(ctx context.Context) int {
-	ms, err := c.admin.Mismatches(ctx)
-	if err != nil {
-		return c.fail(err)
+	var ms []engine.Mismatch
+	opts := &engine.MismatchListOpts{Limit: 1000}
+	for {
+		page, err := c.admin.MismatchList(ctx, opts)
+		if err != nil {
+			return c.fail(err)
+		}
+		ms = append(ms, page.Mismatches...)
+		if page.Next == "" {
+			break
+		}
+		opts.After = page.Next
 	}
 	if len(ms) == 0 {
 		fmt.Fprintln(c.stdout, "no reconciliation mismatches")
