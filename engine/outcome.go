@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
@@ -90,6 +91,10 @@ func (e *Engine) RecordOutcome(ctx context.Context, tx pgx.Tx, o Outcome) (bool,
 	if err != nil {
 		return false, fmt.Errorf("engine: record outcome: %w", err)
 	}
+	if other, err := e.otherReference(ctx, tx, rec, step, so); err != nil || other {
+		// Not the step's: it changes nothing, and is a mismatch at once.
+		return err == nil, err
+	}
 	if held {
 		// The live run reads the inbox before it decides, and a decision of
 		// "not made" waits for this transaction (idemflow_refuse_not_made).
@@ -101,6 +106,49 @@ func (e *Engine) RecordOutcome(ctx context.Context, tx pgx.Tx, o Outcome) (bool,
 	e.logger.InfoContext(ctx, "outcome received for a waiting step; its operation is due at once",
 		slog.String("operation_id", id.String()), slog.String("operation", rec.Name), slog.String("step", step),
 		slog.String("status", so.Status))
+	return true, nil
+}
+
+// otherReference reports whether so names another reference than the one
+// the service gave for the pending call of the operation's waiting step; such
+// an outcome is not the step's, and is kept as a ReferenceDiffers mismatch of
+// the step's source (ExternalStepDef.Records) when this process knows it.
+func (e *Engine) otherReference(ctx context.Context, tx pgx.Tx, rec *store.Operation, step string, so store.Outcome) (bool, error) {
+	if so.Reference == "" {
+		return false, nil
+	}
+	steps, err := e.store.StepListByOperation(ctx, tx, rec.ID)
+	if err != nil {
+		return false, fmt.Errorf("engine: record outcome: %w", err)
+	}
+	pending := ""
+	for _, s := range steps {
+		if s.Name == step {
+			pending = s.Reference
+		}
+	}
+	if pending == "" || pending == so.Reference {
+		return false, nil
+	}
+	e.logger.WarnContext(ctx, "an outcome names another reference than the pending call of the step under its key; it is not the step's",
+		slog.String("operation_id", rec.ID.String()), slog.String("step", step), slog.String("event_id", so.EventID),
+		slog.String("reference", so.Reference), slog.String("pending_reference", pending))
+	def := e.def(rec.Name, rec.Version)
+	if def == nil {
+		return true, nil
+	}
+	i, ok := def.index[step]
+	if !ok || def.steps[i].source == "" {
+		return true, nil
+	}
+	m := store.Mismatch{
+		RecordKey: so.DerivedKey, Kind: string(reconcile.ReferenceDiffers), Reference: so.Reference, Amount: so.Amount,
+		RecordStatus: so.Status, RecordCreatedAt: time.Now(), Data: so.Data, OperationID: rec.ID, Step: step,
+		Detail: fmt.Sprintf("event %s names %s; the service answered %s for the pending call", so.EventID, so.Reference, pending),
+	}
+	if err := e.store.MismatchUpsert(ctx, tx, def.steps[i].source, []store.Mismatch{m}); err != nil {
+		return false, fmt.Errorf("engine: record outcome: %w", err)
+	}
 	return true, nil
 }
 

@@ -235,6 +235,47 @@ func TestRecordOutcome(t *testing.T) {
 		require.Equal(t, []string{waiting.Steps[1].DerivedKey}, keys, "only the waiting step's outcome is kept past retention")
 	})
 
+	t.Run("AnotherReferenceIsNotTheStepsOutcome", func(t *testing.T) {
+		t.Parallel()
+		p := newLateProvider(func(n int32) string {
+			if n == 1 {
+				return "pending-ref"
+			}
+			return ""
+		})
+		noop := func(context.Context, engine.Tx, engine.Attempt, int, *lateState) error { return nil }
+		op, err := engine.NewOperation("other_reference", []engine.Step[int, lateState]{
+			engine.TxStep("hold", noop).Compensate(func(context.Context, engine.Tx, engine.Attempt, int, *lateState) error {
+				p.undos.Add(1)
+				return nil
+			}),
+			engine.ExternalStep("pay", p.call).Lookup(p.lookup).Settle(time.Hour).
+				Resolve(func(_ int, s *lateState, ref string) error { s.Ref = ref; return nil }).
+				Records("provider", func(s *lateState) string { return s.Ref }),
+		}, func(_ int, s *lateState) (string, error) { return s.Ref, nil },
+			&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: 3}})
+		require.NoError(t, err)
+		e, pool := lateEngine(t, op)
+		s, waiting := startWaiting(t, e, op)
+		key := waiting.Steps[1].DerivedKey
+		require.Equal(t, "ref:"+key[:8], waiting.Steps[1].Reference, "the pending call's reference is kept")
+		_, err = recordOutcome(t, e, pool, succeededOutcome("evt_other", key, "someone else's"))
+		require.NoError(t, err)
+		list, err := e.MismatchList(ctx, nil)
+		require.NoError(t, err)
+		require.Len(t, list.Mismatches, 1)
+		require.Equal(t, reconcile.ReferenceDiffers, list.Mismatches[0].Kind)
+		require.Equal(t, s.ID, list.Mismatches[0].OperationID)
+		// The step's own outcome, under the pending call's reference, counts.
+		_, err = recordOutcome(t, e, pool, succeededOutcome("evt_own", key, "ref:"+key[:8]))
+		require.NoError(t, err)
+		info := fsWait(t, e, s.ID)
+		require.Equal(t, engine.StatusSucceeded, info.Status)
+		out, err := op.Result(info)
+		require.NoError(t, err)
+		require.Equal(t, "ref:"+key[:8], out)
+	})
+
 	t.Run("BadInput", func(t *testing.T) {
 		t.Parallel()
 		p := newLateProvider(pendingOnce)

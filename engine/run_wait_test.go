@@ -77,6 +77,9 @@ func (p *lateProvider) call(ctx context.Context, at engine.Attempt, _ int, s *la
 	case "pending":
 		p.pending[at.Key] = true
 		return engine.Pending("accepted; final status later")
+	case "pending-ref":
+		p.pending[at.Key] = true
+		return engine.PendingAs("ref:"+at.Key[:8], "accepted under a reference; final status later")
 	}
 	p.made[at.Key] = true
 	s.Ref = "made:" + at.Key[:8]
