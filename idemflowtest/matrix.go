@@ -59,7 +59,9 @@ type Run struct {
 	// of a proxy of its own that injects the faults (see Service): the
 	// operation's own client, decoding and lookup meet each one. Without
 	// Services, the fault matrix injects at the engine instead (see Fault),
-	// where the operation's decoding of an answer never runs.
+	// where the operation's decoding of an answer never runs. With them,
+	// every external step's calls must reach one: a fault that no call of its
+	// step met is reported as not injected.
 	Services map[string]Service
 }
 

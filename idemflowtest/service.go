@@ -174,6 +174,7 @@ func startProxy(t *testing.T, name, rawURL string, svc Service, pl *plan) string
 
 // ServeHTTP forwards r to the service, or injects the plan's fault.
 func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	arrived := time.Now() // the client's timeout runs from before it
 	w.Header().Set("Connection", "close")
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
@@ -220,10 +221,10 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			drop(w)
 		case FaultTimeout:
 			_, _ = p.forward(pl.ctx, r, body)
-			p.hold(r)
+			p.hold(r, arrived)
 			drop(w)
 		case FaultLateLanding:
-			timeout := p.hold(r)
+			timeout := p.hold(r, arrived)
 			drop(w)
 			p.land(r, body, timeout)
 		}
@@ -298,9 +299,9 @@ func (p *proxy) injected() {
 }
 
 // hold holds the answer back until the client gives up (its timeout), at
-// most holdMax, and returns how long the client waited.
-func (p *proxy) hold(r *http.Request) time.Duration {
-	start := time.Now()
+// most holdMax, and returns how long the client waited since the request
+// arrived.
+func (p *proxy) hold(r *http.Request, arrived time.Time) time.Duration {
 	t := time.NewTimer(holdMax)
 	defer t.Stop()
 	select {
@@ -309,7 +310,7 @@ func (p *proxy) hold(r *http.Request) time.Duration {
 	case <-t.C:
 		p.plan.problem(fmt.Errorf("idemflowtest: step %s's call did not give up in %s without an answer: give its HTTP client a timeout", p.plan.step, holdMax))
 	}
-	return time.Since(start)
+	return time.Since(arrived)
 }
 
 // land makes the call that the client gave up on land at the service just
@@ -326,6 +327,7 @@ func (p *proxy) land(r *http.Request, body []byte, timeout time.Duration) {
 	gaveUp := time.Now()
 	tick := time.NewTicker(TestPollInterval)
 	defer tick.Stop()
+	// sentAt is when the step's window began, by the database's clock.
 	var settleBy, sentAt time.Time
 	for settleBy.IsZero() {
 		select {
@@ -351,10 +353,17 @@ func (p *proxy) land(r *http.Request, body []byte, timeout time.Duration) {
 				break // still calling: its window is not fixed yet
 			}
 			// Out of calls (waiting), or ended: the window is the one the
-			// database fixed when its last call failed.
+			// database fixed when its last call failed, from its clock at
+			// that moment (waiting since, or finished at).
 			settleBy = time.Now()
-			if s.SettleBy != nil && s.SentAt != nil {
-				settleBy, sentAt = *s.SettleBy, *s.SentAt
+			if s.SettleBy != nil {
+				settleBy = *s.SettleBy
+				for _, at := range []*time.Time{s.WaitingSince, s.FinishedAt, s.SentAt} {
+					if at != nil {
+						sentAt = *at
+						break
+					}
+				}
 			}
 		}
 		if op.Status != engine.StatusInProgress && settleBy.IsZero() {
@@ -363,7 +372,7 @@ func (p *proxy) land(r *http.Request, body []byte, timeout time.Duration) {
 	}
 	if !sentAt.IsZero() {
 		if window := settleBy.Sub(sentAt); window < timeout {
-			pl.problem(fmt.Errorf("idemflowtest: step %s's settle window (about %s, from its settleBy) is shorter than its call's timeout (about %s): a request the service takes as long to carry out as the step waits for its answer lands after the window, and its lookup takes it for not made",
+			pl.problem(fmt.Errorf("idemflowtest: step %s's settle window (about %s, by its settleBy) is shorter than its call's timeout (about %s): a request the service takes as long to carry out as the step waits for its answer lands after the window, and its lookup takes it for not made",
 				pl.step, window.Round(time.Millisecond), timeout.Round(time.Millisecond)))
 		}
 	}
