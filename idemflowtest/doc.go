@@ -68,9 +68,60 @@
 //	m.Faults(t)
 //
 // Matrix.Faults does the same in the test process for each Fault of each
-// external step's first attempt (Faults lists them): an error before the call,
-// an answer lost after it took effect, a timeout after it took effect, a call
-// that lands at the service LateLanding after it timed out, and a pending
-// outcome (PendingFor). A step whose settle window is shorter than the
-// landing compensates a call that went through, and fails its Check.
+// external step (Faults lists them), and runs the check after each.
+//
+// # Outcome faults, at the transport
+//
+// A Run that names its outside services (Run.Services: the Env entries that
+// hold their base URLs, and how each words a decline and a pending answer)
+// gets its faults where a real service's come from: the kit serves a proxy in
+// front of each service, in the test process, and hands the operation the
+// proxy's URL in Env. The operation's own client, classification, decoding
+// and lookup then meet a dropped connection (FaultError, FaultLostResponse),
+// the timeout of its own client (FaultTimeout), a decline (FaultDeclined), a
+// pending answer whose lookup says "pending" and then succeeded
+// (FaultPending) or failed (FaultPendingFailed), and a call that lands late
+// (FaultLateLanding):
+//
+//	return &idemflowtest.Run{
+//		Env:      map[string]string{"card": card.URL()},
+//		Services: map[string]idemflowtest.Service{"card": {
+//			Declined:      func(key string) idemflowtest.Answer { return idemflowtest.Answer{Status: 402, Body: `{"code":"card_declined"}`} },
+//			Pending:       func(key string) idemflowtest.Answer { return idemflowtest.Answer{Status: 202, Body: `{"status":"pending"}`} },
+//			LookupPending: func(key string) idemflowtest.Answer { return idemflowtest.Answer{Status: 200, Body: `{"status":"pending"}`} },
+//			LookupFailed:  func(key string) idemflowtest.Answer { return idemflowtest.Answer{Status: 200, Body: `{"status":"failed"}`} },
+//		}},
+//		Check: ..., // a top-up that succeeded was charged and credited once; one that failed, neither
+//	}
+//
+// The late landing is placed by the step's own window: the call is held until
+// the client gives up, and carried out just inside the settleBy that the
+// database fixed once the step ran out of calls, so that its lookup must find
+// it. A step whose settle window is shorter than its call's timeout fails the
+// point whatever its books say: a service may take as long to carry out a
+// request as the step waits for its answer.
+//
+// With Services, the crash matrix also kills the process after the step's
+// first call was answered declined ("<step>/after-declined") and after it was
+// answered pending ("<step>/after-pending"): the answer read, its checkpoint
+// not committed. The resume must come to the same books.
+//
+// Without Services, the fault matrix injects at the engine (engine.Config.Test),
+// as it did before: the step's function or lookup is made to return an error
+// it never wrote, the call lands LateLanding after it, and FaultDeclined and
+// FaultPendingFailed are not tried. It shows that the engine keeps its word;
+// only the outcome faults show that the operation reads its service right.
+// idemflowtest's own outcome_matrix_test.go plants a top-up that credits on
+// "pending", one that credits before its capture, and one whose window (10ms)
+// is shorter than its call timeout, and shows the outcome faults catch each.
+//
+// # Logs
+//
+// The engines the kit makes log warnings and errors only, to stderr, when
+// their configuration gives no Logger, so that a matrix's table and its
+// broken invariants stand out. The environment variable IDEMFLOWTEST_LOG
+// ("debug", "info", "warn", "error") sets the level, in a crash matrix's
+// child too:
+//
+//	IDEMFLOWTEST_LOG=info go test -run TestTopUpFaults -v
 package idemflowtest

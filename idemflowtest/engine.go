@@ -27,8 +27,8 @@ const stopTimeout = 30 * time.Second
 //
 // cfg may be nil. Its zero Lease, SweepInterval and PollInterval take
 // TestLease, TestSweepInterval and TestPollInterval, so that retries and
-// resumes after a crash happen within the test; the rest is the engine's
-// defaults. defs are added to its Operations. A test that sets the engine's
+// resumes after a crash happen within the test; a nil Logger logs warnings and
+// errors only (see EnvLog); the rest is the engine's defaults. defs are added to its Operations. A test that sets the engine's
 // fault hooks (cfg.Test) uses HookEvent and the Point constants.
 //
 //	func TestRefund(t *testing.T) {
@@ -58,6 +58,9 @@ func NewEngine(tb testing.TB, pool *pgxpool.Pool, cfg *engine.Config, defs ...en
 		c = *cfg
 	}
 	c.Operations = append(append([]engine.Definition(nil), c.Operations...), defs...)
+	if c.Logger == nil {
+		c.Logger = logger()
+	}
 	if c.Lease == 0 {
 		c.Lease = TestLease
 	}

@@ -46,3 +46,35 @@ func ExampleNewEngine() {
 	}
 	_ = testSweep
 }
+
+// A Run whose card service the fault matrix reaches through the kit's proxy:
+// the service's URL in Env, and how it says "declined" and "pending", so that
+// the operation's own decoding meets a decline, and a pending charge that
+// then succeeds or fails. (An example has no *testing.T, so this one only
+// compiles.)
+func ExampleService() {
+	card := idemflowtest.Service{
+		Declined: func(string) idemflowtest.Answer {
+			return idemflowtest.Answer{Status: 402, Body: `{"code":"card_declined"}`}
+		},
+		Pending: func(key string) idemflowtest.Answer {
+			return idemflowtest.Answer{Status: 202, Body: `{"id":"ch_` + key + `","status":"pending"}`}
+		},
+		LookupPending: func(key string) idemflowtest.Answer {
+			return idemflowtest.Answer{Status: 200, Body: `{"id":"ch_` + key + `","status":"pending"}`}
+		},
+		LookupFailed: func(key string) idemflowtest.Answer {
+			return idemflowtest.Answer{Status: 200, Body: `{"id":"ch_` + key + `","status":"failed"}`}
+		},
+	}
+	setup := func(t *testing.T, cardURL string) *idemflowtest.Run {
+		return &idemflowtest.Run{
+			Env:      map[string]string{"card": cardURL},
+			Services: map[string]idemflowtest.Service{"card": card},
+			Check: func(ctx context.Context, info *engine.Info) error {
+				return nil // charged and credited once if it succeeded; neither if it failed
+			},
+		}
+	}
+	_ = setup
+}

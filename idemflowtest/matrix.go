@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"regexp"
@@ -49,8 +50,19 @@ type Run struct {
 	Env map[string]string
 	// Check says whether the books are right once the operation has finished
 	// or been parked (info has its steps): nil, or an error that names the
-	// broken invariant ("2 bank payouts for one key").
+	// broken invariant ("2 bank payouts for one key"). It sees every outcome
+	// the faults lead to: a declined call fails the operation, and the books
+	// must say so too.
 	Check func(ctx context.Context, info *engine.Info) error
+	// Services are the outside services the operation calls over HTTP, by the
+	// name in Env of their base URL. The kit puts in Env, in its place, the URL
+	// of a proxy of its own that injects the faults (see Service): the
+	// operation's own client, decoding and lookup meet each one. Without
+	// Services, the fault matrix injects at the engine instead (see Fault),
+	// where the operation's decoding of an answer never runs. With them,
+	// every external step's calls must reach one: a fault that no call of its
+	// step met is reported as not injected.
+	Services map[string]Service
 }
 
 // Result is the outcome of one point of a matrix.
@@ -70,40 +82,75 @@ type Result struct {
 	Err error
 }
 
-// Fault names a failure of an external step's call.
+// Fault names a failure, or an outcome, of an external step's call.
+//
+// With Run.Services, each is injected by the kit's proxy, on the way between
+// the operation's client and the service, on the step's first call: the
+// operation reads a dropped connection, a timeout of its own client, or the
+// service's own words for a decline or a pending call (Service), and decodes
+// them itself. Without, the fault matrix injects the first five at the engine
+// (engine.Config.Test) as before: the step's function, or its lookup, is made
+// to return an error it never wrote, so the operation's reading of the
+// service's answers goes untested; FaultDeclined and FaultPendingFailed need
+// Services.
 type Fault string
 
-// The faults of the fault matrix, each on the first attempt of one external
-// step.
+// The faults of the fault matrix, each on one external step.
 const (
-	// FaultError: the call fails before it reaches the service.
+	// FaultError: the step's first call fails before it reaches the service
+	// (its connection is dropped).
 	FaultError Fault = "error"
-	// FaultLostResponse: the call takes effect and its answer is lost.
+	// FaultLostResponse: the first call takes effect and its answer is lost
+	// (the connection is dropped).
 	FaultLostResponse Fault = "lost-response"
-	// FaultTimeout: the call takes effect and the step times out waiting for
-	// its answer.
+	// FaultTimeout: the first call takes effect and its answer is held back
+	// until the client's own timeout.
 	FaultTimeout Fault = "timeout"
-	// FaultLateLanding: the call times out and lands at the service only
-	// LateLanding later: the step's lookup finds nothing until then. The
-	// attempt's answer is lost to a server fault (engine.Permanent), which
-	// ends the step's calls at once, so that only the lookup, after the
-	// step's settle window, decides: a step whose window is shorter than the
-	// landing compensates a call that went through.
+	// FaultLateLanding: the first call is held until the client's timeout,
+	// not carried out, and lands at the service just inside the step's settle
+	// window (a quarter of the window, at most 250ms, before the settleBy the
+	// database fixed; at most 10 seconds after the call gave up): the step's
+	// lookup finds nothing until then, and must find it after. Its later
+	// attempts are refused before they are sent (engine.Permanent), so that
+	// only the lookup decides. A window shorter than the call's timeout fails
+	// the point whatever the books say: a service may take as long to carry
+	// out a request as the step waits for its answer. (Without Services, the
+	// call lands LateLanding after it and no timeout is known.)
 	FaultLateLanding Fault = "late-landing"
-	// FaultPending: the service accepts the call as pending (the attempt
-	// answers engine.Pending) and its lookup answers "still pending" for
-	// PendingFor, then the call's outcome as the service has it.
+	// FaultPending: the first call takes effect and is answered "pending" in
+	// the service's words; its lookup answers "pending" until PendingFor has
+	// passed and it said so once, then the service's own answer: pending
+	// then succeeded. (Without Services: engine.Pending, at the engine.)
 	FaultPending Fault = "pending"
+	// FaultPendingFailed: the first call is answered "pending" and takes no
+	// effect; the lookup answers "pending", then the service's failure
+	// (Service.LookupFailed). Needs Services.
+	FaultPendingFailed Fault = "pending-failed"
+	// FaultDeclined: every call under the step's key is declined in the
+	// service's words (Service.Declined) and takes no effect. Needs Services.
+	FaultDeclined Fault = "declined"
 )
 
-// How late FaultLateLanding lands, and how long FaultPending stays pending.
+// How late FaultLateLanding lands when the faults are injected at the engine
+// (without Run.Services), and how long FaultPending stays pending.
 const (
 	LateLanding = 300 * time.Millisecond
 	PendingFor  = 300 * time.Millisecond
 )
 
 // Faults lists every Fault, in the order the fault matrix tries them.
-var Faults = []Fault{FaultError, FaultLostResponse, FaultTimeout, FaultLateLanding, FaultPending}
+var Faults = []Fault{FaultError, FaultLostResponse, FaultTimeout, FaultLateLanding, FaultPending, FaultPendingFailed, FaultDeclined}
+
+// engineFaults are the faults injected at the engine, without Run.Services.
+var engineFaults = []Fault{FaultError, FaultLostResponse, FaultTimeout, FaultLateLanding, FaultPending}
+
+// The crash points after an answer that is no success, with Run.Services:
+// the service declined the step's first call, or answered it pending, and the
+// process dies with the answer read, before its checkpoint commits.
+const (
+	pointAfterDeclined Point = "after-declined"
+	pointAfterPending  Point = "after-pending"
+)
 
 // The child's environment.
 const (
@@ -124,7 +171,9 @@ const (
 
 // Crashes runs the operation once without a crash, to learn its points, then
 // once per point (each step before it runs and after its effect, each
-// compensation before and after it, as that first run reached them) in a child
+// compensation before and after it, as that first run reached them; with
+// Run.Services, each external step after its first call was answered declined,
+// and after it was answered pending, as the Service words them) in a child
 // process killed with SIGKILL there. The operation then resumes in a fresh
 // engine, as a client's retry of the same key finds it, and the check runs.
 // Each point is a subtest of its own, which fails naming the broken invariant;
@@ -161,7 +210,20 @@ func (m Matrix[In, S, Out]) crashResults(t *testing.T, fail bool) []Result {
 		}
 		return nil
 	}
-	base, points := m.baseline(t)
+	base, points, svcs := m.baseline(t)
+	var outcomes []point
+	for _, p := range points {
+		if p.Kind != engine.StepKindExternal || p.Point != faults.PointBefore {
+			continue
+		}
+		if words(svcs, FaultDeclined) {
+			outcomes = append(outcomes, point{Step: p.Step, Point: pointAfterDeclined, Kind: p.Kind})
+		}
+		if words(svcs, FaultPending) {
+			outcomes = append(outcomes, point{Step: p.Step, Point: pointAfterPending, Kind: p.Kind})
+		}
+	}
+	points = append(points, outcomes...)
 	names := make([]string, len(points))
 	for i, p := range points {
 		names[i] = p.name()
@@ -172,8 +234,10 @@ func (m Matrix[In, S, Out]) crashResults(t *testing.T, fail bool) []Result {
 }
 
 // Faults runs the operation once without a fault, to learn its external steps,
-// then once per external step and Fault, on the step's first attempt, in this
-// process, and runs the check after each. Each is a subtest of its own.
+// then once per external step and Fault, in this process, and runs the check
+// after each. Each is a subtest of its own. With Run.Services the faults are
+// injected at the services' proxies, each that the Services can word (see
+// Fault); without, at the engine.
 func (m Matrix[In, S, Out]) Faults(t *testing.T) {
 	t.Helper()
 	m.report(t, m.faultResults(t, true), true)
@@ -190,7 +254,16 @@ func (m Matrix[In, S, Out]) faultResults(t *testing.T, fail bool) []Result {
 	if os.Getenv(envChild) != "" {
 		return nil // a crash matrix's child runs only its own point
 	}
-	base, points := m.baseline(t)
+	base, points, svcs := m.baseline(t)
+	list := engineFaults
+	if len(svcs) > 0 {
+		list = nil
+		for _, f := range Faults {
+			if words(svcs, f) {
+				list = append(list, f)
+			}
+		}
+	}
 	var external []string
 	for _, p := range points {
 		if p.Kind == engine.StepKindExternal && p.Point == faults.PointBefore {
@@ -203,7 +276,7 @@ func (m Matrix[In, S, Out]) faultResults(t *testing.T, fail bool) []Result {
 	}
 	var faults []faultPoint
 	for _, s := range external {
-		for _, f := range Faults {
+		for _, f := range list {
 			faults = append(faults, faultPoint{s, f})
 		}
 	}
@@ -247,9 +320,33 @@ type point struct {
 
 func (p point) name() string { return p.Step + "/" + string(p.Point) }
 
+// words reports whether one of svcs words what f needs.
+func words(svcs map[string]Service, f Fault) bool {
+	for _, s := range svcs {
+		switch f {
+		case FaultDeclined:
+			if s.Declined != nil {
+				return true
+			}
+		case FaultPending:
+			if s.Pending != nil && s.LookupPending != nil {
+				return true
+			}
+		case FaultPendingFailed:
+			if s.Pending != nil && s.LookupPending != nil && s.LookupFailed != nil {
+				return true
+			}
+		default:
+			return true
+		}
+	}
+	return false
+}
+
 // baseline runs the operation with neither crash nor fault, recording the
-// points it reaches in order, and checks the books.
-func (m Matrix[In, S, Out]) baseline(t *testing.T) (Result, []point) {
+// points it reaches in order, and checks the books. It returns the run's
+// Services too.
+func (m Matrix[In, S, Out]) baseline(t *testing.T) (Result, []point, map[string]Service) {
 	t.Helper()
 	var mu sync.Mutex
 	seen := map[point]bool{}
@@ -265,8 +362,10 @@ func (m Matrix[In, S, Out]) baseline(t *testing.T) (Result, []point) {
 		return nil
 	}
 	var res Result
+	var svcs map[string]Service
 	t.Run("baseline", func(t *testing.T) {
-		_, pool, run := m.prepare(t)
+		_, pool, run := m.prepare(t, newPlan(t, "", ""))
+		svcs = run.Services
 		e, op := m.engine(t, pool, run, hook, true)
 		res = m.finish(t, e, op, run, "baseline")
 		if res.Err != nil {
@@ -290,17 +389,31 @@ func (m Matrix[In, S, Out]) baseline(t *testing.T) (Result, []point) {
 	if t.Failed() {
 		t.FailNow()
 	}
-	return res, points
+	return res, points, svcs
 }
 
-// prepare makes a run's database and runs Setup on it.
-func (m Matrix[In, S, Out]) prepare(t *testing.T) (string, *pgxpool.Pool, *Run) {
+// newPlan returns the plan of a run of t with fault on step ("" for none).
+func newPlan(t *testing.T, step string, fault Fault) *plan {
+	return &plan{ctx: t.Context(), step: step, fault: fault}
+}
+
+// prepare makes a run's database and runs Setup on it. With Run.Services, it
+// serves a proxy for each, which injects pl's fault, and returns the Run with
+// their URLs in Env.
+func (m Matrix[In, S, Out]) prepare(t *testing.T, pl *plan) (string, *pgxpool.Pool, *Run) {
 	t.Helper()
 	url := DatabaseURL(t)
 	pool := openPool(t, url, nil)
 	run := m.Setup(t, pool)
 	if run == nil || run.Check == nil {
 		t.Fatal("idemflowtest: Setup returned no Run with a Check")
+	}
+	if len(run.Services) > 0 {
+		env := maps.Clone(run.Env)
+		for name, svc := range run.Services {
+			env[name] = startProxy(t, name, run.Env[name], svc, pl)
+		}
+		run = &Run{Env: env, Check: run.Check, Services: run.Services}
 	}
 	return url, pool, run
 }
@@ -311,6 +424,19 @@ func (m Matrix[In, S, Out]) engine(t *testing.T, pool *pgxpool.Pool, run *Run, h
 	return m.engineWith(t, pool, run, hook, nil, workers)
 }
 
+// config is the base of the matrix's engines' configuration: Config, or the
+// kit's quiet logger.
+func (m Matrix[In, S, Out]) config() engine.Config {
+	cfg := engine.Config{}
+	if m.Config != nil {
+		cfg = *m.Config
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = logger()
+	}
+	return cfg
+}
+
 // engineWith is engine with a lookup hook (faults.Config.Lookup) too.
 func (m Matrix[In, S, Out]) engineWith(t *testing.T, pool *pgxpool.Pool, run *Run, hook faults.Hook,
 	lookup func(context.Context, faults.Event, bool, error) (bool, error), workers bool) (*engine.Engine, *engine.Operation[In, S, Out]) {
@@ -319,10 +445,7 @@ func (m Matrix[In, S, Out]) engineWith(t *testing.T, pool *pgxpool.Pool, run *Ru
 	if err != nil {
 		t.Fatalf("idemflowtest: build the operation: %v", err)
 	}
-	cfg := engine.Config{}
-	if m.Config != nil {
-		cfg = *m.Config
-	}
+	cfg := m.config()
 	cfg.Operations = []engine.Definition{op}
 	cfg.Test.Hook = hook
 	cfg.Test.Lookup = lookup
@@ -366,7 +489,23 @@ func (m Matrix[In, S, Out]) finish(t *testing.T, e *engine.Engine, op *engine.Op
 // crashAt runs the operation in a child killed at p, then resumes and checks it.
 func (m Matrix[In, S, Out]) crashAt(t *testing.T, p point) Result {
 	t.Helper()
-	url, pool, run := m.prepare(t)
+	pl := newPlan(t, "", "")
+	switch p.Point {
+	case pointAfterDeclined:
+		pl = newPlan(t, p.Step, FaultDeclined)
+	case pointAfterPending:
+		pl = newPlan(t, p.Step, FaultPending)
+	}
+	url, pool, run := m.prepare(t, pl)
+	if pl.fault != "" {
+		// The proxies read the step's key while the child runs.
+		op, err := m.Operation(pool, run.Env)
+		if err != nil {
+			t.Fatalf("idemflowtest: build the operation: %v", err)
+		}
+		reader := NewEngine(t, pool, &engine.Config{Logger: logger()}, op)
+		pl.setInfo(func(ctx context.Context) (*engine.Info, error) { return reader.GetByKey(ctx, scope, key) })
+	}
 	env, err := json.Marshal(run.Env)
 	if err != nil {
 		t.Fatalf("idemflowtest: encode Env: %v", err)
@@ -384,7 +523,9 @@ func (m Matrix[In, S, Out]) crashAt(t *testing.T, p point) Result {
 		t.Logf("the child finished without reaching %s", p.name())
 	}
 	e, op := m.engine(t, pool, run, nil, true)
-	return m.finish(t, e, op, run, p.name())
+	res = m.finish(t, e, op, run, p.name())
+	res.Err = errors.Join(res.Err, pl.result())
+	return res
 }
 
 // runChild re-executes the test binary to run t again as a child with env, and
@@ -465,19 +606,30 @@ func (m Matrix[In, S, Out]) child(t *testing.T, p point) {
 	if err != nil {
 		t.Fatalf("idemflowtest child: build the operation: %v", err)
 	}
-	cfg := engine.Config{}
-	if m.Config != nil {
-		cfg = *m.Config
-	}
+	cfg := m.config()
 	cfg.Operations = []engine.Definition{op}
 	cfg.Lease = TestLease
+	crash := func() {
+		fmt.Println(markReached)
+		_ = os.Stdout.Sync()
+		time.Sleep(time.Hour) // until SIGKILL
+	}
 	cfg.Test.Hook = func(_ context.Context, ev faults.Event) error {
 		if ev.Step == p.Step && ev.Point == p.Point {
-			fmt.Println(markReached)
-			_ = os.Stdout.Sync()
-			time.Sleep(time.Hour) // until SIGKILL
+			crash()
 		}
 		return nil
+	}
+	if p.Point == pointAfterDeclined || p.Point == pointAfterPending {
+		// The attempt has read the service's answer, and its checkpoint is
+		// not committed: the Observer hears of it first.
+		cfg.Observer = engine.Observers(cfg.Observer, &engine.Observer{
+			StepAttempted: func(_ context.Context, ev engine.StepEvent) {
+				if ev.Step == p.Step && ev.Outcome != engine.StepSucceeded {
+					crash()
+				}
+			},
+		})
 	}
 	e, err := engine.New(pool, &cfg)
 	if err != nil {
@@ -502,7 +654,11 @@ func (m Matrix[In, S, Out]) child(t *testing.T, p point) {
 // withFault runs the operation with fault on the first attempt of step.
 func (m Matrix[In, S, Out]) withFault(t *testing.T, step string, fault Fault) Result {
 	t.Helper()
-	_, pool, run := m.prepare(t)
+	pl := newPlan(t, step, fault)
+	_, pool, run := m.prepare(t, pl)
+	if len(run.Services) > 0 {
+		return m.atTransport(t, pool, run, pl)
+	}
 	var (
 		once sync.Once
 		mu   sync.Mutex
@@ -554,6 +710,25 @@ func (m Matrix[In, S, Out]) withFault(t *testing.T, step string, fault Fault) Re
 	}
 	e, op := m.engineWith(t, pool, run, hook, lookup, true)
 	return m.finish(t, e, op, run, step+"/"+string(fault))
+}
+
+// atTransport runs the operation with pl's fault injected by the proxies of
+// run's Services.
+func (m Matrix[In, S, Out]) atTransport(t *testing.T, pool *pgxpool.Pool, run *Run, pl *plan) Result {
+	t.Helper()
+	hook := func(_ context.Context, ev faults.Event) error {
+		if pl.fault == FaultLateLanding && ev.Step == pl.step && ev.Point == faults.PointBefore && ev.Attempt > 1 && !pl.hasLanded() {
+			// Only the lookup decides: the service is out of reach for the
+			// step's key until its late call has landed.
+			return engine.Permanent(errors.New("idemflowtest: injected: the service cannot be reached until the late call lands"))
+		}
+		return nil
+	}
+	e, op := m.engine(t, pool, run, hook, true)
+	pl.setInfo(func(ctx context.Context) (*engine.Info, error) { return e.GetByKey(ctx, scope, key) })
+	res := m.finish(t, e, op, run, pl.step+"/"+string(pl.fault))
+	res.Err = errors.Join(res.Err, pl.result())
+	return res
 }
 
 // report logs the table of results and fails t for each broken invariant,
