@@ -14,27 +14,21 @@ import (
 )
 
 // eventOp is lateOp whose pay step records the reference of a call that an
-// outcome or an operator tells.
+// outcome or an operator tells, and compares an outcome's amount with the
+// input.
 func eventOp(t *testing.T, p *lateProvider, name string, settle time.Duration, attempts int) *engine.Operation[int, lateState, string] {
 	t.Helper()
-	noop := func(context.Context, engine.Tx, engine.Attempt, int, *lateState) error { return nil }
-	op, err := engine.NewOperation(name, []engine.Step[int, lateState]{
-		engine.TxStep("hold", noop).Compensate(func(context.Context, engine.Tx, engine.Attempt, int, *lateState) error {
-			p.undos.Add(1)
-			return nil
-		}),
-		engine.ExternalStep("pay", p.call).Lookup(p.lookup).Settle(settle).
+	return lateOpWith(t, p, name, attempts, func(pay engine.ExternalStepDef[int, lateState]) engine.ExternalStepDef[int, lateState] {
+		return pay.Settle(settle).
 			Resolve(func(_ int, s *lateState, ref string) error { s.Ref = ref; return nil }).
 			Reconcile(func(in int, rec reconcile.Record) reconcile.Kind {
 				if rec.Amount != int64(in) {
 					return reconcile.AmountDiffers
 				}
 				return ""
-			}),
-	}, func(_ int, s *lateState) (string, error) { return s.Ref, nil },
-		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: attempts}})
-	require.NoError(t, err)
-	return op
+			}).
+			Records("provider", func(s *lateState) string { return s.Ref })
+	})
 }
 
 // recordOutcome records o in a transaction of its own.
@@ -243,23 +237,12 @@ func TestRecordOutcome(t *testing.T) {
 			}
 			return ""
 		})
-		noop := func(context.Context, engine.Tx, engine.Attempt, int, *lateState) error { return nil }
-		op, err := engine.NewOperation("other_reference", []engine.Step[int, lateState]{
-			engine.TxStep("hold", noop).Compensate(func(context.Context, engine.Tx, engine.Attempt, int, *lateState) error {
-				p.undos.Add(1)
-				return nil
-			}),
-			engine.ExternalStep("pay", p.call).Lookup(p.lookup).Settle(time.Hour).
-				Resolve(func(_ int, s *lateState, ref string) error { s.Ref = ref; return nil }).
-				Records("provider", func(s *lateState) string { return s.Ref }),
-		}, func(_ int, s *lateState) (string, error) { return s.Ref, nil },
-			&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: 3}})
-		require.NoError(t, err)
+		op := eventOp(t, p, "other_reference", time.Hour, 3)
 		e, pool := lateEngine(t, op)
 		s, waiting := startWaiting(t, e, op)
 		key := waiting.Steps[1].DerivedKey
 		require.Equal(t, "ref:"+key[:8], waiting.Steps[1].Reference, "the pending call's reference is kept")
-		_, err = recordOutcome(t, e, pool, succeededOutcome("evt_other", key, "someone else's"))
+		_, err := recordOutcome(t, e, pool, succeededOutcome("evt_other", key, "someone else's"))
 		require.NoError(t, err)
 		list, err := e.MismatchList(ctx, nil)
 		require.NoError(t, err)

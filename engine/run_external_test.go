@@ -115,16 +115,9 @@ func TestExternalStepTimeout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	p := newLateProvider(func(int32) string { return "hang" })
-	noop := func(context.Context, engine.Tx, engine.Attempt, int, *lateState) error { return nil }
-	op, err := engine.NewOperation("call_timeout", []engine.Step[int, lateState]{
-		engine.TxStep("hold", noop).Compensate(func(context.Context, engine.Tx, engine.Attempt, int, *lateState) error {
-			p.undos.Add(1)
-			return nil
-		}),
-		engine.ExternalStep("pay", p.call).Lookup(p.lookup).Timeout(50 * time.Millisecond).Settle(100 * time.Millisecond),
-	}, func(_ int, s *lateState) (string, error) { return s.Ref, nil },
-		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: 1}})
-	require.NoError(t, err)
+	op := lateOpWith(t, p, "call_timeout", 1, func(pay engine.ExternalStepDef[int, lateState]) engine.ExternalStepDef[int, lateState] {
+		return pay.Timeout(50 * time.Millisecond).Settle(100 * time.Millisecond)
+	})
 	e, _ := lateEngine(t, op)
 	s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
 	require.NoError(t, err)

@@ -140,13 +140,23 @@ type lateState struct {
 // provider's call (a pivot) with the given settle window.
 func lateOp(t *testing.T, p *lateProvider, name string, settle time.Duration, attempts int) *engine.Operation[int, lateState, string] {
 	t.Helper()
+	return lateOpWith(t, p, name, attempts, func(pay engine.ExternalStepDef[int, lateState]) engine.ExternalStepDef[int, lateState] {
+		return pay.Settle(settle)
+	})
+}
+
+// lateOpWith is lateOp whose pay step (its call and lookup) is made what
+// payFunc returns.
+func lateOpWith(t *testing.T, p *lateProvider, name string, attempts int,
+	payFunc func(engine.ExternalStepDef[int, lateState]) engine.ExternalStepDef[int, lateState]) *engine.Operation[int, lateState, string] {
+	t.Helper()
 	noop := func(context.Context, engine.Tx, engine.Attempt, int, *lateState) error { return nil }
 	op, err := engine.NewOperation(name, []engine.Step[int, lateState]{
 		engine.TxStep("hold", noop).Compensate(func(context.Context, engine.Tx, engine.Attempt, int, *lateState) error {
 			p.undos.Add(1)
 			return nil
 		}),
-		engine.ExternalStep("pay", p.call).Lookup(p.lookup).Settle(settle),
+		payFunc(engine.ExternalStep("pay", p.call).Lookup(p.lookup)),
 	}, func(_ int, s *lateState) (string, error) { return s.Ref, nil },
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: attempts}})
 	require.NoError(t, err)
