@@ -77,7 +77,12 @@ func (r *run) mayCancel(ctx context.Context) error {
 		case answerFailed:
 			r.refuseNotMade(st, false)
 			return nil // the call ended without effect
-		case answerHalted, answerNone:
+		case answerHalted:
+			// Something was made under the key: nothing may be undone as if
+			// the call had not been.
+			return fmt.Errorf("engine: cancel %s: %w: step %s's lookup finds a call under its key that is not the one asked for; "+
+				"an operator may accept it as made (Resolve)", r.id, ErrPastPivot, name)
+		case answerNone:
 			return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name,
 				Reason: "its lookup cannot answer: " + err.Error()})
 		case answerNothing:
