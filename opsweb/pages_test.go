@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -209,4 +211,30 @@ func TestRunbookLinks(t *testing.T) {
 	h.ServeHTTP(rec, req)
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
 	require.Contains(t, rec.Body.String(), `href="/docs/runbook.html#limit_unknown"`)
+}
+
+// TestRunbookSections: the repository's runbook, DefaultRunbookURL, has the
+// section that a link names for every attention code of the engine's, every
+// mismatch kind, and the demo refund's halt: a heading that is the code.
+func TestRunbookSections(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile(filepath.Join("..", "docs", "runbook.md"))
+	require.NoError(t, err)
+	headings := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^#{2,4} `([a-z_]+)`$").FindAllStringSubmatch(string(raw), -1) {
+		headings[m[1]] = true
+	}
+	codes := []string{
+		engine.CodeRetryingPastPivot, engine.CodeFailedPastPivot, engine.CodeOutcomeUnknown, engine.CodeOutcomeOverdue,
+		engine.CodeDatabaseUnavailable, engine.CodeUndecodableState, engine.CodeDefinitionChanged, engine.CodeVersionNotRun,
+		engine.CodeReconciliationMismatch, engine.CodeCompensationFailed,
+		"provider_mismatch", // workflows/refund's CodeProviderMismatch
+		"missing_record",    // reconciliation both ways (issue 36)
+	}
+	for _, k := range reconcile.Kinds {
+		codes = append(codes, string(k))
+	}
+	for _, code := range codes {
+		require.True(t, headings[code], "docs/runbook.md has no heading `%s`", code)
+	}
 }
