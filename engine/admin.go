@@ -54,6 +54,12 @@ func (a *Admin) Get(ctx context.Context, id uuid.UUID) (*Info, error) { return a
 // sources).
 func (a *Admin) Mismatches(ctx context.Context) ([]Mismatch, error) { return a.reader.Mismatches(ctx) }
 
+// MismatchList lists a page of the reconciliation mismatches, as
+// Engine.MismatchList does.
+func (a *Admin) MismatchList(ctx context.Context, opts *MismatchListOpts) (*MismatchListResult, error) {
+	return a.reader.MismatchList(ctx, opts)
+}
+
 // Process is a live process that runs an engine with workers.
 type Process struct {
 	ID   uuid.UUID

@@ -191,6 +191,15 @@ func (e *Engine) cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 	if errors.Is(err, ErrPastPivot) || errors.Is(err, errCannotCancel) || errors.Is(err, ErrOutcomeUnknown) {
 		return nil, err
 	}
+	// What the transaction that would have compensated found at the last
+	// moment (an outcome that arrived meanwhile): nothing was undone.
+	if errors.Is(err, store.ErrOutcomeSucceeded) {
+		return nil, fmt.Errorf("engine: cancel %s: %w: the outside service reported the call succeeded: %w", id, ErrPastPivot, err)
+	}
+	if open := (*store.SettleOpenError)(nil); errors.As(err, &open) {
+		return nil, fmt.Errorf("engine: cancel %s: %w", id, &OutcomeUnknownError{KnownAt: open.Until,
+			Reason: "its last request may still land at the outside service"})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("engine: cancel %s: %w", id, err)
 	}

@@ -142,10 +142,7 @@ func (op *Operation[In, S, Out]) erase() *opDef {
 		},
 	}
 	for i, s := range op.steps {
-		sd := &stepDef{name: s.name, kind: s.kind, retry: s.retry.merged(op.retry), settle: s.settle}
-		if !s.settleSet {
-			sd.settle = DefaultSettle
-		}
+		sd := &stepDef{name: s.name, kind: s.kind, retry: s.retry.merged(op.retry), settle: s.window(), timeout: s.timeout}
 		if s.tx != nil {
 			fn := s.tx
 			sd.tx = func(ctx context.Context, tx Tx, at Attempt, in, state any) error {
@@ -169,6 +166,11 @@ func (op *Operation[In, S, Out]) erase() *opDef {
 		if s.reconcile != nil {
 			fn := s.reconcile
 			sd.reconcile = func(in any, rec reconcile.Record) reconcile.Kind { return fn(in.(In), rec) }
+		}
+		sd.source = s.source
+		if s.reference != nil {
+			fn := s.reference
+			sd.reference = func(state any) string { return fn(state.(*S)) }
 		}
 		if s.compensate != nil {
 			fn := s.compensate

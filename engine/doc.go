@@ -181,7 +181,8 @@
 //				return reconcile.AmountDiffers
 //			}
 //			return ""
-//		})
+//		}).
+//		Records("bank", func(s *S) string { return s.BankID })
 //	e, err := engine.New(pool, &engine.Config{Operations: ops,
 //		Reconcile: reconcile.Config{Sources: []reconcile.Source{{Name: "bank", List: listPayouts}}}})
 //
@@ -192,13 +193,19 @@
 // is final and its operation has finished: money moved under no key of ours
 // (reconcile.UnknownKey), while the step did not succeed
 // (reconcile.NotSucceeded), not moved while it did (reconcile.RecordFailed),
-// under another reference than an operator said (reconcile.ReferenceDiffers),
-// or not what was asked (the step's function, such as
-// reconcile.AmountDiffers). Mismatches are kept until a run no longer finds
-// them, name their operation as needing attention, and are listed by
-// Engine.Reconciliation and Engine.Mismatches. Engine.CheckRecord judges one
-// record at once, in a webhook handler's transaction. The window read is at
-// most the shortest retention of the operations that call out.
+// under another reference than the books hold, whoever recorded it
+// (reconcile.ReferenceDiffers), or not what was asked (the step's function,
+// such as reconcile.AmountDiffers). Then the other way, for the steps
+// declared with ExternalStepDef.Records: a succeeded step whose key the run
+// did not list is reconcile.MissingRecord. Mismatches are kept, one per
+// record and kind, until a run no longer finds them, name their operation as
+// needing attention, and are listed by Engine.Reconciliation (the first
+// 1,000, with their total) and Engine.MismatchList (in pages).
+// Engine.CheckRecord judges one record at once, in a webhook handler's
+// transaction. The window read is at most the shortest retention of the
+// operations that call out; a record under a key of an operation that is
+// gone and older than that retention is counted as expired, not as an
+// unknown key.
 //
 // # Errors
 //
@@ -276,4 +283,10 @@
 // definitions lists the unfinished operations it could not run. To retire a
 // version: deploy with both, wait until Check with the new one alone returns
 // nothing, then deploy without the old one.
+//
+// idemflow's own schema has versions too (Migrate). A process left running
+// after a newer build migrated the database with a migration that its
+// statements do not fit (one that is not rolling) cannot work there: Health,
+// for a service's health check, returns ErrIncompatibleSchema, and its starts
+// are refused with it, reserving nothing, until it is replaced.
 package engine

@@ -70,6 +70,9 @@ type Engine struct {
 	// liveKey is the key of this process's liveness lock while it holds it
 	// (see TakeoverConfig), 0 otherwise: the first bytes of its runs' ids.
 	liveKey atomic.Int32
+	// schema is what this process knows of a database that a newer build
+	// migrated (see Health).
+	schema schemaWatch
 }
 
 // handedToRiver warns, once per process, when an operation goes to a River job
@@ -201,11 +204,16 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 // process, the sweeper, and (on River's elected leader) the retention job. First attempts run without
 // them, in the process that starts the operation.
 //
-// It returns an error when the database lacks migrations that this build has:
-// call Migrate first.
+// It returns an error when the database lacks migrations that this build has
+// (call Migrate first), and one matching ErrIncompatibleSchema when a newer
+// build migrated it with one that this build's statements do not fit (see
+// Health).
 func (e *Engine) StartWorkers(ctx context.Context) error {
 	if err := store.CheckSchema(ctx, e.control); err != nil {
 		return fmt.Errorf("engine: %w; call engine.Migrate(ctx, pool) before StartWorkers", err)
+	}
+	if err := e.Health(ctx); errors.Is(err, ErrIncompatibleSchema) {
+		return err
 	}
 	if err := e.river.Start(ctx); err != nil {
 		return fmt.Errorf("engine: start river: %w", err)

@@ -84,6 +84,13 @@ var (
 	// ErrNotMigrated is matched by the error of NewAdmin and StartWorkers for a
 	// database without idemflow's tables, or with an older version of them.
 	ErrNotMigrated = store.ErrNotMigrated
+	// ErrIncompatibleSchema is matched by the error of Health, and of the
+	// starts and reads that this process refuses, once a newer build migrated
+	// the database past this build's migrations by one that is not rolling:
+	// this build's statements fail on the schema it made (see Health).
+	// IsUnavailable is true of it: another process, of the newer build, can
+	// serve.
+	ErrIncompatibleSchema = errors.New("the database's schema is newer than this build's, and this build's statements fail on it")
 	// ErrPending is matched by the error of an Admin request that no live process
 	// has carried out before ctx ended: it stays recorded, and a process that runs
 	// the operation's definition carries it out when it comes.
@@ -107,18 +114,22 @@ var (
 	// ErrUnknownSource is returned for a source name that Config.Reconcile does
 	// not have.
 	ErrUnknownSource = errors.New("no such reconciliation source")
+	// ErrInvalidCursor is returned by MismatchList for an After that is not
+	// a Next it gave.
+	ErrInvalidCursor = errors.New("invalid cursor")
 )
 
 // IsUnavailable reports whether err says that the database could not be
 // reached or did not answer in time (a refused or lost connection, a timeout,
 // a statement's or a lock wait's included, a server shutting down or out of
-// connections), rather than answered: what an HTTP layer answers 503 with
-// Retry-After for.
+// connections), rather than answered, or that this process cannot use the
+// database's schema (ErrIncompatibleSchema): what an HTTP layer answers 503
+// with Retry-After for.
 func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, ErrUnavailable) || errors.Is(err, errLeaseExpiring) || errors.Is(err, context.DeadlineExceeded) ||
+	if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrIncompatibleSchema) || errors.Is(err, errLeaseExpiring) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
 		return true
 	}

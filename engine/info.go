@@ -181,7 +181,7 @@ type StepInfo struct {
 func (e *Engine) Get(ctx context.Context, id uuid.UUID) (*Info, error) {
 	rec, err := e.store.OperationGet(ctx, e.pool, id)
 	if err != nil {
-		return nil, mapNotFound(err)
+		return nil, e.statementErr(ctx, err)
 	}
 	return e.infoWithSteps(ctx, rec)
 }
@@ -191,7 +191,7 @@ func (e *Engine) Get(ctx context.Context, id uuid.UUID) (*Info, error) {
 func (e *Engine) GetByKey(ctx context.Context, scope, key string) (*Info, error) {
 	rec, err := e.store.OperationGetByKey(ctx, e.pool, scope, key)
 	if err != nil {
-		return nil, mapNotFound(err)
+		return nil, e.statementErr(ctx, err)
 	}
 	return e.infoWithSteps(ctx, rec)
 }
@@ -199,7 +199,7 @@ func (e *Engine) GetByKey(ctx context.Context, scope, key string) (*Info, error)
 func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info, error) {
 	steps, err := e.store.StepListByOperation(ctx, e.pool, rec.ID)
 	if err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
+		return nil, e.statementErr(ctx, err)
 	}
 	info := infoFromRecord(rec)
 	if info.Audit, err = e.auditOf(ctx, rec.ID); err != nil {
@@ -219,7 +219,7 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 			info.Attention = versionNotRun(rec.Name, rec.Version)
 		}
 	}
-	if info.Mismatches, err = e.mismatches(ctx, "", &rec.ID); err != nil {
+	if info.Mismatches, err = e.mismatches(ctx, store.MismatchListParams{Operation: &rec.ID, Max: reconcileReportMax}); err != nil {
 		return nil, err
 	}
 	if m := info.Mismatches; len(m) > 0 && (info.Attention == nil || rec.State != store.OperationInProgress) {

@@ -117,6 +117,14 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 		if s.settle < 0 {
 			return nil, fmt.Errorf("engine: operation %q: step %q: settle window must not be negative", name, s.name)
 		}
+		if s.timeout < 0 {
+			return nil, fmt.Errorf("engine: operation %q: step %q: timeout must not be negative", name, s.name)
+		}
+		if settle := s.window(); s.timeout > 0 && settle < s.timeout {
+			// A request that timed out may still land after such a window:
+			// "not made" would be said of a call that may still be made.
+			return nil, fmt.Errorf("engine: operation %q: step %q: its settle window (%s) is shorter than its call timeout (%s)", name, s.name, settle, s.timeout)
+		}
 		seen[s.name] = true
 		specs[i] = s
 	}

@@ -15,6 +15,7 @@ import (
 func TestDefinition(t *testing.T) {
 	t.Parallel()
 	noop := func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in int, s *int) error { return nil }
+	call := func(context.Context, engine.Attempt, int, *int) error { return nil }
 	result := func(in int, s *int) (int, error) { return 0, nil }
 
 	tests := []struct {
@@ -32,6 +33,11 @@ func TestDefinition(t *testing.T) {
 		{"NilExternalFunction", []engine.Step[int, int]{engine.ExternalStep[int, int]("a", nil)}, nil, "has no function"},
 		{"NilStep", []engine.Step[int, int]{nil}, nil, "step 0 is nil"},
 		{"BadFactor", []engine.Step[int, int]{engine.TxStep("a", noop)}, &engine.OperationOpts{Retry: engine.RetryPolicy{Factor: 0.5}}, "factor"},
+		{"WindowShorterThanTimeout", []engine.Step[int, int]{engine.ExternalStep("pay", call).Settle(10 * time.Millisecond).Timeout(time.Second)}, nil,
+			"its settle window (10ms) is shorter than its call timeout (1s)"},
+		{"DefaultWindowShorterThanTimeout", []engine.Step[int, int]{engine.ExternalStep("pay", call).Timeout(engine.DefaultSettle + time.Second)}, nil,
+			"is shorter than its call timeout"},
+		{"NegativeTimeout", []engine.Step[int, int]{engine.ExternalStep("pay", call).Timeout(-time.Second)}, nil, "timeout must not be negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -40,6 +46,12 @@ func TestDefinition(t *testing.T) {
 			require.ErrorContains(t, err, tt.want)
 		})
 	}
+
+	t.Run("WindowAsLongAsTheTimeout", func(t *testing.T) {
+		t.Parallel()
+		_, err := engine.NewOperation("op", []engine.Step[int, int]{engine.ExternalStep("pay", call).Settle(time.Second).Timeout(time.Second)}, result, nil)
+		require.NoError(t, err)
+	})
 
 	t.Run("DuplicateOperation", func(t *testing.T) {
 		t.Parallel()

@@ -203,6 +203,38 @@ func TestRecordOutcome(t *testing.T) {
 		require.Zero(t, p.undos.Load())
 	})
 
+	t.Run("Retention", func(t *testing.T) {
+		t.Parallel()
+		p := newLateProvider(pendingOnce)
+		down := errTimeout
+		p.lookupErr.Store(&down)
+		op := eventOp(t, p, "outcome_retention", time.Hour, 3)
+		e, pool := lateEngine(t, op)
+		_, waiting := startWaiting(t, e, op)
+		// Held until the end: the waiting step does not read it meanwhile.
+		hold := make(chan struct{})
+		p.hold.Store(&hold)
+		t.Cleanup(func() { close(hold) })
+		_, err := recordOutcome(t, e, pool, engine.Outcome{EventID: "evt_pending",
+			Record: reconcile.Record{Key: waiting.Steps[1].DerivedKey, Status: reconcile.Pending}})
+		require.NoError(t, err)
+		_, err = recordOutcome(t, e, pool, succeededOutcome("evt_stray", "a key no step holds", "pr_stray"))
+		require.NoError(t, err)
+		later := time.Now().Add(engine.DefaultRetention + time.Hour)
+		_, err = e.DeleteFinished(ctx, &later)
+		require.NoError(t, err)
+		var keys []string
+		rows, err := pool.Query(ctx, "SELECT derived_key FROM idemflow_outcome ORDER BY derived_key")
+		require.NoError(t, err)
+		for rows.Next() {
+			var k string
+			require.NoError(t, rows.Scan(&k))
+			keys = append(keys, k)
+		}
+		require.NoError(t, rows.Err())
+		require.Equal(t, []string{waiting.Steps[1].DerivedKey}, keys, "only the waiting step's outcome is kept past retention")
+	})
+
 	t.Run("BadInput", func(t *testing.T) {
 		t.Parallel()
 		p := newLateProvider(pendingOnce)

@@ -15,14 +15,19 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// Mismatch is a record of a Source that disagrees with the steps, as a
-// reconciliation run or CheckRecord found it. It stays until a later run no
-// longer finds it, and makes the operation it names need attention.
+// Mismatch is a record of a Source that disagrees with the steps, or a
+// succeeded step whose record the source lacks (reconcile.MissingRecord), as
+// a reconciliation run or CheckRecord found it. It stays until a later run no
+// longer finds it, and makes the operation it names need attention. One is
+// kept per record and kind: a record may be wrong in two ways at once.
 type Mismatch struct {
 	Source string
 	Kind   reconcile.Kind
 	// The record: its key, reference, amount, status, when it was made, and
-	// its Data as JSON.
+	// its Data as JSON. For reconcile.MissingRecord, which has no record,
+	// they are the step's: its derived key, the reference the books hold
+	// (empty when they hold none), when it succeeded, and an empty status,
+	// amount and data.
 	Key             string
 	Reference       string
 	Amount          int64
@@ -55,17 +60,29 @@ type ReconcileReport struct {
 	// Checked counts the records it read; NotYet those it could not judge
 	// yet (pending, or their operation in progress); Unverifiable those
 	// under derived keys of schemes before "idf3_", whose operation cannot
-	// be found from the key; Pages the pages it read.
+	// be found from the key; Expired those under keys of operations that no
+	// longer exist and may have been deleted by the retention job (see
+	// Engine.Reconcile); Pages the pages it read.
 	Checked      int64
 	NotYet       int64
 	Unverifiable int64
+	Expired      int64
 	Pages        int
+	// StepsChecked counts the books' succeeded steps that the run checked for
+	// a record (see ExternalStepDef.Records).
+	StepsChecked int64
 	// Mismatches are the source's mismatches now: those of the last run and
-	// any that CheckRecord found since, oldest first.
+	// any that CheckRecord found since, oldest first; at most the first
+	// 1,000 (Engine.MismatchList pages through all of them).
 	Mismatches []Mismatch
+	// Total counts the source's mismatches now; Truncated is true when
+	// Mismatches lists fewer.
+	Total     int64
+	Truncated bool
 }
 
-// reconcileReportMax bounds the mismatches that a report lists.
+// reconcileReportMax bounds the mismatches that a report, and a page of
+// MismatchList, lists.
 const reconcileReportMax = 1000
 
 func validateReconcile(c *reconcile.Config, retention time.Duration) error {
@@ -122,16 +139,31 @@ func (e *Engine) source(name string) (*reconcile.Source, error) {
 //   - one that moved money while its step did not succeed: reconcile.NotSucceeded
 //     (a step compensated since undid it, and is in order);
 //   - one that failed while its step succeeded: reconcile.RecordFailed;
-//   - one whose step an operator resolved under another reference:
-//     reconcile.ReferenceDiffers;
+//   - one whose reference is not the one the books hold for its succeeded
+//     step, whoever recorded it (the call, the lookup, an event, an
+//     operator): reconcile.ReferenceDiffers;
 //   - else what the step's reconcile function (ExternalStepDef.Reconcile) says.
+//
+// Then the other way: the succeeded steps whose records the source lists
+// (ExternalStepDef.Records), of the finished operations created within the
+// window and whose success is at least their settle window old, are checked
+// against the keys the run listed: a step whose key was not listed is
+// reconcile.MissingRecord. Operations created in the window's first minute
+// (a quarter of it, when shorter) are left to the runs before: a record made
+// just after them may be dated before the window by the source's clock.
+//
+// A record under a key of ours whose operation no longer exists, made longer
+// ago than the shortest retention (a key of scheme 3 tells when), is counted
+// as expired, not as an unknown key: the retention job may have deleted its
+// operation, and the books hold nothing to judge it against.
 //
 // What it finds is kept (store table idemflow_mismatch) with its last sighting;
 // the mismatches of the source that it did not see again are deleted as it
 // ends. Records under keys of the schemes before "idf3_" are counted as
-// unverifiable, never as mismatches. Memory is bounded by a page, whatever
-// the window holds. Runs of one source may overlap (the periodic one and one
-// on request): each only deletes what was last seen before it started.
+// unverifiable, never as mismatches. Memory is bounded by a page and 8 bytes
+// per record listed (the keys seen, hashed), whatever the window holds. Runs
+// of one source may overlap (the periodic one and one on request): each only
+// deletes what was last seen before it started.
 func (e *Engine) Reconcile(ctx context.Context, source string) (*ReconcileReport, error) {
 	src, err := e.source(source)
 	if err != nil {
@@ -146,6 +178,7 @@ func (e *Engine) Reconcile(ctx context.Context, source string) (*ReconcileReport
 	if limit == 0 {
 		limit = 1000
 	}
+	seen := newKeySet()
 	req := reconcile.ListRequest{Since: run.WindowStart, Limit: limit}
 	for {
 		recs, next, err := src.List(ctx, req)
@@ -154,12 +187,16 @@ func (e *Engine) Reconcile(ctx context.Context, source string) (*ReconcileReport
 		}
 		run.Pages++
 		run.Checked += int64(len(recs))
-		j, err := e.judge(ctx, e.pool, source, recs)
+		for i := range recs {
+			seen.add(recs[i].Key)
+		}
+		j, err := e.judge(ctx, e.pool, source, recs, started)
 		if err != nil {
 			return nil, fmt.Errorf("engine: reconcile %s: page %d: %w", source, run.Pages, err)
 		}
 		run.NotYet += int64(len(j.notYet))
 		run.Unverifiable += j.unverifiable
+		run.Expired += j.expired
 		if err := e.store.MismatchUpsert(ctx, e.pool, source, j.found); err != nil {
 			return nil, fmt.Errorf("engine: reconcile %s: %w", source, err)
 		}
@@ -174,6 +211,9 @@ func (e *Engine) Reconcile(ctx context.Context, source string) (*ReconcileReport
 		}
 		req.Cursor = next
 	}
+	if run.StepsChecked, err = e.checkBooks(ctx, source, &run, seen); err != nil {
+		return nil, fmt.Errorf("engine: reconcile %s: the books: %w", source, err)
+	}
 	cleared, err := e.store.MismatchClear(ctx, e.pool, source, started)
 	if err != nil {
 		return nil, fmt.Errorf("engine: reconcile %s: %w", source, err)
@@ -187,7 +227,8 @@ func (e *Engine) Reconcile(ctx context.Context, source string) (*ReconcileReport
 	}
 	e.observeReconciled(ctx, source)
 	e.logger.InfoContext(ctx, "reconciled", slog.String("source", source), slog.Int64("checked", run.Checked),
-		slog.Int("mismatches", len(report.Mismatches)), slog.Int64("cleared", cleared), slog.Int("pages", run.Pages))
+		slog.Int64("steps_checked", run.StepsChecked), slog.Int64("mismatches", report.Total), slog.Int64("cleared", cleared),
+		slog.Int("pages", run.Pages))
 	return report, nil
 }
 

@@ -24,12 +24,17 @@ type judgement struct {
 	notYet       []string
 	inOrder      []string
 	unverifiable int64
+	// expired counts the records under keys of operations that no longer
+	// exist and may have been deleted by the retention job.
+	expired int64
 }
 
 // judge matches a page of records with the steps, in three reads whatever its
 // size: the operations their keys name, those operations' steps, and (only
-// for steps an operator resolved) the operators' references.
-func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs []reconcile.Record) (*judgement, error) {
+// for steps an operator resolved) the operators' references. now is the
+// time to judge at: a key of ours whose operation is gone, and was made
+// longer ago than the shortest retention, is expired, not unknown.
+func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs []reconcile.Record, now time.Time) (*judgement, error) {
 	j := &judgement{}
 	ids := make([]uuid.UUID, 0, len(recs))
 	for _, r := range recs {
@@ -80,6 +85,10 @@ func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs [
 		switch {
 		case status == reconcile.Pending:
 			j.notYet = append(j.notYet, r.Key)
+		case ok && op == nil && e.mayHaveExpired(id, now):
+			// The books hold nothing to judge it against: its operation
+			// may have finished and been deleted as its retention allowed.
+			j.expired++
 		case step == "":
 			if status == reconcile.Succeeded {
 				j.found = append(j.found, mismatchOf(r, reconcile.UnknownKey, uuid.Nil, "",
@@ -106,19 +115,9 @@ func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs [
 	if err != nil {
 		return nil, err
 	}
-	type stepKey struct {
-		id   uuid.UUID
-		name string
-	}
-	byKey := make(map[stepKey]store.ReconcileStep, len(steps))
+	byKey := stepRowsOf(steps)
 	var resolvedIDs []uuid.UUID
-	for _, m := range matched {
-		if slices.Contains(m.op.Checkpointed, m.step) {
-			byKey[stepKey{m.op.ID, m.step}] = store.ReconcileStep{OperationID: m.op.ID, Name: m.step, State: store.StepSucceeded}
-		}
-	}
-	for _, s := range steps { // a row wins over a checkpoint
-		byKey[stepKey{s.OperationID, s.Name}] = s
+	for _, s := range steps {
 		if ResolvedBy(s.ResolvedBy) == ResolvedByOperator {
 			resolvedIDs = append(resolvedIDs, s.OperationID)
 		}
@@ -132,9 +131,9 @@ func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs [
 
 	for _, m := range matched {
 		r, op := m.rec, m.op
-		st, recorded := byKey[stepKey{op.ID, m.step}]
-		succeeded := recorded && st.State == store.StepSucceeded
-		undone := recorded && st.State == store.StepCompensated
+		st, recorded := byKey.bookStep(op, m.step)
+		succeeded := recorded && st.state == store.StepSucceeded
+		undone := recorded && st.state == store.StepCompensated
 		status := r.Status.OrDefault()
 		kind, detail := reconcile.Kind(""), ""
 		switch {
@@ -155,14 +154,14 @@ func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs [
 	return j, nil
 }
 
-// lastOfEach keeps one mismatch per (record key, reference), the last: a
-// page that lists a record twice is upserted once.
+// lastOfEach keeps one mismatch per (record key, reference, kind), the last:
+// a page that lists a record twice is upserted once.
 func lastOfEach(ms []store.Mismatch) []store.Mismatch {
-	type id struct{ key, ref string }
+	type id struct{ key, ref, kind string }
 	seen := make(map[id]int, len(ms))
 	out := ms[:0]
 	for _, m := range ms {
-		k := id{m.RecordKey, m.Reference}
+		k := id{m.RecordKey, m.Reference, m.Kind}
 		if i, ok := seen[k]; ok {
 			out[i] = m
 			continue
@@ -173,14 +172,26 @@ func lastOfEach(ms []store.Mismatch) []store.Mismatch {
 	return out
 }
 
-// compare compares a succeeded step's record with what the operator said
-// (a step resolved by one) and with its operation's input (the step's
-// reconcile function).
-func (e *Engine) compare(op *store.ReconcileOperation, step string, st store.ReconcileStep, operatorRef string, r *reconcile.Record) (reconcile.Kind, string) {
-	if ResolvedBy(st.ResolvedBy) == ResolvedByOperator && operatorRef != "" && r.Reference != "" && operatorRef != r.Reference {
-		return reconcile.ReferenceDiffers, fmt.Sprintf("an operator resolved the step as made under %q; the record is %q", operatorRef, r.Reference)
-	}
+// mayHaveExpired reports whether the operation id, which no longer exists,
+// may have been deleted by the retention job: it was made (its UUIDv7 tells
+// when, on its process's clock) longer ago than the shortest retention of
+// the types that call out, so it may have finished and expired since. A key
+// of an operation made later names one the database lost, or never had.
+func (e *Engine) mayHaveExpired(id uuid.UUID, now time.Time) bool {
+	made, ok := createdAt(id)
+	return ok && made.Before(now.Add(-e.shortestRetention()))
+}
+
+// compare compares a succeeded step's record with what the books hold: the
+// reference the step recorded, whoever recorded it (its call, its lookup, an
+// event or an operator), and its operation's input (the step's reconcile
+// function).
+func (e *Engine) compare(op *store.ReconcileOperation, step string, st bookStep, operatorRef string, r *reconcile.Record) (reconcile.Kind, string) {
 	def := e.def(op.Name, op.Version)
+	if booked := e.bookedReference(def, step, st, operatorRef); booked != "" && r.Reference != "" && booked != r.Reference {
+		return reconcile.ReferenceDiffers, fmt.Sprintf("the books hold the step %s as made under %q (resolved by %s); the record is %q",
+			step, booked, resolvedByText(st.resolvedBy), r.Reference)
+	}
 	if def == nil {
 		return "", "" // another process's version: nothing to compare with here
 	}
@@ -285,7 +296,7 @@ func (e *Engine) CheckRecord(ctx context.Context, tx pgx.Tx, source string, rec 
 	if tx != nil {
 		db = tx
 	}
-	j, err := e.judge(ctx, db, source, []reconcile.Record{rec})
+	j, err := e.judge(ctx, db, source, []reconcile.Record{rec}, time.Now())
 	if err != nil {
 		return nil, fmt.Errorf("engine: check record %s: %w", rec.Key, err)
 	}

@@ -2,10 +2,11 @@ package engine
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
-
-	"github.com/google/uuid"
+	"time"
 
 	"github.com/idemflow/idemflow/reconcile"
 	"github.com/idemflow/idemflow/store"
@@ -27,17 +28,112 @@ func (e *Engine) Reconciliation(ctx context.Context, source string) (*ReconcileR
 		checked := run.CheckedAt
 		rep.CheckedAt, rep.WindowStart = &checked, run.WindowStart
 		rep.Checked, rep.NotYet, rep.Unverifiable, rep.Pages = run.Checked, run.NotYet, run.Unverifiable, run.Pages
+		rep.Expired, rep.StepsChecked = run.Expired, run.StepsChecked
 	}
-	if rep.Mismatches, err = e.mismatches(ctx, source, nil); err != nil {
+	if rep.Mismatches, err = e.mismatches(ctx, store.MismatchListParams{Source: source, Max: reconcileReportMax}); err != nil {
 		return nil, err
 	}
+	if rep.Total, err = e.store.MismatchCount(ctx, e.pool, source, nil); err != nil {
+		return nil, fmt.Errorf("engine: reconciliation %s: %w", source, err)
+	}
+	rep.Truncated = rep.Total > int64(len(rep.Mismatches))
 	return rep, nil
 }
 
-// Mismatches lists the mismatches of every source, oldest first (at most
-// 1,000).
+// Mismatches lists the mismatches of every source, oldest first: at most the
+// first 1,000 (MismatchList pages through all of them).
 func (e *Engine) Mismatches(ctx context.Context) ([]Mismatch, error) {
-	return e.mismatches(ctx, "", nil)
+	return e.mismatches(ctx, store.MismatchListParams{Max: reconcileReportMax})
+}
+
+// MismatchListOpts are options for MismatchList.
+type MismatchListOpts struct {
+	// Source: only its mismatches. Empty: every source's.
+	Source string
+	// Limit bounds the page. Defaults to 100; at most 1,000.
+	Limit int
+	// After is the Next of the previous page; empty for the first.
+	After string
+}
+
+// MismatchListResult is a page of mismatches.
+type MismatchListResult struct {
+	// Mismatches are the page's, oldest first.
+	Mismatches []Mismatch
+	// Total counts the mismatches there are now (of the source, when one was
+	// asked for), on every page.
+	Total int64
+	// Next is the After of the next page; empty after the last.
+	Next string
+}
+
+// mismatchListDefault and the bound reconcileReportMax are the page sizes of
+// MismatchList.
+const mismatchListDefault = 100
+
+// MismatchList lists a page of the mismatches, oldest first, and how many
+// there are: opts (nil for the defaults) chooses the source and the page.
+// An After that is not a Next it gave returns ErrInvalidCursor; a Limit out
+// of range returns an error.
+func (e *Engine) MismatchList(ctx context.Context, opts *MismatchListOpts) (*MismatchListResult, error) {
+	if opts == nil {
+		opts = &MismatchListOpts{}
+	}
+	limit := opts.Limit
+	switch {
+	case limit == 0:
+		limit = mismatchListDefault
+	case limit < 0 || limit > reconcileReportMax:
+		return nil, fmt.Errorf("engine: mismatch list: the limit must be from 1 to %d, not %d", reconcileReportMax, limit)
+	}
+	p := store.MismatchListParams{Source: opts.Source, Max: limit + 1}
+	if opts.After != "" {
+		after, err := decodeMismatchCursor(opts.After)
+		if err != nil {
+			return nil, fmt.Errorf("engine: mismatch list: %w", err)
+		}
+		p.After = after
+	}
+	list, err := e.mismatches(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	res := &MismatchListResult{Mismatches: list}
+	if len(list) > limit {
+		res.Mismatches = list[:limit]
+		res.Next = encodeMismatchCursor(&res.Mismatches[limit-1])
+	}
+	if res.Total, err = e.store.MismatchCount(ctx, e.pool, opts.Source, nil); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	return res, nil
+}
+
+// mismatchCursor is where a page of MismatchList ended: its last mismatch's
+// place in the list's order.
+type mismatchCursor struct {
+	FirstSeen time.Time `json:"t"`
+	Source    string    `json:"s"`
+	Key       string    `json:"k"`
+	Reference string    `json:"r"`
+	Kind      string    `json:"n"`
+}
+
+func encodeMismatchCursor(m *Mismatch) string {
+	b, _ := json.Marshal(mismatchCursor{FirstSeen: m.FirstSeen, Source: m.Source, Key: m.Key, Reference: m.Reference, Kind: string(m.Kind)})
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeMismatchCursor(s string) (*store.Mismatch, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return nil, ErrInvalidCursor
+	}
+	var c mismatchCursor
+	if err := json.Unmarshal(b, &c); err != nil || c.FirstSeen.IsZero() || c.Kind == "" {
+		return nil, ErrInvalidCursor
+	}
+	return &store.Mismatch{FirstSeen: c.FirstSeen, Source: c.Source, RecordKey: c.Key, Reference: c.Reference, Kind: c.Kind}, nil
 }
 
 // MismatchCounts returns how many mismatches there are of each kind, every
@@ -57,8 +153,8 @@ func (e *Engine) MismatchCounts(ctx context.Context) (map[reconcile.Kind]int64, 
 	return out, nil
 }
 
-func (e *Engine) mismatches(ctx context.Context, source string, op *uuid.UUID) ([]Mismatch, error) {
-	rows, err := e.store.MismatchList(ctx, e.pool, source, op, reconcileReportMax)
+func (e *Engine) mismatches(ctx context.Context, p store.MismatchListParams) ([]Mismatch, error) {
+	rows, err := e.store.MismatchList(ctx, e.pool, p)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}

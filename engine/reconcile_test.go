@@ -196,7 +196,7 @@ func TestReconcile(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[reconcile.Kind]int64{
 		reconcile.UnknownKey: 2, reconcile.NotSucceeded: 1, reconcile.RecordFailed: 1,
-		reconcile.AmountDiffers: 1, reconcile.ReferenceDiffers: 0,
+		reconcile.AmountDiffers: 1, reconcile.ReferenceDiffers: 0, reconcile.MissingRecord: 0,
 	}, counts)
 
 	t.Run("NamedOperationsNeedAttention", func(t *testing.T) {

@@ -24,6 +24,11 @@ type Resolution struct {
 	Reference string
 	// Reason says why, for the audit and the logs. Required.
 	Reason string
+	// Failure, for a call not made, is the answer the operation ends with
+	// (made with Fail): a business answer, where the operation has one for a
+	// call that did nothing ("not charged"). Nil: CodeResolvedNotMade, a
+	// server fault. Ignored for a made call.
+	Failure *PermanentError
 }
 
 // Resolve closes, on an operator's word, what the engine cannot decide alone:
@@ -75,6 +80,10 @@ func (e *Engine) resolve(ctx context.Context, id uuid.UUID, res Resolution) (*In
 		return nil, fmt.Errorf("engine: resolve %s: %w", id, ErrRunning)
 	case errors.Is(err, ErrNotResolvable), errors.Is(err, ErrResolutionContradicts), errors.Is(err, ErrInvalidResolution):
 		return nil, err
+	case errors.Is(err, store.ErrOutcomeSucceeded):
+		return nil, fmt.Errorf("engine: resolve %s: %w: the outside service reported the call succeeded", id, ErrResolutionContradicts)
+	case errors.Is(err, store.ErrMayLand):
+		return nil, fmt.Errorf("engine: resolve %s: %w: its last request may still land: %w", id, ErrNotResolvable, err)
 	case err != nil && !errors.Is(err, errHandedOff) && !errors.Is(err, errParked):
 		return nil, fmt.Errorf("engine: resolve %s: %w", id, err)
 	}
@@ -119,6 +128,9 @@ func (r *run) resolveStep(ctx context.Context, parked bool, res *Resolution) (*s
 			return nil, refuse("step %s's settle window runs until %s: its lookup decides until then",
 				st.name, end.UTC().Format(time.RFC3339))
 		}
+	}
+	if f := res.Failure; f != nil && !res.Made && (f.Code == "" || f.Message == "") {
+		return nil, fmt.Errorf("engine: resolve %s: %w: the answer for a call not made needs a code and a message", r.id, ErrInvalidResolution)
 	}
 	if res.Made && st.resolve != nil && res.Reference == "" {
 		return nil, fmt.Errorf("engine: resolve %s: %w: step %s needs the reference of what the call made", r.id, ErrInvalidResolution, st.name)
@@ -196,6 +208,10 @@ func (r *run) resolveStep(ctx context.Context, parked bool, res *Resolution) (*s
 	}
 	r.refuseNotMade(st, true)
 	pe := fault(CodeResolvedNotMade, st.name, fmt.Sprintf("an operator resolved step %s as not made: %s", st.name, res.Reason))
+	if f := res.Failure; f != nil {
+		pe = &PermanentError{Code: f.Code, Message: f.Message, Details: f.Details, Step: st.name, Fault: f.ServerFault(),
+			Cause: fmt.Sprintf("an operator resolved step %s as not made: %s", st.name, res.Reason)}
+	}
 	r.failure = pe
 	r.status[st.name] = store.StepFailed
 	return &store.StepRecordFailureParams{

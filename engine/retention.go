@@ -63,7 +63,36 @@ func (e *Engine) DeleteFinished(ctx context.Context, now *time.Time) (int, error
 		}
 	}
 	n, err := e.deleteFinished(ctx, store.OperationDeleteFinishedParams{Now: now, Retention: e.cfg.Retention, Exclude: own})
-	return total + n, err
+	total += n
+	if err != nil {
+		return total, err
+	}
+	return total, e.deleteOutcomes(ctx, now)
+}
+
+// deleteOutcomes deletes what the inbox received longer ago than the longest
+// retention here, and than Config.Retention, but what a waiting step has yet
+// to read: by then the operation it was for has finished and gone, or
+// reconciliation judges what arrives.
+func (e *Engine) deleteOutcomes(ctx context.Context, now *time.Time) error {
+	keep := e.cfg.Retention
+	for _, d := range e.defs {
+		keep = max(keep, d.retention)
+	}
+	before := time.Now()
+	if now != nil {
+		before = *now
+	}
+	before = before.Add(-keep)
+	for {
+		n, err := e.store.OutcomeDeleteBefore(ctx, e.control, before, retentionBatch)
+		if err != nil {
+			return fmt.Errorf("engine: %w", err)
+		}
+		if n < retentionBatch {
+			return nil
+		}
+	}
 }
 
 func (e *Engine) deleteFinished(ctx context.Context, p store.OperationDeleteFinishedParams) (int, error) {

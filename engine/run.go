@@ -314,7 +314,8 @@ func (r *run) succeeded(i int, st *stepDef, attempt int, started time.Time, reso
 		StartedAt:  started,
 		ResolvedBy: string(resolvedBy),
 		// An attempt before this one failed and was recorded in the step's row.
-		Retried: attempt > 1 || r.rowed[st.name],
+		Retried:   attempt > 1 || r.rowed[st.name],
+		Reference: r.e.referenceOf(st, r.state),
 	})
 	return nil
 }

@@ -79,7 +79,13 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 				return nil
 			}
 		}
-		return st.external(ctx, at, r.in, r.state)
+		callCtx := ctx
+		if st.timeout > 0 {
+			var cancel context.CancelFunc
+			callCtx, cancel = context.WithTimeout(ctx, st.timeout)
+			defer cancel()
+		}
+		return st.external(callCtx, at, r.in, r.state)
 	})
 	if err == nil {
 		err = protect(func() error { return r.hook(ctx, st, faults.PointAfterEffect, attempt) })

@@ -107,3 +107,33 @@ func TestExternalStepOutOfAttempts(t *testing.T) {
 		require.Equal(t, fsBooks{debits: 1}, fsReadBooks(t, pool))
 	})
 }
+
+// TestExternalStepTimeout: a call that does not answer within the step's
+// Timeout is cut there, an attempt whose outcome is unknown: out of
+// attempts, the step waits out its window before anything is undone.
+func TestExternalStepTimeout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newLateProvider(func(int32) string { return "hang" })
+	noop := func(context.Context, engine.Tx, engine.Attempt, int, *lateState) error { return nil }
+	op, err := engine.NewOperation("call_timeout", []engine.Step[int, lateState]{
+		engine.TxStep("hold", noop).Compensate(func(context.Context, engine.Tx, engine.Attempt, int, *lateState) error {
+			p.undos.Add(1)
+			return nil
+		}),
+		engine.ExternalStep("pay", p.call).Lookup(p.lookup).Timeout(50 * time.Millisecond).Settle(100 * time.Millisecond),
+	}, func(_ int, s *lateState) (string, error) { return s.Ref, nil },
+		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: 1}})
+	require.NoError(t, err)
+	e, _ := lateEngine(t, op)
+	s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+	require.NoError(t, err)
+	info := fsWait(t, e, s.ID)
+	require.Equal(t, engine.StatusFailed, info.Status)
+	require.Equal(t, engine.CodeAttemptsExhausted, info.Error.Code)
+	require.Contains(t, info.Error.Cause, context.DeadlineExceeded.Error())
+	require.Equal(t, int32(1), p.calls.Load())
+	require.Equal(t, int32(1), p.undos.Load())
+	pay := fsGet(t, e, s.ID).Steps[1]
+	require.NotNil(t, pay.SettleBy, "the window was fixed when the request was sent")
+}

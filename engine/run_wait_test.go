@@ -564,6 +564,23 @@ func TestResolve(t *testing.T) {
 		_ = op
 	})
 
+	t.Run("NotMadeWithTheOperationsAnswer", func(t *testing.T) {
+		t.Parallel()
+		p, e, _, info := waiting(t, "resolve_not_charged")
+		_, err := resolve(t, e, info.ID, engine.Resolution{Made: false, Reason: "x", Failure: &engine.PermanentError{Code: "not_charged"}})
+		require.ErrorIs(t, err, engine.ErrInvalidResolution, "an answer needs a message")
+		got, err := resolve(t, e, info.ID, engine.Resolution{Made: false, Reason: "the bank never got it",
+			Failure: engine.Fail("not_charged", "nothing was charged")})
+		require.NoError(t, err)
+		if got.Status == engine.StatusInProgress {
+			got = fsWait(t, e, info.ID)
+		}
+		require.Equal(t, engine.StatusFailed, got.Status)
+		require.Equal(t, "not_charged", got.Error.Code)
+		require.False(t, got.Error.ServerFault(), "the client is told the business answer")
+		require.Equal(t, int32(1), p.undos.Load())
+	})
+
 	t.Run("NotResolvableWithinTheWindow", func(t *testing.T) {
 		t.Parallel()
 		p := newLateProvider(func(int32) string { return "timeout" })

@@ -92,6 +92,9 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 	if err != nil {
 		return nil, err
 	}
+	if err := e.schemaRefusal(ctx); err != nil {
+		return nil, fmt.Errorf("engine: start %q: %w", def.name, err)
+	}
 	decoded, err := def.reloadInput(p.raw)
 	if err != nil {
 		return nil, fmt.Errorf("engine: input of %q does not survive encoding/json: %w", def.name, err)
@@ -145,6 +148,9 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 		if res.err != nil && errors.Is(res.err, context.Canceled) && e.isStopping() {
 			return nil, fmt.Errorf("engine: start %q: %w", def.name, ErrStopped)
 		}
+		if fault := e.schemaFault(ctx, res.err); fault != nil {
+			return nil, fmt.Errorf("engine: start %q: %w", def.name, fault)
+		}
 		if res.err != nil && errors.Is(res.err, ErrUnavailable) {
 			return nil, fmt.Errorf("engine: start %q: %w", def.name, res.err)
 		}
@@ -175,6 +181,9 @@ func (e *Engine) startWithoutRoom(ctx context.Context, def *opDef, p *prepared, 
 		}
 		return &Started{ID: rec.ID, Existing: infoFromRecord(rec), e: e}, nil
 	case !errors.Is(err, store.ErrNotFound):
+		if fault := e.schemaFault(ctx, err); fault != nil {
+			return nil, fmt.Errorf("engine: start %q: %w", def.name, fault)
+		}
 		return nil, fmt.Errorf("engine: start %q: %w: %w", def.name, ErrUnavailable, err)
 	}
 	return nil, fmt.Errorf("engine: start %q: %w", def.name, why)
@@ -192,15 +201,18 @@ func StartTx[In, S, Out any](ctx context.Context, tx pgx.Tx, e *Engine, op *Oper
 	if err != nil {
 		return nil, err
 	}
+	if err := e.schemaRefusal(ctx); err != nil {
+		return nil, fmt.Errorf("engine: start %q: %w", def.name, err)
+	}
 	id := uuid.Must(uuid.NewV7())
 	created, err := e.store.OperationInsert(ctx, tx, *p.insert(id, newKeySecret(), e.cfg.Lease))
 	if err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
+		return nil, e.statementErr(ctx, err)
 	}
 	if !created {
 		rec, err := e.store.OperationGetByKey(ctx, tx, scope, key)
 		if err != nil {
-			return nil, mapNotFound(err)
+			return nil, e.statementErr(ctx, err)
 		}
 		if err := e.sameStart(rec, def, p.fp, p.raw); err != nil {
 			return nil, err

@@ -61,8 +61,14 @@ type stepSpec[In, S any] struct {
 	// from the default.
 	settle    time.Duration
 	settleSet bool
+	// timeout bounds each call of an external step (zero: the engine sets
+	// none).
+	timeout   time.Duration
 	resolve   func(in In, state *S, reference string) error
 	reconcile func(in In, rec reconcile.Record) reconcile.Kind
+	// source and reference: see ExternalStepDef.Records.
+	source    string
+	reference func(state *S) string
 }
 
 // TxStepDef declares a transactional step. Make one with TxStep; its methods
@@ -156,6 +162,25 @@ func (d ExternalStepDef[In, S]) Settle(window time.Duration) ExternalStepDef[In,
 	return d
 }
 
+// Timeout returns the step with d as the bound of each of its calls: the
+// context its function gets ends d after the attempt began, and the attempt
+// fails with the context's error then (an unknown outcome). The settle window
+// (Settle, or DefaultSettle) must be at least d: NewOperation refuses a
+// shorter one, since a request that timed out may still land after it. Zero,
+// the default, sets no bound (the function's own client bounds its calls).
+func (d ExternalStepDef[In, S]) Timeout(timeout time.Duration) ExternalStepDef[In, S] {
+	d.s.timeout = timeout
+	return d
+}
+
+// window is the step's settle window, the default when Settle was not called.
+func (s *stepSpec[In, S]) window() time.Duration {
+	if !s.settleSet {
+		return DefaultSettle
+	}
+	return s.settle
+}
+
 // Resolve returns the step with fn as what records, in the state, a call that
 // an operator says was made, under the outside service's reference (see
 // Engine.Resolve). Without one, an operator's "made" leaves the state as the
@@ -179,6 +204,27 @@ func (d ExternalStepDef[In, S]) Reconcile(fn func(in In, rec reconcile.Record) r
 	return d
 }
 
+// Records returns the step with source as the reconciliation source
+// (reconcile.Source.Name) that lists the records its calls make, and
+// reference as what reads, from the operation's state after the step, the
+// source's reference for what it made (a provider's refund id), whoever
+// recorded it: its call, its lookup, an event or an operator (through
+// Resolve). reference may be nil, and may return "" for a state that holds
+// none.
+//
+// Reconciliation then looks both ways (see Engine.Reconcile): a succeeded
+// step whose derived key the source does not list is reconcile.MissingRecord,
+// and one whose reference is not the record's is reconcile.ReferenceDiffers.
+// Without Records, a step is only judged from the records listed under its
+// key, and its reference only when an operator gave it. An engine without
+// the source (reconcile.Config.Sources) checks nothing the other way, and
+// still compares the reference with the records that another source lists
+// under the step's key.
+func (d ExternalStepDef[In, S]) Records(source string, reference func(state *S) string) ExternalStepDef[In, S] {
+	d.s.source, d.s.reference = source, reference
+	return d
+}
+
 func (d ExternalStepDef[In, S]) spec() *stepSpec[In, S] { return &d.s }
 
 type stepDef struct {
@@ -191,10 +237,16 @@ type stepDef struct {
 	retry      RetryPolicy
 	// settle is an external step's settle window (see ExternalStepDef.Settle).
 	settle time.Duration
+	// timeout bounds each call (ExternalStepDef.Timeout); zero: no bound.
+	timeout time.Duration
 	// resolve records an operator's reference in the state (ExternalStepDef.Resolve).
 	resolve func(in, state any, reference string) error
 	// reconcile compares a record with the input (ExternalStepDef.Reconcile).
 	reconcile func(in any, rec reconcile.Record) reconcile.Kind
+	// source lists the step's records, and reference reads the reference it
+	// recorded from the state after it (ExternalStepDef.Records).
+	source    string
+	reference func(state any) string
 }
 
 // pivot reports whether the step is a point of no return: it calls out and

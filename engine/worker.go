@@ -41,8 +41,13 @@ type resumeWorker struct {
 //
 // A job of a scope that has Config.MaxInFlightPerScope runs here already is
 // put back (snoozed, which uses up no attempt), so that the jobs of other
-// scopes go first.
+// scopes go first. So is a job that this process cannot run because a newer
+// build migrated the database with a migration that its statements do not fit
+// (see Engine.Health): a process of that build takes it.
 func (w *resumeWorker) Work(ctx context.Context, job *river.Job[resumeArgs]) error {
+	if w.e.schemaRefusal(ctx) != nil {
+		return river.JobSnooze(schemaRecheck)
+	}
 	scope, max := job.Args.Scope, w.e.cfg.MaxInFlightPerScope
 	if scope != "" {
 		if !w.e.scopes.enter(scope, max) {
@@ -50,7 +55,11 @@ func (w *resumeWorker) Work(ctx context.Context, job *river.Job[resumeArgs]) err
 		}
 		defer w.e.scopes.leave(scope, max)
 	}
-	return w.e.resume(ctx, job.Args.OperationID, job.Args.Operation, job.Args.Recovery)
+	err := w.e.resume(ctx, job.Args.OperationID, job.Args.Operation, job.Args.Recovery)
+	if w.e.schemaFault(ctx, err) != nil {
+		return river.JobSnooze(schemaRecheck)
+	}
+	return err
 }
 
 // sweepBatch bounds the operations one sweep hands to workers.

@@ -238,7 +238,9 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 	case ctx.Err() != nil:
 		return // the client has gone
 	case engine.IsUnavailable(err):
-		log().WarnContext(ctx, "the database did not answer the reservation", slog.Any("error", err))
+		if !errors.Is(err, engine.ErrIncompatibleSchema) { // the engine has said why, once
+			log().WarnContext(ctx, "the database did not answer the reservation", slog.Any("error", err))
+		}
 		WriteStartError(w, err, ep.cfg.RetryAfter, "retry with the same key")
 		return
 	case WriteStartError(w, err, ep.cfg.RetryAfter, "retry with the same key"):

@@ -14,7 +14,8 @@ import (
 // with CodeOverloaded (engine.ErrOverloaded), 429 with CodeTooManyRequests (a
 // scope over its share: engine.ErrScopeBusy), 503 with CodeServiceUnavailable
 // (the database did not answer, engine.IsUnavailable, or the engine is
-// stopping), each with Retry-After (retryAfter, in whole seconds, at least 1).
+// stopping, or its build is older than the database's schema:
+// engine.ErrIncompatibleSchema), each with Retry-After (retryAfter, in whole seconds, at least 1).
 // No key was consumed: again ends each message and tells the client how to try
 // again ("retry with the same key", "deliver the event again"). For any other
 // error it writes nothing and returns false: the caller's to answer.
@@ -28,6 +29,8 @@ func WriteStartError(w http.ResponseWriter, err error, retryAfter time.Duration,
 		status, code, message = http.StatusTooManyRequests, CodeTooManyRequests, "you have too many operations in flight"
 	case errors.Is(err, engine.ErrStopped):
 		code, message = CodeServiceUnavailable, "the server is shutting down"
+	case errors.Is(err, engine.ErrIncompatibleSchema):
+		code, message = CodeServiceUnavailable, "this server is older than its database and cannot serve"
 	case engine.IsUnavailable(err):
 		code, message = CodeServiceUnavailable, "the database is not available"
 	default:

@@ -28,7 +28,7 @@
 //	GET  {APIPath}/operations/{id}                 one operation with its steps
 //	POST {APIPath}/operations/{id}/retry           200 with the operation, reopened
 //	POST {APIPath}/operations/{id}/cancel          body {"reason": "..."} (optional); 200 with the operation, cancelled
-//	GET  {APIPath}/mismatches                      {"mismatches": [...]}: every source's, oldest first
+//	GET  {APIPath}/mismatches                      {"mismatches": [...], "total": N, "next": ...}: every source's, oldest first
 //
 // The list takes the query parameters status (in_progress, succeeded,
 // failed), name (the operation type), client (the scope), olderThan (a Go
@@ -47,6 +47,10 @@
 // recordStatus, recordCreatedAt, data, step, detail, firstSeen, lastSeen).
 // A mismatch of {APIPath}/mismatches adds the operation it names:
 // operationId (null for unknown_key), operation, client and operationStatus.
+// The mismatches come in pages: limit (1 to 1000, default 100) and after (the
+// next of the previous page, an opaque cursor); total counts every mismatch,
+// and next is null on the last page, else the after of the next one, whose
+// URL a Link header with rel="next" gives too.
 //
 // # Reconciliation
 //

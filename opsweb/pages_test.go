@@ -229,7 +229,6 @@ func TestRunbookSections(t *testing.T) {
 		engine.CodeDatabaseUnavailable, engine.CodeUndecodableState, engine.CodeDefinitionChanged, engine.CodeVersionNotRun,
 		engine.CodeReconciliationMismatch, engine.CodeCompensationFailed,
 		"provider_mismatch", // workflows/refund's CodeProviderMismatch
-		"missing_record",    // reconciliation both ways (issue 36)
 	}
 	for _, k := range reconcile.Kinds {
 		codes = append(codes, string(k))

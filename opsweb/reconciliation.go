@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -59,27 +60,62 @@ type mismatchItem struct {
 	OperationStatus string     `json:"operationStatus"`
 }
 
+// mismatchParams are the query parameters of {APIPath}/mismatches.
+var mismatchParams = []string{"limit", "after"}
+
+// mismatchesAPI serves {APIPath}/mismatches: a page of every source's
+// mismatches, oldest first, with their total and the cursor of the next page.
 func (h *handler) mismatchesAPI(w http.ResponseWriter, r *http.Request) {
-	for name := range r.URL.Query() {
-		h.fail(w, r, http.StatusBadRequest, "invalid_request", "unknown query parameter "+strconv.Quote(name)+"; the mismatches take none", name)
-		return
+	q := r.URL.Query()
+	opts := &engine.MismatchListOpts{}
+	for name, vs := range q {
+		if !slices.Contains(mismatchParams, name) {
+			h.fail(w, r, http.StatusBadRequest, "invalid_request", "unknown query parameter "+strconv.Quote(name)+"; the mismatches take limit and after", name)
+			return
+		}
+		if len(vs) > 1 {
+			h.fail(w, r, http.StatusBadRequest, "invalid_request", name+" is given more than once", name)
+			return
+		}
 	}
+	if v := strings.TrimSpace(q.Get("limit")); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxLimit {
+			h.fail(w, r, http.StatusBadRequest, "invalid_request", "limit is an integer from 1 to 1000", "limit")
+			return
+		}
+		opts.Limit = n
+	}
+	opts.After = strings.TrimSpace(q.Get("after"))
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.ReadTimeout)
 	defer cancel()
-	list, err := h.e.Mismatches(ctx)
+	res, err := h.e.MismatchList(ctx, opts)
+	if errors.Is(err, engine.ErrInvalidCursor) {
+		h.fail(w, r, http.StatusBadRequest, "invalid_request", "after is the next of the previous page", "after")
+		return
+	}
 	if err != nil {
 		h.internalError(w, r, err)
 		return
 	}
-	items := make([]mismatchItem, len(list))
-	for i := range list {
-		m := &list[i]
+	items := make([]mismatchItem, len(res.Mismatches))
+	for i := range res.Mismatches {
+		m := &res.Mismatches[i]
 		items[i] = mismatchItem{mismatchBody: mismatchOf(m), Operation: m.Operation, Client: m.Scope, OperationStatus: string(m.OperationStatus)}
 		if m.OperationID != uuid.Nil {
 			items[i].OperationID = &m.OperationID
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"mismatches": items})
+	var next *string
+	if res.Next != "" {
+		next = &res.Next
+		v := url.Values{"after": {res.Next}}
+		if opts.Limit != 0 {
+			v.Set("limit", strconv.Itoa(opts.Limit))
+		}
+		w.Header().Set("Link", "<"+h.cfg.APIPath+"/mismatches?"+v.Encode()+`>; rel="next"`)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"mismatches": items, "total": res.Total, "next": next})
 }
 
 type reconciliationPage struct {

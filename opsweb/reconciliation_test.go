@@ -134,10 +134,17 @@ func TestReconciliationPage(t *testing.T) {
 		require.Contains(t, rows[1], `<span class="status st-succeeded">succeeded</span>`)
 	})
 	t.Run("MismatchesAPI", func(t *testing.T) {
-		body := decode[struct {
+		type page struct {
 			Mismatches []mismatchItem `json:"mismatches"`
-		}](t, b.admin(http.MethodGet, "/admin/mismatches", ""))
+			Total      int64          `json:"total"`
+			Next       *string        `json:"next"`
+		}
+		r := b.admin(http.MethodGet, "/admin/mismatches", "")
+		body := decode[page](t, r)
 		require.Len(t, body.Mismatches, 2)
+		require.Equal(t, int64(2), body.Total)
+		require.Nil(t, body.Next, "the last page")
+		require.Empty(t, r.header.Get("Link"))
 		unknown, named := body.Mismatches[0], body.Mismatches[1]
 		require.Equal(t, "unknown_key", unknown.Kind)
 		require.Equal(t, "outside-1", unknown.Key)
@@ -149,6 +156,21 @@ func TestReconciliationPage(t *testing.T) {
 		require.Equal(t, mismatchItem{mismatch: named.mismatch, OperationID: named.OperationID,
 			Operation: "payment", Client: "client-a", OperationStatus: "succeeded"}, named)
 		requireError(t, b.admin(http.MethodGet, "/admin/mismatches?source=provider", ""), http.StatusBadRequest, "invalid_request")
+
+		// In pages of one: the same two, in the same order.
+		r = b.admin(http.MethodGet, "/admin/mismatches?limit=1", "")
+		first := decode[page](t, r)
+		require.Len(t, first.Mismatches, 1)
+		require.Equal(t, int64(2), first.Total)
+		require.NotNil(t, first.Next)
+		require.Equal(t, "</admin/mismatches?after="+*first.Next+`&limit=1>; rel="next"`, r.header.Get("Link"))
+		second := decode[page](t, b.admin(http.MethodGet, "/admin/mismatches?limit=1&after="+*first.Next, ""))
+		require.Len(t, second.Mismatches, 1)
+		require.Nil(t, second.Next)
+		require.Equal(t, body.Mismatches, append(first.Mismatches, second.Mismatches...))
+		for _, q := range []string{"limit=0", "limit=1001", "limit=x", "after=nonsense", "limit=1&limit=2"} {
+			requireError(t, b.admin(http.MethodGet, "/admin/mismatches?"+q, ""), http.StatusBadRequest, "invalid_request")
+		}
 	})
 	t.Run("RunNowFails", func(t *testing.T) {
 		b.provider.fail(errors.New("provider: 502 bad gateway"))

@@ -36,5 +36,12 @@ LEFT JOIN idemflow_step_row AS s ON s.operation_id = o.id AND s.name = @name
 WHERE o.id = @operation_id;
 
 -- name: OutcomeDeleteBefore :execrows
--- Deletes what the inbox received before before: retention.
-DELETE FROM idemflow_outcome WHERE received_at < @before;
+-- Deletes at most max outcomes that the inbox received before before, but
+-- those of a step that still waits for its outcome: retention.
+DELETE FROM idemflow_outcome
+WHERE (derived_key, event_id) IN (
+    SELECT o.derived_key, o.event_id FROM idemflow_outcome AS o
+    WHERE o.received_at < @before
+      AND NOT EXISTS (SELECT 1 FROM idemflow_step_row AS s WHERE s.derived_key = o.derived_key AND s.state = 'waiting')
+    LIMIT sqlc.arg(max)::int
+);

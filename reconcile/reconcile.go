@@ -73,8 +73,7 @@ func (s Status) OrDefault() Status {
 type Kind string
 
 // The kinds of mismatch that the engine tells itself; a step's reconcile
-// function may return AmountDiffers, ReferenceDiffers or a kind of the
-// application's.
+// function may return AmountDiffers or a kind of the application's.
 const (
 	// UnknownKey: a record that moved money under a key no operation of ours
 	// holds (made outside the engine, or an operation the database lost).
@@ -88,13 +87,18 @@ const (
 	// AmountDiffers: the record is not for what the operation asked (its
 	// amount, or what the reconcile function compares with it).
 	AmountDiffers Kind = "amount_differs"
-	// ReferenceDiffers: an operator resolved the step as made under one
-	// reference, and the service's record under its key has another.
+	// ReferenceDiffers: the step succeeded under one reference in the books
+	// (whoever recorded it: its call, its lookup, an event or an operator),
+	// and the service's record under its key has another.
 	ReferenceDiffers Kind = "reference_differs"
+	// MissingRecord: the step succeeded in the books, but the service lists
+	// no record under its key (only for steps whose records a source lists,
+	// once their success is older than their settle window).
+	MissingRecord Kind = "missing_record"
 )
 
 // Kinds are the kinds the engine knows, for a gauge's labels.
-var Kinds = []Kind{UnknownKey, NotSucceeded, RecordFailed, AmountDiffers, ReferenceDiffers}
+var Kinds = []Kind{UnknownKey, NotSucceeded, RecordFailed, AmountDiffers, ReferenceDiffers, MissingRecord}
 
 // ListRequest asks a Source for one page of its records.
 type ListRequest struct {

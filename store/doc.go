@@ -9,7 +9,8 @@
 // transaction: the engine decides where a transaction begins and ends. No generated
 // or pgtype type appears in this package's API. operation.go has the queries of
 // idemflow_operation, step.go those of steps (idemflow_step_row, the view
-// idemflow_step_recorded).
+// idemflow_step_recorded); schema.go tells whether this build's statements fit
+// a schema that a newer build migrated (SchemaVersions, CheckStatements).
 //
 // # Errors
 //

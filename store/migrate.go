@@ -115,7 +115,7 @@ var ErrNotMigrated = errors.New("store: the database is not migrated")
 // process that is migrating at the same moment holds locks on the version
 // tables, and the check waits for it (ctx bounds the wait) rather than fail.
 func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
-	ms, err := loadMigrations(Migrations())
+	ms, err := buildMigrations()
 	if err != nil {
 		return fmt.Errorf("store: migrations: %w", err)
 	}
@@ -127,9 +127,9 @@ func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		if err := dbsqlc.New().SetLocalUnbounded(ctx, tx); err != nil {
 			return fmt.Errorf("store: %w", err)
 		}
-		var current int32
-		if err := tx.QueryRow(ctx, "SELECT version FROM "+pgx.Identifier{versionTable(migrationSet)}.Sanitize()).Scan(&current); err != nil {
-			return fmt.Errorf("%w: idemflow's schema version cannot be read (%w)", ErrNotMigrated, err)
+		current, err := readSchemaVersion(ctx, tx)
+		if err != nil {
+			return err
 		}
 		if target := int32(len(ms)); current < target {
 			return fmt.Errorf("%w: idemflow's schema is at version %d, this build needs %d", ErrNotMigrated, current, target)

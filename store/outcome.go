@@ -152,13 +152,14 @@ func (s *Store) OperationSettleBy(ctx context.Context, db DBTX, operationID uuid
 	return t, nil
 }
 
-// OutcomeDeleteBefore deletes what the inbox received before before.
-func (s *Store) OutcomeDeleteBefore(ctx context.Context, db DBTX, before time.Time) (int64, error) {
-	n, err := s.q.OutcomeDeleteBefore(ctx, db, before)
+// OutcomeDeleteBefore deletes at most max outcomes that the inbox received
+// before before, but those of a step that still waits for its outcome.
+func (s *Store) OutcomeDeleteBefore(ctx context.Context, db DBTX, before time.Time, max int) (int, error) {
+	n, err := s.q.OutcomeDeleteBefore(ctx, db, dbsqlc.OutcomeDeleteBeforeParams{Before: before, Max: int32(max)})
 	if err != nil {
 		return 0, fmt.Errorf("store: delete outcomes: %w", err)
 	}
-	return n, nil
+	return int(n), nil
 }
 
 func outcomeFromRow(r *dbsqlc.IdemflowOutcome) *Outcome {

@@ -24,9 +24,57 @@ type ReconcileOperation struct {
 	Steps     []string
 	Input     []byte
 	KeySecret []byte
+	CreatedAt time.Time
 	// Checkpointed are the steps checkpointed in the operation's row:
 	// succeeded, unless a step row says otherwise.
-	Checkpointed []string
+	Checkpointed []Checkpointed
+}
+
+// Checkpointed is what a checkpoint in an operation's row tells
+// reconciliation of its step.
+type Checkpointed struct {
+	// Name is the step's.
+	Name string
+	// Reference is the outside service's reference that the step recorded
+	// (StepCheckpointParams.Reference); empty when none was.
+	Reference string
+	// ResolvedBy is how an external step's outcome was known ("call",
+	// "lookup"); empty for other steps.
+	ResolvedBy string
+	// SucceededAt is when the step succeeded.
+	SucceededAt time.Time
+}
+
+// Checkpoint returns the checkpoint of the step name, if the operation's row
+// holds one.
+func (o *ReconcileOperation) Checkpoint(name string) (Checkpointed, bool) {
+	for _, c := range o.Checkpointed {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return Checkpointed{}, false
+}
+
+func checkpointedOf(names, refs, bys []string, done []int64) []Checkpointed {
+	if len(names) == 0 {
+		return nil
+	}
+	out := make([]Checkpointed, len(names))
+	for i, n := range names {
+		c := Checkpointed{Name: n}
+		if i < len(refs) {
+			c.Reference = refs[i]
+		}
+		if i < len(bys) {
+			c.ResolvedBy = bys[i]
+		}
+		if i < len(done) {
+			c.SucceededAt = time.UnixMicro(done[i])
+		}
+		out[i] = c
+	}
+	return out
 }
 
 // ReconcileOperations reads the operations ids (those that exist).
@@ -39,7 +87,40 @@ func (s *Store) ReconcileOperations(ctx context.Context, db DBTX, ids []uuid.UUI
 	for i, r := range rows {
 		out[i] = ReconcileOperation{ID: uuid.UUID(r.ID), Name: r.Name, Version: int(r.Version), Scope: r.Scope,
 			Key: r.Key, State: OperationState(r.State), Steps: r.Steps, Input: r.Input, KeySecret: r.KeySeed,
-			Checkpointed: r.Checkpointed}
+			CreatedAt: r.CreatedAt, Checkpointed: checkpointedOf(r.Checkpointed, r.CheckpointRefs, r.CheckpointResolvedBy, r.CheckpointDone)}
+	}
+	return out, nil
+}
+
+// ReconcileBooksParams asks for a page of the books that a run checks for
+// records.
+type ReconcileBooksParams struct {
+	// After is the last operation of the previous page (its id); for the
+	// first, an id of UUIDv7 no later than CreatedFrom.
+	After uuid.UUID
+	// CreatedFrom: only operations created from then on (the database's
+	// clock).
+	CreatedFrom time.Time
+	// Names are the operation types to read.
+	Names []string
+	// Max bounds the page.
+	Max int
+}
+
+// ReconcileBooks reads a page of the finished operations that p asks for, by
+// id; Steps and Input are left empty.
+func (s *Store) ReconcileBooks(ctx context.Context, db DBTX, p ReconcileBooksParams) ([]ReconcileOperation, error) {
+	rows, err := s.q.ReconcileBooks(ctx, db, dbsqlc.ReconcileBooksParams{
+		After: pguuid.UUID(p.After), CreatedFrom: p.CreatedFrom, Names: p.Names, Max: int32(p.Max),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: read the books to reconcile: %w", err)
+	}
+	out := make([]ReconcileOperation, len(rows))
+	for i, r := range rows {
+		out[i] = ReconcileOperation{ID: uuid.UUID(r.ID), Name: r.Name, Version: int(r.Version), Scope: r.Scope,
+			Key: r.Key, State: OperationState(r.State), KeySecret: r.KeySeed, CreatedAt: r.CreatedAt,
+			Checkpointed: checkpointedOf(r.Checkpointed, r.CheckpointRefs, r.CheckpointResolvedBy, r.CheckpointDone)}
 	}
 	return out, nil
 }
@@ -50,6 +131,10 @@ type ReconcileStep struct {
 	Name        string
 	State       StepState
 	ResolvedBy  string
+	// Output is the operation's state after the step, when it succeeded.
+	Output json.RawMessage
+	// FinishedAt is when the step ended (succeeded); nil while it runs.
+	FinishedAt *time.Time
 }
 
 // ReconcileSteps reads the step rows named names of the operations ids (their
@@ -61,7 +146,8 @@ func (s *Store) ReconcileSteps(ctx context.Context, db DBTX, ids []uuid.UUID, na
 	}
 	out := make([]ReconcileStep, len(rows))
 	for i, r := range rows {
-		out[i] = ReconcileStep{OperationID: uuid.UUID(r.OperationID), Name: r.Name, State: StepState(r.State), ResolvedBy: deref(r.ResolvedBy)}
+		out[i] = ReconcileStep{OperationID: uuid.UUID(r.OperationID), Name: r.Name, State: StepState(r.State), ResolvedBy: deref(r.ResolvedBy),
+			Output: r.Output, FinishedAt: r.FinishedAt}
 	}
 	return out, nil
 }
@@ -105,7 +191,7 @@ type Mismatch struct {
 }
 
 // MismatchUpsert records ms, all of source and at most one per (RecordKey,
-// Reference), or sees them again.
+// Reference, Kind), or sees them again.
 func (s *Store) MismatchUpsert(ctx context.Context, db DBTX, source string, ms []Mismatch) error {
 	if len(ms) == 0 {
 		return nil
@@ -167,15 +253,32 @@ func (s *Store) MismatchClear(ctx context.Context, db DBTX, source string, start
 	return n, nil
 }
 
-// MismatchList lists at most max mismatches of source (every source when
-// empty), of the operation op when not nil, oldest first.
-func (s *Store) MismatchList(ctx context.Context, db DBTX, source string, op *uuid.UUID, max int) ([]Mismatch, error) {
-	p := dbsqlc.MismatchListParams{Source: source, Max: int32(max)}
-	if op != nil {
-		id := pguuid.UUID(*op)
-		p.OperationID = &id
+// MismatchListParams asks MismatchList for a page of mismatches.
+type MismatchListParams struct {
+	// Source: only its mismatches; every source's when empty.
+	Source string
+	// Operation, when not nil: only those that name it.
+	Operation *uuid.UUID
+	// After, when not nil: the page after this mismatch (its FirstSeen,
+	// Source, RecordKey, Reference and Kind), in the list's order.
+	After *Mismatch
+	// Max bounds the page.
+	Max int
+}
+
+// MismatchList lists a page of mismatches as p asks, oldest first.
+func (s *Store) MismatchList(ctx context.Context, db DBTX, p MismatchListParams) ([]Mismatch, error) {
+	args := dbsqlc.MismatchListParams{Source: p.Source, Max: int32(p.Max)}
+	if p.Operation != nil {
+		id := pguuid.UUID(*p.Operation)
+		args.OperationID = &id
 	}
-	rows, err := s.q.MismatchList(ctx, db, p)
+	if a := p.After; a != nil {
+		first := a.FirstSeen
+		args.AfterFirstSeen, args.AfterSource, args.AfterRecordKey, args.AfterReference, args.AfterKind =
+			&first, a.Source, a.RecordKey, a.Reference, a.Kind
+	}
+	rows, err := s.q.MismatchList(ctx, db, args)
 	if err != nil {
 		return nil, fmt.Errorf("store: list mismatches: %w", err)
 	}
@@ -194,6 +297,21 @@ func (s *Store) MismatchList(ctx context.Context, db DBTX, source string, op *uu
 		out[i] = m
 	}
 	return out, nil
+}
+
+// MismatchCount counts the mismatches of source (every source when empty),
+// of the operation op when not nil.
+func (s *Store) MismatchCount(ctx context.Context, db DBTX, source string, op *uuid.UUID) (int64, error) {
+	args := dbsqlc.MismatchCountParams{Source: source}
+	if op != nil {
+		id := pguuid.UUID(*op)
+		args.OperationID = &id
+	}
+	n, err := s.q.MismatchCount(ctx, db, args)
+	if err != nil {
+		return 0, fmt.Errorf("store: count mismatches: %w", err)
+	}
+	return n, nil
 }
 
 // MismatchCounts returns how many mismatches there are of each kind.
@@ -219,6 +337,10 @@ type ReconciliationRun struct {
 	NotYet       int64
 	Unverifiable int64
 	Pages        int
+	// StepsChecked counts the succeeded steps checked for a record; Expired
+	// the records under keys of operations that may have been deleted.
+	StepsChecked int64
+	Expired      int64
 }
 
 // ReconciliationRunRecord records r as its source's last run, unless a run
@@ -226,7 +348,7 @@ type ReconciliationRun struct {
 func (s *Store) ReconciliationRunRecord(ctx context.Context, db DBTX, r ReconciliationRun) error {
 	err := s.q.ReconciliationRunRecord(ctx, db, dbsqlc.ReconciliationRunRecordParams{
 		Source: r.Source, StartedAt: r.StartedAt, WindowStart: r.WindowStart, Checked: r.Checked,
-		NotYet: r.NotYet, Unverifiable: r.Unverifiable, Pages: int32(r.Pages),
+		NotYet: r.NotYet, Unverifiable: r.Unverifiable, Pages: int32(r.Pages), StepsChecked: r.StepsChecked, Expired: r.Expired,
 	})
 	if err != nil {
 		return fmt.Errorf("store: record reconciliation run: %w", err)
@@ -241,7 +363,8 @@ func (s *Store) ReconciliationRunGet(ctx context.Context, db DBTX, source string
 		return nil, mapErr("get reconciliation run", err)
 	}
 	return &ReconciliationRun{Source: r.Source, StartedAt: r.StartedAt, CheckedAt: r.CheckedAt, WindowStart: r.WindowStart,
-		Checked: r.Checked, NotYet: r.NotYet, Unverifiable: r.Unverifiable, Pages: int(r.Pages)}, nil
+		Checked: r.Checked, NotYet: r.NotYet, Unverifiable: r.Unverifiable, Pages: int(r.Pages),
+		StepsChecked: r.StepsChecked, Expired: r.Expired}, nil
 }
 
 // uuidTexts are ids as text, which every pgx query mode encodes in an array

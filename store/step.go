@@ -59,6 +59,11 @@ type StepCheckpointParams struct {
 	Retried bool
 	// ResolvedBy is "call" or "lookup" for an external step, empty for others.
 	ResolvedBy string
+	// Reference is the outside service's reference for what an external step
+	// made, as its definition reads it from Output (empty when it reads none),
+	// kept in its checkpoint ("f"), whose state a finished operation drops:
+	// valid UTF-8 without NUL.
+	Reference string
 }
 
 // StepRecordFailureParams record a failed attempt of a step.
@@ -290,7 +295,7 @@ func (s *Store) StepCheckpointMany(ctx context.Context, db DBTX, p StepCheckpoin
 
 // encodeCheckpoints encodes steps as the checkpoints column holds them (store
 // migration 00010): an object by step name of {"p": position, "a": attempts,
-// "r": resolved by (when set), "s": started at and "d": how long until
+// "r": resolved by (when set), "f": the reference (when set), "s": started at and "d": how long until
 // finishedAt (microseconds), "o": the state after the step, a string of its
 // JSON, when withState}. It returns nil for no steps. Written by hand: it is
 // on every operation's path, and encoding/json would reflect over a map.
@@ -312,6 +317,10 @@ func encodeCheckpoints(steps []StepCheckpointParams, finishedAt time.Time, withS
 		if st.ResolvedBy != "" {
 			b = append(b, `,"r":`...)
 			b = appendJSONString(b, st.ResolvedBy)
+		}
+		if st.Reference != "" {
+			b = append(b, `,"f":`...)
+			b = appendJSONString(b, st.Reference)
 		}
 		b = append(b, `,"s":`...)
 		b = strconv.AppendInt(b, st.StartedAt.UnixMicro(), 10)

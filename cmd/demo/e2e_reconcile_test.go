@@ -29,7 +29,7 @@ import (
 var reconcileOnRequest = []string{"-reconcile-interval", "0"}
 
 // mismatchKinds are the kinds of mismatch: the contract's, then the engine's.
-var mismatchKinds = []string{"unknown_key", "not_succeeded", "amount_differs", "record_failed", "reference_differs"}
+var mismatchKinds = []string{"unknown_key", "not_succeeded", "amount_differs", "record_failed", "reference_differs", "missing_record"}
 
 // reconciliationReport is the answer of GET /admin/reconciliation and of POST
 // /admin/reconciliation/run.
@@ -37,6 +37,8 @@ type reconciliationReport struct {
 	CheckedAt  *time.Time `json:"checkedAt"`
 	Checked    int64      `json:"checked"`
 	Mismatches []mismatch `json:"mismatches"`
+	Total      int64      `json:"total"`
+	Truncated  bool       `json:"truncated"`
 }
 
 // mismatch is one of a report's mismatches.
@@ -74,7 +76,7 @@ func (d *demo) reconcile(t *testing.T) reconciliationReport {
 func readReconciliation(t *testing.T, r *response) reconciliationReport {
 	t.Helper()
 	requireStatus(t, r, http.StatusOK)
-	requireKeys(t, r.body, "checkedAt", "checked", "mismatches")
+	requireKeys(t, r.body, "checkedAt", "checked", "mismatches", "total", "truncated")
 	var raw struct {
 		Mismatches []json.RawMessage `json:"mismatches"`
 	}
@@ -85,6 +87,8 @@ func readReconciliation(t *testing.T, r *response) reconciliationReport {
 			"operationId", "client", "operationStatus", "detail", "firstSeen", "lastSeen")
 	}
 	rep := decodeAs[reconciliationReport](t, r)
+	require.Equal(t, int64(len(rep.Mismatches)), rep.Total, "these tests make fewer than 1,000")
+	require.False(t, rep.Truncated)
 	for _, m := range rep.Mismatches {
 		require.Contains(t, mismatchKinds, m.Kind)
 		require.NotEmpty(t, m.Detail, "a mismatch says what differs: %+v", m)
@@ -396,23 +400,35 @@ func TestReconciliation(t *testing.T) {
 		requireAttention(t, d, c, id, false)
 		key := d.reconciledOp(t, id).providerKey(t)
 		prID := c.providerRefunds()[0].ID
+		// Its event is applied: gone, it does not hold the record's id.
+		require.EqualValues(t, 1, dbExec(t, dbURL, `DELETE FROM provider.webhook_event WHERE refund_id = $1`, prID))
 
 		for _, tt := range []struct {
 			name, change, undo string
 			kind               string
 			amount             int64
 			orderID, status    string
+			// id is the record's id, when the change gives it another.
+			id string
 		}{
-			{"Amount", `SET amount = amount + 1`, `SET amount = amount - 1`, "amount_differs", 701, "A-1", "succeeded"},
-			{"Order", `SET order_id = 'A-2'`, `SET order_id = 'A-1'`, "amount_differs", 700, "A-2", "succeeded"},
-			{"Status", `SET status = 'failed'`, `SET status = 'succeeded'`, "record_failed", 700, "A-1", "failed"},
+			{"Amount", `SET amount = amount + 1`, `SET amount = amount - 1`, "amount_differs", 701, "A-1", "succeeded", ""},
+			{"Order", `SET order_id = 'A-2'`, `SET order_id = 'A-1'`, "amount_differs", 700, "A-2", "succeeded", ""},
+			{"Status", `SET status = 'failed'`, `SET status = 'succeeded'`, "record_failed", 700, "A-1", "failed", ""},
+			// The refund succeeded by its call (not an operator's word):
+			// its id is compared all the same.
+			{"Reference", `SET id = 'pr_RENAMED'`, `SET id = '` + prID + `'`, "reference_differs", 700, "A-1", "succeeded", "pr_RENAMED"},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				require.EqualValues(t, 1, dbExec(t, dbURL, `UPDATE provider.refund `+tt.change+` WHERE idempotency_key = $1`, key))
 				m := d.reconcile(t).only(t)
 				require.Equal(t, tt.kind, m.Kind)
 				require.Equal(t, key, m.IdempotencyKey)
-				require.Equal(t, prID, m.ProviderRefundID)
+				if tt.id == "" {
+					require.Equal(t, prID, m.ProviderRefundID)
+				} else {
+					require.Equal(t, tt.id, m.ProviderRefundID, "the provider's record's id")
+					require.Contains(t, m.Detail, prID, "the books' id")
+				}
 				require.Equal(t, tt.amount, m.Amount)
 				require.Equal(t, tt.orderID, m.OrderID)
 				require.Equal(t, tt.status, m.Status)
@@ -465,6 +481,60 @@ func TestReconciliation(t *testing.T) {
 		requireNamesRefund(t, m, id, "merchant-a", "succeeded")
 		requireAttention(t, d, c, id, true)
 		requireMismatchGauge(t, d, map[string]float64{"reference_differs": 1})
+		d.stop()
+	})
+
+	// An operator resolved a refund as made under a provider refund id while
+	// the provider (its lookup too) was down; the provider never made it.
+	// Once the refund's success is older than -provider-settle, a run finds
+	// no record under its key: missing_record, naming the id the books hold.
+	// Made after all, the next run clears it.
+	t.Run("MissingRecord", func(t *testing.T) {
+		t.Parallel()
+		dbURL := testdb.URL(t)
+		p := startDemo(t, dbURL, &demoOpts{provider: true})
+		proxy, down := switchableProvider(t, p.base+"/provider")
+		d := startDemo(t, dbURL, &demoOpts{args: append([]string{"-wait", "200ms", "-max-attempts", "1", "-retry-backoff", "30s",
+			"-provider-settle", "1s", "-provider-url", proxy.URL}, reconcileOnRequest...)})
+		c := d.client(t, tokenA)
+		c.createOrder("A-1", "cus_1", 5000)
+		down.Store(true)
+		key := newKey()
+		body := map[string]any{"orderId": "A-1", "amount": 700}
+		id := requireAccepted(t, c.post("/refunds", key, body))
+		c.awaitOperation(id, pollInterval, "needing attention", needsAttention)
+		requireStatus(t, d.admin(t, http.MethodPost, "/admin/operations/"+id+"/resolve",
+			`{"outcome": "made", "providerRefundId": "pr_MADEUP", "reason": "an operator's mistake"}`), http.StatusOK)
+		requireStatus(t, c.postUntilFinal("/refunds", key, body), http.StatusCreated)
+		down.Store(false)
+		derived := d.reconciledOp(t, id).providerKey(t)
+		require.Empty(t, p.client(t, "").providerRefunds(), "the provider made nothing")
+
+		var m mismatch
+		eventually(t, func() bool {
+			rep := d.reconcile(t)
+			if len(rep.Mismatches) == 0 {
+				return false // not yet -provider-settle old
+			}
+			m = rep.only(t)
+			return true
+		}, "a run finds the refund's record missing")
+		require.Equal(t, "missing_record", m.Kind)
+		require.Equal(t, derived, m.IdempotencyKey)
+		require.Equal(t, "pr_MADEUP", m.ProviderRefundID, "the id the books hold")
+		require.Contains(t, m.Detail, "pr_MADEUP")
+		requireNamesRefund(t, m, id, "merchant-a", "succeeded")
+		requireAttention(t, d, c, id, true)
+		requireMismatchGauge(t, d, map[string]float64{"missing_record": 1})
+		requireSameReport(t, d.reconcile(t), d.reconciliation(t))
+
+		// The provider's record under the key after all (its id as the
+		// operator said, found in another of its systems): in order.
+		require.EqualValues(t, 1, dbExec(t, dbURL, `INSERT INTO provider.refund (id, idempotency_key, order_id, amount, reference)
+			VALUES ('pr_MADEUP', $1, 'A-1', 700, 're_by_hand')`, derived))
+		require.Empty(t, d.reconcile(t).Mismatches)
+		requireAttention(t, d, c, id, false)
+		requireMismatchGauge(t, d, nil)
 		d.stop()
 	})
 

@@ -2,15 +2,20 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"io/fs"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/cmd/internal/opscli"
+	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/internal/testdb"
+	"github.com/idemflow/idemflow/store"
 )
 
 // TestVersionsDeploy walks the deploy story of the refund's two versions: a
@@ -127,5 +132,77 @@ func TestVersionsDeploy(t *testing.T) {
 	require.Equal(t, 2, c.getOperation(r.header.Get("Operation-Id")).Version)
 	require.NotNil(t, decodeAs[refundBody](t, r).Receipt)
 	require.Equal(t, 0, demoOps(t, dbURL, "-refund-versions", "2", "check").code)
+	d.stop()
+}
+
+// TestOlderThanDatabase: a demo left running while a newer build applies a
+// migration that is not rolling (played here as 00015 was: a column that
+// every start names is renamed, and the version moved on) reports itself
+// unhealthy, answers keyed requests, replays included, and reads of
+// operations 503 service_unavailable with Retry-After, consuming no key, and
+// logs once the migration it lacks. A demo of the old build started then
+// refuses to start; the database moved back, the first serves again.
+func TestOlderThanDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dbURL := testdb.URL(t)
+	d := startDemo(t, dbURL, nil)
+	c := d.client(t, tokenA)
+	c.createOrder("A-1", "cus_1", 5000)
+	refundKey := newKey()
+	refundBody := map[string]any{"orderId": "A-1", "amount": 100}
+	r := c.post("/refunds", refundKey, refundBody)
+	requireStatus(t, r, http.StatusCreated)
+	opID := r.header.Get("Operation-Id")
+	requireStatus(t, d.client(t, "").get("/healthz"), http.StatusOK)
+
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	countOperations := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_operation`).Scan(&n))
+		return n
+	}
+	operations := countOperations()
+	files, err := fs.Glob(store.Migrations(), "*.sql")
+	require.NoError(t, err)
+	next := len(files) + 1
+	_, err = pool.Exec(ctx, `ALTER TABLE idemflow_operation RENAME COLUMN key_seed TO key_seed_v2;
+		UPDATE idemflow_schema_version SET version = version + 1`)
+	require.NoError(t, err)
+
+	h := d.client(t, "").get("/healthz")
+	requireStatus(t, h, http.StatusServiceUnavailable)
+	require.JSONEq(t, `{"status":"unavailable"}`, string(h.body))
+	requireUnavailable := func(r *response) {
+		t.Helper()
+		requireError(t, r, http.StatusServiceUnavailable, "service_unavailable")
+		require.NotEmpty(t, r.header.Get("Retry-After"))
+	}
+	requireUnavailable(c.post("/refunds", refundKey, refundBody))
+	requireUnavailable(c.post("/refunds", newKey(), refundBody))
+	requireUnavailable(c.post("/orders", newKey(), map[string]any{"orderId": "A-2", "customerId": "cus_1", "amount": 10}))
+	requireUnavailable(c.get("/operations/" + opID))
+	requireStatus(t, d.client(t, "").get("/healthz"), http.StatusServiceUnavailable)
+	require.Equal(t, operations, countOperations(), "no key consumed")
+	logged := fmt.Sprintf("a newer build applied idemflow migration %d, which this build lacks", next)
+	require.Equal(t, 1, strings.Count(d.stderr.String(), logged), d.stderr.String())
+
+	// Another process of the old build does not start.
+	old := startDemo(t, dbURL, &demoOpts{noWait: true})
+	require.Error(t, old.awaitListening())
+	require.NotEqual(t, 0, old.waitExit())
+	require.Contains(t, old.stderr.String(), logged)
+	require.Contains(t, old.stderr.String(), engine.ErrIncompatibleSchema.Error(), "the reason it exits")
+
+	// Moved back (the newer build's down migration): the demo serves again.
+	_, err = pool.Exec(ctx, `ALTER TABLE idemflow_operation RENAME COLUMN key_seed_v2 TO key_seed;
+		UPDATE idemflow_schema_version SET version = version - 1`)
+	require.NoError(t, err)
+	requireStatus(t, d.client(t, "").get("/healthz"), http.StatusOK)
+	requireStatus(t, c.post("/refunds", refundKey, refundBody), http.StatusCreated)
+	requireStatus(t, c.post("/refunds", newKey(), refundBody), http.StatusCreated)
+	c.requireBooks(5000, 200)
 	d.stop()
 }

@@ -254,7 +254,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		return fmt.Errorf("river ui: %w", err)
 	}
 	srv, err := demoapi.New(&demoapi.Config{
-		Pool: pool, Health: control, Engine: e, Workflows: wf, Clients: apiClients(cfg.clients),
+		Pool: pool, Engine: e, Workflows: wf, Clients: apiClients(cfg.clients),
 		Wait: cfg.wait, Provider: providerHandler, Logger: logger,
 		Metrics: promhttp.Handler(), ObserveRequest: metrics.ObserveRequest,
 		AdminToken: cfg.adminToken, RiverUI: riverUI, EntryPoints: entry,
@@ -338,7 +338,8 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 
 // refundConfig is the refund operations' configuration from the demo's flags.
 func refundConfig(cfg *config) *refund.Config {
-	return &refund.Config{Retry: retryPolicy(cfg), RefundVersions: cfg.versions, ProviderSettle: cfg.providerSettle}
+	return &refund.Config{Retry: retryPolicy(cfg), RefundVersions: cfg.versions, ProviderSettle: cfg.providerSettle,
+		ProviderTimeout: cfg.providerTimeout}
 }
 
 // providerHTTP is the provider client's HTTP, made once per process so that

@@ -158,7 +158,7 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 			return withheld(err)
 		}
 		opscli.PrintReport(stdout, rep)
-		if n := len(rep.Mismatches); n > 0 {
+		if n := rep.Total; n > 0 {
 			return fmt.Errorf("%w: %d; what each kind means and what to do: docs/runbook.md", errMismatches, n)
 		}
 		return nil

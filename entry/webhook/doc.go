@@ -1,20 +1,99 @@
-// Package webhook turns an engine operation type into the net/http endpoint
-// that a provider delivers webhooks to: it checks each request's signature,
-// reads the event, and starts the operation keyed by the event's id, so that
-// an event that the provider delivers again (providers retry until they get a
-// 2xx, and sometimes deliver twice anyway) is acted on exactly once.
+// Package webhook turns a provider's webhooks into net/http endpoints, of two
+// kinds:
+//
+//   - Outcomes, for the provider's word on a call the service made (a refund
+//     it asked for, answered "pending", has succeeded): it records each
+//     event's outcome in the engine's inbox under the call's derived key, and
+//     the external step that made the call applies it whenever it waits.
+//   - Handler, for an event that is work of its own (a payment received): it
+//     starts an operation keyed by the event's id.
+//
+// Both check each request's signature before anything in its body is
+// believed, and act on an event exactly once, however often the provider
+// delivers it (providers retry until they get a 2xx, and sometimes deliver
+// twice anyway).
+//
+//	outcomes, err := webhook.Outcomes(e, pool, &webhook.OutcomeConfig{
+//		Secrets:     [][]byte{secret},
+//		OutcomeFunc: refundOutcome, // the provider's event as an engine.Outcome
+//	})
+//	mux.Handle("POST /webhooks/stripe/refunds", outcomes)
 //
 //	h, err := webhook.Handler(e, paymentOp, &webhook.Config[payment]{
 //		Scope:   "webhook:stripe",
 //		Secrets: [][]byte{secret},
 //	})
-//	mux.Handle("POST /webhooks/stripe", h)
+//	mux.Handle("POST /webhooks/stripe/payments", h)
+//
+// # Outcomes
+//
+// An external step whose call the provider accepted as pending
+// (engine.PendingAs), or whose answer was lost, waits; the provider tells the
+// outcome later, by an event that names the idempotency key it was called
+// with: the step's derived key. OutcomeConfig.OutcomeFunc, the application's
+// mapping, reads such an event into an engine.Outcome:
+//
+//	func refundOutcome(_ *http.Request, body []byte) (engine.Outcome, error) {
+//		var ev refundEvent // {"id", "type", "data": {"idempotencyKey", "refundId", "amount"}}
+//		if err := json.Unmarshal(body, &ev); err != nil {
+//			return engine.Outcome{}, errors.New("the body is not a refund event")
+//		}
+//		o := engine.Outcome{EventID: ev.ID, Record: reconcile.Record{
+//			Key: ev.Data.IdempotencyKey, Reference: ev.Data.RefundID, Amount: ev.Data.Amount}}
+//		switch ev.Type {
+//		case "refund.succeeded":
+//			o.Record.Status = reconcile.Succeeded
+//		case "refund.failed":
+//			o.Record.Status, o.Failure = reconcile.Failed, engine.Fail("refund_failed", "the provider could not refund")
+//		default:
+//			return o, webhook.ErrIgnore
+//		}
+//		return o, nil
+//	}
+//
+// The endpoint records the outcome with engine.Engine.RecordOutcome in a
+// transaction on the engine's pool, together with what OutcomeConfig.TxFunc
+// writes there (the application's own record of the event, say), and answers
+// 2xx only once that has committed. The inbox keeps each event once per key,
+// whatever the step's state when it comes (not begun, calling, waiting,
+// finished) and whichever process runs the operation: a success for what was
+// asked (the step's reconcile function) settles the step (resolved by
+// "event") even while its lookup lags behind, and forbids every "not made"
+// under its key; a failure counts when the step's lookup, asked then, does
+// not contradict it. There is nothing to loop over and no operation type to
+// name: an outcome for a key that no step holds yet is kept for the step
+// that will.
+//
+// Outcomes answers:
+//
+//   - 200 {"received":true} once the outcome, and TxFunc's writes, have
+//     committed.
+//   - 200 {"received":true,"duplicate":true} for every later delivery of the
+//     event, however many come at once (TxFunc runs with added false).
+//   - 200 {"received":true,"ignored":true} when OutcomeFunc returned ErrIgnore.
+//   - 400 invalid_signature, as Handler; 400 invalid_event with
+//     OutcomeFunc's error as message, or for an event id or key that is
+//     empty, longer than MaxEventIDLen bytes or not text. Neither records
+//     anything.
+//   - 413 request_too_large for a body over OutcomeConfig.MaxBodyBytes (1 MiB).
+//   - 422 idempotency_key_reused when the inbox holds another outcome under
+//     the event's id and key (engine.ErrEventReused): providers never do this,
+//     and the first outcome stands. (The answer names no fields: the engine
+//     does not say which differ.)
+//   - 503 service_unavailable with Retry-After when nothing could be recorded
+//     and a delivery again will be: a database that does not answer within
+//     OutcomeConfig.RecordTimeout (engine.IsUnavailable), a BEGIN or a COMMIT
+//     that fails, secrets that cannot be read.
+//   - 500 internal_error for any other failure (an outcome the engine refuses,
+//     an error of TxFunc): nothing was committed, and the provider delivers
+//     the event again.
 //
 // # Signatures
 //
-// Nothing in a body is believed before its signature is checked. The built-in
-// verifier (SignatureVerifier) reads Stripe's scheme from the header
-// Provider-Signature (Config.Header):
+// Nothing in a body is believed before its signature is checked, by both
+// endpoints alike: Config and OutcomeConfig have the same settings for it,
+// named below by Config's. The built-in verifier (SignatureVerifier) reads
+// Stripe's scheme from the header Provider-Signature (Config.Header):
 //
 //	Provider-Signature: t=1700000000,v1=7ba6fbbe0bbf311d25431bfe1d26233e7812cfdbe94f027f836eb08bdeb3eb18
 //
@@ -59,7 +138,7 @@
 //
 // # Events
 //
-// Config.EventFunc reads the event (its id and type) and the operation's input
+// Handler's Config.EventFunc reads the event (its id and type) and the operation's input
 // from a signed request. The default takes the members "id" and "type" of the
 // JSON body (ParseEvent), and the input from the whole body with encoding/json.
 // The event's id is the operation's idempotency key within Config.Scope: 1 to
@@ -72,6 +151,8 @@
 // engine.OperationOpts.Unfingerprinted leaves out fields it keeps.
 //
 // # Answers
+//
+// Handler answers:
 //
 //   - 200 {"received":true} for the first delivery of an event, once its
 //     operation is reserved (the reservation commits with the operation's
@@ -102,7 +183,7 @@
 //
 // # Retention
 //
-// An event's id stays taken as long as its operation is kept: until the
+// With Handler, an event's id stays taken as long as its operation is kept: until the
 // retention job deletes it, after the operation type's retention
 // (engine.OperationOpts.Retention, else engine.Config.Retention, 24 hours by
 // default). A delivery after that starts the operation again. Keep a webhook's

@@ -85,17 +85,29 @@ func decodeError(err error) error {
 // than MaxEventIDLen, not UTF-8, or with control characters (PostgreSQL's text
 // takes no NUL).
 func checkID(id string) error {
+	return checkText(id, "the event has no id", "the event id")
+}
+
+// checkKey returns an error when key cannot be the derived key that an
+// outcome names, by checkID's rules.
+func checkKey(key string) error {
+	return checkText(key, "the event names no key", "the key it names")
+}
+
+// checkText returns none when s is empty, else an error naming s as what
+// when s is longer than MaxEventIDLen, not UTF-8, or has a control character.
+func checkText(s, none, what string) error {
 	switch {
-	case id == "":
-		return errors.New("the event has no id")
-	case len(id) > MaxEventIDLen:
-		return fmt.Errorf("the event id is longer than %d bytes", MaxEventIDLen)
-	case !utf8.ValidString(id):
-		return errors.New("the event id is not UTF-8")
+	case s == "":
+		return errors.New(none)
+	case len(s) > MaxEventIDLen:
+		return fmt.Errorf("%s is longer than %d bytes", what, MaxEventIDLen)
+	case !utf8.ValidString(s):
+		return errors.New(what + " is not UTF-8")
 	}
-	for _, r := range id {
+	for _, r := range s {
 		if r < 0x20 || r == 0x7f {
-			return errors.New("the event id has a control character")
+			return errors.New(what + " has a control character")
 		}
 	}
 	return nil

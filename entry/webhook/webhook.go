@@ -5,12 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"slices"
-	"strconv"
 	"time"
 
 	"github.com/idemflow/idemflow/engine"
@@ -94,7 +90,7 @@ type Config[In any] struct {
 	Test TestConfig
 }
 
-// TestConfig holds the knobs of Config for tests.
+// TestConfig holds the knobs of Config and OutcomeConfig for tests.
 type TestConfig struct {
 	// NowFunc is the clock that signatures' timestamps are checked against.
 	// Defaults to time.Now.
@@ -123,7 +119,8 @@ func Handler[In, S, Out any](e *engine.Engine, op *engine.Operation[In, S, Out],
 		return nil, fmt.Errorf("webhook: endpoint of %q: %w", op.Name(), err)
 	}
 	c = c.withDefaults()
-	return &endpoint[In, S, Out]{e: e, op: op, cfg: c}, nil
+	rc := receiver{sign: c.signing().withDefaults(), maxBody: c.MaxBodyBytes, retryAfter: c.RetryAfter, now: c.Test.NowFunc}
+	return &endpoint[In, S, Out]{e: e, op: op, cfg: c, rc: rc}, nil
 }
 
 func (c Config[In]) validate() error {
@@ -132,28 +129,18 @@ func (c Config[In]) validate() error {
 		return errors.New("a scope is required")
 	case checkID(c.Scope) != nil:
 		return errors.New("the scope has a control character or is not UTF-8")
-	case c.Verifier != nil && (c.Header != "" || c.Tolerance != 0):
-		return errors.New("header and tolerance configure the built-in verifier; set them on your Verifier")
-	case c.Secrets != nil && c.SecretsFunc != nil:
-		return errors.New("secrets and a secrets function are exclusive")
-	case c.Verifier == nil && c.SecretsFunc == nil && len(c.Secrets) == 0:
-		return errors.New("secrets are required")
-	case slices.ContainsFunc(c.Secrets, func(s []byte) bool { return len(s) == 0 }):
-		return errors.New("a secret is empty")
-	case c.Tolerance < 0, c.MaxBodyBytes < 0, c.Wait < 0, c.ReserveTimeout < 0, c.RetryAfter < 0:
-		return errors.New("tolerance, max body bytes, wait, reserve timeout and retry after must not be negative")
+	case c.MaxBodyBytes < 0, c.Wait < 0, c.ReserveTimeout < 0, c.RetryAfter < 0:
+		return errors.New("max body bytes, wait, reserve timeout and retry after must not be negative")
 	}
-	return nil
+	return c.signing().validate()
+}
+
+// signing returns the fields of c that configure the checking of signatures.
+func (c Config[In]) signing() signing {
+	return signing{secrets: c.Secrets, secretsFunc: c.SecretsFunc, verifier: c.Verifier, header: c.Header, tolerance: c.Tolerance}
 }
 
 func (c Config[In]) withDefaults() Config[In] {
-	c.Secrets = slices.Clone(c.Secrets)
-	for i, s := range c.Secrets {
-		c.Secrets[i] = slices.Clone(s)
-	}
-	if c.Verifier == nil {
-		c.Verifier = SignatureVerifier{Header: c.Header, Tolerance: c.Tolerance}
-	}
 	if c.EventFunc == nil {
 		c.EventFunc = decodeEvent[In]
 	}
@@ -192,42 +179,16 @@ type endpoint[In, S, Out any] struct {
 	e   *engine.Engine
 	op  *engine.Operation[In, S, Out]
 	cfg Config[In]
+	rc  receiver
 }
-
-// The bodies of the 200 answers.
-var (
-	bodyReceived  = []byte(`{"received":true}`)
-	bodyDuplicate = []byte(`{"received":true,"duplicate":true}`)
-	bodyIgnored   = []byte(`{"received":true,"ignored":true}`)
-)
 
 func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	log := ep.cfg.Logger.With(slog.String("operation", ep.op.Name()), slog.String("scope", ep.cfg.Scope))
 
-	body, ok := ep.readBody(w, r)
-	if !ok {
-		return
-	}
-
 	// The signature, before anything in the body is believed.
-	secrets := ep.cfg.Secrets
-	if ep.cfg.SecretsFunc != nil {
-		var err error
-		if secrets, err = ep.cfg.SecretsFunc(ctx); err != nil {
-			log.ErrorContext(ctx, "the webhook secrets could not be read", slog.Any("error", err))
-			ep.unavailable(w, idempotency.CodeServiceUnavailable, "the webhook secrets are not available; deliver the event again")
-			return
-		}
-	}
-	if err := ep.cfg.Verifier.Verify(r, body, secrets, ep.cfg.Test.NowFunc()); err != nil {
-		if errors.Is(err, ErrNoSecrets) {
-			log.ErrorContext(ctx, "no webhook secret to check a signature with", slog.Any("error", err))
-			ep.unavailable(w, idempotency.CodeServiceUnavailable, "the webhook secrets are not available; deliver the event again")
-			return
-		}
-		log.DebugContext(ctx, "refused a webhook signature", slog.Any("error", err))
-		idempotency.WriteError(w, http.StatusBadRequest, CodeInvalidSignature, err.Error(), nil)
+	body, ok := ep.rc.receive(w, r, log)
+	if !ok {
 		return
 	}
 
@@ -293,48 +254,4 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 		}
 	}
 	writeJSON(w, http.StatusOK, bodyReceived)
-}
-
-// readBody reads the body, at most MaxBodyBytes of it. When it cannot, it
-// answers and returns false.
-func (ep *endpoint[In, S, Out]) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	limit := ep.cfg.MaxBodyBytes
-	tooLarge := func() ([]byte, bool) {
-		// The rest of the body is not read: the connection closes.
-		w.Header().Set("Connection", "close")
-		idempotency.WriteError(w, http.StatusRequestEntityTooLarge, idempotency.CodeRequestTooLarge,
-			"the body is larger than "+strconv.FormatInt(limit, 10)+" bytes", nil)
-		return nil, false
-	}
-	if r.ContentLength > limit {
-		return tooLarge()
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-	var netErr net.Error
-	switch {
-	case errors.As(err, &netErr) && netErr.Timeout():
-		// The sender stalled past the server's read deadline: no answer, the
-		// connection is closed.
-		panic(http.ErrAbortHandler)
-	case err != nil:
-		idempotency.WriteError(w, http.StatusBadRequest, idempotency.CodeInvalidRequest, "the body could not be read", nil)
-		return nil, false
-	case int64(len(body)) > limit:
-		return tooLarge()
-	}
-	return body, true
-}
-
-// unavailable answers 503 with Retry-After: nothing was recorded, and the
-// provider's next delivery runs the event.
-func (ep *endpoint[In, S, Out]) unavailable(w http.ResponseWriter, code, message string) {
-	secs := max(1, int64((ep.cfg.RetryAfter+time.Second-1)/time.Second))
-	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
-	idempotency.WriteError(w, http.StatusServiceUnavailable, code, message, nil)
-}
-
-func writeJSON(w http.ResponseWriter, status int, body []byte) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(body) // the provider has gone: it delivers again
 }

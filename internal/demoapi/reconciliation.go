@@ -13,15 +13,21 @@ import (
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 
-// reconciliationBody is GET /admin/reconciliation's answer.
+// reconciliationBody is GET /admin/reconciliation's answer. Mismatches lists
+// at most the first 1,000; total counts them all, and truncated says that
+// mismatches lists fewer (GET /admin/mismatches pages through them all).
 type reconciliationBody struct {
 	CheckedAt  *time.Time     `json:"checkedAt"`
 	Checked    int64          `json:"checked"`
 	Mismatches []mismatchBody `json:"mismatches"`
+	Total      int64          `json:"total"`
+	Truncated  bool           `json:"truncated"`
 }
 
 // mismatchBody is one mismatch: the provider's refund, and the refund
-// operation that holds its key (nulls for unknown_key).
+// operation that holds its key (nulls for unknown_key). For missing_record,
+// the provider has no refund: providerRefundId is the id the books hold,
+// amount 0, orderId and status empty.
 type mismatchBody struct {
 	Kind             string     `json:"kind"`
 	IdempotencyKey   string     `json:"idempotencyKey"`
@@ -73,7 +79,8 @@ func (s *server) writeReconciliation(w http.ResponseWriter, r *http.Request, rep
 		s.internalError(w, r, err)
 		return
 	}
-	body := reconciliationBody{CheckedAt: rep.CheckedAt, Checked: rep.Checked, Mismatches: make([]mismatchBody, 0, len(rep.Mismatches))}
+	body := reconciliationBody{CheckedAt: rep.CheckedAt, Checked: rep.Checked, Mismatches: make([]mismatchBody, 0, len(rep.Mismatches)),
+		Total: rep.Total, Truncated: rep.Truncated}
 	for _, m := range rep.Mismatches {
 		mb := mismatchBody{
 			Kind: string(m.Kind), IdempotencyKey: m.Key, ProviderRefundID: m.Reference, Amount: m.Amount,

@@ -93,6 +93,11 @@ func reconcileProvider(in RefundInput, rec reconcile.Record) reconcile.Kind {
 	return ""
 }
 
+// providerReference is the provider step's reference (ExternalStepDef.Records):
+// the provider's refund id that the books hold, whoever recorded it (the
+// call, the lookup, an event, an operator's resolve).
+func providerReference(s *RefundState) string { return s.ProviderRefundID }
+
 var _ ProviderLister = (*ProviderClient)(nil)
 
 // maxListBody bounds a page of the provider's list: 1,000 refunds take about

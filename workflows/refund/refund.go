@@ -94,6 +94,10 @@ type Config struct {
 	// long after it was sent (the provider step's settle window, see
 	// engine.ExternalStepDef.Settle). Zero means engine.DefaultSettle.
 	ProviderSettle time.Duration
+	// ProviderTimeout bounds each call of the provider step
+	// (engine.ExternalStepDef.Timeout): New refuses a ProviderSettle shorter
+	// than it. Zero sets no bound beyond the provider client's own.
+	ProviderTimeout time.Duration
 }
 
 // Workflows holds the demo's operation types. Make it with New.
@@ -169,8 +173,8 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 	for _, v := range versions {
 		steps := []engine.Step[RefundInput, RefundState]{
 			engine.TxStep(StepLedger, w.ledger).Compensate(w.reverseLedger),
-			engine.ExternalStep(StepProvider, w.callProvider).Lookup(w.lookupProvider).Settle(settle).Resolve(resolveProvider).
-				Reconcile(reconcileProvider),
+			engine.ExternalStep(StepProvider, w.callProvider).Lookup(w.lookupProvider).Settle(settle).Timeout(cfg.ProviderTimeout).
+				Resolve(resolveProvider).Reconcile(reconcileProvider).Records(ProviderSource, providerReference),
 			engine.TxStep(StepFinalize, w.finalize),
 		}
 		switch v {

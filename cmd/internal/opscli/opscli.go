@@ -258,12 +258,21 @@ func (c *commands) show(ctx context.Context, args []string) int {
 	return exitOK
 }
 
-// mismatches lists reconciliation's findings, oldest first; exit 1 when there
-// is any.
+// mismatches lists reconciliation's findings, every one, oldest first; exit
+// 1 when there is any.
 func (c *commands) mismatches(ctx context.Context) int {
-	ms, err := c.admin.Mismatches(ctx)
-	if err != nil {
-		return c.fail(err)
+	var ms []engine.Mismatch
+	opts := &engine.MismatchListOpts{Limit: 1000}
+	for {
+		page, err := c.admin.MismatchList(ctx, opts)
+		if err != nil {
+			return c.fail(err)
+		}
+		ms = append(ms, page.Mismatches...)
+		if page.Next == "" {
+			break
+		}
+		opts.After = page.Next
 	}
 	if len(ms) == 0 {
 		fmt.Fprintln(c.stdout, "no reconciliation mismatches")
@@ -305,13 +314,17 @@ func writeMismatches(out io.Writer, ms []engine.Mismatch, indent string) {
 // that runs reconciliation with the application's sources (demo ops
 // reconcile run).
 func PrintReport(w io.Writer, rep *engine.ReconcileReport) {
-	fmt.Fprintf(w, "source %s: %d record(s) made since %s checked, in %d page(s); %d not yet judged, %d unverifiable\n",
-		rep.Source, rep.Checked, rep.WindowStart.UTC().Format(time.RFC3339), rep.Pages, rep.NotYet, rep.Unverifiable)
-	if len(rep.Mismatches) == 0 {
+	fmt.Fprintf(w, "source %s: %d record(s) made since %s checked, in %d page(s); %d not yet judged, %d unverifiable, %d expired; %d succeeded step(s) checked for a record\n",
+		rep.Source, rep.Checked, rep.WindowStart.UTC().Format(time.RFC3339), rep.Pages, rep.NotYet, rep.Unverifiable, rep.Expired, rep.StepsChecked)
+	if rep.Total == 0 {
 		fmt.Fprintln(w, "no reconciliation mismatches")
 		return
 	}
-	fmt.Fprintf(w, "%d mismatch(es):\n", len(rep.Mismatches))
+	if rep.Truncated {
+		fmt.Fprintf(w, "%d mismatch(es), the first %d below (idemflow mismatches lists them all):\n", rep.Total, len(rep.Mismatches))
+	} else {
+		fmt.Fprintf(w, "%d mismatch(es):\n", rep.Total)
+	}
 	writeMismatches(w, rep.Mismatches, "")
 }
 

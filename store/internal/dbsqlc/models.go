@@ -103,6 +103,8 @@ type IdemflowReconciliation struct {
 	NotYet       int64
 	Unverifiable int64
 	Pages        int32
+	StepsChecked int64
+	Expired      int64
 }
 
 type IdemflowStepRecorded struct {

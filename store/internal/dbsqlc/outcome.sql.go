@@ -14,12 +14,24 @@ import (
 )
 
 const outcomeDeleteBefore = `-- name: OutcomeDeleteBefore :execrows
-DELETE FROM idemflow_outcome WHERE received_at < $1
+DELETE FROM idemflow_outcome
+WHERE (derived_key, event_id) IN (
+    SELECT o.derived_key, o.event_id FROM idemflow_outcome AS o
+    WHERE o.received_at < $1
+      AND NOT EXISTS (SELECT 1 FROM idemflow_step_row AS s WHERE s.derived_key = o.derived_key AND s.state = 'waiting')
+    LIMIT $2::int
+)
 `
 
-// Deletes what the inbox received before before: retention.
-func (q *Queries) OutcomeDeleteBefore(ctx context.Context, db DBTX, before time.Time) (int64, error) {
-	result, err := db.Exec(ctx, outcomeDeleteBefore, before)
+type OutcomeDeleteBeforeParams struct {
+	Before time.Time
+	Max    int32
+}
+
+// Deletes at most max outcomes that the inbox received before before, but
+// those of a step that still waits for its outcome: retention.
+func (q *Queries) OutcomeDeleteBefore(ctx context.Context, db DBTX, arg OutcomeDeleteBeforeParams) (int64, error) {
+	result, err := db.Exec(ctx, outcomeDeleteBefore, arg.Before, arg.Max)
 	if err != nil {
 		return 0, err
 	}

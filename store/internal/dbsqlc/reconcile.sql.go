@@ -31,6 +31,27 @@ func (q *Queries) MismatchClear(ctx context.Context, db DBTX, arg MismatchClearP
 	return result.RowsAffected(), nil
 }
 
+const mismatchCount = `-- name: MismatchCount :one
+SELECT count(*)::bigint
+FROM idemflow_mismatch AS m
+WHERE ($1::text = '' OR m.source = $1::text)
+  AND ($2::uuid IS NULL OR m.operation_id = $2::uuid)
+`
+
+type MismatchCountParams struct {
+	Source      string
+	OperationID *pguuid.UUID
+}
+
+// How many mismatches a source has (” for every source), of an operation
+// when operation_id is not null.
+func (q *Queries) MismatchCount(ctx context.Context, db DBTX, arg MismatchCountParams) (int64, error) {
+	row := db.QueryRow(ctx, mismatchCount, arg.Source, arg.OperationID)
+	var column_1 int64
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const mismatchCounts = `-- name: MismatchCounts :many
 SELECT kind, count(*)::bigint AS count FROM idemflow_mismatch GROUP BY kind ORDER BY kind
 `
@@ -85,14 +106,23 @@ FROM idemflow_mismatch AS m
 LEFT JOIN idemflow_operation AS o ON o.id = m.operation_id
 WHERE ($1::text = '' OR m.source = $1::text)
   AND ($2::uuid IS NULL OR m.operation_id = $2::uuid)
-ORDER BY m.first_seen, m.source, m.record_key
-LIMIT $3::int
+  AND ($3::timestamptz IS NULL
+       OR (m.first_seen, m.source, m.record_key, m.reference, m.kind)
+          > ($3::timestamptz, $4::text, $5::text,
+             $6::text, $7::text))
+ORDER BY m.first_seen, m.source, m.record_key, m.reference, m.kind
+LIMIT $8::int
 `
 
 type MismatchListParams struct {
-	Source      string
-	OperationID *pguuid.UUID
-	Max         int32
+	Source         string
+	OperationID    *pguuid.UUID
+	AfterFirstSeen *time.Time
+	AfterSource    string
+	AfterRecordKey string
+	AfterReference string
+	AfterKind      string
+	Max            int32
 }
 
 type MismatchListRow struct {
@@ -114,10 +144,22 @@ type MismatchListRow struct {
 	OperationState  *string
 }
 
-// The mismatches of a source (” for every source), oldest first, with their
-// operations as they are now.
+// The mismatches of a source (” for every source), of an operation when
+// operation_id is not null, oldest first, with their operations as they are
+// now: a page of max after the mismatch (after_first_seen, after_source,
+// after_record_key, after_reference, after_kind) when after_first_seen is not
+// null.
 func (q *Queries) MismatchList(ctx context.Context, db DBTX, arg MismatchListParams) ([]*MismatchListRow, error) {
-	rows, err := db.Query(ctx, mismatchList, arg.Source, arg.OperationID, arg.Max)
+	rows, err := db.Query(ctx, mismatchList,
+		arg.Source,
+		arg.OperationID,
+		arg.AfterFirstSeen,
+		arg.AfterSource,
+		arg.AfterRecordKey,
+		arg.AfterReference,
+		arg.AfterKind,
+		arg.Max,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -182,12 +224,11 @@ FROM (SELECT unnest($2::text[]) AS record_key, unnest($3::text[]) AS kind,
              unnest($7::timestamptz[]) AS record_created_at,
              unnest($8::jsonb[]) AS data, unnest($9::text[]) AS operation_id,
              unnest($10::text[]) AS step, unnest($11::text[]) AS detail) AS m
-ON CONFLICT (source, record_key, reference) DO UPDATE
-SET kind = excluded.kind, amount = excluded.amount,
+ON CONFLICT (source, record_key, reference, kind) DO UPDATE
+SET amount = excluded.amount,
     record_status = excluded.record_status, record_created_at = excluded.record_created_at,
     data = excluded.data, operation_id = excluded.operation_id, step = excluded.step,
-    detail = excluded.detail, last_seen = excluded.last_seen,
-    first_seen = CASE WHEN idemflow_mismatch.kind = excluded.kind THEN idemflow_mismatch.first_seen ELSE excluded.first_seen END
+    detail = excluded.detail, last_seen = excluded.last_seen
 `
 
 type MismatchUpsertParams struct {
@@ -205,7 +246,8 @@ type MismatchUpsertParams struct {
 }
 
 // Records the mismatches found, or sees them again: at most one per (record
-// key, reference) in a call.
+// key, reference, kind) in a call. A mismatch seen again keeps its
+// first_seen.
 func (q *Queries) MismatchUpsert(ctx context.Context, db DBTX, arg MismatchUpsertParams) error {
 	_, err := db.Exec(ctx, mismatchUpsert,
 		arg.Source,
@@ -223,6 +265,91 @@ func (q *Queries) MismatchUpsert(ctx context.Context, db DBTX, arg MismatchUpser
 	return err
 }
 
+const reconcileBooks = `-- name: ReconcileBooks :many
+SELECT o.id, o.name, o.version, o.scope, o.key, o.state, o.key_seed, o.created_at,
+       coalesce(c.names, '{}')::text[] AS checkpointed, coalesce(c.refs, '{}')::text[] AS checkpoint_refs,
+       coalesce(c.bys, '{}')::text[] AS checkpoint_resolved_by, coalesce(c.done, '{}')::bigint[] AS checkpoint_done
+FROM idemflow_operation AS o
+LEFT JOIN LATERAL (
+    SELECT array_agg(e.key) AS names, array_agg(coalesce(e.value ->> 'f', '')) AS refs,
+           array_agg(coalesce(e.value ->> 'r', '')) AS bys,
+           array_agg((e.value ->> 's')::bigint + (e.value ->> 'd')::bigint) AS done
+    FROM jsonb_each(o.checkpoints) AS e
+) AS c ON true
+WHERE o.id > $1::uuid
+  AND o.created_at >= $2::timestamptz
+  AND o.state <> 'in_progress'
+  AND o.name = ANY ($3::text[])
+ORDER BY o.id
+LIMIT $4::int
+`
+
+type ReconcileBooksParams struct {
+	After       pguuid.UUID
+	CreatedFrom time.Time
+	Names       []string
+	Max         int32
+}
+
+type ReconcileBooksRow struct {
+	ID                   pguuid.UUID
+	Name                 string
+	Version              int32
+	Scope                string
+	Key                  string
+	State                string
+	KeySeed              []byte
+	CreatedAt            time.Time
+	Checkpointed         []string
+	CheckpointRefs       []string
+	CheckpointResolvedBy []string
+	CheckpointDone       []int64
+}
+
+// A page of the finished operations of the types names created from
+// created_from, by id after after: the books whose succeeded steps a run
+// checks for a record. Operation ids are UUIDv7, so the window is a range of
+// the primary key from the first page's after; created_at, on the
+// database's clock, is what decides. Their checkpoints as ReconcileOperations
+// reads them.
+func (q *Queries) ReconcileBooks(ctx context.Context, db DBTX, arg ReconcileBooksParams) ([]*ReconcileBooksRow, error) {
+	rows, err := db.Query(ctx, reconcileBooks,
+		arg.After,
+		arg.CreatedFrom,
+		arg.Names,
+		arg.Max,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*ReconcileBooksRow
+	for rows.Next() {
+		var i ReconcileBooksRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Name,
+			&i.Version,
+			&i.Scope,
+			&i.Key,
+			&i.State,
+			&i.KeySeed,
+			&i.CreatedAt,
+			&i.Checkpointed,
+			&i.CheckpointRefs,
+			&i.CheckpointResolvedBy,
+			&i.CheckpointDone,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const reconcileNow = `-- name: ReconcileNow :one
 SELECT clock_timestamp()::timestamptz AS now
 `
@@ -238,29 +365,43 @@ func (q *Queries) ReconcileNow(ctx context.Context, db DBTX) (time.Time, error) 
 
 const reconcileOperations = `-- name: ReconcileOperations :many
 
-SELECT id, name, version, scope, key, state, steps, input, key_seed,
-       coalesce(ARRAY(SELECT jsonb_object_keys(checkpoints)), '{}')::text[] AS checkpointed
-FROM idemflow_operation
-WHERE id = ANY ($1::text[]::uuid[])
+SELECT o.id, o.name, o.version, o.scope, o.key, o.state, o.steps, o.input, o.key_seed, o.created_at,
+       coalesce(c.names, '{}')::text[] AS checkpointed, coalesce(c.refs, '{}')::text[] AS checkpoint_refs,
+       coalesce(c.bys, '{}')::text[] AS checkpoint_resolved_by, coalesce(c.done, '{}')::bigint[] AS checkpoint_done
+FROM idemflow_operation AS o
+LEFT JOIN LATERAL (
+    SELECT array_agg(e.key) AS names, array_agg(coalesce(e.value ->> 'f', '')) AS refs,
+           array_agg(coalesce(e.value ->> 'r', '')) AS bys,
+           array_agg((e.value ->> 's')::bigint + (e.value ->> 'd')::bigint) AS done
+    FROM jsonb_each(o.checkpoints) AS e
+) AS c ON true
+WHERE o.id = ANY ($1::text[]::uuid[])
 `
 
 type ReconcileOperationsRow struct {
-	ID           pguuid.UUID
-	Name         string
-	Version      int32
-	Scope        string
-	Key          string
-	State        string
-	Steps        []string
-	Input        []byte
-	KeySeed      []byte
-	Checkpointed []string
+	ID                   pguuid.UUID
+	Name                 string
+	Version              int32
+	Scope                string
+	Key                  string
+	State                string
+	Steps                []string
+	Input                []byte
+	KeySeed              []byte
+	CreatedAt            time.Time
+	Checkpointed         []string
+	CheckpointRefs       []string
+	CheckpointResolvedBy []string
+	CheckpointDone       []int64
 }
 
 // The ids are text, cast here: every pgx query mode encodes a text array.
 // The operations that a page of records names by their keys' ids: what a
-// record is matched against, with the names of the steps checkpointed in the
-// row (store migration 00010: succeeded, unless a step row overrides them).
+// record is matched against, with the steps checkpointed in the row (store
+// migration 00010: succeeded, unless a step row overrides them), each with the
+// reference it recorded ("f", ” when none), how it was resolved ("r") and
+// when it succeeded (microseconds since 1970 UTC), in one order: one pass
+// over the checkpoints.
 func (q *Queries) ReconcileOperations(ctx context.Context, db DBTX, ids []string) ([]*ReconcileOperationsRow, error) {
 	rows, err := db.Query(ctx, reconcileOperations, ids)
 	if err != nil {
@@ -280,7 +421,11 @@ func (q *Queries) ReconcileOperations(ctx context.Context, db DBTX, ids []string
 			&i.Steps,
 			&i.Input,
 			&i.KeySeed,
+			&i.CreatedAt,
 			&i.Checkpointed,
+			&i.CheckpointRefs,
+			&i.CheckpointResolvedBy,
+			&i.CheckpointDone,
 		); err != nil {
 			return nil, err
 		}
@@ -328,7 +473,7 @@ func (q *Queries) ReconcileOperatorReferences(ctx context.Context, db DBTX, ids 
 }
 
 const reconcileSteps = `-- name: ReconcileSteps :many
-SELECT s.operation_id, s.name, s.state, s.resolved_by
+SELECT s.operation_id, s.name, s.state, s.resolved_by, s.output, s.finished_at
 FROM unnest($1::text[]::uuid[]) AS i (id)
 JOIN idemflow_step_row AS s ON s.operation_id = i.id
 WHERE s.name = ANY ($2::text[])
@@ -344,9 +489,12 @@ type ReconcileStepsRow struct {
 	Name        string
 	State       string
 	ResolvedBy  *string
+	Output      []byte
+	FinishedAt  *time.Time
 }
 
-// The step rows named names of the operations ids: key lookups in the step
+// The step rows named names of the operations ids, with the state after the
+// step (output) and when it ended: key lookups in the step
 // rows' primary key, not the view idemflow_step_recorded, which would read
 // the operations again and could not take the ids into its NOT EXISTS.
 // Joined to the ids, not "operation_id = ANY": planned custom (without a
@@ -365,6 +513,8 @@ func (q *Queries) ReconcileSteps(ctx context.Context, db DBTX, arg ReconcileStep
 			&i.Name,
 			&i.State,
 			&i.ResolvedBy,
+			&i.Output,
+			&i.FinishedAt,
 		); err != nil {
 			return nil, err
 		}
@@ -377,7 +527,7 @@ func (q *Queries) ReconcileSteps(ctx context.Context, db DBTX, arg ReconcileStep
 }
 
 const reconciliationRunGet = `-- name: ReconciliationRunGet :one
-SELECT source, started_at, checked_at, window_start, checked, not_yet, unverifiable, pages FROM idemflow_reconciliation WHERE source = $1
+SELECT source, started_at, checked_at, window_start, checked, not_yet, unverifiable, pages, steps_checked, expired FROM idemflow_reconciliation WHERE source = $1
 `
 
 func (q *Queries) ReconciliationRunGet(ctx context.Context, db DBTX, source string) (*IdemflowReconciliation, error) {
@@ -392,16 +542,21 @@ func (q *Queries) ReconciliationRunGet(ctx context.Context, db DBTX, source stri
 		&i.NotYet,
 		&i.Unverifiable,
 		&i.Pages,
+		&i.StepsChecked,
+		&i.Expired,
 	)
 	return &i, err
 }
 
 const reconciliationRunRecord = `-- name: ReconciliationRunRecord :exec
-INSERT INTO idemflow_reconciliation (source, started_at, checked_at, window_start, checked, not_yet, unverifiable, pages)
-VALUES ($1, $2, clock_timestamp(), $3, $4, $5, $6, $7)
+INSERT INTO idemflow_reconciliation (source, started_at, checked_at, window_start, checked, not_yet, unverifiable, pages,
+                                     steps_checked, expired)
+VALUES ($1, $2, clock_timestamp(), $3, $4, $5, $6, $7,
+        $8, $9)
 ON CONFLICT (source) DO UPDATE
 SET started_at = excluded.started_at, checked_at = excluded.checked_at, window_start = excluded.window_start,
-    checked = excluded.checked, not_yet = excluded.not_yet, unverifiable = excluded.unverifiable, pages = excluded.pages
+    checked = excluded.checked, not_yet = excluded.not_yet, unverifiable = excluded.unverifiable, pages = excluded.pages,
+    steps_checked = excluded.steps_checked, expired = excluded.expired
 WHERE idemflow_reconciliation.started_at <= excluded.started_at
 `
 
@@ -413,6 +568,8 @@ type ReconciliationRunRecordParams struct {
 	NotYet       int64
 	Unverifiable int64
 	Pages        int32
+	StepsChecked int64
+	Expired      int64
 }
 
 func (q *Queries) ReconciliationRunRecord(ctx context.Context, db DBTX, arg ReconciliationRunRecordParams) error {
@@ -424,6 +581,8 @@ func (q *Queries) ReconciliationRunRecord(ctx context.Context, db DBTX, arg Reco
 		arg.NotYet,
 		arg.Unverifiable,
 		arg.Pages,
+		arg.StepsChecked,
+		arg.Expired,
 	)
 	return err
 }
