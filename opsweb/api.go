@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idempotency"
+	"github.com/idemflow/idemflow/internal/redact"
 )
 
 // maxLimit bounds a page of the list.
@@ -107,7 +108,7 @@ func operationOf(info *engine.Info) operationBody {
 		body.Mismatches[i] = mismatchOf(&info.Mismatches[i])
 	}
 	for _, a := range info.Audit {
-		body.Audit = append(body.Audit, auditBody{At: a.At, Action: string(a.Action), Actor: a.Actor, Reason: a.Reason, Result: a.Result, Detail: a.Detail})
+		body.Audit = append(body.Audit, auditBody{At: a.At, Action: string(a.Action), Actor: a.Actor, Reason: a.Reason, Result: a.Result, Detail: redact.Addresses(a.Detail)})
 	}
 	if a := info.Attention; a != nil {
 		body.Attention = &attentionBody{Code: a.Code, Reason: a.Reason}
@@ -371,6 +372,14 @@ func (h *handler) act(r *http.Request, id uuid.UUID, req request) (*engine.Info,
 	if ref != nil {
 		h.cfg.Logger.InfoContext(ctx, "operator action refused", slog.String("action", string(a)), slog.String("operation_id", id.String()),
 			slog.String("code", ref.Code), slog.String("error", err.Error()))
+		// The engine's text is for operators, but the URLs and addresses
+		// its Go errors name (a lookup's, say) are for the log above.
+		ref.Message = redact.Addresses(ref.Message)
+		if ref.Code != "operation_not_found" {
+			if info, gerr := h.e.Get(ctx, id); gerr == nil && info.NeedsAttention() {
+				ref.Message += "; the operation needs attention (" + info.Attention.Code + "), see " + runbookURL(h.cfg.RunbookURL, info.Attention.Code)
+			}
+		}
 		return nil, ref, nil
 	}
 	info, err := h.e.Get(ctx, id)
@@ -509,7 +518,8 @@ func outcomeUnknownMessage(err error) string {
 
 // internalError answers an error the handler has no better answer for: 503
 // when the database did not answer, else 500 with the engine's text, which is
-// for operators, as the whole handler is.
+// for operators, as the whole handler is, without the addresses it names
+// (the log has them).
 func (h *handler) internalError(w http.ResponseWriter, r *http.Request, err error) {
 	if engine.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded) {
 		h.cfg.Logger.WarnContext(r.Context(), "opsweb: the database did not answer", slog.String("path", r.URL.Path), slog.String("error", err.Error()))
@@ -518,5 +528,5 @@ func (h *handler) internalError(w http.ResponseWriter, r *http.Request, err erro
 		return
 	}
 	h.cfg.Logger.ErrorContext(r.Context(), "opsweb: request failed", slog.String("path", r.URL.Path), slog.String("error", err.Error()))
-	h.fail(w, r, http.StatusInternalServerError, "internal_error", err.Error(), "")
+	h.fail(w, r, http.StatusInternalServerError, "internal_error", redact.Addresses(err.Error()), "")
 }

@@ -34,6 +34,11 @@ func TestNew(t *testing.T) {
 		{"SamePaths", e, &opsweb.Config{AuthFunc: auth, BasePath: "/x", APIPath: "/x"}, "both"},
 		{"EmptySource", e, &opsweb.Config{AuthFunc: auth, ReconcileSources: []string{"provider", ""}}, "empty source"},
 		{"SourceTwice", e, &opsweb.Config{AuthFunc: auth, ReconcileSources: []string{"provider", "provider"}}, "twice"},
+		{"RunbookFragment", e, &opsweb.Config{AuthFunc: auth, RunbookURL: "https://example.com/runbook.md#top"}, "RunbookURL"},
+		{"RunbookRelative", e, &opsweb.Config{AuthFunc: auth, RunbookURL: "docs/runbook.md"}, "RunbookURL"},
+		{"RunbookScheme", e, &opsweb.Config{AuthFunc: auth, RunbookURL: "javascript:alert(1)"}, "RunbookURL"},
+		{"RunbookNoHost", e, &opsweb.Config{AuthFunc: auth, RunbookURL: "https:///runbook.md"}, "RunbookURL"},
+		{"RunbookOnThisServer", e, &opsweb.Config{AuthFunc: auth, RunbookURL: "/docs/runbook.html"}, ""},
 		{"Defaults", e, &opsweb.Config{AuthFunc: auth}, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -325,6 +330,43 @@ func TestCancelAPI(t *testing.T) {
 		decode[operation](t, b.admin(http.MethodPost, path+"/retry", ""))
 		require.Equal(t, engine.StatusSucceeded, b.waitFor(parked.ID.String()).Status)
 	})
+	// The outside service holds another call under the charge's key: the
+	// operation is parked, and cancel, resolve and retry have no way out
+	// yet. No answer names the service's internal URL, which the engine's
+	// errors carry (issue 36, finding 8); each names the runbook's section.
+	t.Run("MismatchedCall", func(t *testing.T) {
+		parked := b.start("client-a", "k-mismatch", modeMismatch)
+		require.True(t, parked.Parked)
+		path := "/admin/operations/" + parked.ID.String()
+		runbook := opsweb.DefaultRunbookURL + "#charge_mismatch"
+
+		e := requireError(t, b.admin(http.MethodPost, path+"/cancel", `{"reason":"customer withdrew"}`), http.StatusConflict, "outcome_unknown")
+		requireNoAddress(t, e.Message)
+		require.Contains(t, e.Message, "charge_mismatch")
+		require.True(t, strings.HasSuffix(e.Message, "; the operation needs attention (charge_mismatch), see "+runbook), e.Message)
+		for _, body := range []string{`{"outcome":"made","reason":"the network says so"}`, `{"outcome":"not_made","reason":"the network says so"}`} {
+			e := requireError(t, b.admin(http.MethodPost, path+"/resolve", body), http.StatusConflict, "resolution_contradicts_provider")
+			requireNoAddress(t, e.Message)
+			require.Contains(t, e.Message, runbook)
+		}
+		decode[operation](t, b.admin(http.MethodPost, path+"/retry", `{"reason":"try again"}`))
+		again := b.waitFor(parked.ID.String())
+		require.True(t, again.Parked, "parked again")
+		require.Equal(t, "charge_mismatch", again.Attention.Code)
+
+		op := decode[operation](t, b.admin(http.MethodGet, path, ""))
+		require.Equal(t, "in_progress", op.Status)
+		require.Len(t, op.Audit, 4)
+		for _, a := range op.Audit {
+			requireNoAddress(t, a.Detail)
+		}
+		require.Contains(t, op.Audit[0].Detail, "[address withheld]", "the cancel's refusal, as the engine recorded it")
+		// The page's audit trail, and a refusal of its form, too.
+		r := b.browser(http.MethodPost, "/ops/operations/"+parked.ID.String()+"/cancel", url.Values{"reason": {"no"}})
+		requirePage(t, r, http.StatusConflict)
+		requireNoAddress(t, between(t, r.body, `<p class="flash error" role="alert">`, `</p>`))
+		requireNoAddress(t, between(t, r.body, `<table id="audit">`, `</table>`))
+	})
 	t.Run("BadBodies", func(t *testing.T) {
 		path := "/admin/operations/" + uuidString() + "/cancel"
 		requireError(t, b.admin(http.MethodPost, path, `{"reason": 1}`), http.StatusBadRequest, "invalid_request")
@@ -381,4 +423,12 @@ func TestDefaultPaths(t *testing.T) {
 	r = b.admin(http.MethodGet, "/ops/", "", "Accept", "text/html")
 	require.Equal(t, http.StatusOK, r.status, r.body)
 	require.Contains(t, r.body, "No operation matches.")
+}
+
+// requireNoAddress requires an operator's answer that names no internal URL
+// or address.
+func requireNoAddress(t *testing.T, text string) {
+	t.Helper()
+	require.NotContains(t, text, "10.0.0.7")
+	require.NotContains(t, text, "http://")
 }

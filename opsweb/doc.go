@@ -65,12 +65,28 @@
 // Nothing is served at {APIPath}/reconciliation, which a service may keep
 // for its own report.
 //
+// # Runbook
+//
+// The operation page links its attention code (the box that says why it
+// needs attention), and the pages every mismatch kind, to the runbook's
+// section on it: Config.RunbookURL#<code>, idemflow's docs/runbook.md on
+// GitHub by default, which has a section per attention code of the engine
+// and per mismatch kind. A refusal of retry, cancel or resolve of an
+// operation that needs attention ends its message with that code and link.
+// A service whose steps halt with codes of their own (engine.Halt) keeps a
+// runbook with those sections too, and points RunbookURL at it.
+//
 // # Errors
 //
 // The JSON API's errors are {"error": {"code": "...", "message": "..."}}, with
 // "param" naming the query parameter or field at fault. A page answers the
 // same JSON to a client that does not accept text/html, and an HTML page to a
-// browser.
+// browser. A message that carries the engine's text (a refusal's reason, an
+// internal error, a source's failure), and an audit entry's detail, has every
+// URL and network address in it replaced by "[address withheld]": a lookup's
+// or a source's Go error names the outside service's address, which is for
+// the log (the handler logs every refusal and failure whole), not for an
+// answer.
 //
 //	400 invalid_request           a bad query parameter or body
 //	401 unauthenticated           Config.AuthFunc refused the request

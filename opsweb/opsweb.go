@@ -9,6 +9,7 @@ import (
 	"html/template"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"path"
 	"slices"
 	"strings"
@@ -23,6 +24,10 @@ const (
 	DefaultBasePath      = "/ops"
 	DefaultReadTimeout   = 8 * time.Second
 	DefaultActionTimeout = 15 * time.Second
+	// DefaultRunbookURL is idemflow's runbook, which has a section per
+	// attention code of the engine and per mismatch kind (and the demo's
+	// refund codes).
+	DefaultRunbookURL = "https://github.com/idemflow/idemflow/blob/main/docs/runbook.md"
 )
 
 // Config configures the handler of New.
@@ -62,6 +67,15 @@ type Config struct {
 	// left out still shows once a mismatch of its own names it. Defaults to
 	// none.
 	ReconcileSources []string
+	// RunbookURL is the operators' runbook: the operation page links an
+	// attention code, and the pages a mismatch kind, to RunbookURL#<code>
+	// (the code as written, such as #outcome_overdue or #not_succeeded), and
+	// a refused request's answer names that link. An absolute http(s) URL,
+	// or a path on this server, without a fragment. A service whose steps
+	// halt with codes of their own (engine.Halt) documents them under those
+	// anchors in a runbook of its own, and sets this to it. Defaults to
+	// DefaultRunbookURL.
+	RunbookURL string
 }
 
 func (c *Config) withDefaults() Config {
@@ -82,6 +96,9 @@ func (c *Config) withDefaults() Config {
 	if out.ReferenceField == "" {
 		out.ReferenceField = "reference"
 	}
+	if out.RunbookURL == "" {
+		out.RunbookURL = DefaultRunbookURL
+	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -98,6 +115,9 @@ func (c *Config) validate() error {
 			return fmt.Errorf("opsweb: Config.%s %q is not an absolute, clean path without a trailing slash (such as /ops)", p.name, p.value)
 		}
 	}
+	if !validRunbookURL(c.RunbookURL) {
+		return fmt.Errorf("opsweb: Config.RunbookURL %q is neither an absolute http(s) URL nor a path on this server, without a fragment", c.RunbookURL)
+	}
 	if c.BasePath == c.APIPath {
 		return fmt.Errorf("opsweb: Config.BasePath and APIPath are both %q", c.BasePath)
 	}
@@ -110,6 +130,22 @@ func (c *Config) validate() error {
 		}
 	}
 	return nil
+}
+
+// validRunbookURL reports whether s is an absolute http(s) URL, or a path on
+// this server, without a fragment: what a section's anchor can follow.
+func validRunbookURL(s string) bool {
+	u, err := url.Parse(s)
+	if err != nil || strings.Contains(s, "#") {
+		return false
+	}
+	switch u.Scheme {
+	case "http", "https":
+		return u.Host != ""
+	case "":
+		return u.Host == "" && strings.HasPrefix(u.Path, "/") && !strings.HasPrefix(s, "//")
+	}
+	return false
 }
 
 // handler serves the pages and the JSON API.
@@ -135,7 +171,7 @@ func New(e *engine.Engine, cfg *Config) (http.Handler, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	pages, err := parsePages(c.BasePath)
+	pages, err := parsePages(c.BasePath, c.RunbookURL)
 	if err != nil {
 		return nil, err
 	}

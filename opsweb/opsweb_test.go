@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -37,7 +38,21 @@ const (
 	modeHaltBefore = "halt_before"
 	// modeHaltAfter: the record halts after the charge: parked past the pivot.
 	modeHaltAfter = "halt_after"
+	// modeMismatch: the card network holds another charge under the
+	// charge's derived key: the charge, and its lookup, halt with an error
+	// that names the network's internal URL, as httpstep's do.
+	modeMismatch = "mismatch"
 )
+
+// internalURL is the card network's address, which no operator's answer
+// names.
+const internalURL = "http://10.0.0.7:8443/charges/by-key/"
+
+// mismatched is the error of the charge and its lookup in modeMismatch.
+func mismatched(at engine.Attempt) error {
+	return fmt.Errorf("httpstep: read the answer of GET %s%s: %w", internalURL, at.Key,
+		engine.Halt("charge_mismatch", "the network's charge under the derived key is for another amount"))
+}
 
 type payIn struct {
 	Mode string `json:"mode"`
@@ -120,10 +135,18 @@ func setup(t *testing.T) *bundle {
 		if broken(at, in, modeFail) {
 			return errors.New("charge: dial tcp 10.0.0.7:443: connection refused")
 		}
+		if broken(at, in, modeMismatch) {
+			return mismatched(at)
+		}
 		s.Charged = true
 		return nil
 	}
-	lookup := func(context.Context, engine.Attempt, payIn, *payState) (bool, error) { return false, nil }
+	lookup := func(_ context.Context, at engine.Attempt, in payIn, _ *payState) (bool, error) {
+		if broken(at, in, modeMismatch) {
+			return false, mismatched(at)
+		}
+		return false, nil
+	}
 	record := func(_ context.Context, _ engine.Tx, at engine.Attempt, in payIn, _ *payState) error {
 		if broken(at, in, modeHaltAfter) {
 			return engine.Halt("ledger_mismatch", "the ledger holds another amount for this charge")

@@ -7,16 +7,19 @@ import (
 	_ "embed"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"html/template"
 	"log/slog"
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/redact"
 )
 
 //go:embed pages.html
@@ -47,6 +50,7 @@ td.empty { color: #5b6673; text-align: center; padding: 1.5em; }
 .status.st-in_progress, .status.st-running { background: #fff0c2; color: #6b5000; }
 .status.st-compensated, .status.st-skipped { background: #e4e0f5; color: #3f3474; }
 .attention { color: #a04000; font-weight: 600; }
+td.attention a { color: inherit; }
 form.filters { display: flex; flex-wrap: wrap; gap: .8em; align-items: center; margin: 0 0 1em; }
 input, select, button { font: inherit; }
 button { padding: .3em 1em; border: 1px solid #2b5a8a; border-radius: 3px; background: #2b6cb0; color: #fff; cursor: pointer; }
@@ -78,13 +82,18 @@ var contentSecurityPolicy = func() string {
 		"img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 }()
 
-// parsePages parses the pages' templates, with links under base.
-func parsePages(base string) (*template.Template, error) {
+// parsePages parses the pages' templates, with links under base and to the
+// runbook's sections.
+func parsePages(base, runbook string) (*template.Template, error) {
 	opURL := func(id uuid.UUID) string { return base + "/operations/" + id.String() }
 	return template.New("pages").Funcs(template.FuncMap{
 		"styleSheet": func() template.CSS { return template.CSS(styleSheet) },
 		"opURL":      opURL,
-		"when":       formatTime,
+		// runbook takes a code or a reconcile.Kind.
+		"runbook": func(code any) string { return runbookURL(runbook, fmt.Sprint(code)) },
+		// redact: an answer's text, without internal addresses.
+		"redact": redact.Addresses,
+		"when":   formatTime,
 		"whenp": func(t *time.Time) string {
 			if t == nil {
 				return ""
@@ -96,6 +105,23 @@ func parsePages(base string) (*template.Template, error) {
 		// named: a mismatch's operation id names one (not unknown_key's nil).
 		"named": func(id uuid.UUID) bool { return id != uuid.Nil },
 	}).Parse(pagesSource)
+}
+
+// runbookURL is the link to the runbook's section on code (an attention
+// code, a mismatch kind): base#code, the code lower case with anything but
+// letters, digits, '_' and '-' as '-', which is the anchor that GitHub, and
+// most Markdown renderers, give a heading that is the code.
+func runbookURL(base, code string) string {
+	anchor := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '_', r == '-':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r + ('a' - 'A')
+		}
+		return '-'
+	}, code)
+	return base + "#" + anchor
 }
 
 func formatTime(t time.Time) string {

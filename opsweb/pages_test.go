@@ -4,7 +4,10 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -12,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/opsweb"
+	"github.com/idemflow/idemflow/reconcile"
 )
 
 // requirePage requires an HTML page of status with the pages' headers: no
@@ -162,4 +167,73 @@ func TestCancelPage(t *testing.T) {
 
 	r = b.browser(http.MethodPost, page+"/cancel", url.Values{"reason": {strings.Repeat("x", 1001)}})
 	requirePage(t, r, http.StatusBadRequest)
+}
+
+// TestRunbookLinks: the operation page links its attention code, and the
+// pages every mismatch kind, to the runbook's section on it: the
+// repository's runbook by default, Config.RunbookURL's when given.
+func TestRunbookLinks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	parked := b.start("client-a", "k-before", modeHaltBefore)
+	ok := b.start("client-a", "k-ok", modeOK)
+	b.failRecord(ok, "re_ok")
+	b.provider.add(reconcile.Record{Key: "outside-1", Reference: "re_outside", Amount: 300})
+	_, err := b.e.Reconcile(t.Context(), "provider")
+	require.NoError(t, err)
+	const base = opsweb.DefaultRunbookURL
+	require.Equal(t, "https://github.com/idemflow/idemflow/blob/main/docs/runbook.md", base)
+
+	r := b.browser(http.MethodGet, "/ops/operations/"+parked.ID.String(), nil)
+	requirePage(t, r, http.StatusOK)
+	box := between(t, r.body, `<div class="box attention" id="attention">`, `</div>`)
+	require.Contains(t, box, `<a class="runbook" id="runbook-attention" href="`+base+`#limit_unknown" rel="noreferrer">the runbook on limit_unknown</a>`)
+
+	r = b.browser(http.MethodGet, "/ops/operations/"+ok.ID.String(), nil)
+	requirePage(t, r, http.StatusOK)
+	require.Contains(t, r.body, `href="`+base+`#`+engine.CodeReconciliationMismatch+`"`)
+	table := between(t, r.body, `<table id="mismatches">`, `</table>`)
+	require.Contains(t, table, `<td class="attention"><a class="runbook" href="`+base+`#record_failed" rel="noreferrer" title="the runbook on record_failed">record_failed</a></td>`)
+
+	r = b.browser(http.MethodGet, "/ops/reconciliation", nil)
+	requirePage(t, r, http.StatusOK)
+	for _, kind := range []reconcile.Kind{reconcile.UnknownKey, reconcile.RecordFailed} {
+		require.Contains(t, r.body, `<a class="runbook" href="`+base+`#`+string(kind)+`"`)
+	}
+
+	// A runbook of the service's own, here on its server.
+	h, err := opsweb.New(b.e, &opsweb.Config{AuthFunc: opsweb.TokenAuth(adminToken), RunbookURL: "/docs/runbook.html"})
+	require.NoError(t, err)
+	req := httptest.NewRequestWithContext(t.Context(), http.MethodGet, "/ops/operations/"+parked.ID.String(), nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	req.Header.Set("Accept", "text/html")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	require.Contains(t, rec.Body.String(), `href="/docs/runbook.html#limit_unknown"`)
+}
+
+// TestRunbookSections: the repository's runbook, DefaultRunbookURL, has the
+// section that a link names for every attention code of the engine's, every
+// mismatch kind, and the demo refund's halt: a heading that is the code.
+func TestRunbookSections(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile(filepath.Join("..", "docs", "runbook.md"))
+	require.NoError(t, err)
+	headings := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^#{2,4} `([a-z_]+)`$").FindAllStringSubmatch(string(raw), -1) {
+		headings[m[1]] = true
+	}
+	codes := []string{
+		engine.CodeRetryingPastPivot, engine.CodeFailedPastPivot, engine.CodeOutcomeUnknown, engine.CodeOutcomeOverdue,
+		engine.CodeDatabaseUnavailable, engine.CodeUndecodableState, engine.CodeDefinitionChanged, engine.CodeVersionNotRun,
+		engine.CodeReconciliationMismatch, engine.CodeCompensationFailed,
+		"provider_mismatch", // workflows/refund's CodeProviderMismatch
+	}
+	for _, k := range reconcile.Kinds {
+		codes = append(codes, string(k))
+	}
+	for _, code := range codes {
+		require.True(t, headings[code], "docs/runbook.md has no heading `%s`", code)
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/redact"
 )
 
 // mismatchBody is a reconciliation mismatch: an outside service's record and
@@ -221,7 +222,8 @@ func (h *handler) reconcilePage(w http.ResponseWriter, r *http.Request) {
 		h.internalError(w, r, err)
 		return
 	default:
-		ref = &refusal{http.StatusInternalServerError, "reconcile_failed", err.Error()}
+		// A source's error names its URL: the log below has it.
+		ref = &refusal{http.StatusInternalServerError, "reconcile_failed", redact.Addresses(err.Error())}
 	}
 	h.cfg.Logger.WarnContext(ctx, "operator action failed", slog.String("action", "reconcile"), slog.String("source", source),
 		slog.String("code", ref.Code), slog.String("error", err.Error()))

@@ -286,6 +286,15 @@ func TestReconciliation(t *testing.T) {
 		requireMismatchGauge(t, d, map[string]float64{"unknown_key": 1})
 		requireSameReport(t, rep, d.reconciliation(t)) // GET answers what the run found
 
+		// demo ops runs it too, with the demo's source, and prints the
+		// report: exit status 1 for a mismatch.
+		ops := demoOps(t, dbURL, "-provider-url", d.base+"/provider", "reconcile", "run")
+		require.Equal(t, 1, ops.code, ops.stdout+ops.stderr)
+		require.Contains(t, ops.stdout, "source provider: 1 record(s) made since ")
+		require.Regexp(t, `provider\s+unknown_key\s+outside-1\s+`+prID+`\s+1234\s+succeeded\s+-`, ops.stdout)
+		require.Contains(t, ops.stdout, "runbook for unknown_key: https://github.com/idemflow/idemflow/blob/main/docs/runbook.md#unknown_key\n")
+		require.Contains(t, ops.stderr, "demo ops reconcile run: reconciliation mismatches: 1;")
+
 		require.True(t, m.FirstSeen.Equal(atOnce.only(t).FirstSeen), "first seen by the event")
 
 		// Seen again: the same mismatch, first seen when it was.
@@ -300,6 +309,9 @@ func TestReconciliation(t *testing.T) {
 		require.EqualValues(t, 1, cleared.Checked)
 		require.Empty(t, cleared.Mismatches)
 		requireMismatchGauge(t, d, nil)
+		ops = demoOps(t, dbURL, "-provider-url", d.base+"/provider", "reconcile", "run")
+		require.Equal(t, 0, ops.code, ops.stdout+ops.stderr)
+		require.Contains(t, ops.stdout, "no reconciliation mismatches")
 		d.stop()
 	})
 

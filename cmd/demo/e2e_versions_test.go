@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io/fs"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/cmd/internal/opscli"
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/internal/testdb"
 	"github.com/idemflow/idemflow/store"
@@ -94,6 +96,20 @@ func TestVersionsDeploy(t *testing.T) {
 	require.Contains(t, procs.stdout, "refund@1")
 	require.NotContains(t, procs.stdout, "refund@2")
 	d.stop()
+
+	// With no process running at all, demo ops check judges by this build's
+	// definitions all the same: the check to run before a deploy. The
+	// idemflow command's check, which knows no definitions, judges by the
+	// live processes: with none, nothing unfinished can run.
+	check = demoOps(t, dbURL, "check")
+	require.Equal(t, 1, check.code, "check for version 1, no process: %s %s", check.stdout, check.stderr)
+	require.Equal(t, idV2+" refund 2\n", check.stdout)
+	require.Contains(t, check.stderr, "no definition of refund version 2")
+	check = demoOps(t, dbURL, "-refund-versions", "1,2", "check")
+	require.Equal(t, 0, check.code, "check for 1,2, no process: %s %s", check.stdout, check.stderr)
+	var out, errOut bytes.Buffer
+	require.Equal(t, 1, opscli.Run(t.Context(), []string{"-database-url", dbURL, "check"}, func(string) string { return "" }, &out, &errOut), errOut.String())
+	require.Equal(t, idV2+" refund 2\n", out.String())
 
 	// The deploy: a demo that runs both finishes the version-2 refund.
 	d = startDemo(t, dbURL, &demoOpts{args: both})

@@ -8,12 +8,14 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/google/uuid"
 
 	"github.com/idemflow/idemflow/cmd/internal/opscli"
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/redact"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 
@@ -23,20 +25,32 @@ const opsUsage = `usage: demo ops [flags] list [in_progress|succeeded|failed]   
        demo ops [flags] resolve <operation id> made <provider refund id> <reason>
        demo ops [flags] resolve <operation id> not-made <reason>
 -actor NAME (default $USER, else operator) is who the audit trail names for retry, cancel and resolve.
-       demo ops [flags] check   (exit status 1 when a process with -refund-versions could not run some unfinished operation)
+       demo ops [flags] check   (exit status 1 when a process with -refund-versions could not run some unfinished
+                                operation: judged by this build's definitions, whether or not a process runs)
+       demo ops [flags] reconcile run   (checks the books against the provider at -provider-url now and prints
+                                the report; exit status 1 when there is a mismatch)
        demo ops [flags] show <operation id>
        demo ops [flags] processes
-(show and processes are the idemflow command's, which any service can use: go run ./cmd/idemflow)`
+       demo ops [flags] mismatches
+(show, processes and mismatches are the idemflow command's, which any service can use: go run ./cmd/idemflow;
+what each attention code and mismatch kind means, and what to do: docs/runbook.md)`
+
+// opsCommands are the commands of demo ops: the first of its arguments that
+// is one ends the flags.
+var opsCommands = []string{"list", "retry", "cancel", "resolve", "check", "reconcile", "show", "processes", "mismatches"}
 
 // runOps is the operator's command line: list operations by status, retry a
-// failed one (a running demo's workers pick it up), or cancel one that no live
-// process holds (its compensations run here). It uses the demo's database flags,
-// and only a database that runs already: it starts, creates and migrates
-// nothing.
+// failed one (a running demo's workers pick it up), cancel one that no live
+// process holds (its compensations run here), or resolve one; check the
+// unfinished operations against this build's definitions (-refund-versions),
+// and run reconciliation against the provider (-provider-url). It has the
+// demo's definitions and provider, so it needs no live process for any of
+// that. It uses the demo's database flags, and only a database that runs
+// already: it starts, creates and migrates nothing.
 func runOps(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, logger *slog.Logger) int {
 	var flagArgs, rest []string
 	for i, a := range args {
-		if a == "list" || a == "retry" || a == "cancel" || a == "resolve" || a == "check" || a == "show" || a == "processes" {
+		if slices.Contains(opsCommands, a) {
 			flagArgs, rest = args[:i], args[i:]
 			break
 		}
@@ -59,6 +73,10 @@ func runOps(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err := ops(ctx, cfg, rest, stdout, logger); err != nil {
 		if errors.Is(err, errUnrunnable) {
 			fmt.Fprintf(stderr, "demo ops check: %v\n", err)
+			return 1
+		}
+		if errors.Is(err, errMismatches) {
+			fmt.Fprintf(stderr, "demo ops reconcile run: %v\n", err)
 			return 1
 		}
 		fmt.Fprintf(stderr, "demo ops: %v\n", err)
@@ -86,7 +104,12 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 	if err != nil {
 		return err
 	}
-	e, err := engine.New(pool, &engine.Config{Operations: wf.Operations(), Logger: logger, Lease: cfg.lease})
+	// The server's retention and reconciliation source, run only when
+	// asked (reconcile run): an engine without workers runs nothing alone.
+	rc := reconcileConfig(cfg, providerURL)
+	rc.Interval = -1
+	e, err := engine.New(pool, &engine.Config{Operations: wf.Operations(), Logger: logger, Lease: cfg.lease,
+		Retention: cfg.retention, Reconcile: rc})
 	if err != nil {
 		return err
 	}
@@ -118,7 +141,7 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 			fmt.Fprintln(stdout, line)
 		}
 		return nil
-	case "show", "processes":
+	case "show", "processes", "mismatches":
 		// The idemflow command's, on the demo's database: it needs none of
 		// the demo's definitions.
 		args := append([]string{"-database-url", pool.Config().ConnString()}, args...)
@@ -126,7 +149,23 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 			return fmt.Errorf("%s: exit status %d", args[2], code)
 		}
 		return nil
+	case "reconcile":
+		if len(args) != 2 || args[1] != "run" {
+			return fmt.Errorf("reconcile takes one word, run\n%s", opsUsage)
+		}
+		rep, err := e.Reconcile(ctx, refund.ProviderSource)
+		if err != nil {
+			return withheld(err)
+		}
+		opscli.PrintReport(stdout, rep)
+		if n := rep.Total; n > 0 {
+			return fmt.Errorf("%w: %d; what each kind means and what to do: docs/runbook.md", errMismatches, n)
+		}
+		return nil
 	case "check":
+		// By this build's definitions (Engine.Check), not by the live
+		// processes' (the idemflow command's check): it works with no
+		// process running, before a deploy.
 		found, err := e.Check(ctx)
 		if err != nil {
 			return err
@@ -162,7 +201,7 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 		}
 		if args[0] == "retry" {
 			if err := e.Retry(ctx, id, &engine.RetryOpts{Force: force}); err != nil {
-				return err
+				return withheld(err)
 			}
 			fmt.Fprintf(stdout, "operation %s reopened; a running demo resumes it\n", id)
 			return nil
@@ -170,7 +209,7 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 		reason := strings.Join(args[2:], " ")
 		info, err := e.Cancel(ctx, id, reason)
 		if err != nil {
-			return err
+			return withheld(err)
 		}
 		return out.Encode(map[string]any{"operationId": info.ID, "status": info.Status, "error": info.Error})
 	}
@@ -180,6 +219,17 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 // errUnrunnable is what demo ops check reports when it found operations that
 // the given versions could not run.
 var errUnrunnable = errors.New("not runnable")
+
+// errMismatches is what demo ops reconcile run reports when the run found
+// mismatches.
+var errMismatches = errors.New("reconciliation mismatches")
+
+// withheld is an error of the engine as demo ops prints it: its text without
+// the URLs and addresses its Go errors name (the provider's, of a lookup that
+// halted, or of its list), which the log has.
+func withheld(err error) error {
+	return errors.New(redact.Addresses(err.Error()))
+}
 
 // actorFlag takes -actor NAME (or -actor=NAME) out of the flags: who the audit
 // trail names. It defaults to the USER variable, else engine.DefaultActor.
@@ -234,7 +284,7 @@ func resolveOp(ctx context.Context, e *engine.Engine, args []string, out *json.E
 	}
 	info, err := e.Resolve(ctx, id, res)
 	if err != nil {
-		return err
+		return withheld(err)
 	}
 	return out.Encode(map[string]any{"operationId": info.ID, "status": info.Status, "error": info.Error})
 }

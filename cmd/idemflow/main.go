@@ -6,11 +6,19 @@
 //	idemflow [-database-url URL] show <operation id>
 //	idemflow [-database-url URL] processes
 //	idemflow [-database-url URL] check
-//	idemflow [-database-url URL] retry <operation id>
+//	idemflow [-database-url URL] mismatches
+//	idemflow [-database-url URL] retry [-force] <operation id>
 //	idemflow [-database-url URL] cancel <operation id> [reason]
+//	idemflow [-database-url URL] resolve <operation id> made <reference> <reason>
+//	idemflow [-database-url URL] resolve <operation id> not-made <reason>
 //
-// list, show, processes and check read. check lists the unfinished operations
-// whose definition no live process runs, and exits 1 when there is any. retry
+// list, show, processes, check and mismatches read. check lists the unfinished
+// operations whose definition (name and version) no live process runs, and
+// exits 1 when there is any: it knows no definitions, so it judges by the live
+// processes; a build's definitions, before a deploy, are checked by the build
+// itself (Engine.Check, such as demo ops check). reconcile run is not here: a
+// run needs the application's sources, so the command says where to run it
+// (Engine.Reconcile, such as demo ops reconcile run). retry
 // and cancel record a request in the database that a live process running the
 // operation's definition carries out (within a sweep); the command waits for it
 // (-wait) and says what happened: exit 0 when it was done, 1 when it was

@@ -19,6 +19,16 @@
 // refused (a cancel past the point of no return, say) or failed, 3 when no
 // process carried it out in time (the request stays, and is carried out when a
 // process that runs the definition comes). The URL defaults to DATABASE_URL.
+//
+// Knowing no definitions, the command cannot do what needs them: check judges
+// by the definitions of the live processes (name and version), not by a
+// build's (a definition that lacks a step an operation still needs, or a
+// deploy's next build, takes the build itself: Engine.Check, such as demo ops
+// check); and reconcile run (a run now) needs the application's sources, so it
+// only says where to run it (Engine.Reconcile, such as demo ops reconcile
+// run). show and mismatches name the runbook's section on each attention code
+// and mismatch kind; what a process answered a request, and the audit trail,
+// are printed without the URLs and addresses of its Go errors.
 package opscli
 
 import (
@@ -27,6 +37,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -35,6 +46,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/redact"
+	"github.com/idemflow/idemflow/opsweb"
 )
 
 const usage = `usage: idemflow [-database-url URL] [-wait D] <command> [args]
@@ -42,12 +55,31 @@ commands:
   list [-status S] [-name N] [-scope C] [-attention] [-older-than D] [-limit N]
   show <operation id>
   processes
-  check       (exit 1 when an unfinished operation's definition runs in no live process)
+  check       (exit 1 when an unfinished operation's definition, name@version, runs in no live process:
+               judged by the live processes, as this command knows no definitions; to check a build
+               before a deploy, run the build's own check: Engine.Check, such as demo ops check)
   mismatches  (reconciliation's findings; exit 1 when there is any)
+  reconcile run  (not here: a run needs the application's build; this says where to run it)
   retry [-force] <operation id>   (-force reopens one that failed with a server fault)
   cancel <operation id> [reason]
   resolve <operation id> made <reference> <reason> | resolve <operation id> not-made <reason>
 Set -actor NAME (default $USER) to name yourself in the audit trail.`
+
+// reconcileHere is the answer of reconcile run, which needs what this command
+// does not have.
+const reconcileHere = `idemflow: reconcile run needs the application's build: a run reads the outside service's
+records through the application's reconciliation source (its provider client and credentials),
+which this command, knowing none of the application's definitions, does not have. Run it where
+the application is: demo ops reconcile run for the demo, the ops pages' "Run now", or the
+application's own command or admin endpoint (Engine.Reconcile; the demo's POST
+/admin/reconciliation/run). idemflow mismatches lists what the last run found.`
+
+// RunbookURL is the runbook whose sections show and mismatches name: one per
+// attention code and mismatch kind (opsweb links the same).
+const RunbookURL = opsweb.DefaultRunbookURL
+
+// runbook is the link to the runbook's section on code.
+func runbook(code string) string { return RunbookURL + "#" + code }
 
 // Exit statuses.
 const (
@@ -72,6 +104,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	actor := fs.String("actor", defaultActor, "who the audit trail names for retry, cancel and resolve (default $USER)")
 	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if fs.Arg(0) == "reconcile" {
+		fmt.Fprintln(stderr, reconcileHere)
 		return exitUsage
 	}
 	if fs.NArg() == 0 || *dbURL == "" {
@@ -197,6 +233,9 @@ func (c *commands) show(ctx context.Context, args []string) int {
 	if n := note(i); n != "" {
 		fmt.Fprintf(c.stdout, "  %s\n", n)
 	}
+	if i.NeedsAttention() {
+		fmt.Fprintf(c.stdout, "  runbook: %s\n", runbook(i.Attention.Code))
+	}
 	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "  STEP\tSTATUS\tATTEMPTS\tRESOLVED BY\tDERIVED KEY\tLAST CAUSE")
 	for _, s := range i.Steps {
@@ -208,7 +247,7 @@ func (c *commands) show(ctx context.Context, args []string) int {
 		w = tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "  AT\tACTION\tACTOR\tRESULT\tREASON\tDETAIL")
 		for _, a := range i.Audit {
-			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%s\n", a.At.UTC().Format(time.RFC3339), a.Action, a.Actor, a.Result, a.Reason, a.Detail)
+			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%s\n", a.At.UTC().Format(time.RFC3339), a.Action, a.Actor, a.Result, a.Reason, redact.Addresses(a.Detail))
 		}
 		_ = w.Flush()
 	}
@@ -244,7 +283,13 @@ func (c *commands) mismatches(ctx context.Context) int {
 }
 
 func (c *commands) printMismatches(ms []engine.Mismatch, indent string) {
-	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	writeMismatches(c.stdout, ms, indent)
+}
+
+// writeMismatches writes ms as a table, then the runbook's section on each of
+// their kinds.
+func writeMismatches(out io.Writer, ms []engine.Mismatch, indent string) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "%sSOURCE\tKIND\tKEY\tREFERENCE\tAMOUNT\tSTATUS\tOPERATION\tLAST SEEN\tDETAIL\n", indent)
 	for _, m := range ms {
 		op := "-"
@@ -255,6 +300,32 @@ func (c *commands) printMismatches(ms []engine.Mismatch, indent string) {
 			m.RecordStatus, op, m.LastSeen.UTC().Format(time.RFC3339), m.Detail)
 	}
 	_ = w.Flush()
+	var kinds []string
+	for _, m := range ms {
+		if k := string(m.Kind); !slices.Contains(kinds, k) {
+			kinds = append(kinds, k)
+			fmt.Fprintf(out, "%srunbook for %s: %s\n", indent, k, runbook(k))
+		}
+	}
+}
+
+// PrintReport writes a reconciliation run's report to w: what it read, then
+// its mismatches as the mismatches command lists them. It is for a command
+// that runs reconciliation with the application's sources (demo ops
+// reconcile run).
+func PrintReport(w io.Writer, rep *engine.ReconcileReport) {
+	fmt.Fprintf(w, "source %s: %d record(s) made since %s checked, in %d page(s); %d not yet judged, %d unverifiable, %d expired; %d succeeded step(s) checked for a record\n",
+		rep.Source, rep.Checked, rep.WindowStart.UTC().Format(time.RFC3339), rep.Pages, rep.NotYet, rep.Unverifiable, rep.Expired, rep.StepsChecked)
+	if rep.Total == 0 {
+		fmt.Fprintln(w, "no reconciliation mismatches")
+		return
+	}
+	if rep.Truncated {
+		fmt.Fprintf(w, "%d mismatch(es), the first %d below (idemflow mismatches lists them all):\n", rep.Total, len(rep.Mismatches))
+	} else {
+		fmt.Fprintf(w, "%d mismatch(es):\n", rep.Total)
+	}
+	writeMismatches(w, rep.Mismatches, "")
 }
 
 func (c *commands) processes(ctx context.Context) int {
@@ -329,7 +400,9 @@ func (c *commands) request(ctx context.Context, action string, args []string) in
 	case err != nil:
 		return c.fail(err)
 	}
-	fmt.Fprintf(c.stdout, "request %d: %s %s: %s: %s\n", req.ID, action, id, req.Outcome, req.Message)
+	// The process's answer, without the addresses its errors name (its log
+	// has them).
+	fmt.Fprintf(c.stdout, "request %d: %s %s: %s: %s\n", req.ID, action, id, req.Outcome, redact.Addresses(req.Message))
 	if req.Outcome != "done" {
 		return exitRefused
 	}

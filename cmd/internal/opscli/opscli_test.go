@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -213,20 +214,73 @@ func TestCommandMismatches(t *testing.T) {
 		{Key: got.Steps[0].DerivedKey, Reference: "po_1", Amount: 30, Status: reconcile.Failed, CreatedAt: time.Now()},
 		{Key: "by-hand-1", Reference: "po_2", Amount: 99, CreatedAt: time.Now()},
 	})
-	_, err = e.Reconcile(ctx, "bank")
+	rep, err := e.Reconcile(ctx, "bank")
 	require.NoError(t, err)
+	var report bytes.Buffer
+	PrintReport(&report, rep)
+	require.Contains(t, report.String(), "source bank: 2 record(s) made since ")
+	require.Contains(t, report.String(), "2 mismatch(es):")
+	require.Regexp(t, `bank\s+unknown_key\s+by-hand-1`, report.String())
+
+	// A run needs the application's sources: the command says where to run it.
+	r = idemflow(t, dbURL, "reconcile", "run")
+	require.Equal(t, 2, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stderr, "needs the application's build")
+	require.Contains(t, r.stderr, "demo ops reconcile run")
 
 	r = idemflow(t, dbURL, "mismatches")
 	require.Equal(t, 1, r.code, r.stdout+r.stderr)
 	require.Regexp(t, `bank\s+record_failed\s+`+got.Steps[0].DerivedKey+`\s+po_1\s+30\s+failed\s+`+s.ID.String(), r.stdout)
 	require.Regexp(t, `bank\s+unknown_key\s+by-hand-1\s+po_2\s+99\s+succeeded\s+-`, r.stdout)
 
+	require.Contains(t, r.stdout, "runbook for record_failed: "+RunbookURL+"#record_failed\n")
+	require.Contains(t, r.stdout, "runbook for unknown_key: "+RunbookURL+"#unknown_key\n")
+
 	r = idemflow(t, dbURL, "show", s.ID.String())
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "needs attention: "+engine.CodeReconciliationMismatch)
+	require.Contains(t, r.stdout, "  runbook: "+RunbookURL+"#"+engine.CodeReconciliationMismatch+"\n")
 	require.Contains(t, r.stdout, "reconciliation mismatches:")
 	require.Contains(t, r.stdout, "po_1")
 	r = idemflow(t, dbURL, "list", "-attention")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, s.ID.String(), "a finished operation a mismatch names needs attention")
+}
+
+// TestCommandWithholdsAddresses: what a process answered a request, and the
+// audit trail, name no URL or address of the outside service, though the
+// engine's errors do (a lookup's, wrapped as httpstep wraps it); show names
+// the runbook's section on the operation's attention code.
+func TestCommandWithholdsAddresses(t *testing.T) {
+	t.Parallel()
+	dbURL := idemflowtest.DatabaseURL(t)
+	mismatched := func(at engine.Attempt) error {
+		return fmt.Errorf("httpstep: read the answer of GET http://10.0.0.7:8443/payouts/by-key/%s: %w", at.Key,
+			engine.Halt("payout_mismatch", "the bank's payout under the derived key is for another amount"))
+	}
+	op, err := engine.NewOperation("payout", []engine.Step[int, int]{
+		engine.ExternalStep("bank", func(_ context.Context, at engine.Attempt, _ int, _ *int) error { return mismatched(at) }).
+			Lookup(func(_ context.Context, at engine.Attempt, _ int, _ *int) (bool, error) { return false, mismatched(at) }),
+	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
+	require.NoError(t, err)
+	e := idemflowtest.Engine(t, openPool(t, dbURL), nil, op)
+	s, err := engine.Start(t.Context(), e, op, "merchant-a", "payout-1", 30, nil)
+	require.NoError(t, err)
+	info := idemflowtest.Wait(t, e, s)
+	require.True(t, info.Parked)
+	require.Equal(t, "payout_mismatch", info.Attention.Code)
+
+	r := idemflow(t, dbURL, "cancel", s.ID.String(), "customer withdrew")
+	require.Equal(t, 1, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, ": refused: ")
+	require.Contains(t, r.stdout, "payout_mismatch")
+	require.Contains(t, r.stdout, "[address withheld]")
+	require.NotContains(t, r.stdout, "10.0.0.7")
+
+	r = idemflow(t, dbURL, "show", s.ID.String())
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "  runbook: "+RunbookURL+"#payout_mismatch\n")
+	audit := r.stdout[strings.Index(r.stdout, "audit:"):]
+	require.Regexp(t, `cancel\s+\S+\s+refused\s+customer withdrew`, audit)
+	require.NotContains(t, audit, "10.0.0.7")
 }
