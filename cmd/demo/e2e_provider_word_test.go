@@ -10,8 +10,12 @@ package main
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,52 +57,112 @@ func (c *apiClient) awaitProviderWaiting(id string) operation {
 	})
 }
 
+// heldWebhooks is a webhook endpoint in front of a demo's that holds every
+// delivery until release is called, then passes it on to the demo at
+// target (set once the demo listens).
+type heldWebhooks struct {
+	url     string
+	target  atomic.Pointer[string]
+	hold    chan struct{}
+	release func()
+}
+
+func newHeldWebhooks(t *testing.T) *heldWebhooks {
+	t.Helper()
+	h := &heldWebhooks{hold: make(chan struct{})}
+	h.release = sync.OnceFunc(func() { close(h.hold) })
+	proxy := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		u, err := url.Parse(*h.target.Load())
+		if err == nil {
+			r.SetURL(u)
+		}
+	}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-h.hold:
+		case <-r.Context().Done():
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(h.release)
+	h.url = srv.URL + "/webhooks/provider"
+	return h
+}
+
 // TestEarlyEvent (finding 1 of issue 36): the provider makes the refund and
 // sends its refund.succeeded event at once, the demo's call gets 503, and the
 // provider's lookup by key answers 404 far past the step's window (a search
 // index that lags behind the provider's records). The event is the step's
-// success: the refund ends 201, resolvedBy "event", and GET /accounts never
-// shows the ledger move reversed.
+// success, whether it arrives before the step waits or while it waits: the
+// refund ends 201, resolvedBy "event", and GET /accounts never shows the
+// ledger move reversed.
 func TestEarlyEvent(t *testing.T) {
 	t.Parallel()
-	d := startDemo(t, testdb.URL(t), &demoOpts{args: []string{
-		"-max-attempts", "1", "-provider-settle", "2s", "-provider-timeout", "1s", "-wait", "200ms",
-	}})
-	c := d.client(t, tokenA)
-	c.createOrder("A-1", "cus_1", 5000)
-	// The lookup lags 60 s: longer than the window, and than the test.
-	c.setFault("lagging_lookup", 1, 60_000)
-	watch := c.watchBalance("customer:cus_1", -5000, -4300)
 
-	key := newKey()
-	body := map[string]any{"orderId": "A-1", "amount": 700}
-	r := c.postUntilFinal("/refunds", key, body)
-	reversed := watch()
-	requireStatus(t, r, http.StatusCreated)
-	require.False(t, reversed, "a reversal of the ledger move was visible in GET /accounts")
+	for _, tt := range []struct {
+		name string
+		// held holds the event back until the provider step waits.
+		held bool
+	}{
+		{name: "BeforeTheStepWaits"},
+		{name: "WhileTheStepWaits", held: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			args := []string{"-max-attempts", "1", "-provider-settle", "2s", "-provider-timeout", "1s", "-wait", "200ms"}
+			var hooks *heldWebhooks
+			if tt.held {
+				hooks = newHeldWebhooks(t)
+				args = append(args, "-webhook-url", hooks.url)
+			}
+			d := startDemo(t, testdb.URL(t), &demoOpts{args: args})
+			if hooks != nil {
+				hooks.target.Store(&d.base)
+			}
+			c := d.client(t, tokenA)
+			c.createOrder("A-1", "cus_1", 5000)
+			// The lookup lags 60 s: longer than the window, and than the test.
+			c.setFault("lagging_lookup", 1, 60_000)
+			watch := c.watchBalance("customer:cus_1", -5000, -4300)
 
-	op := c.getOperation(r.header.Get("Operation-Id"))
-	require.Equal(t, "succeeded", op.Status)
-	prov := stepOf(t, op, "provider")
-	require.Equal(t, 1, prov.Attempts)
-	require.Equal(t, "event", prov.ResolvedBy)
-	require.NotNil(t, prov.SettleBy, "the 503's window is stored with the step")
+			key := newKey()
+			body := map[string]any{"orderId": "A-1", "amount": 700}
+			if hooks != nil {
+				id := requireAccepted(t, c.post("/refunds", key, body))
+				c.awaitProviderWaiting(id)
+				hooks.release()
+			}
+			r := c.postUntilFinal("/refunds", key, body)
+			reversed := watch()
+			requireStatus(t, r, http.StatusCreated)
+			require.False(t, reversed, "a reversal of the ledger move was visible in GET /accounts")
 
-	// The lookup still finds nothing: the event alone decided.
-	requireError(t, c.lookup(prov.DerivedKey), http.StatusNotFound, "refund_not_found")
-	refunds := c.providerRefunds()
-	require.Len(t, refunds, 1, "the list shows the refund at once")
-	require.Equal(t, prov.DerivedKey, refunds[0].IdempotencyKey)
-	require.Equal(t, 1, refunds[0].Requests)
-	require.Equal(t, refunds[0].ID, *decodeAs[refundBody](t, r).ProviderRefundID)
+			op := c.getOperation(r.header.Get("Operation-Id"))
+			require.Equal(t, "succeeded", op.Status)
+			prov := stepOf(t, op, "provider")
+			require.Equal(t, 1, prov.Attempts)
+			require.Equal(t, "event", prov.ResolvedBy)
+			require.NotNil(t, prov.SettleBy, "the 503's window is stored with the step")
 
-	// Past the window, the key keeps its answer and the books their move.
-	again := c.post("/refunds", key, body)
-	require.Equal(t, string(r.body), string(again.body), "byte-identical replay")
-	require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
-	accounts := c.requireBooks(5000, 700)
-	require.EqualValues(t, -4300, balance(accounts, "customer:cus_1"))
-	d.stop()
+			// The lookup still finds nothing: the event alone decided.
+			requireError(t, c.lookup(prov.DerivedKey), http.StatusNotFound, "refund_not_found")
+			refunds := c.providerRefunds()
+			require.Len(t, refunds, 1, "the list shows the refund at once")
+			require.Equal(t, prov.DerivedKey, refunds[0].IdempotencyKey)
+			require.Equal(t, 1, refunds[0].Requests)
+			require.Equal(t, refunds[0].ID, *decodeAs[refundBody](t, r).ProviderRefundID)
+
+			// The key keeps its answer and the books their move.
+			again := c.post("/refunds", key, body)
+			require.Equal(t, string(r.body), string(again.body), "byte-identical replay")
+			require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+			accounts := c.requireBooks(5000, 700)
+			require.EqualValues(t, -4300, balance(accounts, "customer:cus_1"))
+			d.stop()
+		})
+	}
 }
 
 // TestWindowStoredWithTheStep (finding 2 of issue 36): the window of a
