@@ -165,114 +165,179 @@ func TestEarlyEvent(t *testing.T) {
 	}
 }
 
-// TestWindowStoredWithTheStep (finding 2 of issue 36): the window of a
-// request is fixed when it is sent, stored with the step by the database's
-// clock (settleBy), and every "not made" is decided against it: demo ops
-// with a window of its own far shorter than the server's cannot cancel the
-// refund of a killed demo before the stored moment, while the provider may
-// still carry the request out (it does, later, within the window).
-func TestWindowStoredWithTheStep(t *testing.T) {
-	t.Parallel()
-	dbURL := testdb.URL(t)
-	// The provider runs alone, as a real one does: it outlives the demo that
-	// is killed, and demo ops asks it too.
-	p := startDemo(t, dbURL, &demoOpts{provider: true})
-	providerURL := p.base + "/provider"
-	const settle = 10 * time.Second
-	args := []string{"-max-attempts", "1", "-provider-timeout", "1s", "-provider-settle", settle.String(), "-wait", "200ms",
-		"-provider-url", providerURL}
-	d := startDemo(t, dbURL, &demoOpts{args: args})
-	c := d.client(t, tokenA)
-	c.createOrder("A-1", "cus_1", 5000)
-
-	// A step that sent nothing shows "settleBy": null: a refund that its
-	// ledger step refused never calls the provider.
-	notFound := c.postUntilFinal("/refunds", newKey(), map[string]any{"orderId": "nope", "amount": 1})
-	requireError(t, notFound, http.StatusNotFound, "order_not_found")
-	raw := c.get("/operations/" + notFound.header.Get("Operation-Id"))
-	requireStatus(t, raw, http.StatusOK)
-	var shape struct {
-		Steps []map[string]json.RawMessage `json:"steps"`
-	}
-	require.NoError(t, json.Unmarshal(raw.body, &shape))
-	require.Len(t, shape.Steps, 3)
-	require.JSONEq(t, `"provider"`, string(shape.Steps[1]["name"]))
-	require.Contains(t, shape.Steps[1], "settleBy", "the provider step shows settleBy: %s", raw.body)
-	require.Equal(t, "null", string(shape.Steps[1]["settleBy"]))
-
-	// The provider carries the request out 6 s after it arrived: after the
-	// call's timeout, within the window.
-	p.client(t, "").setFault("slow", 1, 6000)
-	watch := c.watchBalance("customer:cus_1", -5000, -4300)
-	key := newKey()
-	body := map[string]any{"orderId": "A-1", "amount": 700}
-	id := requireAccepted(t, c.post("/refunds", key, body))
-	op := c.awaitOperation(id, pollInterval, "the provider step waiting with its window stored", func(op operation) bool {
-		p := stepOf(t, op, "provider")
-		return p.Status == "waiting" && p.SettleBy != nil
-	})
-	prov := stepOf(t, op, "provider")
-	settleBy := *prov.SettleBy
-	require.NotNil(t, prov.StartedAt)
-	require.False(t, settleBy.Before(prov.StartedAt.Add(settle)), "settleBy %s is the request's sending plus %s (step started %s)", settleBy, settle, prov.StartedAt)
-	d.kill()
-
-	// demo ops refuses a window shorter than the call's timeout, as the
-	// server does.
-	res := demoOps(t, dbURL, "-provider-settle", "1ms", "cancel", id)
-	require.Equal(t, 2, res.code, "stdout %s\nstderr %s", res.stdout, res.stderr)
-	require.Contains(t, res.stderr, "-provider-settle")
-	require.Contains(t, res.stderr, "-provider-timeout")
-
-	// demo ops with a window of 100 ms, the server's 10 s stored with the
-	// step: refused, the outcome not known before the stored moment.
-	// (Asked again while the killed demo's lease, 1 s, still holds it.)
+// cancelWithShortWindow runs demo ops cancel on the operation id, as the
+// operator erin, with a window of 100 ms (the server's is longer), asking
+// again while a killed demo's lease (1 s) still holds the operation.
+func cancelWithShortWindow(t *testing.T, dbURL, providerURL, id string) opsResult {
+	t.Helper()
 	for deadline := time.Now().Add(finalTimeout); ; {
-		res = demoOps(t, dbURL, "-provider-timeout", "100ms", "-provider-settle", "100ms", "-provider-url", providerURL,
+		res := demoOps(t, dbURL, "-provider-timeout", "100ms", "-provider-settle", "100ms", "-provider-url", providerURL,
 			"-actor", "erin", "cancel", id, "customer withdrew")
 		if !strings.Contains(res.stderr, "operation is running") || time.Now().After(deadline) {
-			break
+			return res
 		}
 		time.Sleep(pollInterval)
 	}
+}
+
+// requireOutcomeUnknown requires that res is demo ops's refusal of a cancel
+// whose outcome is not known yet, and returns the moment it names: when the
+// outcome will be known.
+func requireOutcomeUnknown(t *testing.T, res opsResult) time.Time {
+	t.Helper()
 	require.Equal(t, 1, res.code, "stdout %s\nstderr %s", res.stdout, res.stderr)
 	require.Contains(t, res.stderr, "not known yet")
-	// It names the stored moment, not its own window's.
 	_, by, ok := strings.Cut(res.stderr, "known by ")
 	require.True(t, ok, "the refusal says when the outcome will be known: %s", res.stderr)
 	knownBy, err := time.Parse(time.RFC3339, strings.TrimSpace(by))
 	require.NoError(t, err, "stderr %s", res.stderr)
-	require.False(t, knownBy.Before(settleBy.Truncate(time.Second)), "known by %s, the step's settleBy %s", knownBy, settleBy)
-	t.Logf("demo ops cancel: %s", strings.TrimSpace(res.stderr))
+	return knownBy
+}
 
-	// A demo started again finishes it: the provider carried the request
-	// out, and the refund goes forward.
-	d2 := startDemo(t, dbURL, &demoOpts{args: args})
-	c2 := d2.client(t, tokenA)
-	r := c2.postUntilFinal("/refunds", key, body)
-	reversed := watch()
-	requireStatus(t, r, http.StatusCreated)
-	require.False(t, reversed, "a reversal of the ledger move was visible in GET /accounts")
-	final := stepOf(t, c2.getOperation(id), "provider")
-	require.Equal(t, "lookup", final.ResolvedBy, "the provider run alone sends no webhooks")
-	require.NotNil(t, final.SettleBy)
-	require.True(t, settleBy.Equal(*final.SettleBy), "settleBy kept: %s, then %s", settleBy, final.SettleBy)
-	refunds := p.client(t, "").providerRefunds()
-	require.Len(t, refunds, 1)
-	require.Equal(t, 1, refunds[0].Requests)
-	c2.requireBooks(5000, 700)
+// TestWindowStoredWithTheStep (finding 2 of issue 36): the window of a
+// request is fixed when it is sent, stored by the database's clock (the
+// step's settleBy), and every "not made" is decided against it: demo ops
+// with a window of its own far shorter than the server's cannot cancel the
+// refund of a killed demo before the stored moment, while the provider may
+// still carry the request out (it does, later, within the window), whether
+// the demo was killed while the step waited or in the middle of its call.
+func TestWindowStoredWithTheStep(t *testing.T) {
+	t.Parallel()
+	const settle = 10 * time.Second
 
-	// The audit trail has the refused cancel, by erin.
-	adm := d2.admin(t, http.MethodGet, "/admin/operations/"+id, "")
-	requireStatus(t, adm, http.StatusOK)
-	var audited adminOp
-	require.NoError(t, json.Unmarshal(adm.body, &audited))
-	require.NotEmpty(t, audited.Audit)
-	last := audited.Audit[len(audited.Audit)-1]
-	require.Equal(t, "cancel", last.Action)
-	require.Equal(t, "erin", last.Actor)
-	require.Equal(t, "refused", last.Result)
-	d2.stop()
+	// setup starts a provider alone, as a real one runs (it outlives the demo
+	// that is killed, and demo ops asks it too), and a demo with a call
+	// timeout of timeout, which has an order A-1 of 5000 for cus_1.
+	setup := func(t *testing.T, timeout time.Duration) (dbURL string, p, d *demo, args []string) {
+		dbURL = testdb.URL(t)
+		p = startDemo(t, dbURL, &demoOpts{provider: true})
+		args = []string{"-max-attempts", "1", "-provider-timeout", timeout.String(), "-provider-settle", settle.String(),
+			"-wait", "200ms", "-provider-url", p.base + "/provider"}
+		d = startDemo(t, dbURL, &demoOpts{args: args})
+		d.client(t, tokenA).createOrder("A-1", "cus_1", 5000)
+		return dbURL, p, d, args
+	}
+
+	t.Run("KilledWhileWaiting", func(t *testing.T) {
+		t.Parallel()
+		dbURL, p, d, args := setup(t, time.Second)
+		c := d.client(t, tokenA)
+
+		// A step that sent nothing shows "settleBy": null: a refund that its
+		// ledger step refused never calls the provider.
+		notFound := c.postUntilFinal("/refunds", newKey(), map[string]any{"orderId": "nope", "amount": 1})
+		requireError(t, notFound, http.StatusNotFound, "order_not_found")
+		raw := c.get("/operations/" + notFound.header.Get("Operation-Id"))
+		requireStatus(t, raw, http.StatusOK)
+		var shape struct {
+			Steps []map[string]json.RawMessage `json:"steps"`
+		}
+		require.NoError(t, json.Unmarshal(raw.body, &shape))
+		require.Len(t, shape.Steps, 3)
+		require.JSONEq(t, `"provider"`, string(shape.Steps[1]["name"]))
+		require.Contains(t, shape.Steps[1], "settleBy", "the provider step shows settleBy: %s", raw.body)
+		require.Equal(t, "null", string(shape.Steps[1]["settleBy"]))
+
+		// The provider carries the request out 6 s after it arrived: after
+		// the call's timeout, within the window.
+		p.client(t, "").setFault("slow", 1, 6000)
+		watch := c.watchBalance("customer:cus_1", -5000, -4300)
+		key := newKey()
+		body := map[string]any{"orderId": "A-1", "amount": 700}
+		id := requireAccepted(t, c.post("/refunds", key, body))
+		op := c.awaitOperation(id, pollInterval, "the provider step waiting with its window stored", func(op operation) bool {
+			p := stepOf(t, op, "provider")
+			return p.Status == "waiting" && p.SettleBy != nil
+		})
+		prov := stepOf(t, op, "provider")
+		settleBy := *prov.SettleBy
+		require.NotNil(t, prov.StartedAt)
+		require.False(t, settleBy.Before(prov.StartedAt.Add(settle)), "settleBy %s is the request's sending plus %s (step started %s)", settleBy, settle, prov.StartedAt)
+		d.kill()
+
+		// demo ops refuses a window shorter than the call's timeout, as the
+		// server does.
+		res := demoOps(t, dbURL, "-provider-settle", "1ms", "cancel", id)
+		require.Equal(t, 2, res.code, "stdout %s\nstderr %s", res.stdout, res.stderr)
+		require.Contains(t, res.stderr, "-provider-settle")
+		require.Contains(t, res.stderr, "-provider-timeout")
+
+		// demo ops with a window of 100 ms, the server's 10 s stored with the
+		// step: refused until the stored moment, which it names.
+		knownBy := requireOutcomeUnknown(t, cancelWithShortWindow(t, dbURL, p.base+"/provider", id))
+		require.False(t, knownBy.Before(settleBy.Truncate(time.Second)), "known by %s, the step's settleBy %s", knownBy, settleBy)
+
+		// A demo started again finishes it: the provider carried the request
+		// out, and the refund goes forward.
+		d2 := startDemo(t, dbURL, &demoOpts{args: args})
+		c2 := d2.client(t, tokenA)
+		r := c2.postUntilFinal("/refunds", key, body)
+		reversed := watch()
+		requireStatus(t, r, http.StatusCreated)
+		require.False(t, reversed, "a reversal of the ledger move was visible in GET /accounts")
+		final := stepOf(t, c2.getOperation(id), "provider")
+		require.Equal(t, "lookup", final.ResolvedBy, "the provider run alone sends no webhooks")
+		require.NotNil(t, final.SettleBy)
+		require.True(t, settleBy.Equal(*final.SettleBy), "settleBy kept: %s, then %s", settleBy, final.SettleBy)
+		refunds := p.client(t, "").providerRefunds()
+		require.Len(t, refunds, 1)
+		require.Equal(t, 1, refunds[0].Requests)
+		c2.requireBooks(5000, 700)
+
+		// The audit trail has the refused cancel, by erin.
+		adm := d2.admin(t, http.MethodGet, "/admin/operations/"+id, "")
+		requireStatus(t, adm, http.StatusOK)
+		var audited adminOp
+		require.NoError(t, json.Unmarshal(adm.body, &audited))
+		require.NotEmpty(t, audited.Audit)
+		last := audited.Audit[len(audited.Audit)-1]
+		require.Equal(t, "cancel", last.Action)
+		require.Equal(t, "erin", last.Actor)
+		require.Equal(t, "refused", last.Result)
+		d2.stop()
+	})
+
+	// The issue's case: the demo killed after its 202, while the provider
+	// still holds its request (slow) and the call has not timed out.
+	t.Run("KilledMidCall", func(t *testing.T) {
+		t.Parallel()
+		dbURL, p, d, args := setup(t, 5*time.Second)
+		c := d.client(t, tokenA)
+		// Carried out 8 s after it arrived: after the kill and the cancel,
+		// within the window.
+		p.client(t, "").setFault("slow", 1, 8000)
+		watch := c.watchBalance("customer:cus_1", -5000, -4300)
+		key := newKey()
+		body := map[string]any{"orderId": "A-1", "amount": 700}
+		id := requireAccepted(t, c.post("/refunds", key, body))
+		op := c.getOperation(id)
+		require.Equal(t, "running", stepOf(t, op, "provider").Status, "the call is in flight")
+		d.kill()
+
+		// The request was sent after the operation was created: its outcome
+		// is not known before then plus the server's window.
+		knownBy := requireOutcomeUnknown(t, cancelWithShortWindow(t, dbURL, p.base+"/provider", id))
+		require.False(t, knownBy.Before(op.CreatedAt.Add(settle).Truncate(time.Second)),
+			"known by %s, the operation created at %s, the window %s", knownBy, op.CreatedAt, settle)
+
+		d2 := startDemo(t, dbURL, &demoOpts{args: args})
+		c2 := d2.client(t, tokenA)
+		r := c2.postUntilFinal("/refunds", key, body)
+		requireStatus(t, r, http.StatusCreated)
+		// The provider holds one refund under the key, whichever request
+		// made it (the resumed run's, or the slow one).
+		refunds := p.client(t, "").providerRefunds()
+		require.Len(t, refunds, 1)
+		require.Equal(t, refunds[0].ID, *decodeAs[refundBody](t, r).ProviderRefundID)
+		if stepOf(t, c2.getOperation(id), "provider").ResolvedBy == "call" {
+			// The resumed run's request made it; the slow one lands within
+			// the window as a repeat, and changes nothing.
+			eventually(t, func() bool { return p.client(t, "").providerRefunds()[0].Requests == 2 }, "the slow request carried out")
+		}
+		require.False(t, watch(), "a reversal of the ledger move was visible in GET /accounts")
+		c2.requireBooks(5000, 700)
+		d2.stop()
+	})
 }
 
 // TestFailureEventContradicted (finding 3 of issue 36): a pending refund, and
