@@ -200,7 +200,8 @@ func requireOutcomeUnknown(t *testing.T, res opsResult) time.Time {
 // with a window of its own far shorter than the server's cannot cancel the
 // refund of a killed demo before the stored moment, while the provider may
 // still carry the request out (it does, later, within the window), whether
-// the demo was killed while the step waited or in the middle of its call.
+// the demo was killed while the step waited or in the middle of its call;
+// nor resolve it as not made.
 func TestWindowStoredWithTheStep(t *testing.T) {
 	t.Parallel()
 	const settle = 10 * time.Second
@@ -266,6 +267,12 @@ func TestWindowStoredWithTheStep(t *testing.T) {
 		// step: refused until the stored moment, which it names.
 		knownBy := requireOutcomeUnknown(t, cancelWithShortWindow(t, dbURL, p.base+"/provider", id))
 		require.False(t, knownBy.Before(settleBy.Truncate(time.Second)), "known by %s, the step's settleBy %s", knownBy, settleBy)
+		// So is an operator's "not made".
+		res = demoOps(t, dbURL, "-provider-timeout", "100ms", "-provider-settle", "100ms", "-provider-url", p.base+"/provider",
+			"resolve", id, "not-made", "the provider has no record of it")
+		require.Equal(t, 1, res.code, "stdout %s\nstderr %s", res.stdout, res.stderr)
+		require.Contains(t, res.stderr, "not resolvable")
+		require.Contains(t, res.stderr, settleBy.UTC().Truncate(time.Second).Format(time.RFC3339), "the refusal names the stored moment")
 
 		// A demo started again finishes it: the provider carried the request
 		// out, and the refund goes forward.
@@ -284,16 +291,16 @@ func TestWindowStoredWithTheStep(t *testing.T) {
 		require.Equal(t, 1, refunds[0].Requests)
 		c2.requireBooks(5000, 700)
 
-		// The audit trail has the refused cancel, by erin.
+		// The audit trail has the refused cancel, by erin, and the refused
+		// resolve.
 		adm := d2.admin(t, http.MethodGet, "/admin/operations/"+id, "")
 		requireStatus(t, adm, http.StatusOK)
 		var audited adminOp
 		require.NoError(t, json.Unmarshal(adm.body, &audited))
-		require.NotEmpty(t, audited.Audit)
-		last := audited.Audit[len(audited.Audit)-1]
-		require.Equal(t, "cancel", last.Action)
-		require.Equal(t, "erin", last.Actor)
-		require.Equal(t, "refused", last.Result)
+		require.GreaterOrEqual(t, len(audited.Audit), 2)
+		cancel, resolve := audited.Audit[len(audited.Audit)-2], audited.Audit[len(audited.Audit)-1]
+		require.Equal(t, []string{"cancel", "erin", "refused"}, []string{cancel.Action, cancel.Actor, cancel.Result})
+		require.Equal(t, []string{"resolve", "refused"}, []string{resolve.Action, resolve.Result})
 		d2.stop()
 	})
 
