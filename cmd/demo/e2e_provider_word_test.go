@@ -1,11 +1,12 @@
 package main
 
 // End-to-end tests of the provider's word, whenever it arrives
-// (docs/demo-api.md, "Late and unknown outcomes"): a provider event that
-// comes before the step waits and outweighs a lookup that lags past the
-// window; the window stored with the step, which a process with other flags
-// (demo ops) decides against; and a failure event that the provider's lookup
-// contradicts, which changes nothing.
+// (docs/demo-api.md, "Late and unknown outcomes"; issue 36, findings 1 to
+// 3): a provider event that outweighs a lookup lagging past the window,
+// whether it comes before the step waits or while it waits; the window
+// stored when the request is sent, which a process with other flags (demo
+// ops: cancel, resolve not-made) decides against; and a failure event that
+// the provider's lookup contradicts, which changes nothing.
 
 import (
 	"encoding/json"
