@@ -32,6 +32,13 @@ func (c *apiClient) setPending(count, delayMs int, outcome string) {
 // whether the merchant's balance ever went back up to before after it had
 // gone down to after: a reversal of the refund's ledger move, seen by a client.
 func (c *apiClient) watchMerchant(before, after int64) (stop func() bool) {
+	return c.watchBalance("merchant", before, after)
+}
+
+// watchBalance reads the client's accounts until stop is called, and returns
+// whether the balance of the account name ever went back to before after it
+// had moved to after.
+func (c *apiClient) watchBalance(name string, before, after int64) (stop func() bool) {
 	var reversed atomic.Bool
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -53,7 +60,7 @@ func (c *apiClient) watchMerchant(before, after int64) (stop func() bool) {
 			if decodeErr := json.Unmarshal(r.body, &body); decodeErr != nil {
 				continue
 			}
-			switch balance(body.Accounts, "merchant") {
+			switch balance(body.Accounts, name) {
 			case after:
 				moved = true
 			case before:

@@ -11,7 +11,7 @@
 //	POST   /refunds                 refund an order; needs an Idempotency-Key header
 //	GET    /refunds/by-key/{key}    the refund made under an idempotency key, or 404
 //	GET    /refunds                 the refunds made, oldest first, paged on request
-//	POST   /faults                  inject faults into the next refund POSTs
+//	POST   /faults                  inject faults into the next refund POSTs or lookups
 //	DELETE /faults                  clear them
 //	GET    /webhooks                every webhook event, oldest first
 //	POST   /webhooks/redeliver      send every event again, some copies at once
@@ -51,8 +51,8 @@
 // # Faults
 //
 // POST /faults with {"mode": ..., "count": N, "delayMs": D, "outcome": O}
-// makes the next N refund POSTs (count defaults to 1) fail in one of four
-// ways:
+// makes the next N refund POSTs (count defaults to 1) fail in one of five
+// ways, or the next N lookups by key in a sixth:
 //
 //   - "error": answer 503 and record nothing.
 //   - "lost_response": record the refund as usual, then answer 503, so that the
@@ -65,6 +65,18 @@
 //     "failed", and gets its webhook event then (none while it is pending).
 //     A repeated POST, the lookup and the list show it with its status of the
 //     moment.
+//   - "lagging_lookup": as "lost_response" (the refund is recorded, with its
+//     webhook event, and the caller gets 503), and the lookup under its key
+//     answers 404 refund_not_found until D milliseconds (default 1000) after
+//     the refund was made, by the database's clock, as a provider's search
+//     index that lags behind its records. The list shows it at once, and a
+//     repeated POST answers it as usual.
+//   - "lookup_error": the next N lookups, GET /refunds/by-key/{key}, answer
+//     503 service_unavailable, whether or not a refund was made under the
+//     key; refund POSTs take nothing from it.
+//
+// There is one fault at a time: a POST /faults replaces the one before, with
+// what is left of it, whichever requests it was for.
 //
 // Every refund POST is carried out apart from its request, on a context that
 // the caller's leaving does not cancel: once the provider has read a request,

@@ -19,12 +19,16 @@ import (
 	"github.com/idemflow/idemflow/internal/fakeprovider/internal/providerdb"
 )
 
-// The modes of an injected fault. See the package documentation.
+// The modes of an injected fault. See the package documentation. All but
+// FaultLookupError act on the refund POSTs; FaultLookupError acts on the
+// lookups by key.
 const (
-	FaultError        = "error"
-	FaultLostResponse = "lost_response"
-	FaultSlow         = "slow"
-	FaultPending      = "pending"
+	FaultError         = "error"
+	FaultLostResponse  = "lost_response"
+	FaultSlow          = "slow"
+	FaultPending       = "pending"
+	FaultLookupError   = "lookup_error"
+	FaultLaggingLookup = "lagging_lookup"
 )
 
 // The statuses of a refund. A refund made under the fault FaultPending is
@@ -47,8 +51,9 @@ const (
 	maxBody = 64 << 10
 	// maxKeyLen bounds an idempotency key, as Stripe does.
 	maxKeyLen = 255
-	// defaultSlowDelay is how long a slow fault waits, and how long a refund
-	// made pending stays so, when delayMs is not given.
+	// defaultSlowDelay is how long a slow fault waits, how long a refund
+	// made pending stays so, and how long a lagging lookup does not find its
+	// refund, when delayMs is not given.
 	defaultSlowDelay = time.Second
 	// maxSlowDelay bounds delayMs.
 	maxSlowDelay = 10 * time.Minute
@@ -264,6 +269,9 @@ func (s *Server) carryOut(base context.Context, arrived time.Time, key string, r
 	}
 	lost := false
 	var pending *providerdb.FaultTakeRow
+	// lag, under FaultLaggingLookup, is how long the lookup under the key
+	// does not find the refund made here.
+	var lag *int64
 	if fault != nil {
 		log = log.With(slog.String("fault", fault.Mode))
 		switch fault.Mode {
@@ -281,6 +289,10 @@ func (s *Server) carryOut(base context.Context, arrived time.Time, key string, r
 			defer cancel()
 		case FaultLostResponse:
 			lost = true
+		case FaultLaggingLookup:
+			lost = true
+			ms := int64(fault.DelayMs)
+			lag = &ms
 		case FaultPending:
 			pending = fault
 		}
@@ -301,6 +313,7 @@ func (s *Server) carryOut(base context.Context, arrived time.Time, key string, r
 		OrderID:        req.OrderID,
 		Amount:         req.Amount,
 		Reference:      req.Reference,
+		LookupLagMs:    lag,
 	}
 	switch {
 	case pending != nil:
@@ -351,7 +364,12 @@ func (s *Server) carryOut(base context.Context, arrived time.Time, key string, r
 	}
 	log = log.With(slog.String("status", status))
 	if lost {
-		log.InfoContext(ctx, "refund recorded, and its answer lost by an injected fault")
+		if lag != nil && ref.Requests == 1 {
+			log.InfoContext(ctx, "refund recorded, its answer lost and its lookup lagging by an injected fault",
+				slog.Duration("lookup_lag", time.Duration(*lag)*time.Millisecond))
+		} else {
+			log.InfoContext(ctx, "refund recorded, and its answer lost by an injected fault")
+		}
 		return unavailable
 	}
 	rep := reply{status: http.StatusOK, body: refundAnswer{ID: ref.ID, Status: status, OrderID: ref.OrderID, Amount: ref.Amount}}
@@ -377,19 +395,41 @@ func (s *Server) takeFault(ctx context.Context) (*providerdb.FaultTakeRow, error
 	return f, nil
 }
 
+// getRefundByKey answers the lookup by key: the refund made under the key,
+// or 404 refund_not_found. Under the fault FaultLookupError it answers 503
+// instead; a refund made under FaultLaggingLookup is not found until its
+// lookup_after has come.
 func (s *Server) getRefundByKey(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
 	key := r.PathValue("key")
+	switch _, err := s.q.FaultTakeLookup(ctx, s.pool); {
+	case err == nil:
+		s.logger.InfoContext(ctx, "lookup failed by an injected fault", slog.String("key", key), slog.String("fault", FaultLookupError))
+		writeJSON(w, unavailable.status, unavailable.body)
+		return
+	case !errors.Is(err, pgx.ErrNoRows):
+		s.internalError(ctx, w, fmt.Errorf("take lookup fault: %w", err))
+		return
+	}
 	if !validKey(key) { // no refund is made under a key that POST /refunds refuses
 		writeError(w, http.StatusNotFound, "refund_not_found", "", "no refund was made under this idempotency key")
 		return
 	}
-	ref, err := s.refundByKey(r.Context(), key)
+	ref, err := s.refundByKey(ctx, key)
+	if err == nil && ref.LookupAfter != nil {
+		var lags bool
+		if lags, err = s.q.RefundLookupLags(ctx, s.pool, key); err == nil && lags {
+			s.logger.InfoContext(ctx, "lookup does not find the refund yet: an injected fault makes it lag",
+				slog.String("key", key), slog.String("provider_refund_id", ref.ID), slog.String("fault", FaultLaggingLookup))
+			err = pgx.ErrNoRows
+		}
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		writeError(w, http.StatusNotFound, "refund_not_found", "", "no refund was made under this idempotency key")
 		return
 	}
 	if err != nil {
-		s.internalError(r.Context(), w, err)
+		s.internalError(ctx, w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, recordFromRow(ref))
@@ -475,10 +515,11 @@ func (s *Server) setFault(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch req.Mode {
-	case FaultError, FaultLostResponse, FaultSlow, FaultPending:
+	case FaultError, FaultLostResponse, FaultSlow, FaultPending, FaultLookupError, FaultLaggingLookup:
 	default:
 		writeError(w, http.StatusBadRequest, "invalid_request", "mode",
-			fmt.Sprintf("mode must be %q, %q, %q or %q", FaultError, FaultLostResponse, FaultSlow, FaultPending))
+			fmt.Sprintf("mode must be %q, %q, %q, %q, %q or %q", FaultError, FaultLostResponse, FaultSlow, FaultPending,
+				FaultLookupError, FaultLaggingLookup))
 		return
 	}
 	outcome := StatusSucceeded
@@ -500,7 +541,7 @@ func (s *Server) setFault(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	delay := time.Duration(0)
-	if req.Mode == FaultSlow || req.Mode == FaultPending {
+	if req.Mode == FaultSlow || req.Mode == FaultPending || req.Mode == FaultLaggingLookup {
 		delay = defaultSlowDelay
 	}
 	if req.DelayMs != nil {
@@ -526,7 +567,11 @@ func (s *Server) setFault(w http.ResponseWriter, r *http.Request) {
 	if req.Mode == FaultPending {
 		attrs = append(attrs, slog.String("outcome", outcome))
 	}
-	s.logger.InfoContext(r.Context(), "fault injected into the next refund requests", attrs...)
+	what := "fault injected into the next refund requests"
+	if req.Mode == FaultLookupError {
+		what = "fault injected into the next lookups by key"
+	}
+	s.logger.InfoContext(r.Context(), what, attrs...)
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -644,6 +644,77 @@ func TestFaults(t *testing.T) {
 		require.Equal(t, got.ID, b.refundID(t, "key-1", "A-1", 100))
 	})
 
+	t.Run("LookupError", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		made := b.refundID(t, "key-1", "A-1", 100)
+		b.fault(t, `{"mode": "lookup_error", "count": 2}`)
+		// Refund POSTs take nothing from it.
+		b.refundID(t, "key-2", "A-1", 100)
+		for _, key := range []string{"key-1", "key-never"} {
+			a := b.do(t, http.MethodGet, "/refunds/by-key/"+key, nil, "")
+			require.Equal(t, http.StatusServiceUnavailable, a.status, "body: %s", a.body)
+			require.Equal(t, "service_unavailable", a.errorCode(t))
+		}
+		require.Equal(t, made, b.byKey(t, "key-1").ID)
+		require.Equal(t, "refund_not_found", b.do(t, http.MethodGet, "/refunds/by-key/key-never", nil, "").errorCode(t))
+		require.Len(t, b.list(t), 2)
+	})
+
+	t.Run("LaggingLookup", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.fault(t, `{"mode": "lagging_lookup", "count": 1, "delayMs": 600000}`)
+		a := b.refund(t, "key-1", "A-1", 100)
+		require.Equal(t, http.StatusServiceUnavailable, a.status, "body: %s", a.body)
+		require.Equal(t, "service_unavailable", a.errorCode(t))
+
+		// Made, and listed at once; the lookup does not find it yet.
+		got := b.list(t)
+		require.Len(t, got, 1)
+		require.Equal(t, fakeprovider.StatusSucceeded, got[0].Status)
+		lookup := b.do(t, http.MethodGet, "/refunds/by-key/key-1", nil, "")
+		require.Equal(t, http.StatusNotFound, lookup.status, "body: %s", lookup.body)
+		require.Equal(t, "refund_not_found", lookup.errorCode(t))
+		// A repeat answers the refund; the lookup still lags.
+		require.Equal(t, got[0].ID, b.refundID(t, "key-1", "A-1", 100))
+		require.Equal(t, http.StatusNotFound, b.do(t, http.MethodGet, "/refunds/by-key/key-1", nil, "").status)
+
+		// Once its time has come (moved forward rather than waited out), the
+		// lookup finds it.
+		_, err := b.pool.Exec(t.Context(), "UPDATE provider.refund SET lookup_after = clock_timestamp() WHERE idempotency_key = 'key-1'")
+		require.NoError(t, err)
+		found := b.byKey(t, "key-1")
+		require.Equal(t, got[0].ID, found.ID)
+		require.Equal(t, 2, found.Requests)
+	})
+
+	t.Run("LaggingLookupSendsTheEventAtOnce", func(t *testing.T) {
+		t.Parallel()
+		h := newHooks(t)
+		b := serveWith(t, migrated(t), h.config())
+		b.run(t)
+		b.fault(t, `{"mode": "lagging_lookup", "delayMs": 600000}`)
+		require.Equal(t, http.StatusServiceUnavailable, b.refund(t, "key-1", "A-1", 100).status)
+		id := b.list(t)[0].ID
+		ev := h.eventOf(t, id)
+		require.Equal(t, fakeprovider.EventRefundSucceeded, ev.Type)
+		require.Equal(t, "key-1", ev.Data.IdempotencyKey)
+		require.Equal(t, http.StatusNotFound, b.do(t, http.MethodGet, "/refunds/by-key/key-1", nil, "").status,
+			"the event came while the lookup lags")
+	})
+
+	t.Run("LaggingLookupDefaultDelay", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.fault(t, `{"mode": "lagging_lookup"}`)
+		require.Equal(t, http.StatusServiceUnavailable, b.refund(t, "key-1", "A-1", 100).status)
+		var lag time.Duration
+		require.NoError(t, b.pool.QueryRow(t.Context(),
+			"SELECT lookup_after - created_at FROM provider.refund WHERE idempotency_key = 'key-1'").Scan(&lag))
+		require.InDelta(t, time.Second, lag, float64(100*time.Millisecond))
+	})
+
 	t.Run("DeclineWithLostResponse", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
@@ -695,6 +766,8 @@ func TestFaults(t *testing.T) {
 			`{"mode": "pending", "outcome": "maybe"}`,
 			`{"mode": "pending", "outcome": 1}`,
 			`{"mode": "pending", "delayMs": 600001}`,
+			`{"mode": "lagging_lookup", "delayMs": -1}`,
+			`{"mode": "lookup_error", "count": -1}`,
 			`[]`,
 		} {
 			a := b.do(t, http.MethodPost, "/faults", nil, body)

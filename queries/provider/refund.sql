@@ -5,15 +5,18 @@
 -- from now (see RefundSettleDue), and makes the event settle_event_id then.
 -- Without one it succeeds at once, and gets its webhook event in the same
 -- statement when event_id is not null: the event's body names the refund's
--- id, which is the one given here only on the first request.
+-- id, which is the one given here only on the first request. With
+-- lookup_lag_ms, a refund made here is not found by its key's lookup until
+-- that long from now (see RefundLookupLags).
 WITH ref AS (
     INSERT INTO provider.refund (id, idempotency_key, order_id, amount, reference,
-                                 status, outcome, settles_at, settle_event_id, settle_event_body)
+                                 status, outcome, settles_at, settle_event_id, settle_event_body, lookup_after)
     VALUES (@id, @idempotency_key, @order_id, @amount, @reference,
             CASE WHEN sqlc.narg(outcome)::text IS NULL THEN 'succeeded' ELSE 'pending' END,
             sqlc.narg(outcome)::text,
             clock_timestamp() + sqlc.narg(settle_ms)::bigint * interval '1 millisecond',
-            sqlc.narg(settle_event_id)::text, sqlc.narg(settle_event_body)::text)
+            sqlc.narg(settle_event_id)::text, sqlc.narg(settle_event_body)::text,
+            clock_timestamp() + sqlc.narg(lookup_lag_ms)::bigint * interval '1 millisecond')
     ON CONFLICT (idempotency_key) DO UPDATE
     SET requests = provider.refund.requests + 1
     RETURNING *
@@ -30,6 +33,13 @@ FROM ref;
 
 -- name: RefundGetByKey :one
 SELECT * FROM provider.refund WHERE idempotency_key = @idempotency_key;
+
+-- name: RefundLookupLags :one
+-- Whether the lookup under the idempotency key does not find its refund yet:
+-- the refund was made under the fault lagging_lookup, and its lookup_after
+-- has not come by the database's clock. No row: no refund under the key.
+SELECT coalesce(lookup_after > clock_timestamp(), false)::boolean AS lags
+FROM provider.refund WHERE idempotency_key = @idempotency_key;
 
 -- name: RefundCreatedAt :one
 -- When the refund with this id was made, for GET /refunds?after=.

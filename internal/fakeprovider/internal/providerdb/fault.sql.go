@@ -49,7 +49,7 @@ func (q *Queries) FaultSet(ctx context.Context, db DBTX, arg FaultSetParams) err
 const faultTake = `-- name: FaultTake :one
 UPDATE provider.fault
 SET remaining = remaining - 1
-WHERE singleton AND remaining > 0
+WHERE singleton AND remaining > 0 AND mode <> 'lookup_error'
 RETURNING mode, delay_ms, outcome
 `
 
@@ -59,11 +59,28 @@ type FaultTakeRow struct {
 	Outcome string
 }
 
-// Takes one injection of the fault, if any is left: the row lock makes two
-// concurrent requests take two.
+// Takes one injection of the fault for a refund POST, if any is left (the
+// fault lookup_error is the lookups'): the row lock makes two concurrent
+// requests take two.
 func (q *Queries) FaultTake(ctx context.Context, db DBTX) (*FaultTakeRow, error) {
 	row := db.QueryRow(ctx, faultTake)
 	var i FaultTakeRow
 	err := row.Scan(&i.Mode, &i.DelayMs, &i.Outcome)
 	return &i, err
+}
+
+const faultTakeLookup = `-- name: FaultTakeLookup :one
+UPDATE provider.fault
+SET remaining = remaining - 1
+WHERE singleton AND remaining > 0 AND mode = 'lookup_error'
+RETURNING mode
+`
+
+// Takes one injection of the fault lookup_error for a lookup by key, if any
+// is left, as FaultTake does for a refund POST.
+func (q *Queries) FaultTakeLookup(ctx context.Context, db DBTX) (string, error) {
+	row := db.QueryRow(ctx, faultTakeLookup)
+	var mode string
+	err := row.Scan(&mode)
+	return mode, err
 }

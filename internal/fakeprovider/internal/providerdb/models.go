@@ -29,6 +29,7 @@ type ProviderRefund struct {
 	SettlesAt       *time.Time
 	SettleEventID   *string
 	SettleEventBody *string
+	LookupAfter     *time.Time
 }
 
 type ProviderWebhookEvent struct {

@@ -23,7 +23,7 @@ func (q *Queries) RefundCreatedAt(ctx context.Context, db DBTX, id string) (time
 }
 
 const refundGetByKey = `-- name: RefundGetByKey :one
-SELECT id, idempotency_key, order_id, amount, reference, requests, created_at, status, outcome, settles_at, settle_event_id, settle_event_body FROM provider.refund WHERE idempotency_key = $1
+SELECT id, idempotency_key, order_id, amount, reference, requests, created_at, status, outcome, settles_at, settle_event_id, settle_event_body, lookup_after FROM provider.refund WHERE idempotency_key = $1
 `
 
 func (q *Queries) RefundGetByKey(ctx context.Context, db DBTX, idempotencyKey string) (*ProviderRefund, error) {
@@ -42,12 +42,13 @@ func (q *Queries) RefundGetByKey(ctx context.Context, db DBTX, idempotencyKey st
 		&i.SettlesAt,
 		&i.SettleEventID,
 		&i.SettleEventBody,
+		&i.LookupAfter,
 	)
 	return &i, err
 }
 
 const refundList = `-- name: RefundList :many
-SELECT id, idempotency_key, order_id, amount, reference, requests, created_at, status, outcome, settles_at, settle_event_id, settle_event_body FROM provider.refund AS r
+SELECT id, idempotency_key, order_id, amount, reference, requests, created_at, status, outcome, settles_at, settle_event_id, settle_event_body, lookup_after FROM provider.refund AS r
 WHERE ($1::timestamptz IS NULL OR r.created_at > $1::timestamptz)
   AND ($2::text IS NULL
        OR (r.created_at, r.id) > ($3::timestamptz, $2::text))
@@ -92,6 +93,7 @@ func (q *Queries) RefundList(ctx context.Context, db DBTX, arg RefundListParams)
 			&i.SettlesAt,
 			&i.SettleEventID,
 			&i.SettleEventBody,
+			&i.LookupAfter,
 		); err != nil {
 			return nil, err
 		}
@@ -101,6 +103,21 @@ func (q *Queries) RefundList(ctx context.Context, db DBTX, arg RefundListParams)
 		return nil, err
 	}
 	return items, nil
+}
+
+const refundLookupLags = `-- name: RefundLookupLags :one
+SELECT coalesce(lookup_after > clock_timestamp(), false)::boolean AS lags
+FROM provider.refund WHERE idempotency_key = $1
+`
+
+// Whether the lookup under the idempotency key does not find its refund yet:
+// the refund was made under the fault lagging_lookup, and its lookup_after
+// has not come by the database's clock. No row: no refund under the key.
+func (q *Queries) RefundLookupLags(ctx context.Context, db DBTX, idempotencyKey string) (bool, error) {
+	row := db.QueryRow(ctx, refundLookupLags, idempotencyKey)
+	var lags bool
+	err := row.Scan(&lags)
+	return lags, err
 }
 
 const refundNextSettle = `-- name: RefundNextSettle :one
@@ -233,20 +250,21 @@ func (q *Queries) RefundSettleKey(ctx context.Context, db DBTX, idempotencyKey s
 const refundUpsert = `-- name: RefundUpsert :one
 WITH ref AS (
     INSERT INTO provider.refund (id, idempotency_key, order_id, amount, reference,
-                                 status, outcome, settles_at, settle_event_id, settle_event_body)
+                                 status, outcome, settles_at, settle_event_id, settle_event_body, lookup_after)
     VALUES ($1, $2, $3, $4, $5,
             CASE WHEN $6::text IS NULL THEN 'succeeded' ELSE 'pending' END,
             $6::text,
             clock_timestamp() + $7::bigint * interval '1 millisecond',
-            $8::text, $9::text)
+            $8::text, $9::text,
+            clock_timestamp() + $10::bigint * interval '1 millisecond')
     ON CONFLICT (idempotency_key) DO UPDATE
     SET requests = provider.refund.requests + 1
-    RETURNING id, idempotency_key, order_id, amount, reference, requests, created_at, status, outcome, settles_at, settle_event_id, settle_event_body
+    RETURNING id, idempotency_key, order_id, amount, reference, requests, created_at, status, outcome, settles_at, settle_event_id, settle_event_body, lookup_after
 ), event AS (
     INSERT INTO provider.webhook_event (id, refund_id, type, body)
-    SELECT $10::text, ref.id, $11::text, $12::text
+    SELECT $11::text, ref.id, $12::text, $13::text
     FROM ref
-    WHERE ref.requests = 1 AND ref.status = 'succeeded' AND $10::text IS NOT NULL
+    WHERE ref.requests = 1 AND ref.status = 'succeeded' AND $11::text IS NOT NULL
     RETURNING id
 )
 SELECT ref.id, ref.idempotency_key, ref.order_id, ref.amount, ref.reference, ref.requests, ref.created_at,
@@ -264,6 +282,7 @@ type RefundUpsertParams struct {
 	SettleMs        *int64
 	SettleEventID   *string
 	SettleEventBody *string
+	LookupLagMs     *int64
 	EventID         *string
 	EventType       string
 	EventBody       string
@@ -287,7 +306,9 @@ type RefundUpsertRow struct {
 // from now (see RefundSettleDue), and makes the event settle_event_id then.
 // Without one it succeeds at once, and gets its webhook event in the same
 // statement when event_id is not null: the event's body names the refund's
-// id, which is the one given here only on the first request.
+// id, which is the one given here only on the first request. With
+// lookup_lag_ms, a refund made here is not found by its key's lookup until
+// that long from now (see RefundLookupLags).
 func (q *Queries) RefundUpsert(ctx context.Context, db DBTX, arg RefundUpsertParams) (*RefundUpsertRow, error) {
 	row := db.QueryRow(ctx, refundUpsert,
 		arg.ID,
@@ -299,6 +320,7 @@ func (q *Queries) RefundUpsert(ctx context.Context, db DBTX, arg RefundUpsertPar
 		arg.SettleMs,
 		arg.SettleEventID,
 		arg.SettleEventBody,
+		arg.LookupLagMs,
 		arg.EventID,
 		arg.EventType,
 		arg.EventBody,
