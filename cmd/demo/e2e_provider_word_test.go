@@ -438,10 +438,6 @@ func TestFailureEventContradicted(t *testing.T) {
 			if tt.otherReference {
 				// Another reference is a mismatch at once, in the report
 				// before any run, and draws attention to the finished refund.
-				t.Skip("engine bug (issue 36, finding 3): an outcome in the inbox that names another reference than " +
-					"the step's pending call is only logged (engine/run_wait.go awaitOutcome, box.others), never a mismatch: " +
-					"no idemflow_mismatch row, GET /admin/reconciliation has none before or after a run, and the refund " +
-					"does not need attention; the contract says reference_differs at once")
 				rep := d.reconciliation(t)
 				require.Len(t, rep.Mismatches, 1, "report %+v", rep)
 				require.Equal(t, "reference_differs", rep.Mismatches[0].Kind)
