@@ -495,7 +495,7 @@ func TestReconciliation(t *testing.T) {
 		p := startDemo(t, dbURL, &demoOpts{provider: true})
 		proxy, down := switchableProvider(t, p.base+"/provider")
 		d := startDemo(t, dbURL, &demoOpts{args: append([]string{"-wait", "200ms", "-max-attempts", "1", "-retry-backoff", "30s",
-			"-provider-settle", "1s", "-provider-url", proxy.URL}, reconcileOnRequest...)})
+			"-provider-settle", "1s", "-provider-timeout", "500ms", "-provider-url", proxy.URL}, reconcileOnRequest...)})
 		c := d.client(t, tokenA)
 		c.createOrder("A-1", "cus_1", 5000)
 		down.Store(true)
