@@ -70,7 +70,8 @@ func (r *run) mayCancel(ctx context.Context) error {
 			return fmt.Errorf("engine: cancel %s: %w: the outside service reported step %s's call succeeded (event %s)", r.id, ErrPastPivot, name, o.EventID)
 		}
 		found, err := r.lookup(ctx, st, r.attempt(st, attempt))
-		switch answer, _, _ := readLookup(found, err); answer {
+		answer, _, halt := readLookup(found, err)
+		switch answer {
 		case answerPending:
 			return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name, Pending: true,
 				Reason: "the outside service is still processing the call"})
@@ -80,8 +81,8 @@ func (r *run) mayCancel(ctx context.Context) error {
 		case answerHalted:
 			// Something was made under the key: nothing may be undone as if
 			// the call had not been.
-			return fmt.Errorf("engine: cancel %s: %w: step %s's lookup finds a call under its key that is not the one asked for; "+
-				"an operator may accept it as made (Resolve)", r.id, ErrPastPivot, name)
+			return fmt.Errorf("engine: cancel %s: %w: step %s's lookup finds a call under its key that is not the one asked for (%s: %s); "+
+				"an operator may accept it as made, naming its reference (Resolve)", r.id, ErrPastPivot, name, halt.Code, halt.Message)
 		case answerNone:
 			return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name,
 				Reason: "its lookup cannot answer: " + err.Error()})

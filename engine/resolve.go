@@ -180,13 +180,16 @@ func (r *run) resolveStep(ctx context.Context, parked bool, res *Resolution) (*s
 			return nil, contradicts("step %s's lookup finds nothing under its key", st.name)
 		case answer == answerPending:
 			return nil, contradicts("the outside service is still processing step %s's call", st.name)
-		case answer == answerHalted && res.Made && parked:
+		case answer == answerHalted && res.Made && parked && res.Reference != "":
 			// The way out of a halt: the operator accepts what the service
 			// made under the key (its reference) as the call's outcome,
 			// knowing it is not what was asked; reconciliation keeps
 			// showing how it differs.
 			r.logger().WarnContext(ctx, "the operator accepts the outside service's record under the key, which is not the call asked for",
 				slog.String("step", st.name), slog.String("halt", halt.Message), slog.String("reference", res.Reference))
+		case answer == answerHalted && res.Made && parked:
+			return nil, contradicts("step %s's lookup finds a call under its key that is not the one asked for (%s: %s); to accept it as made, name its reference",
+				st.name, halt.Code, halt.Message)
 		case answer == answerHalted:
 			return nil, contradicts("step %s's lookup finds a call under its key that is not the one asked for: %s", st.name, halt.Message)
 		case answer == answerFailed && res.Made:

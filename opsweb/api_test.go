@@ -340,7 +340,7 @@ func TestCancelAPI(t *testing.T) {
 		path := "/admin/operations/" + parked.ID.String()
 		runbook := opsweb.DefaultRunbookURL + "#charge_mismatch"
 
-		e := requireError(t, b.admin(http.MethodPost, path+"/cancel", `{"reason":"customer withdrew"}`), http.StatusConflict, "outcome_unknown")
+		e := requireError(t, b.admin(http.MethodPost, path+"/cancel", `{"reason":"customer withdrew"}`), http.StatusConflict, "past_point_of_no_return")
 		requireNoAddress(t, e.Message)
 		require.Contains(t, e.Message, "charge_mismatch")
 		require.True(t, strings.HasSuffix(e.Message, "; the operation needs attention (charge_mismatch), see "+runbook), e.Message)
@@ -360,7 +360,7 @@ func TestCancelAPI(t *testing.T) {
 		for _, a := range op.Audit {
 			requireNoAddress(t, a.Detail)
 		}
-		require.Contains(t, op.Audit[0].Detail, "[address withheld]", "the cancel's refusal, as the engine recorded it")
+		require.Contains(t, op.Audit[0].Detail, "charge_mismatch", "the cancel's refusal, as the engine recorded it")
 		// The page's audit trail, and a refusal of its form, too.
 		r := b.browser(http.MethodPost, "/ops/operations/"+parked.ID.String()+"/cancel", url.Values{"reason": {"no"}})
 		requirePage(t, r, http.StatusConflict)

@@ -274,7 +274,7 @@ func TestCommandWithholdsAddresses(t *testing.T) {
 	require.Equal(t, 1, r.code, r.stdout+r.stderr)
 	require.Contains(t, r.stdout, ": refused: ")
 	require.Contains(t, r.stdout, "payout_mismatch")
-	require.Contains(t, r.stdout, "[address withheld]")
+	require.Contains(t, r.stdout, "past its point of no return")
 	require.NotContains(t, r.stdout, "10.0.0.7")
 
 	r = idemflow(t, dbURL, "show", s.ID.String())
