@@ -264,6 +264,24 @@ func (e *KeyReusedError) Error() string {
 // Is reports whether target is ErrKeyReused.
 func (e *KeyReusedError) Is(target error) bool { return target == ErrKeyReused }
 
+// EventReusedError is the error of a RecordOutcome whose event id the inbox
+// holds, under the same key, with another outcome. It matches ErrEventReused.
+type EventReusedError struct {
+	// EventID is the event's id.
+	EventID string
+	// Fields are the parts of the outcome that differ, sorted: "amount",
+	// "data", "failure", "reference", "status".
+	Fields []string
+}
+
+// Error implements error.
+func (e *EventReusedError) Error() string {
+	return fmt.Sprintf("engine: %s: event %s; fields that differ: %s", ErrEventReused, e.EventID, strings.Join(e.Fields, ", "))
+}
+
+// Is reports whether target is ErrEventReused.
+func (e *EventReusedError) Is(target error) bool { return target == ErrEventReused }
+
 // versionError says why a process cannot run an operation: its definition of the
 // operation's type lacks a step that the operation still needs. The operation
 // waits, needing attention (CodeDefinitionChanged), for a process that has it.

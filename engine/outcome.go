@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -64,8 +65,8 @@ func (e *Engine) RecordOutcome(ctx context.Context, tx pgx.Tx, o Outcome) (bool,
 		return false, fmt.Errorf("engine: record outcome: %w", err)
 	}
 	if !added {
-		if !sameOutcome(kept, &so) {
-			return false, fmt.Errorf("engine: record outcome %s: %w", o.EventID, ErrEventReused)
+		if fields := outcomeDiff(kept, &so); len(fields) > 0 {
+			return false, &EventReusedError{EventID: o.EventID, Fields: fields}
 		}
 		return false, nil
 	}
@@ -186,10 +187,27 @@ func storedOutcome(o Outcome) (store.Outcome, error) {
 	return so, nil
 }
 
-// sameOutcome reports whether the inbox's kept outcome is o again.
-func sameOutcome(kept, o *store.Outcome) bool {
-	return kept.Status == o.Status && kept.Reference == o.Reference && kept.Amount == o.Amount &&
-		jsonEqual(kept.Data, o.Data) && jsonEqual(kept.Failure, o.Failure)
+// outcomeDiff names the parts of the outcome o that differ from the kept
+// one, sorted; none when o is the kept outcome again.
+func outcomeDiff(kept, o *store.Outcome) []string {
+	var fields []string
+	if !jsonEqual(kept.Data, o.Data) {
+		fields = append(fields, "data")
+	}
+	if kept.Amount != o.Amount {
+		fields = append(fields, "amount")
+	}
+	if !jsonEqual(kept.Failure, o.Failure) {
+		fields = append(fields, "failure")
+	}
+	if kept.Reference != o.Reference {
+		fields = append(fields, "reference")
+	}
+	if kept.Status != o.Status {
+		fields = append(fields, "status")
+	}
+	slices.Sort(fields)
+	return fields
 }
 
 // jsonEqual compares two JSON texts as values (jsonb does not keep the

@@ -78,8 +78,12 @@ func TestRecordOutcome(t *testing.T) {
 			require.Equal(t, want, added, "delivery %d", i+1)
 		}
 		other := succeededOutcome("evt_1", key, "another")
+		other.Record.Amount = 2
 		_, err := recordOutcome(t, e, pool, other)
 		require.ErrorIs(t, err, engine.ErrEventReused)
+		var reused *engine.EventReusedError
+		require.ErrorAs(t, err, &reused)
+		require.Equal(t, []string{"amount", "reference"}, reused.Fields)
 		info := fsWait(t, e, s.ID)
 		require.Equal(t, engine.StatusSucceeded, info.Status)
 		out, err := op.Result(info)

@@ -190,8 +190,12 @@ func (ep *outcomes) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, engine.ErrEventReused):
 		// Providers never do this; whatever it is, the first outcome stands.
 		log.WarnContext(ctx, "an event id came again with another outcome", slog.Any("error", err))
+		var extra map[string]any
+		if reused := (*engine.EventReusedError)(nil); errors.As(err, &reused) {
+			extra = map[string]any{"mismatchedFields": reused.Fields}
+		}
 		idempotency.WriteError(w, http.StatusUnprocessableEntity, idempotency.CodeKeyReused,
-			"this event id was delivered before with a different outcome", nil)
+			"this event id was delivered before with a different outcome", extra)
 		return
 	case errors.As(err, &down), engine.IsUnavailable(err):
 		log.WarnContext(ctx, "the outcome could not be recorded", slog.Any("error", err))

@@ -275,14 +275,16 @@ func TestOutcomes(t *testing.T) {
 		s, key := h.startWaiting(t, "order-reused", 300)
 		first := refundEvent("evt_reused", "refund.succeeded", key, 300)
 		requireStored(t, deliver(t, h.srv, first, webhook.Sign(secretOld, clock, first)), false)
-		for _, other := range [][]byte{
-			refundEvent("evt_reused", "refund.succeeded", key, 999),
-			refundEvent("evt_reused", "refund.failed", key, 300),
+		for other, fields := range map[string][]any{
+			string(refundEvent("evt_reused", "refund.succeeded", key, 999)): {"amount"},
+			string(refundEvent("evt_reused", "refund.failed", key, 300)):    {"failure", "status"},
 		} {
-			a := deliver(t, h.srv, other, webhook.Sign(secretOld, clock, other))
+			a := deliver(t, h.srv, []byte(other), webhook.Sign(secretOld, clock, []byte(other)))
 			require.Equal(t, http.StatusUnprocessableEntity, a.status, a.raw)
 			require.Equal(t, "idempotency_key_reused", a.code())
-			require.Equal(t, "this event id was delivered before with a different outcome", a.body["error"].(map[string]any)["message"])
+			e := a.body["error"].(map[string]any)
+			require.Equal(t, "this event id was delivered before with a different outcome", e["message"])
+			require.Equal(t, fields, e["mismatchedFields"], a.raw)
 		}
 		kept, rows, added := h.inbox(t, "evt_reused")
 		require.Equal(t, []int{1, 1, 1}, []int{kept, rows, added}, "nothing of the refused deliveries committed")
