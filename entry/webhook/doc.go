@@ -77,9 +77,10 @@
 //     anything.
 //   - 413 request_too_large for a body over OutcomeConfig.MaxBodyBytes (1 MiB).
 //   - 422 idempotency_key_reused when the inbox holds another outcome under
-//     the event's id and key (engine.ErrEventReused): providers never do this,
-//     and the first outcome stands. (The answer names no fields: the engine
-//     does not say which differ.)
+//     the event's id and key (engine.ErrEventReused), with
+//     error.mismatchedFields naming the parts of the outcome that differ
+//     (engine.EventReusedError): providers never do this, and the first
+//     outcome stands.
 //   - 503 service_unavailable with Retry-After when nothing could be recorded
 //     and a delivery again will be: a database that does not answer within
 //     OutcomeConfig.RecordTimeout (engine.IsUnavailable), a BEGIN or a COMMIT
