@@ -219,7 +219,7 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 			info.Attention = versionNotRun(rec.Name, rec.Version)
 		}
 	}
-	if info.Mismatches, err = e.mismatches(ctx, store.MismatchListParams{Operation: &rec.ID, Max: reconcileReportMax}); err != nil {
+	if info.Mismatches, err = e.mismatches(ctx, e.pool, store.MismatchListParams{Operation: &rec.ID, Max: reconcileReportMax}); err != nil {
 		return nil, err
 	}
 	if m := info.Mismatches; len(m) > 0 && (info.Attention == nil || rec.State != store.OperationInProgress) {

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemflow/idemflow/reconcile"
 	"github.com/idemflow/idemflow/store"
 )
@@ -30,11 +32,18 @@ func (e *Engine) Reconciliation(ctx context.Context, source string) (*ReconcileR
 		rep.Checked, rep.NotYet, rep.Unverifiable, rep.Pages = run.Checked, run.NotYet, run.Unverifiable, run.Pages
 		rep.Expired, rep.StepsChecked = run.Expired, run.StepsChecked
 	}
-	if rep.Mismatches, err = e.mismatches(ctx, store.MismatchListParams{Source: source, Max: reconcileReportMax}); err != nil {
+	err = e.snapshot(ctx, func(db store.DBTX) error {
+		var err error
+		if rep.Mismatches, err = e.mismatches(ctx, db, store.MismatchListParams{Source: source, Max: reconcileReportMax}); err != nil {
+			return err
+		}
+		if rep.Total, err = e.store.MismatchCount(ctx, db, source, nil); err != nil {
+			return fmt.Errorf("engine: reconciliation %s: %w", source, err)
+		}
+		return nil
+	})
+	if err != nil {
 		return nil, err
-	}
-	if rep.Total, err = e.store.MismatchCount(ctx, e.pool, source, nil); err != nil {
-		return nil, fmt.Errorf("engine: reconciliation %s: %w", source, err)
 	}
 	rep.Truncated = rep.Total > int64(len(rep.Mismatches))
 	return rep, nil
@@ -43,7 +52,7 @@ func (e *Engine) Reconciliation(ctx context.Context, source string) (*ReconcileR
 // Mismatches lists the mismatches of every source, oldest first: at most the
 // first 1,000 (MismatchList pages through all of them).
 func (e *Engine) Mismatches(ctx context.Context) ([]Mismatch, error) {
-	return e.mismatches(ctx, store.MismatchListParams{Max: reconcileReportMax})
+	return e.mismatches(ctx, e.pool, store.MismatchListParams{Max: reconcileReportMax})
 }
 
 // MismatchListOpts are options for MismatchList.
@@ -94,17 +103,24 @@ func (e *Engine) MismatchList(ctx context.Context, opts *MismatchListOpts) (*Mis
 		}
 		p.After = after
 	}
-	list, err := e.mismatches(ctx, p)
+	res := &MismatchListResult{}
+	err := e.snapshot(ctx, func(db store.DBTX) error {
+		list, err := e.mismatches(ctx, db, p)
+		if err != nil {
+			return err
+		}
+		res.Mismatches = list
+		if len(list) > limit {
+			res.Mismatches = list[:limit]
+			res.Next = encodeMismatchCursor(&res.Mismatches[limit-1])
+		}
+		if res.Total, err = e.store.MismatchCount(ctx, db, opts.Source, nil); err != nil {
+			return fmt.Errorf("engine: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	res := &MismatchListResult{Mismatches: list}
-	if len(list) > limit {
-		res.Mismatches = list[:limit]
-		res.Next = encodeMismatchCursor(&res.Mismatches[limit-1])
-	}
-	if res.Total, err = e.store.MismatchCount(ctx, e.pool, opts.Source, nil); err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
 	}
 	return res, nil
 }
@@ -153,8 +169,8 @@ func (e *Engine) MismatchCounts(ctx context.Context) (map[reconcile.Kind]int64, 
 	return out, nil
 }
 
-func (e *Engine) mismatches(ctx context.Context, p store.MismatchListParams) ([]Mismatch, error) {
-	rows, err := e.store.MismatchList(ctx, e.pool, p)
+func (e *Engine) mismatches(ctx context.Context, db store.DBTX, p store.MismatchListParams) ([]Mismatch, error) {
+	rows, err := e.store.MismatchList(ctx, db, p)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
@@ -168,4 +184,18 @@ func (e *Engine) mismatches(ctx context.Context, p store.MismatchListParams) ([]
 		}
 	}
 	return out, nil
+}
+
+// snapshot runs read in one read-only transaction that sees one snapshot of
+// the database, so that a list and its total agree.
+func (e *Engine) snapshot(ctx context.Context, read func(db store.DBTX) error) error {
+	tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := read(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
