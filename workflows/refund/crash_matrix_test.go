@@ -35,16 +35,18 @@ const (
 )
 
 // matrixConfig is the refund's configuration in the matrices: version 2,
-// retries 100ms apart, and provider calls that time out after a second with
-// a settle window of three, so that the kit's timeout (held until the call
-// gives up) and late landing (just inside the window) take seconds, not the
-// defaults' minutes.
+// retries 100ms apart, and provider calls that time out after two seconds
+// with a settle window of four, so that the kit's timeout (held until the
+// call gives up) and late landing (just inside the window) take seconds, not
+// the defaults' minutes. The timeout leaves room for a loaded machine: a call
+// that timed out for no fault of the kit's may be asked again, and a second
+// request breaks the books' "asked by one request".
 func matrixConfig() *refund.Config {
 	return &refund.Config{
 		RefundVersions:  []int{refund.RefundV2},
 		Retry:           engine.RetryPolicy{Base: 100 * time.Millisecond},
-		ProviderTimeout: time.Second,
-		ProviderSettle:  3 * time.Second,
+		ProviderTimeout: 2 * time.Second,
+		ProviderSettle:  4 * time.Second,
 	}
 }
 
