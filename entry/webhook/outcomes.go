@@ -46,6 +46,13 @@ type OutcomeConfig struct {
 	// committed). An error rolls both back and answers 503 service_unavailable
 	// when engine.IsUnavailable says the database did not answer, 500
 	// internal_error otherwise: the provider delivers the event again.
+	//
+	// TxFunc refuses a delivery that the inbox cannot tell from another one
+	// (an event id that came before with another body, under another key, or
+	// with a part the outcome does not carry) by returning an
+	// *engine.EventReusedError whose Fields name what differs: the endpoint
+	// rolls everything back and answers 422 idempotency_key_reused with those
+	// fields as error.mismatchedFields, as it does when the inbox finds it.
 	TxFunc func(ctx context.Context, tx pgx.Tx, o engine.Outcome, added bool) error
 	// Secrets are the secrets signatures are checked with, all at once: during
 	// a rotation, the old and the new one. Required with the built-in verifier,

@@ -381,6 +381,26 @@ func TestOutcomesNotStored(t *testing.T) {
 		requireStored(t, deliver(t, h.srv, body, webhook.Sign(secretOld, clock, body)), false)
 	})
 
+	t.Run("TxFunc refuses a reused id", func(t *testing.T) {
+		t.Parallel()
+		cfg := outcomeConfig()
+		cfg.Logger = silent
+		cfg.TxFunc = func(ctx context.Context, tx pgx.Tx, o engine.Outcome, added bool) error {
+			if err := recordEvent(ctx, tx, o, added); err != nil {
+				return err
+			}
+			return &engine.EventReusedError{EventID: o.EventID, Fields: []string{"data"}}
+		}
+		srv := outcomesServer(t, h.e, h.pool, cfg)
+		body := refundEvent("evt_txreused", "refund.succeeded", "idf3_txreused", 100)
+		a := deliver(t, srv, body, webhook.Sign(secretOld, clock, body))
+		require.Equal(t, http.StatusUnprocessableEntity, a.status, a.raw)
+		require.Equal(t, "idempotency_key_reused", a.code())
+		require.Equal(t, []any{"data"}, a.body["error"].(map[string]any)["mismatchedFields"], a.raw)
+		kept, rows, _ := h.inbox(t, "evt_txreused")
+		require.Equal(t, []int{0, 0}, []int{kept, rows}, "nothing of the refused delivery is kept")
+	})
+
 	t.Run("TxFunc times out", func(t *testing.T) {
 		t.Parallel()
 		cfg := outcomeConfig()
