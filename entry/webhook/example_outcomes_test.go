@@ -172,7 +172,7 @@ func ExampleOutcomes() {
 	// 200 {"received":true}
 	// 200 {"received":true,"duplicate":true}
 	// 400 {"error":{"code":"invalid_signature","message":"no signature matches the body"}}
-	// 422 {"error":{"code":"idempotency_key_reused","message":"this event id was delivered before with a different outcome"}}
+	// 422 {"error":{"code":"idempotency_key_reused","message":"this event id was delivered before with a different outcome","mismatchedFields":["amount"]}}
 	// succeeded pr_1 resolved by event
 	// 1 event recorded
 }
