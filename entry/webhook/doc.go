@@ -88,7 +88,10 @@
 //   - 503 service_unavailable with Retry-After when nothing could be recorded
 //     and a delivery again will be: a database that does not answer within
 //     OutcomeConfig.RecordTimeout (engine.IsUnavailable), a BEGIN or a COMMIT
-//     that fails, secrets that cannot be read.
+//     that fails, secrets that cannot be read. A transient fault within the
+//     transaction (a lock wait past lock_timeout, as when many deliveries of
+//     one event come at once and queue on its key) is first tried again, in a
+//     new transaction, while RecordTimeout lasts.
 //   - 500 internal_error for any other failure (an outcome the engine refuses,
 //     an error of TxFunc): nothing was committed, and the provider delivers
 //     the event again.
