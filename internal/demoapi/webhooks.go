@@ -15,12 +15,6 @@ import (
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 
-// WebhookScope is the engine scope of the provider's events that started a
-// provider_event operation, before the endpoint recorded events itself (see
-// refund.ProviderEventOperation). No client is named so (a client's name is
-// its scope).
-const WebhookScope = "webhook:provider"
-
 // webhooks returns the handler of POST /webhooks/provider: entry/webhook's
 // Outcomes, which checks the signature and keeps what the event says of the
 // refund in the engine's inbox under the refund's derived key, for its
