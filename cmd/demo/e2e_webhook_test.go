@@ -17,7 +17,9 @@ import (
 // TestWebhooks: the fake provider tells the demo of every refund with a signed
 // webhook, which confirms the refund once, however often and however
 // concurrently it comes, whatever crashes, and even when it comes before the
-// refund knows its provider id.
+// refund knows its provider id. The endpoint records the event itself, in the
+// transaction that keeps it in the engine's inbox: no operation, no
+// Operation-Id.
 func TestWebhooks(t *testing.T) {
 	t.Parallel()
 
@@ -71,20 +73,35 @@ func TestWebhooks(t *testing.T) {
 			default:
 				require.JSONEq(t, `{"received": true, "duplicate": true}`, string(a.body))
 			}
-			require.NotEmpty(t, a.header.Get("Operation-Id"))
+			require.Empty(t, a.header.Get("Operation-Id"), "no operation")
 		}
-		require.Equal(t, 1, first, "one delivery starts the operation")
-		require.EqualValues(t, 1, dbCount(t, dbURL, "SELECT count(*) FROM idemflow_operation WHERE scope = $1", webhookScope))
+		require.Equal(t, 1, first, "one delivery records the event")
+		requireNoWebhookOperation(t, dbURL)
+		require.EqualValues(t, 1, dbCount(t, dbURL, "SELECT count(*) FROM idemflow_outcome WHERE event_id = 'evt_TWICE'"))
 		require.EqualValues(t, 1, dbCount(t, dbURL, "SELECT count(*) FROM demo_provider_event WHERE event_id = 'evt_TWICE'"))
 
-		// The same id with another body is another event under a taken id.
+		// The same id with another body is another event under a taken id:
+		// under the same key (the engine's inbox finds it, naming the parts
+		// of the outcome that differ), under another key (the demo's record
+		// of the body finds it, naming the body's fields), or with another
+		// type.
 		other := providerEvent("evt_TWICE", "pr_TWICE", "A-1", 999)
 		e := requireError(t, d.webhook(t, other, webhookSecret), http.StatusUnprocessableEntity, "idempotency_key_reused")
+		require.Equal(t, []string{"amount"}, e.MismatchedFields)
+		otherKey := []byte(strings.Replace(string(body), "key-of-pr_TWICE", "key-of-another", 1))
+		e = requireError(t, d.webhook(t, otherKey, webhookSecret), http.StatusUnprocessableEntity, "idempotency_key_reused")
 		require.Equal(t, []string{"data"}, e.MismatchedFields)
-		require.EqualValues(t, 1, dbCount(t, dbURL, "SELECT count(*) FROM idemflow_operation WHERE scope = $1", webhookScope))
+		otherType := []byte(strings.Replace(string(otherKey), "refund.succeeded", "refund.failed", 1))
+		e = requireError(t, d.webhook(t, otherType, webhookSecret), http.StatusUnprocessableEntity, "idempotency_key_reused")
+		require.Equal(t, []string{"data", "type"}, e.MismatchedFields)
+		requireNoWebhookOperation(t, dbURL)
+		require.EqualValues(t, 1, dbCount(t, dbURL, "SELECT count(*) FROM idemflow_outcome WHERE event_id = 'evt_TWICE'"), "nothing of the refused deliveries kept")
 		var amount int64
 		dbQueryRow(t, dbURL, "SELECT amount FROM demo_provider_event WHERE event_id = 'evt_TWICE'", nil, &amount)
 		require.EqualValues(t, 100, amount)
+		again := d.webhook(t, body, webhookSecret)
+		requireStatus(t, again, http.StatusOK)
+		require.JSONEq(t, `{"received": true, "duplicate": true}`, string(again.body), "the first body stands")
 	})
 
 	t.Run("BadSignatures", func(t *testing.T) {
@@ -109,7 +126,7 @@ func TestWebhooks(t *testing.T) {
 			requireError(t, r, http.StatusBadRequest, "invalid_signature")
 			require.Empty(t, r.header.Get("Operation-Id"), name)
 		}
-		require.Zero(t, dbCount(t, dbURL, "SELECT count(*) FROM idemflow_operation WHERE scope = $1", webhookScope), "nothing recorded")
+		require.Zero(t, dbCount(t, dbURL, "SELECT count(*) FROM idemflow_outcome"), "nothing recorded")
 		require.Zero(t, dbCount(t, dbURL, "SELECT count(*) FROM demo_provider_event"))
 
 		// A rotation: the old secret and the new one are both accepted, and
@@ -136,13 +153,15 @@ func TestWebhooks(t *testing.T) {
 			`{"id": "evt_X", "type": "refund.succeeded"}`,
 			`{"id": "evt_X", "type": "refund.succeeded", "data": {"refundId": 5}}`,
 			`{"id": "evt_X", "type": "refund.succeeded", "data": {"refundId": "pr_\u0000"}}`,
+			`{"id": "evt_X", "type": "refund.succeeded", "data": {"refundId": "pr_X", "orderId": "A-1", "amount": 1}}`,
 		} {
 			requireError(t, d.webhook(t, []byte(body), webhookSecret), http.StatusBadRequest, "invalid_event")
 		}
 		ignored := d.webhook(t, []byte(`{"id": "evt_Y", "type": "refund.updated"}`), webhookSecret)
 		requireStatus(t, ignored, http.StatusOK)
 		require.JSONEq(t, `{"received": true, "ignored": true}`, string(ignored.body))
-		require.Zero(t, dbCount(t, dbURL, "SELECT count(*) FROM idemflow_operation WHERE scope = $1", webhookScope), "nothing recorded")
+		require.Zero(t, dbCount(t, dbURL, "SELECT count(*) FROM idemflow_outcome"), "nothing recorded")
+		require.Zero(t, dbCount(t, dbURL, "SELECT count(*) FROM demo_provider_event"))
 		// Only POST.
 		r := d.client(t, "").get("/webhooks/provider")
 		requireError(t, r, http.StatusMethodNotAllowed, "method_not_allowed")
@@ -192,7 +211,7 @@ func TestWebhooks(t *testing.T) {
 	t.Run("CrashBeforeTheAnswer", func(t *testing.T) {
 		t.Parallel()
 		dbURL := testdb.URL(t)
-		// The demo dies in the webhook's step, after its statement ran and
+		// The demo dies in the webhook's transaction, after its writes and
 		// before it committed: the provider gets no answer, and delivers the
 		// event again to the demo started after.
 		d := startDemo(t, dbURL, &demoOpts{crash: "confirm:after-effect"})
@@ -222,12 +241,20 @@ func TestWebhooks(t *testing.T) {
 }
 
 // requireOneEffect requires that the refund's confirmation happened once: one
-// event recorded, one operation, confirmed at confirmedAt still.
+// event recorded, once in the engine's inbox, confirmed at confirmedAt still.
 func requireOneEffect(t *testing.T, dbURL, refundID string, confirmedAt time.Time) {
 	t.Helper()
 	require.EqualValues(t, 1, dbCount(t, dbURL, "SELECT count(*) FROM demo_provider_event"))
-	require.EqualValues(t, 1, dbCount(t, dbURL, "SELECT count(*) FROM idemflow_operation WHERE scope = $1", webhookScope))
+	require.EqualValues(t, 1, dbCount(t, dbURL, "SELECT count(*) FROM idemflow_outcome"))
+	requireNoWebhookOperation(t, dbURL)
 	var again time.Time
 	dbQueryRow(t, dbURL, "SELECT confirmed_at FROM demo_refund_confirmation WHERE refund_id = $1", []any{refundID}, &again)
 	require.True(t, confirmedAt.Equal(again), "confirmed once: at %s, then at %s", confirmedAt, again)
+}
+
+// requireNoWebhookOperation requires that no event started an operation: the
+// endpoint records events itself.
+func requireNoWebhookOperation(t *testing.T, dbURL string) {
+	t.Helper()
+	require.Zero(t, dbCount(t, dbURL, "SELECT count(*) FROM idemflow_operation WHERE scope = $1 OR name = 'provider_event'", webhookScope))
 }

@@ -44,7 +44,12 @@ const stepConsume = "consume"
 
 // entryCrashSteps are the steps of the entry points that DEMO_CRASH,
 // DEMO_PANIC and DEMO_FAIL may name: the provider event's confirm, the
-// queue's consume, and the settlement's settle.
+// queue's consume, and the settlement's settle. DEMO_CRASH at confirm is in
+// the webhook's transaction that records an event the first time ("before":
+// before the demo's writes; "after-effect": after them, before the commit);
+// DEMO_PANIC and DEMO_FAIL at confirm reach only the provider_event
+// operations started before the endpoint recorded events itself (see
+// refund.ProviderEventOperation), whose step it is.
 var entryCrashSteps = []string{refund.StepConfirm, stepConsume, refund.StepSettle}
 
 // orderQueueWorkers is how many queued orders a process consumes at once.
@@ -159,6 +164,13 @@ func startEntryPoints(ctx context.Context, cfg *config, _ *pgxpool.Pool, e *engi
 		WebhookSecrets:  cfg.entry.webhookSecrets,
 		Queue:           e.River(),
 		QueueDuplicates: cfg.entry.queueDuplicates,
+	}
+	if crash := cfg.crash; crash != nil && crash.step == refund.StepConfirm {
+		ep.WebhookHook = func(point, eventID string) {
+			if point == crash.point {
+				crashNow(refund.StepConfirm, point, "provider event "+eventID)
+			}
+		}
 	}
 	if cfg.entry.settlementInterval == 0 {
 		return ep, func() {}, nil

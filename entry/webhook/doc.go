@@ -80,11 +80,18 @@
 //     the event's id and key (engine.ErrEventReused), with
 //     error.mismatchedFields naming the parts of the outcome that differ
 //     (engine.EventReusedError): providers never do this, and the first
-//     outcome stands.
+//     outcome stands. The same answer, with its fields, when TxFunc returns
+//     an *engine.EventReusedError: its own check of the event id, for a
+//     delivery that the inbox, keyed by the event's id and key, cannot tell
+//     from a new event (the id came before under another key, or with
+//     another body than the outcome carries); nothing of it is kept.
 //   - 503 service_unavailable with Retry-After when nothing could be recorded
 //     and a delivery again will be: a database that does not answer within
 //     OutcomeConfig.RecordTimeout (engine.IsUnavailable), a BEGIN or a COMMIT
-//     that fails, secrets that cannot be read.
+//     that fails, secrets that cannot be read. A transient fault within the
+//     transaction (a lock wait past lock_timeout, as when many deliveries of
+//     one event come at once and queue on its key) is first tried again, in a
+//     new transaction, while RecordTimeout lasts.
 //   - 500 internal_error for any other failure (an outcome the engine refuses,
 //     an error of TxFunc): nothing was committed, and the provider delivers
 //     the event again.

@@ -46,6 +46,13 @@ type OutcomeConfig struct {
 	// committed). An error rolls both back and answers 503 service_unavailable
 	// when engine.IsUnavailable says the database did not answer, 500
 	// internal_error otherwise: the provider delivers the event again.
+	//
+	// TxFunc refuses a delivery that the inbox cannot tell from another one
+	// (an event id that came before with another body, under another key, or
+	// with a part the outcome does not carry) by returning an
+	// *engine.EventReusedError whose Fields name what differs: the endpoint
+	// rolls everything back and answers 422 idempotency_key_reused with those
+	// fields as error.mismatchedFields, as it does when the inbox finds it.
 	TxFunc func(ctx context.Context, tx pgx.Tx, o engine.Outcome, added bool) error
 	// Secrets are the secrets signatures are checked with, all at once: during
 	// a rotation, the old and the new one. Required with the built-in verifier,
@@ -69,8 +76,11 @@ type OutcomeConfig struct {
 	// request_too_large. Defaults to 1 MiB.
 	MaxBodyBytes int64
 	// RecordTimeout bounds the transaction that records an outcome, from its
-	// BEGIN to its COMMIT, TxFunc included: a database that does not answer by
-	// then gets a 503 with Retry-After. Defaults to 8 seconds.
+	// BEGIN to its COMMIT, TxFunc included, and the tries again of a
+	// transaction that a transient fault rolled back (engine.IsUnavailable: a
+	// lock wait past lock_timeout, as when many deliveries of one event come at
+	// once and queue on its key): a database that does not answer by then gets
+	// a 503 with Retry-After. Defaults to 8 seconds.
 	RecordTimeout time.Duration
 	// RetryAfter is what the Retry-After header of a 503 says, rounded up to
 	// whole seconds, at least 1. Defaults to 1 second.
@@ -214,13 +224,44 @@ func (ep *outcomes) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, bodyReceived)
 }
 
+// Retry waits of record: a transaction that a transient fault rolled back is
+// tried again after minRetryWait, doubled each time up to maxRetryWait.
+const (
+	minRetryWait = 10 * time.Millisecond
+	maxRetryWait = 200 * time.Millisecond
+)
+
 // record keeps o in the engine's inbox, with what TxFunc writes, in one
 // transaction on the pool; it returns RecordOutcome's added. An error of the
 // BEGIN or the COMMIT is an *unreachableError: nothing was recorded, or the
 // answer was lost, and a delivery again finds out which.
+//
+// A fault between the two that engine.IsUnavailable calls transient (a lock
+// that another delivery of the event held past lock_timeout: deliveries of one
+// event at once queue on its key; a dropped connection) rolled everything
+// back: the transaction is tried again, while RecordTimeout lasts.
 func (ep *outcomes) record(ctx context.Context, o engine.Outcome) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, ep.cfg.RecordTimeout)
 	defer cancel()
+	for wait := minRetryWait; ; wait = min(2*wait, maxRetryWait) {
+		added, err := ep.recordOnce(ctx, o)
+		var down *unreachableError
+		if err == nil || ctx.Err() != nil || errors.As(err, &down) || !engine.IsUnavailable(err) {
+			return added, err
+		}
+		ep.cfg.Logger.DebugContext(ctx, "the outcome's transaction is tried again", slog.String("event_id", o.EventID), slog.Any("error", err))
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, err
+		case <-t.C:
+		}
+	}
+}
+
+// recordOnce is one try of record.
+func (ep *outcomes) recordOnce(ctx context.Context, o engine.Outcome) (bool, error) {
 	tx, err := ep.pool.Begin(ctx)
 	if err != nil {
 		return false, &unreachableError{fmt.Errorf("webhook: begin: %w", err)}

@@ -381,6 +381,54 @@ func TestOutcomesNotStored(t *testing.T) {
 		requireStored(t, deliver(t, h.srv, body, webhook.Sign(secretOld, clock, body)), false)
 	})
 
+	t.Run("TxFunc refuses a reused id", func(t *testing.T) {
+		t.Parallel()
+		cfg := outcomeConfig()
+		cfg.Logger = silent
+		cfg.TxFunc = func(ctx context.Context, tx pgx.Tx, o engine.Outcome, added bool) error {
+			if err := recordEvent(ctx, tx, o, added); err != nil {
+				return err
+			}
+			return &engine.EventReusedError{EventID: o.EventID, Fields: []string{"data"}}
+		}
+		srv := outcomesServer(t, h.e, h.pool, cfg)
+		body := refundEvent("evt_txreused", "refund.succeeded", "idf3_txreused", 100)
+		a := deliver(t, srv, body, webhook.Sign(secretOld, clock, body))
+		require.Equal(t, http.StatusUnprocessableEntity, a.status, a.raw)
+		require.Equal(t, "idempotency_key_reused", a.code())
+		require.Equal(t, []any{"data"}, a.body["error"].(map[string]any)["mismatchedFields"], a.raw)
+		kept, rows, _ := h.inbox(t, "evt_txreused")
+		require.Equal(t, []int{0, 0}, []int{kept, rows}, "nothing of the refused delivery is kept")
+	})
+
+	// A delivery that waits out lock_timeout on its key, which another
+	// delivery of the event holds (here, a transaction that holds the key's
+	// lock a while), is tried again: 200 once the key is free.
+	t.Run("lock wait tried again", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		pc := h.pool.Config().Copy()
+		pc.ConnConfig.RuntimeParams["lock_timeout"] = "50ms"
+		short, err := pgxpool.NewWithConfig(ctx, pc)
+		require.NoError(t, err)
+		t.Cleanup(short.Close)
+		srv := outcomesServer(t, h.e, short, outcomeConfig())
+
+		holder, err := h.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = holder.Rollback(context.WithoutCancel(ctx)) }()
+		_, err = holder.Exec(ctx, `SELECT idemflow_outcome_lock('idf3_locked')`)
+		require.NoError(t, err)
+		body := refundEvent("evt_locked", "refund.succeeded", "idf3_locked", 100)
+		answered := make(chan answer, 1)
+		go func() { answered <- deliver(t, srv, body, webhook.Sign(secretOld, clock, body)) }()
+		time.Sleep(300 * time.Millisecond) // several lock_timeouts
+		require.NoError(t, holder.Rollback(ctx))
+		requireStored(t, <-answered, false)
+		kept, rows, added := h.inbox(t, "evt_locked")
+		require.Equal(t, []int{1, 1, 1}, []int{kept, rows, added})
+	})
+
 	t.Run("TxFunc times out", func(t *testing.T) {
 		t.Parallel()
 		cfg := outcomeConfig()

@@ -28,6 +28,11 @@ type EntryPoints struct {
 	// QueueDuplicates is how many copies of every message the queue delivers
 	// besides the message itself, at once, on purpose.
 	QueueDuplicates int
+	// WebhookHook, when set, is called in the transaction that records a
+	// provider's event the first time (the demo's DEMO_CRASH at "confirm"),
+	// with point "before" (before the demo's writes) and "after-effect"
+	// (after them, before the commit), and the event's id.
+	WebhookHook func(point, eventID string)
 }
 
 // entryPoints mounts the endpoints of Config.EntryPoints.
@@ -36,7 +41,7 @@ func (s *server) entryPoints() error {
 	if len(ep.WebhookSecrets) == 0 {
 		return errors.New("demoapi: EntryPoints.WebhookSecrets is empty")
 	}
-	webhooks, err := s.webhooks(ep.WebhookSecrets)
+	webhooks, err := s.webhooks(ep)
 	if err != nil {
 		return err
 	}

@@ -1,66 +1,111 @@
 package demoapi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/entry/webhook"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 
-// WebhookScope is the engine scope of the provider's events: their ids are
-// keys there. No client is named so (a client's name is its scope).
-const WebhookScope = "webhook:provider"
-
-// webhooks returns the handler of POST /webhooks/provider: entry/webhook's,
-// which checks the signature and starts the provider event operation keyed
-// by the event's id, once however often the provider delivers it.
-func (s *server) webhooks(secrets [][]byte) (http.Handler, error) {
-	h, err := webhook.Handler(s.cfg.Engine, s.cfg.Workflows.ProviderEvent, &webhook.Config[refund.ProviderEventInput]{
-		Scope:     WebhookScope,
-		Secrets:   secrets,
-		EventFunc: decodeProviderEvent,
-		Logger:    s.cfg.Logger,
+// webhooks returns the handler of POST /webhooks/provider: entry/webhook's
+// Outcomes, which checks the signature and keeps what the event says of the
+// refund in the engine's inbox under the refund's derived key, for its
+// provider step whenever it waits, with the demo's own record of the event
+// (refund.Workflows.RecordProviderEvent) in the same transaction: once,
+// however often the provider delivers it.
+func (s *server) webhooks(ep *EntryPoints) (http.Handler, error) {
+	wf, hook := s.cfg.Workflows, ep.WebhookHook
+	h, err := webhook.Outcomes(s.cfg.Engine, s.cfg.Pool, &webhook.OutcomeConfig{
+		OutcomeFunc: func(r *http.Request, body []byte) (engine.Outcome, error) {
+			ev, err := decodeProviderEvent(body)
+			if err != nil {
+				return engine.Outcome{}, err
+			}
+			slot, ok := r.Context().Value(eventSlotKey{}).(*refund.ProviderEvent)
+			if !ok {
+				return engine.Outcome{}, errors.New("demoapi: the webhook's request has no event slot")
+			}
+			*slot = ev
+			return refund.EventOutcome(ev.Input), nil
+		},
+		TxFunc: func(ctx context.Context, tx pgx.Tx, o engine.Outcome, added bool) error {
+			ev, ok := ctx.Value(eventSlotKey{}).(*refund.ProviderEvent)
+			if !ok || ev.Input.ID != o.EventID {
+				return errors.New("demoapi: the webhook's event is not the outcome's")
+			}
+			if hook != nil && added {
+				hook("before", o.EventID)
+			}
+			if err := wf.RecordProviderEvent(ctx, tx, *ev, added); err != nil {
+				return err
+			}
+			if hook != nil && added {
+				hook("after-effect", o.EventID)
+			}
+			return nil
+		},
+		Secrets: ep.WebhookSecrets,
+		Logger:  s.cfg.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("demoapi: webhooks: %w", err)
 	}
-	return h, nil
+	// The outcome does not carry the body, which TxFunc compares with the
+	// one kept under the event's id: OutcomeFunc leaves the event it read in
+	// a slot of the request's context, which TxFunc's context derives from.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), eventSlotKey{}, new(refund.ProviderEvent))))
+	}), nil
 }
+
+// eventSlotKey is the context key of the *refund.ProviderEvent that the
+// webhook's OutcomeFunc read, for its TxFunc.
+type eventSlotKey struct{}
 
 // decodeProviderEvent reads a signed event of the provider about a refund: one
 // it made (refund.succeeded) or a pending one it failed (refund.failed), whose
-// data names the provider's refund id; events of other types are ignored (200,
-// nothing recorded).
-func decodeProviderEvent(_ *http.Request, body []byte) (webhook.Event, refund.ProviderEventInput, error) {
+// data names the provider's refund id and the key it was asked under; events
+// of other types are ignored (200, nothing recorded).
+func decodeProviderEvent(body []byte) (refund.ProviderEvent, error) {
 	var in refund.ProviderEventInput
 	ev, err := webhook.ParseEvent(body)
 	if err != nil {
-		return ev, in, err
+		return refund.ProviderEvent{}, err
 	}
 	if ev.Type != refund.EventRefundSucceeded && ev.Type != refund.EventRefundFailed {
-		return ev, in, webhook.ErrIgnore
+		return refund.ProviderEvent{}, webhook.ErrIgnore
 	}
 	if err := json.Unmarshal(body, &in); err != nil {
-		return ev, in, fmt.Errorf("the event is not a refund event: %s", jsonProblem(err))
+		return refund.ProviderEvent{}, fmt.Errorf("the event is not a refund event: %s", jsonProblem(err))
 	}
 	d := in.Data
 	switch {
 	case d.RefundID == "":
-		return ev, in, errors.New("data.refundId is required")
+		return refund.ProviderEvent{}, errors.New("data.refundId is required")
 	case !eventText(d.RefundID) || len(d.RefundID) > maxIDLen:
-		return ev, in, errors.New("data.refundId must be 1 to 255 bytes of text")
+		return refund.ProviderEvent{}, errors.New("data.refundId must be 1 to 255 bytes of text")
 	case !eventText(d.OrderID) || len(d.OrderID) > maxIDLen:
-		return ev, in, errors.New("data.orderId must be at most 255 bytes of text")
+		return refund.ProviderEvent{}, errors.New("data.orderId must be at most 255 bytes of text")
+	case d.IdempotencyKey == "":
+		return refund.ProviderEvent{}, errors.New("data.idempotencyKey is required")
 	case !eventText(d.IdempotencyKey) || len(d.IdempotencyKey) > maxIDLen:
-		return ev, in, errors.New("data.idempotencyKey must be at most 255 bytes of text")
+		return refund.ProviderEvent{}, errors.New("data.idempotencyKey must be at most 255 bytes of text")
 	case !eventText(in.Type):
-		return ev, in, errors.New("type must be text")
+		return refund.ProviderEvent{}, errors.New("type must be text")
 	}
-	return ev, in, nil
+	fields, err := refund.EventBodyFields(body)
+	if err != nil {
+		return refund.ProviderEvent{}, errors.New("it is not the JSON of an event")
+	}
+	return refund.ProviderEvent{Input: in, BodyFields: fields}, nil
 }
 
 // eventText reports whether s is valid UTF-8 without control characters

@@ -1,8 +1,11 @@
 -- name: ProviderEventRecord :exec
 -- Records a provider's event about one of its refunds, and confirms the refund
--- when its finalize step has recorded it, in one statement that the confirm
--- step sends with engine.AtCommit. An event recorded already (delivered again
--- after the retention deleted its operation, whose key is then free) changes
+-- when its finalize step has recorded it, in one statement: the webhook
+-- endpoint's, in the transaction that keeps the event in the engine's inbox
+-- (body_fields set, operation_id NULL), or the confirm step's of a
+-- provider_event operation started before (body_fields NULL), sent with
+-- engine.AtCommit. An event recorded already (a delivery again; the same id
+-- under another key, which ProviderEventBodyFields then refuses) changes
 -- nothing: the event is applied once, however often it comes (demo migration
 -- 00005's comment, that a second run of the step fails on the key, predates
 -- this).
@@ -13,8 +16,8 @@
 -- are the refund's (event_facts keeps those of every event; the refund's are
 -- never updated, so the statement's snapshot reads them right).
 WITH event AS (
-    INSERT INTO demo_provider_event (event_id, type, provider_refund_id, order_id, amount, operation_id)
-    VALUES (@event_id, @type, @provider_refund_id, @order_id, @amount, @operation_id)
+    INSERT INTO demo_provider_event (event_id, type, provider_refund_id, order_id, amount, operation_id, body_fields)
+    VALUES (@event_id, @type, @provider_refund_id, @order_id, @amount, sqlc.narg('operation_id'), sqlc.narg('body_fields')::jsonb)
     ON CONFLICT (event_id) DO NOTHING
     RETURNING event_id, provider_refund_id, order_id, amount
 )
@@ -31,6 +34,14 @@ SET event_id = coalesce(c.event_id, excluded.event_id),
               AND r.order_id = excluded.event_facts -> 0 ->> 0
               AND r.amount = (excluded.event_facts -> 0 ->> 1)::bigint)
         THEN clock_timestamp() END;
+
+-- name: ProviderEventBodyFields :one
+-- The digests of the body's top-level fields of the event recorded under an
+-- id (NULL for an event recorded before demo migration 00009), read after
+-- ProviderEventRecord in the same transaction: its ON CONFLICT waited for a
+-- concurrent delivery of the id to commit, so this reads the body that was
+-- kept, whichever delivery came first.
+SELECT body_fields FROM demo_provider_event WHERE event_id = @event_id;
 
 -- name: RefundConfirmed :one
 -- Whether the provider's event about a refund was applied to it.

@@ -43,15 +43,20 @@
 // The provider tells of every refund it makes with a webhook event, delivered
 // at least once, and often before the refund's finalize step has recorded the
 // provider's id: its answer and its event leave the provider together. The
-// provider event operation (ProviderEventOperation), keyed by the event's id,
-// applies an event in one transactional step, "confirm": it records the event
-// (demo_provider_event, once per id) and confirms the refund with that provider
-// refund id. The event and the refund meet in one row per provider refund id
-// (demo_refund_confirmation), which the confirm step and the refund's finalize
-// step each write their half of with INSERT ... ON CONFLICT DO UPDATE: the
-// second writer waits for the first one's commit and then sees its half, so the
-// one that comes second confirms the refund, once, whichever it is and however
-// they race. An event for a refund that is not finalized yet (or never will be
+// demo's endpoint is entry/webhook's Outcomes: EventOutcome is what it keeps
+// in the engine's inbox under the refund's derived key, and
+// RecordProviderEvent its TxFunc, in the same transaction: it records the
+// event (demo_provider_event, once per id, with a digest of each top-level
+// field of its body, so that an id that comes again with another body is
+// refused, under whatever key) and confirms the refund with that provider
+// refund id. (The provider event operation, ProviderEventOperation, which
+// applied events before, stays registered only so that one started before
+// still finishes.) The event and the refund meet in one row per provider
+// refund id (demo_refund_confirmation), which the event's record and the
+// refund's finalize step each write their half of with INSERT ... ON CONFLICT
+// DO UPDATE: the second writer waits for the first one's commit and then sees
+// its half, so the one that comes second confirms the refund, once, whichever
+// it is and however they race. An event for a refund that is not finalized yet (or never will be
 // here) is kept until it is. GetRefund says whether the refund is confirmed.
 //
 // # Queue

@@ -111,8 +111,10 @@ type Workflows struct {
 	// RefundVersions are the defined versions of the refund operation, by
 	// version; Refund is one of them.
 	RefundVersions map[int]*engine.Operation[RefundInput, RefundState, Refund]
-	// ProviderEvent applies a provider's webhook event: it confirms the
-	// refund the event names (see the package documentation, "Webhooks").
+	// ProviderEvent is the operation that applied a provider's webhook event
+	// before the demo's endpoint recorded events itself: registered only so
+	// that those a database holds unfinished still finish (see
+	// ProviderEventOperation). No event starts one.
 	ProviderEvent *engine.Operation[ProviderEventInput, ProviderEventState, ProviderEventResult]
 	// Settlement moves a client's whole merchant balance to the payout account
 	// of a slot, once per (client, slot) (see the package documentation,
@@ -121,15 +123,17 @@ type Workflows struct {
 
 	provider Provider
 	q        *refunddb.Queries
-	// engine, once Bind has set it, is what provider events settle waiting
-	// refunds with.
+	// engine, once Bind has set it, is what provider events are checked
+	// against the books with.
 	engine atomic.Pointer[engine.Engine]
 }
 
-// Bind gives the workflows the engine that runs them, which a provider's
-// event needs to settle a refund that waits for it (see confirm). Call it
-// once engine.New has made the engine, before its workers start. Without it,
-// a waiting refund is settled by its lookup alone.
+// Bind gives the workflows the engine that runs them, which
+// RecordProviderEvent needs to check a provider's event against the books at
+// once (and the provider event operations started before, to settle a refund
+// that waits for their event). Call it once engine.New has made the engine,
+// before its workers start. Without it, an event's mismatch is found by the
+// next reconciliation run.
 func (w *Workflows) Bind(e *engine.Engine) {
 	w.engine.Store(e)
 }
@@ -202,8 +206,9 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 }
 
 // Operations returns the order operation, every defined version of the
-// refund operation, the provider event operation and the settlement
-// operation, for engine.Config.Operations.
+// refund operation, the provider event operation (for those started before,
+// see ProviderEventOperation) and the settlement operation, for
+// engine.Config.Operations.
 func (w *Workflows) Operations() []engine.Definition {
 	defs := []engine.Definition{w.Order, w.ProviderEvent, w.Settlement}
 	for _, v := range slices.Sorted(maps.Keys(w.RefundVersions)) {

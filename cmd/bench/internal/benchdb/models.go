@@ -51,8 +51,9 @@ type DemoProviderEvent struct {
 	ProviderRefundID string
 	OrderID          string
 	Amount           int64
-	OperationID      pguuid.UUID
+	OperationID      *pguuid.UUID
 	ReceivedAt       time.Time
+	BodyFields       []byte
 }
 
 type DemoQueueMessage struct {

@@ -11,10 +11,26 @@ import (
 	"github.com/idemflow/idemflow/internal/pguuid"
 )
 
+const providerEventBodyFields = `-- name: ProviderEventBodyFields :one
+SELECT body_fields FROM demo_provider_event WHERE event_id = $1
+`
+
+// The digests of the body's top-level fields of the event recorded under an
+// id (NULL for an event recorded before demo migration 00009), read after
+// ProviderEventRecord in the same transaction: its ON CONFLICT waited for a
+// concurrent delivery of the id to commit, so this reads the body that was
+// kept, whichever delivery came first.
+func (q *Queries) ProviderEventBodyFields(ctx context.Context, db DBTX, eventID string) ([]byte, error) {
+	row := db.QueryRow(ctx, providerEventBodyFields, eventID)
+	var body_fields []byte
+	err := row.Scan(&body_fields)
+	return body_fields, err
+}
+
 const providerEventRecord = `-- name: ProviderEventRecord :exec
 WITH event AS (
-    INSERT INTO demo_provider_event (event_id, type, provider_refund_id, order_id, amount, operation_id)
-    VALUES ($1, $2, $3, $4, $5, $6)
+    INSERT INTO demo_provider_event (event_id, type, provider_refund_id, order_id, amount, operation_id, body_fields)
+    VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)
     ON CONFLICT (event_id) DO NOTHING
     RETURNING event_id, provider_refund_id, order_id, amount
 )
@@ -39,13 +55,17 @@ type ProviderEventRecordParams struct {
 	ProviderRefundID string
 	OrderID          string
 	Amount           int64
-	OperationID      pguuid.UUID
+	OperationID      *pguuid.UUID
+	BodyFields       []byte
 }
 
 // Records a provider's event about one of its refunds, and confirms the refund
-// when its finalize step has recorded it, in one statement that the confirm
-// step sends with engine.AtCommit. An event recorded already (delivered again
-// after the retention deleted its operation, whose key is then free) changes
+// when its finalize step has recorded it, in one statement: the webhook
+// endpoint's, in the transaction that keeps the event in the engine's inbox
+// (body_fields set, operation_id NULL), or the confirm step's of a
+// provider_event operation started before (body_fields NULL), sent with
+// engine.AtCommit. An event recorded already (a delivery again; the same id
+// under another key, which ProviderEventBodyFields then refuses) changes
 // nothing: the event is applied once, however often it comes (demo migration
 // 00005's comment, that a second run of the step fails on the key, predates
 // this).
@@ -63,6 +83,7 @@ func (q *Queries) ProviderEventRecord(ctx context.Context, db DBTX, arg Provider
 		arg.OrderID,
 		arg.Amount,
 		arg.OperationID,
+		arg.BodyFields,
 	)
 	return err
 }

@@ -2,6 +2,7 @@ package refund
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"testing"
@@ -17,11 +18,11 @@ import (
 	"github.com/idemflow/idemflow/workflows/refund/internal/refunddb"
 )
 
-// TestConfirm runs the provider event's confirm step and the refund's finalize
-// step on pgx transactions, in every order, and at once with each waiting for
-// the other's commit: the refund is confirmed once, when both have committed,
-// whichever came first.
-func TestConfirm(t *testing.T) {
+// TestRecordProviderEvent runs the webhook's record of a provider event and
+// the refund's finalize step on pgx transactions, in every order, and at once
+// with each waiting for the other's commit: the refund is confirmed once, when
+// both have committed, whichever came first.
+func TestRecordProviderEvent(t *testing.T) {
 	t.Parallel()
 
 	type bundle struct {
@@ -39,8 +40,25 @@ func TestConfirm(t *testing.T) {
 		require.NoError(t, err)
 		return &bundle{pool: pool, w: &Workflows{q: refunddb.New()}}
 	}
+	// record is the webhook's transaction: the event as its body says.
+	record := func(b *bundle, ctx context.Context, tx pgx.Tx, in ProviderEventInput) error {
+		body, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		fields, err := EventBodyFields(body)
+		if err != nil {
+			return err
+		}
+		return b.w.RecordProviderEvent(ctx, tx, ProviderEvent{Input: in, BodyFields: fields}, true)
+	}
 	// The two halves, for refund re_<i> and provider refund pr_<i>.
 	confirm := func(b *bundle, ctx context.Context, tx pgx.Tx, i int) error {
+		return record(b, ctx, tx, ProviderEventInput{ID: fmt.Sprintf("evt_%d", i), Type: EventRefundSucceeded, Data: ProviderEventData{RefundID: fmt.Sprintf("pr_%d", i), OrderID: "O-1", Amount: 1}})
+	}
+	// oldConfirm is the confirm step of a provider_event operation started
+	// before the endpoint recorded events itself, which still finishes.
+	oldConfirm := func(b *bundle, ctx context.Context, tx pgx.Tx, i int) error {
 		return b.w.confirm(ctx, tx, engine.Attempt{OperationKey: fmt.Sprintf("evt_%d", i), OperationID: uuid.New()},
 			ProviderEventInput{ID: fmt.Sprintf("evt_%d", i), Type: EventRefundSucceeded, Data: ProviderEventData{RefundID: fmt.Sprintf("pr_%d", i), OrderID: "O-1", Amount: 1}}, nil)
 	}
@@ -57,9 +75,9 @@ func TestConfirm(t *testing.T) {
 
 	t.Run("OneAfterTheOther", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, 2)
+		b := setup(t, 4)
 		ctx := t.Context()
-		for i, order := range [][2]half{{confirm, finalize}, {finalize, confirm}} {
+		for i, order := range [][2]half{{confirm, finalize}, {finalize, confirm}, {oldConfirm, finalize}, {finalize, oldConfirm}} {
 			require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return order[0](b, ctx, tx, i+1) }))
 			require.False(t, confirmed(t, b, i+1), "one half alone confirms nothing")
 			require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return order[1](b, ctx, tx, i+1) }))
@@ -125,8 +143,7 @@ func TestConfirm(t *testing.T) {
 		wrong := func(data ProviderEventData) half {
 			return func(b *bundle, ctx context.Context, tx pgx.Tx, i int) error {
 				data.RefundID = fmt.Sprintf("pr_%d", i)
-				return b.w.confirm(ctx, tx, engine.Attempt{OperationKey: fmt.Sprintf("evt_%d", i), OperationID: uuid.New()},
-					ProviderEventInput{ID: fmt.Sprintf("evt_%d", i), Type: EventRefundSucceeded, Data: data}, nil)
+				return record(b, ctx, tx, ProviderEventInput{ID: fmt.Sprintf("evt_%d", i), Type: EventRefundSucceeded, Data: data})
 			}
 		}
 		cases := [][2]half{
@@ -143,8 +160,6 @@ func TestConfirm(t *testing.T) {
 		}
 	})
 
-	// An event delivered again after the retention deleted its operation
-	// starts a new one, whose step records nothing: the event is applied once.
 	// A wrong event first does not keep a right one from confirming, whichever
 	// half comes last.
 	t.Run("ARightEventAfterAWrongOneConfirms", func(t *testing.T) {
@@ -153,9 +168,8 @@ func TestConfirm(t *testing.T) {
 		ctx := t.Context()
 		event := func(id string, amount int64) half {
 			return func(b *bundle, ctx context.Context, tx pgx.Tx, i int) error {
-				return b.w.confirm(ctx, tx, engine.Attempt{OperationKey: fmt.Sprintf("%s_%d", id, i), OperationID: uuid.New()},
-					ProviderEventInput{ID: fmt.Sprintf("%s_%d", id, i), Type: EventRefundSucceeded,
-						Data: ProviderEventData{RefundID: fmt.Sprintf("pr_%d", i), OrderID: "O-1", Amount: amount}}, nil)
+				return record(b, ctx, tx, ProviderEventInput{ID: fmt.Sprintf("%s_%d", id, i), Type: EventRefundSucceeded,
+					Data: ProviderEventData{RefundID: fmt.Sprintf("pr_%d", i), OrderID: "O-1", Amount: amount}})
 			}
 		}
 		for i, order := range [][]half{
@@ -184,5 +198,30 @@ func TestConfirm(t *testing.T) {
 		var events int
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM demo_provider_event`).Scan(&events))
 		require.Equal(t, 1, events)
+	})
+
+	// The same event id with another body is refused with the top-level
+	// fields that differ, whatever key it names, and whichever of the two
+	// deliveries waited for the other: the caller rolls it back.
+	t.Run("AnotherBodyUnderTheSameID", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 1)
+		ctx := t.Context()
+		first := ProviderEventInput{ID: "evt_1", Type: EventRefundSucceeded, Data: ProviderEventData{RefundID: "pr_1", IdempotencyKey: "key-1", OrderID: "O-1", Amount: 1}}
+		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return record(b, ctx, tx, first) }))
+		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return record(b, ctx, tx, first) }), "the same body again")
+
+		otherKey, otherType := first, first
+		otherKey.Data.IdempotencyKey = "key-2"
+		otherType.Type = EventRefundFailed
+		for in, fields := range map[*ProviderEventInput][]string{&otherKey: {"data"}, &otherType: {"type"}} {
+			err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return record(b, ctx, tx, *in) })
+			var reused *engine.EventReusedError
+			require.ErrorAs(t, err, &reused)
+			require.Equal(t, fields, reused.Fields)
+		}
+		var typ, amount string
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT type, amount::text FROM demo_provider_event WHERE event_id = 'evt_1'`).Scan(&typ, &amount))
+		require.Equal(t, []string{EventRefundSucceeded, "1"}, []string{typ, amount})
 	})
 }
