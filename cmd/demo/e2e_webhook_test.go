@@ -81,13 +81,12 @@ func TestWebhooks(t *testing.T) {
 		require.EqualValues(t, 1, dbCount(t, dbURL, "SELECT count(*) FROM demo_provider_event WHERE event_id = 'evt_TWICE'"))
 
 		// The same id with another body is another event under a taken id:
-		// under the same key (the engine's inbox finds it, naming the parts
-		// of the outcome that differ), under another key (the demo's record
-		// of the body finds it, naming the body's fields), or with another
-		// type.
+		// under the same key (the engine's inbox finds it), under another key
+		// (the demo's record of the body finds it), or with another type;
+		// each answer names the body's top-level fields that differ.
 		other := providerEvent("evt_TWICE", "pr_TWICE", "A-1", 999)
 		e := requireError(t, d.webhook(t, other, webhookSecret), http.StatusUnprocessableEntity, "idempotency_key_reused")
-		require.Equal(t, []string{"amount"}, e.MismatchedFields)
+		require.Equal(t, []string{"data"}, e.MismatchedFields)
 		otherKey := []byte(strings.Replace(string(body), "key-of-pr_TWICE", "key-of-another", 1))
 		e = requireError(t, d.webhook(t, otherKey, webhookSecret), http.StatusUnprocessableEntity, "idempotency_key_reused")
 		require.Equal(t, []string{"data"}, e.MismatchedFields)

@@ -52,7 +52,10 @@ type OutcomeConfig struct {
 	// with a part the outcome does not carry) by returning an
 	// *engine.EventReusedError whose Fields name what differs: the endpoint
 	// rolls everything back and answers 422 idempotency_key_reused with those
-	// fields as error.mismatchedFields, as it does when the inbox finds it.
+	// fields as error.mismatchedFields. When the inbox finds the event id
+	// reused first, TxFunc is asked too (added false, in a transaction that
+	// is rolled back): its own refusal's fields (the body's) are answered
+	// rather than the outcome's.
 	TxFunc func(ctx context.Context, tx pgx.Tx, o engine.Outcome, added bool) error
 	// Secrets are the secrets signatures are checked with, all at once: during
 	// a rotation, the old and the new one. Required with the built-in verifier,
@@ -268,6 +271,15 @@ func (ep *outcomes) recordOnce(ctx context.Context, o engine.Outcome) (bool, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }() // after a commit, a no-op
 	added, err := ep.e.RecordOutcome(ctx, tx, o)
+	if reused := (*engine.EventReusedError)(nil); errors.As(err, &reused) && ep.cfg.TxFunc != nil {
+		// The application knows its event better than the outcome does: a
+		// refusal of its own names the fields of its body that differ. The
+		// transaction is rolled back either way.
+		if terr := ep.cfg.TxFunc(ctx, tx, o, false); errors.As(terr, &reused) {
+			return false, reused
+		}
+		return false, err
+	}
 	if err != nil {
 		return false, err
 	}
