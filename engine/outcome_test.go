@@ -55,12 +55,6 @@ func succeededOutcome(event, key, ref string) engine.Outcome {
 func TestRecordOutcome(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pendingOnce := func(n int32) string {
-		if n == 1 {
-			return "pending"
-		}
-		return ""
-	}
 
 	t.Run("SucceededWhileWaiting", func(t *testing.T) {
 		t.Parallel()

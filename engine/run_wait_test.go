@@ -86,6 +86,14 @@ func (p *lateProvider) call(ctx context.Context, at engine.Attempt, _ int, s *la
 	return nil
 }
 
+// pendingOnce answers the first call pending, and makes every later one.
+func pendingOnce(n int32) string {
+	if n == 1 {
+		return "pending"
+	}
+	return ""
+}
+
 // land carries out a request that arrived earlier.
 func (p *lateProvider) land(key string) {
 	p.mu.Lock()
@@ -315,12 +323,6 @@ func TestUnknownOutcome(t *testing.T) {
 func TestPendingOutcome(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pendingOnce := func(n int32) string {
-		if n == 1 {
-			return "pending"
-		}
-		return ""
-	}
 
 	t.Run("SettledByLookup", func(t *testing.T) {
 		t.Parallel()
