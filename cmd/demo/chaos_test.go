@@ -62,10 +62,12 @@ var chaosClients = []struct{ name, token string }{{"merchant-a", tokenA}, {"merc
 // once and at random:
 //
 //   - SIGKILL of one of the demos every 0.5 to 3 seconds, restarted at once;
-//   - provider faults (error, lost_response, slow, pending) through
-//     /provider/faults: slow answers outlast the demos' -provider-timeout
-//     (500ms) and land late, within -provider-settle (4s); pending refunds
-//     settle succeeded or failed later, told by webhook or found by lookup;
+//   - provider faults (error, lost_response, slow, pending, lagging_lookup,
+//     lookup_error) through /provider/faults: slow answers outlast the demos'
+//     -provider-timeout (500ms) and land late, within -provider-settle (4s);
+//     pending refunds settle succeeded or failed later, told by webhook or
+//     found by lookup; a lagging lookup finds nothing for a while under the
+//     key of a refund made, whose event comes at once;
 //   - PostgreSQL restarted (fast shutdown, then start) every 3 to 12 seconds;
 //   - faults of the network between the demos and PostgreSQL, through a proxy
 //     of the test's (faultProxy): latency spikes (every byte delayed 50 to 300
@@ -519,11 +521,16 @@ func (r *chaosRun) reviveExited() {
 	}
 }
 
+// chaosFaults are the provider's fault modes that TestChaos injects.
+var chaosFaults = []string{"error", "lost_response", "slow", "pending", "lagging_lookup", "lookup_error"}
+
 // fault injects a provider fault for the next refund requests: one to three
-// errors or lost responses, one to six slow answers, or one to six pending
-// refunds that succeed or fail later.
+// errors or lost responses, one to six slow answers, one to six pending
+// refunds that succeed or fail later, one to three refunds made whose answer
+// is lost and whose lookup lags behind (their event sent at once), or one to
+// three lookups that cannot answer.
 func (r *chaosRun) fault() {
-	mode := []string{"error", "lost_response", "slow", "pending"}[r.rng.IntN(4)]
+	mode := chaosFaults[r.rng.IntN(len(chaosFaults))]
 	count, delay := 1+r.rng.IntN(3), 0
 	fault := map[string]any{"mode": mode}
 	switch mode {
@@ -535,6 +542,8 @@ func (r *chaosRun) fault() {
 	case "pending":
 		count, delay = 1+r.rng.IntN(6), 100+r.rng.IntN(1400)
 		fault["outcome"] = []string{"succeeded", "failed"}[r.rng.IntN(2)]
+	case "lagging_lookup":
+		delay = 100 + r.rng.IntN(1400)
 	}
 	fault["count"], fault["delayMs"] = count, delay
 	body, err := json.Marshal(fault)
@@ -1366,8 +1375,9 @@ func (r *chaosRun) report() {
 		fmt.Sprintf("  resends:            %d rounds of 2-3 concurrent copies; %d different-amount checks (422), %d metadata-only replays",
 			r.concurrent.Load(), r.reuseChecks.Load(), r.replayChecks.Load()),
 		fmt.Sprintf("  kills:              %d (SIGKILL, restarted at once); %d demos exited by themselves", r.kills.Load(), r.exits.Load()),
-		fmt.Sprintf("  provider faults:    %d injections (error %d, lost_response %d, slow %d, pending %d) for up to %d refund requests",
-			r.faultInjections.Load(), r.faults["error"], r.faults["lost_response"], r.faults["slow"], r.faults["pending"], r.faultRequests.Load()),
+		fmt.Sprintf("  provider faults:    %d injections (error %d, lost_response %d, slow %d, pending %d, lagging_lookup %d, lookup_error %d) for up to %d refund requests or lookups",
+			r.faultInjections.Load(), r.faults["error"], r.faults["lost_response"], r.faults["slow"], r.faults["pending"],
+			r.faults["lagging_lookup"], r.faults["lookup_error"], r.faultRequests.Load()),
 		fmt.Sprintf("  database restarts:  %d (fast shutdown, down up to 1s, start)", r.dbRestarts.Load()),
 		fmt.Sprintf("  database proxy:     %d latency spikes, %d resets (%d connections), %d stalls",
 			r.spikes.Load(), r.resets.Load(), r.resetConns.Load(), r.stalls.Load()),
