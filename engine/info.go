@@ -162,6 +162,10 @@ type StepInfo struct {
 	Pending      bool
 	WaitingSince *time.Time
 	SentAt       *time.Time
+	// Window is an external step's settle window in this process's
+	// definition (ExternalStepDef.Settle); zero when this process does not
+	// define the step. The window of a request already sent is SettleBy's.
+	Window time.Duration
 	// SettleBy is when a request of an external step that got no definite
 	// answer can no longer land, by the database's clock: fixed when the
 	// request was sent, with the step's window then. Nil for a step that sent
@@ -235,6 +239,7 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 				si.Kind = def.steps[i].kind
 				if si.Kind == StepKindExternal {
 					si.DerivedKey = derivedKey(rec.ID, rec.KeySecret, rec.Name, rec.Scope, rec.Key, name)
+					si.Window = def.steps[i].settle
 				}
 			}
 		} else if len(e.defs) == 0 {

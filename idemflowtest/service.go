@@ -327,8 +327,10 @@ func (p *proxy) land(r *http.Request, body []byte, timeout time.Duration) {
 	gaveUp := time.Now()
 	tick := time.NewTicker(TestPollInterval)
 	defer tick.Stop()
-	// sentAt is when the step's window began, by the database's clock.
+	// sentAt is when the step's window began, by the database's clock;
+	// checked, that the window was found shorter than the timeout.
 	var settleBy, sentAt time.Time
+	checked := false
 	for settleBy.IsZero() {
 		select {
 		case <-pl.ctx.Done():
@@ -348,6 +350,13 @@ func (p *proxy) land(r *http.Request, body []byte, timeout time.Duration) {
 		for _, s := range op.Steps {
 			if s.Name != pl.step {
 				continue
+			}
+			if s.Window > 0 && s.Window < timeout && !checked {
+				// Known from the definition at once: no need to wait for the
+				// database to fix the window.
+				checked = true
+				pl.problem(fmt.Errorf("idemflowtest: step %s's settle window (%s) is shorter than its call's timeout (about %s): a request the service takes as long to carry out as the step waits for its answer lands after the window, and its lookup takes it for not made",
+					pl.step, s.Window, timeout.Round(time.Millisecond)))
 			}
 			if s.Status == engine.StepStatusRunning || s.Status == engine.StepStatusPending {
 				break // still calling: its window is not fixed yet
@@ -370,7 +379,7 @@ func (p *proxy) land(r *http.Request, body []byte, timeout time.Duration) {
 			settleBy = time.Now()
 		}
 	}
-	if !sentAt.IsZero() {
+	if !sentAt.IsZero() && !checked {
 		if window := settleBy.Sub(sentAt); window < timeout {
 			pl.problem(fmt.Errorf("idemflowtest: step %s's settle window (about %s, by its settleBy) is shorter than its call's timeout (about %s): a request the service takes as long to carry out as the step waits for its answer lands after the window, and its lookup takes it for not made",
 				pl.step, window.Round(time.Millisecond), timeout.Round(time.Millisecond)))
