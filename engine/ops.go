@@ -130,7 +130,7 @@ func (e *Engine) runNow(ctx context.Context, tx pgx.Tx, rec *store.Operation) er
 	if rec.LockedBy != nil && rec.LockedUntil.After(time.Now()) {
 		return fmt.Errorf("engine: retry %s: %w", rec.ID, ErrRunning)
 	}
-	if err := e.wake(ctx, tx, rec, nil); err != nil {
+	if err := e.wake(ctx, tx, rec); err != nil {
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {

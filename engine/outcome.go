@@ -88,20 +88,20 @@ func (e *Engine) RecordOutcome(ctx context.Context, tx pgx.Tx, o Outcome) (bool,
 	if rec.State != store.OperationInProgress {
 		return true, nil
 	}
-	held, err := e.store.OperationHeld(ctx, tx, id)
-	if err != nil {
-		return false, fmt.Errorf("engine: record outcome: %w", err)
-	}
 	if other, err := e.otherReference(ctx, tx, rec, step, so); err != nil || other {
 		// Not the step's: it changes nothing, and is a mismatch at once.
 		return err == nil, err
+	}
+	held, err := e.store.OperationHeld(ctx, tx, id)
+	if err != nil {
+		return false, fmt.Errorf("engine: record outcome: %w", err)
 	}
 	if held {
 		// The live run reads the inbox before it decides, and a decision of
 		// "not made" waits for this transaction (idemflow_refuse_not_made).
 		return true, nil
 	}
-	if err := e.wake(ctx, tx, rec, nil); err != nil {
+	if err := e.wake(ctx, tx, rec); err != nil {
 		return false, err
 	}
 	e.logger.InfoContext(ctx, "outcome received for a waiting step; its operation is due at once",
@@ -282,13 +282,13 @@ func outcomeFailure(o *store.Outcome) *PermanentError {
 }
 
 // wake makes the operation due at once and inserts the River job that
-// carries it on, in tx; errJSON, when not nil, is recorded as its error.
-func (e *Engine) wake(ctx context.Context, tx pgx.Tx, rec *store.Operation, errJSON json.RawMessage) error {
-	if _, err := e.store.OperationWake(ctx, tx, rec.ID, errJSON); err != nil {
-		return fmt.Errorf("engine: record outcome %s: %w", rec.ID, err)
+// carries it on, in tx.
+func (e *Engine) wake(ctx context.Context, tx pgx.Tx, rec *store.Operation) error {
+	if _, err := e.store.OperationWake(ctx, tx, rec.ID); err != nil {
+		return fmt.Errorf("engine: wake %s: %w", rec.ID, err)
 	}
 	if _, err := e.river.InsertTx(ctx, tx, resumeArgs{OperationID: rec.ID, Operation: rec.Name}, &river.InsertOpts{Queue: e.cfg.Queue}); err != nil {
-		return fmt.Errorf("engine: record outcome %s: enqueue: %w", rec.ID, err)
+		return fmt.Errorf("engine: wake %s: enqueue: %w", rec.ID, err)
 	}
 	return nil
 }

@@ -179,9 +179,8 @@ func createdAt(id uuid.UUID) (time.Time, bool) {
 	if id.Version() != 7 {
 		return time.Time{}, false
 	}
-	var b [8]byte
-	copy(b[2:], id[:6])
-	return time.UnixMilli(int64(binary.BigEndian.Uint64(b[:]))), true
+	sec, nsec := id.Time().UnixTime()
+	return time.Unix(sec, nsec), true
 }
 
 // checkBooks checks the succeeded steps of the books whose records source

@@ -189,13 +189,6 @@ func (e *Engine) mismatches(ctx context.Context, db store.DBTX, p store.Mismatch
 // snapshot runs read in one read-only transaction that sees one snapshot of
 // the database, so that a list and its total agree.
 func (e *Engine) snapshot(ctx context.Context, read func(db store.DBTX) error) error {
-	tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return fmt.Errorf("engine: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := read(tx); err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
+	return pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
+		func(tx pgx.Tx) error { return read(tx) })
 }

@@ -113,7 +113,7 @@ func (r *run) settleLeft(ctx context.Context, st *stepDef) (time.Time, time.Dura
 	if !r.heldUntil.IsZero() {
 		later(r.heldUntil.Add(max(t.Window, st.settle)))
 	}
-	if w := r.waits[st.name]; w != nil && !w.sentAt.IsZero() && (w.unrecorded || w.settleBy.IsZero() && until.IsZero()) {
+	if w := r.waits[st.name]; w != nil && !w.sentAt.IsZero() && (w.unrecorded || w.settleBy.IsZero()) {
 		// Known by this process's clock only (a request just sent, or a row
 		// from before settle_by was stored): carried to the database's.
 		later(t.Now.Add(time.Until(w.sentAt.Add(st.settle))))

@@ -28,8 +28,10 @@ const stopTimeout = 30 * time.Second
 // cfg may be nil. Its zero Lease, SweepInterval and PollInterval take
 // TestLease, TestSweepInterval and TestPollInterval, so that retries and
 // resumes after a crash happen within the test; a nil Logger logs warnings and
-// errors only (see EnvLog); the rest is the engine's defaults. defs are added to its Operations. A test that sets the engine's
-// fault hooks (cfg.Test) uses HookEvent and the Point constants.
+// errors only (the environment variable IDEMFLOWTEST_LOG sets another level);
+// the rest is the engine's defaults. defs are added to its Operations. A test
+// that sets the engine's fault hooks (cfg.Test) uses HookEvent and the Point
+// constants.
 //
 //	func TestRefund(t *testing.T) {
 //		pool := idemflowtest.Pool(t, nil)

@@ -3,13 +3,13 @@ package idemflowtest
 import (
 	"log/slog"
 	"os"
-	"strings"
 )
 
 // envLog names the environment variable that sets the level of the logs of
 // the engines the kit makes (Engine, NewEngine, a Matrix's) when their
-// configuration gives no Logger: "debug", "info", "warn" or "error". Unset
-// (or anything else), it is "warn": an engine's info lines (every step
+// configuration gives no Logger: a slog level ("debug", "info", "warn",
+// "error", any case, or "info+2" and the like). Unset (or anything else), it
+// is "warn": an engine's info lines (every step
 // retried, every lookup) stay out of the test output, and what needs a look
 // stays in (see the package documentation, "Logs").
 const envLog = "IDEMFLOWTEST_LOG"
@@ -18,13 +18,8 @@ const envLog = "IDEMFLOWTEST_LOG"
 // that envLog names.
 func logger() *slog.Logger {
 	level := slog.LevelWarn
-	switch strings.ToLower(os.Getenv(envLog)) {
-	case "debug":
-		level = slog.LevelDebug
-	case "info":
-		level = slog.LevelInfo
-	case "error":
-		level = slog.LevelError
+	if err := level.UnmarshalText([]byte(os.Getenv(envLog))); err != nil {
+		level = slog.LevelWarn
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }

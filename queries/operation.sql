@@ -323,17 +323,15 @@ GROUP BY o.name, o.version
 ORDER BY name, version;
 
 -- name: OperationWake :execrows
--- Makes an operation in progress whose waiting step was just settled from
--- outside a run due at once, for the resume job inserted with it (or the
--- sweeper): unless a live run holds it, whose lease stands. With error, the
--- operation's permanent error is recorded first, so that its next run
--- compensates. Its attention is cleared (the next run marks it again if it
--- must); a parked operation stays parked, with its attention.
+-- Makes an operation in progress whose waiting step has something new to
+-- read (an outcome in the inbox, an operator's retry) due at once, for the
+-- resume job inserted with it (or the sweeper): unless a live run holds it,
+-- whose lease stands. Its attention is cleared (the next run marks it again
+-- if it must); a parked operation stays parked, with its attention.
 UPDATE idemflow_operation
 SET locked_until = CASE WHEN locked_by IS NULL OR locked_until < coalesce(sqlc.narg('now')::timestamptz, now())
                         THEN least(locked_until, coalesce(sqlc.narg('now')::timestamptz, now()))
                         ELSE locked_until END,
-    error = coalesce(sqlc.narg('error')::jsonb, error),
     attention_code = CASE WHEN parked THEN attention_code END,
     attention = CASE WHEN parked THEN attention END
 WHERE id = @id AND state = 'in_progress';

@@ -65,26 +65,6 @@ WHERE idemflow_step_row.state IN ('retrying', 'waiting')
 SELECT operation_id, name FROM idemflow_step_row
 WHERE derived_key = @derived_key AND state = 'waiting';
 
--- name: StepSettle :one
--- Settles a waiting step from outside a run (an event, an operator): succeeded
--- with output and resolved_by, or failed for good with its texts. Only a step
--- that waits is settled; the operation's row is locked by the caller first
--- (OperationGetForUpdate). Returns the number of rows settled.
-WITH u AS (
-    UPDATE idemflow_step_row
-    SET state = @state,
-        output = CASE WHEN @state::text = 'succeeded' THEN sqlc.narg('output')::json END,
-        resolved_by = sqlc.narg('resolved_by')::text,
-        last_error = sqlc.narg('last_error')::text,
-        last_cause = sqlc.narg('last_cause')::text,
-        pending = false,
-        waiting_since = NULL,
-        finished_at = coalesce(sqlc.narg('now')::timestamptz, now())
-    WHERE operation_id = @operation_id AND name = @name AND state = 'waiting'
-    RETURNING 1
-)
-SELECT count(*) FROM u;
-
 -- name: StepCompensated :execrows
 UPDATE idemflow_step_row
 SET state = 'compensated', finished_at = coalesce(sqlc.narg('now')::timestamptz, now())

@@ -278,12 +278,11 @@ func (s *Store) OperationSetError(ctx context.Context, db DBTX, id, run uuid.UUI
 	return n == 1, nil
 }
 
-// OperationWake makes an operation in progress, whose waiting step was just
-// settled from outside a run, due at once for a resume job (unless a live run
-// holds it), recording errJSON, when not nil, as its permanent error first.
-// It returns false when the operation is not in progress.
-func (s *Store) OperationWake(ctx context.Context, db DBTX, id uuid.UUID, errJSON json.RawMessage) (bool, error) {
-	n, err := s.q.OperationWake(ctx, db, dbsqlc.OperationWakeParams{ID: pguuid.UUID(id), Error: errJSON})
+// OperationWake makes an operation in progress, whose waiting step has
+// something new to read, due at once for a resume job (unless a live run
+// holds it). It returns false when the operation is not in progress.
+func (s *Store) OperationWake(ctx context.Context, db DBTX, id uuid.UUID) (bool, error) {
+	n, err := s.q.OperationWake(ctx, db, dbsqlc.OperationWakeParams{ID: pguuid.UUID(id)})
 	if err != nil {
 		return false, fmt.Errorf("store: wake operation: %w", err)
 	}

@@ -125,21 +125,6 @@ func (s *Store) StepRecordFailure(ctx context.Context, db DBTX, p StepRecordFail
 	return nil
 }
 
-// StepSettleParams settle a waiting step from outside a run: succeeded, with
-// the operation's state after it and how it was resolved, or failed for good,
-// with the failure's texts.
-type StepSettleParams struct {
-	OperationID uuid.UUID
-	Name        string
-	// State is StepSucceeded or StepFailed.
-	State StepState
-	// Output is the operation's state after a succeeded step.
-	Output     json.RawMessage
-	ResolvedBy string
-	LastError  string
-	LastCause  string
-}
-
 // StepWaitingByKey returns the operation and the name of the waiting step
 // whose derived key is key; ErrNotFound when no step waits under it.
 func (s *Store) StepWaitingByKey(ctx context.Context, db DBTX, key string) (uuid.UUID, string, error) {
@@ -148,26 +133,6 @@ func (s *Store) StepWaitingByKey(ctx context.Context, db DBTX, key string) (uuid
 		return uuid.Nil, "", mapErr("find waiting step", err)
 	}
 	return uuid.UUID(row.OperationID), row.Name, nil
-}
-
-// StepSettle settles a waiting step; it returns false, changing nothing, when
-// the step does not wait (it was settled already, or has not begun waiting).
-// The caller locks the operation's row first.
-func (s *Store) StepSettle(ctx context.Context, db DBTX, p StepSettleParams) (bool, error) {
-	arg := dbsqlc.StepSettleParams{
-		OperationID: pguuid.UUID(p.OperationID), Name: p.Name, State: string(p.State), Output: p.Output,
-	}
-	if p.ResolvedBy != "" {
-		arg.ResolvedBy = ptr(p.ResolvedBy)
-	}
-	if p.State == StepFailed {
-		arg.LastError, arg.LastCause = ptr(Text(p.LastError)), ptr(Text(p.LastCause))
-	}
-	n, err := s.q.StepSettle(ctx, db, arg)
-	if err != nil {
-		return false, fmt.Errorf("store: settle step %q: %w", p.Name, err)
-	}
-	return n == 1, nil
 }
 
 // StepCompensationFailed records the failed attempt number n of a succeeded

@@ -18,9 +18,15 @@ var (
 	// dial is the address of a dial error: "dial tcp 10.0.0.7:443: ...",
 	// "dial tcp: lookup provider.internal ...".
 	dial = regexp.MustCompile(`\b(dial (?:tcp|udp)[46]?(?::)? )(?:lookup )?[^\s:\[][^\s:]*(?::\d+)?`)
-	// ipv4 and ipv6 are addresses, with a port or without.
+	// ipv4 and ipv6 are addresses, with a port or without; an IPv6 zone
+	// follows %.
 	ipv4 = regexp.MustCompile(`\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b`)
-	ipv6 = regexp.MustCompile(`\[[0-9A-Fa-f:.%a-z]*:[0-9A-Fa-f:.%a-z]*\](?::\d+)?`)
+	ipv6 = regexp.MustCompile(`\[[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*(?:%[0-9A-Za-z]+)?\](?::\d+)?`)
+	// hostPort is a dotted host name with a port ("psp.internal:443"), as
+	// a read or write error on a connection names its ends; lookup is the
+	// host a name lookup failed for.
+	hostPort = regexp.MustCompile(`\b[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+:\d{1,5}\b`)
+	lookup   = regexp.MustCompile(`\b(lookup )[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+`)
 )
 
 // Addresses returns s with every URL and network address in it replaced by
@@ -29,5 +35,7 @@ func Addresses(s string) string {
 	s = url.ReplaceAllString(s, Withheld)
 	s = ipv6.ReplaceAllString(s, Withheld)
 	s = ipv4.ReplaceAllString(s, Withheld)
-	return dial.ReplaceAllString(s, "${1}"+Withheld)
+	s = hostPort.ReplaceAllString(s, Withheld)
+	s = dial.ReplaceAllString(s, "${1}"+Withheld)
+	return lookup.ReplaceAllString(s, "${1}"+Withheld)
 }

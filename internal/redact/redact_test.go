@@ -21,6 +21,11 @@ func TestAddresses(t *testing.T) {
 		{"dial tcp: lookup psp.internal on 127.0.0.53:53: no such host", "dial tcp: " + w + " on " + w + ": no such host"},
 		{"connect to postgres://app:secret@db-1:5432/app failed", "connect to " + w + " failed"},
 		{"dial tcp [fd00::7]:443: i/o timeout", "dial tcp " + w + ": i/o timeout"},
+		{"read tcp 127.0.0.1:5555->provider.internal:443: connection reset by peer", "read tcp " + w + "->" + w + ": connection reset by peer"},
+		{"write tcp provider.internal:443: broken pipe", "write tcp " + w + ": broken pipe"},
+		{"failed to connect to `host=db.internal user=app`: db.internal:5432 (db.internal): dial error", "failed to connect to `host=db.internal user=app`: " + w + " (db.internal): dial error"},
+		{"lookup psp.internal: no such host", "lookup " + w + ": no such host"},
+		{"the refund [amount:1] is pending", "the refund [amount:1] is pending"},
 		{"it will be known by 2026-12-07T05:00:00Z", "it will be known by 2026-12-07T05:00:00Z"},
 		{"step provider has failed 10 times after the point of no return; retried every 5m0s", "step provider has failed 10 times after the point of no return; retried every 5m0s"},
 	} {

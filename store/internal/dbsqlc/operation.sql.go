@@ -1173,26 +1173,23 @@ UPDATE idemflow_operation
 SET locked_until = CASE WHEN locked_by IS NULL OR locked_until < coalesce($1::timestamptz, now())
                         THEN least(locked_until, coalesce($1::timestamptz, now()))
                         ELSE locked_until END,
-    error = coalesce($2::jsonb, error),
     attention_code = CASE WHEN parked THEN attention_code END,
     attention = CASE WHEN parked THEN attention END
-WHERE id = $3 AND state = 'in_progress'
+WHERE id = $2 AND state = 'in_progress'
 `
 
 type OperationWakeParams struct {
-	Now   *time.Time
-	Error json.RawMessage
-	ID    pguuid.UUID
+	Now *time.Time
+	ID  pguuid.UUID
 }
 
-// Makes an operation in progress whose waiting step was just settled from
-// outside a run due at once, for the resume job inserted with it (or the
-// sweeper): unless a live run holds it, whose lease stands. With error, the
-// operation's permanent error is recorded first, so that its next run
-// compensates. Its attention is cleared (the next run marks it again if it
-// must); a parked operation stays parked, with its attention.
+// Makes an operation in progress whose waiting step has something new to
+// read (an outcome in the inbox, an operator's retry) due at once, for the
+// resume job inserted with it (or the sweeper): unless a live run holds it,
+// whose lease stands. Its attention is cleared (the next run marks it again
+// if it must); a parked operation stays parked, with its attention.
 func (q *Queries) OperationWake(ctx context.Context, db DBTX, arg OperationWakeParams) (int64, error) {
-	result, err := db.Exec(ctx, operationWake, arg.Now, arg.Error, arg.ID)
+	result, err := db.Exec(ctx, operationWake, arg.Now, arg.ID)
 	if err != nil {
 		return 0, err
 	}

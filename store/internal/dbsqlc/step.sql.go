@@ -239,54 +239,6 @@ func (q *Queries) StepResetSucceeded(ctx context.Context, db DBTX, operationID p
 	return err
 }
 
-const stepSettle = `-- name: StepSettle :one
-WITH u AS (
-    UPDATE idemflow_step_row
-    SET state = $1,
-        output = CASE WHEN $1::text = 'succeeded' THEN $2::json END,
-        resolved_by = $3::text,
-        last_error = $4::text,
-        last_cause = $5::text,
-        pending = false,
-        waiting_since = NULL,
-        finished_at = coalesce($6::timestamptz, now())
-    WHERE operation_id = $7 AND name = $8 AND state = 'waiting'
-    RETURNING 1
-)
-SELECT count(*) FROM u
-`
-
-type StepSettleParams struct {
-	State       string
-	Output      []byte
-	ResolvedBy  *string
-	LastError   *string
-	LastCause   *string
-	Now         *time.Time
-	OperationID pguuid.UUID
-	Name        string
-}
-
-// Settles a waiting step from outside a run (an event, an operator): succeeded
-// with output and resolved_by, or failed for good with its texts. Only a step
-// that waits is settled; the operation's row is locked by the caller first
-// (OperationGetForUpdate). Returns the number of rows settled.
-func (q *Queries) StepSettle(ctx context.Context, db DBTX, arg StepSettleParams) (int64, error) {
-	row := db.QueryRow(ctx, stepSettle,
-		arg.State,
-		arg.Output,
-		arg.ResolvedBy,
-		arg.LastError,
-		arg.LastCause,
-		arg.Now,
-		arg.OperationID,
-		arg.Name,
-	)
-	var count int64
-	err := row.Scan(&count)
-	return count, err
-}
-
 const stepUpdateSucceeded = `-- name: StepUpdateSucceeded :exec
 WITH u AS (
     SELECT unnest($1::text[]) AS name,
