@@ -135,20 +135,22 @@ func (e *Engine) judge(ctx context.Context, db store.DBTX, source string, recs [
 		succeeded := recorded && st.state == store.StepSucceeded
 		undone := recorded && st.state == store.StepCompensated
 		status := r.Status.OrDefault()
-		kind, detail := reconcile.Kind(""), ""
+		var found []difference
 		switch {
 		case status == reconcile.Succeeded && !succeeded && !undone:
-			kind, detail = reconcile.NotSucceeded, fmt.Sprintf("the record moved money; the operation %s and its step %s did not succeed", op.State, m.step)
+			found = []difference{{reconcile.NotSucceeded, fmt.Sprintf("the record moved money; the operation %s and its step %s did not succeed", op.State, m.step)}}
 		case status == reconcile.Failed && succeeded:
-			kind, detail = reconcile.RecordFailed, fmt.Sprintf("the step %s succeeded; the record failed and moved nothing", m.step)
+			found = []difference{{reconcile.RecordFailed, fmt.Sprintf("the step %s succeeded; the record failed and moved nothing", m.step)}}
 		case status == reconcile.Succeeded && succeeded:
-			kind, detail = e.compare(op, m.step, st, refs[op.ID], r)
+			found = e.compare(op, m.step, st, refs[op.ID], r)
 		}
-		if kind == "" {
+		if len(found) == 0 {
 			j.inOrder = append(j.inOrder, r.Key)
 			continue
 		}
-		j.found = append(j.found, mismatchOf(r, kind, op.ID, m.step, detail))
+		for _, d := range found {
+			j.found = append(j.found, mismatchOf(r, d.kind, op.ID, m.step, d.detail))
+		}
 	}
 	j.found = lastOfEach(j.found)
 	return j, nil
@@ -182,35 +184,40 @@ func (e *Engine) mayHaveExpired(id uuid.UUID, now time.Time) bool {
 	return ok && made.Before(now.Add(-e.shortestRetention()))
 }
 
+// difference is one way a record and the books disagree.
+type difference struct {
+	kind   reconcile.Kind
+	detail string
+}
+
 // compare compares a succeeded step's record with what the books hold: the
 // reference the step recorded, whoever recorded it (its call, its lookup, an
 // event or an operator), and its operation's input (the step's reconcile
-// function).
-func (e *Engine) compare(op *store.ReconcileOperation, step string, st bookStep, operatorRef string, r *reconcile.Record) (reconcile.Kind, string) {
+// function). A record may be wrong both ways: each is a mismatch of its own.
+func (e *Engine) compare(op *store.ReconcileOperation, step string, st bookStep, operatorRef string, r *reconcile.Record) []difference {
+	var found []difference
 	def := e.def(op.Name, op.Version)
 	if booked := e.bookedReference(def, step, st, operatorRef); booked != "" && r.Reference != "" && booked != r.Reference {
-		return reconcile.ReferenceDiffers, fmt.Sprintf("the books hold the step %s as made under %q (resolved by %s); the record is %q",
-			step, booked, resolvedByText(st.resolvedBy), r.Reference)
+		found = append(found, difference{reconcile.ReferenceDiffers, fmt.Sprintf("the books hold the step %s as made under %q (resolved by %s); the record is %q",
+			step, booked, resolvedByText(st.resolvedBy), r.Reference)})
 	}
 	if def == nil {
-		return "", "" // another process's version: nothing to compare with here
+		return found // another process's version: no input to compare with here
 	}
 	i, ok := def.index[step]
 	if !ok || def.steps[i].reconcile == nil {
-		return "", ""
+		return found
 	}
-	sd := def.steps[i]
 	in, err := def.reloadInput(op.Input)
 	if err != nil {
 		e.logger.Warn("reconcile: the operation's input does not decode; its record is not compared",
 			slog.String("operation_id", op.ID.String()), slog.Any("error", err))
-		return "", ""
+		return found
 	}
-	kind := sd.reconcile(in, *r)
-	if kind == "" {
-		return "", ""
+	if kind := def.steps[i].reconcile(in, *r); kind != "" {
+		found = append(found, difference{kind, fmt.Sprintf("the record (amount %d, reference %q) is not what the operation asked for", r.Amount, r.Reference)})
 	}
-	return kind, fmt.Sprintf("the record (amount %d, reference %q) is not what the operation asked for", r.Amount, r.Reference)
+	return found
 }
 
 func mismatchOf(r *reconcile.Record, kind reconcile.Kind, op uuid.UUID, step, detail string) store.Mismatch {

@@ -412,3 +412,37 @@ func TestReconcileOddPages(t *testing.T) {
 	}
 	require.Equal(t, map[string]int64{"/by-hand-1": 5, "/by-hand-2": 7, "twice/r-1": 1, "twice/r-2": 2}, got)
 }
+
+// TestReconcileWrongBothWays: a record wrong both in its reference and in
+// what it moved is two mismatches, one of each kind.
+func TestReconcileWrongBothWays(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	book := &ledgerOf{}
+	step := engine.ExternalStep("pay", func(_ context.Context, at engine.Attempt, in payIn, s *payState) error {
+		book.add(reconcile.Record{Key: at.Key, Reference: "ch_1", Amount: in.Amount})
+		s.Ref = "ch_1"
+		return nil
+	}).Reconcile(func(in payIn, rec reconcile.Record) reconcile.Kind {
+		if rec.Amount != in.Amount {
+			return reconcile.AmountDiffers
+		}
+		return ""
+	}).Records("bank", func(s *payState) string { return s.Ref })
+	op, err := engine.NewOperation("pay", []engine.Step[payIn, payState]{step},
+		func(_ payIn, s *payState) (payState, error) { return *s, nil }, nil)
+	require.NoError(t, err)
+	e := idemflowtest.NewEngine(t, testdb.Pool(t), &engine.Config{
+		Reconcile: reconcile.Config{Sources: []reconcile.Source{{Name: "bank", List: book.list}}, Interval: -1},
+	}, op)
+	paid := pay(t, e, op, "k", payIn{Amount: 100})
+	_, err = e.CheckRecord(ctx, nil, "bank", reconcile.Record{Key: paid.Steps[0].DerivedKey, Reference: "ch_2", Amount: 101})
+	require.NoError(t, err)
+	got, err := e.Get(ctx, paid.ID)
+	require.NoError(t, err)
+	var kinds []reconcile.Kind
+	for _, m := range got.Mismatches {
+		kinds = append(kinds, m.Kind)
+	}
+	require.ElementsMatch(t, []reconcile.Kind{reconcile.ReferenceDiffers, reconcile.AmountDiffers}, kinds)
+}
