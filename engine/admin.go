@@ -37,7 +37,7 @@ func NewAdmin(ctx context.Context, pool *pgxpool.Pool) (*Admin, error) {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	st := store.New()
-	return &Admin{pool: pool, store: st, reader: &Engine{pool: pool, control: pool, store: st}}, nil
+	return &Admin{pool: pool, store: st, reader: &Engine{pool: pool, control: pool, store: st, logger: slog.Default()}}, nil
 }
 
 // List lists operations, as Engine.List does.
@@ -181,6 +181,25 @@ func (a *Admin) Resolve(ctx context.Context, id uuid.UUID, res Resolution) (*Ope
 	}
 	made := res.Made
 	return a.request(ctx, store.OperatorRequest{OperationID: id, Action: string(ActionResolve), Reason: res.Reason, Made: &made, Reference: res.Reference})
+}
+
+// Approve approves the operation id, which waits at its ApprovalStep, as
+// Engine.Approve does: at once, since it needs no definition. Its resume is
+// left to the live processes' sweepers (within their SweepInterval).
+func (a *Admin) Approve(ctx context.Context, id uuid.UUID, reason string) (*Info, error) {
+	return a.reader.Approve(ctx, id, reason)
+}
+
+// Reject rejects the operation id, which waits at its ApprovalStep, as
+// Engine.Reject does.
+func (a *Admin) Reject(ctx context.Context, id uuid.UUID, reason string) (*Info, error) {
+	return a.reader.Reject(ctx, id, reason)
+}
+
+// Approvals lists the operations that wait for approvals, as
+// Engine.Approvals does.
+func (a *Admin) Approvals(ctx context.Context, limit int) ([]AwaitingApproval, error) {
+	return a.reader.Approvals(ctx, limit)
 }
 
 // Cancel asks the live processes to cancel the operation id, as Engine.Cancel
@@ -336,6 +355,7 @@ func (e *Engine) keepRequests(ctx context.Context, ids []int64) (stop func()) {
 // changed nothing.
 func refusal(err error) bool {
 	return slices.ContainsFunc([]error{ErrPastPivot, ErrFinished, ErrNotFailed, ErrCompensated, ErrRunning, errCannotCancel, ErrNotFound,
-		ErrFinal, ErrOutcomeUnknown, ErrNotResolvable, ErrResolutionContradicts, ErrInvalidResolution},
+		ErrFinal, ErrOutcomeUnknown, ErrNotResolvable, ErrResolutionContradicts, ErrInvalidResolution,
+		ErrWaitOver, ErrNotAwaitingApproval, ErrReasonRequired},
 		func(target error) bool { return errors.Is(err, target) })
 }

@@ -23,16 +23,21 @@ const (
 	ActionCancel Action = "cancel"
 	// ActionResolve: an operator's word on a call's outcome (Engine.Resolve).
 	ActionResolve Action = "resolve"
+	// ActionApprove: an approval at an ApprovalStep (Engine.Approve).
+	ActionApprove Action = "approve"
+	// ActionReject: a rejection at an ApprovalStep (Engine.Reject).
+	ActionReject Action = "reject"
 )
 
-// AuditEntry is one operator request on an operation: a retry, a
-// cancel or a resolve, done or refused, kept with the operation for as long
+// AuditEntry is one operator request on an operation: a retry, a cancel, a
+// resolve, an approval or a rejection, done or refused, kept with the operation for as long
 // as it is.
 type AuditEntry struct {
 	// At is when the request was carried out, or asked while it waits for a
 	// process (Result "pending").
 	At time.Time
-	// Action is ActionRetry, ActionCancel or ActionResolve.
+	// Action is ActionRetry, ActionCancel, ActionResolve, ActionApprove or
+	// ActionReject.
 	Action Action
 	// Actor is who asked (WithActor), Reason why.
 	Actor  string

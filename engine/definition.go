@@ -168,6 +168,9 @@ func (op *Operation[In, S, Out]) erase() *opDef {
 			sd.reconcile = func(in any, rec reconcile.Record) reconcile.Kind { return fn(in.(In), rec) }
 		}
 		sd.source = s.source
+		if s.wait != nil {
+			sd.wait = s.wait.erase()
+		}
 		if s.reference != nil {
 			fn := s.reference
 			sd.reference = func(state any) string { return fn(state.(*S)) }

@@ -73,6 +73,8 @@ type Engine struct {
 	// schema is what this process knows of a database that a newer build
 	// migrated (see Health).
 	schema schemaWatch
+	// timers keeps the moments of waits (timerLoop).
+	timers timers
 }
 
 // handedToRiver warns, once per process, when an operation goes to a River job
@@ -116,6 +118,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		defs:      make(map[defKey]*opDef, len(c.Operations)),
 		versions:  make(map[string][]int32),
 		waiters:   make(map[uuid.UUID][]chan *Info),
+		timers:    newTimers(),
 
 		settleWindows: make(map[string]*time.Duration),
 	}
@@ -232,10 +235,14 @@ func (e *Engine) StartWorkers(ctx context.Context) error {
 	if err := e.heartbeat(ctx); err != nil {
 		e.logger.WarnContext(ctx, "could not record this process for operators", slog.Any("error", err))
 	}
-	e.sweeps.Add(1)
+	e.sweeps.Add(2)
 	go func() {
 		defer e.sweeps.Done()
 		e.sweepLoop(e.baseCtx)
+	}()
+	go func() {
+		defer e.sweeps.Done()
+		e.timerLoop(e.baseCtx)
 	}()
 	return nil
 }

@@ -117,6 +117,18 @@ var (
 	// ErrInvalidCursor is returned by MismatchList for an After that is not
 	// a Next it gave.
 	ErrInvalidCursor = errors.New("invalid cursor")
+	// ErrSignalReused is matched by a *SignalReusedError: a signal id sent
+	// before to the operation with another name or payload.
+	ErrSignalReused = errors.New("signal id reused with another signal")
+	// ErrWaitOver: a signal, an approval or a rejection came after the
+	// deadline of the step that waited for it (the deadline won), or after
+	// that step was decided.
+	ErrWaitOver = errors.New("the wait is over")
+	// ErrNotAwaitingApproval: an approval or a rejection of an operation in
+	// progress that does not wait for approval.
+	ErrNotAwaitingApproval = errors.New("the operation does not wait for approval")
+	// ErrReasonRequired: an approval or a rejection without a reason.
+	ErrReasonRequired = errors.New("a reason is required")
 )
 
 // IsUnavailable reports whether err says that the database could not be
@@ -170,6 +182,17 @@ const (
 	CodePermanent = "permanent"
 	// CodeCancelled: an operator cancelled the operation (Engine.Cancel).
 	CodeCancelled = "cancelled"
+	// CodeRejected: an operator rejected the operation at its ApprovalStep
+	// (Engine.Reject). A business failure (ApprovalStepDef.Codes may name
+	// it otherwise).
+	CodeRejected = "rejected"
+	// CodeApprovalExpired: an ApprovalStep's wait expired before enough
+	// operators approved. A business failure (ApprovalStepDef.Codes may
+	// name it otherwise).
+	CodeApprovalExpired = "approval_expired"
+	// CodeSignalTimeout: a SignalStep's deadline passed with no signal, and
+	// it has no timeout function. A business failure.
+	CodeSignalTimeout = "signal_timeout"
 	// CodeUnreadableError: the stored error could not be decoded. A server fault.
 	CodeUnreadableError = "unreadable_error"
 

@@ -179,6 +179,24 @@ type StepInfo struct {
 	// operators.
 	LastError string
 	LastCause string
+	// Wait, for a step in StepStatusWaiting, says what it waits for and
+	// until when.
+	Wait *WaitInfo
+}
+
+// WaitInfo is what a waiting step waits for (StepInfo.Wait).
+type WaitInfo struct {
+	Reason WaitReason
+	// Signal is the signal a SignalStep waits for.
+	Signal string
+	// Until is when the wait ends, by the database's clock: a TimerStep's
+	// moment, a deadline, an approval's expiry, or an external step's
+	// SettleBy. Nil: no end is fixed.
+	Until *time.Time
+	// Need is how many distinct actors must approve, ApprovedBy those who
+	// did, in the order they did (WaitApproval).
+	Need       int
+	ApprovedBy []string
 }
 
 // Get reads an operation and its steps. It returns ErrNotFound when there is none.
@@ -263,10 +281,13 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 				si.Status = StepStatusWaiting
 				si.Pending = s.Pending
 				si.WaitingSince = s.WaitingSince
+				if si.Wait, err = e.waitInfo(ctx, rec, s); err != nil {
+					return nil, err
+				}
 				if rec.State != store.OperationInProgress {
 					// Its operation ended without it (an operator's cancel
 					// once its window had passed): its calls took no effect.
-					si.Status, si.Pending, si.WaitingSince = StepStatusFailed, false, nil
+					si.Status, si.Pending, si.WaitingSince, si.Wait = StepStatusFailed, false, nil, nil
 				}
 			case store.StepSucceeded:
 				si.Status = StepStatusSucceeded
@@ -292,6 +313,27 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 		info.Steps = append(info.Steps, si)
 	}
 	return info, nil
+}
+
+// waitInfo is what the waiting step s waits for.
+func (e *Engine) waitInfo(ctx context.Context, rec *store.Operation, s store.Step) (*WaitInfo, error) {
+	if s.WaitReason == "" {
+		return &WaitInfo{Reason: WaitOutcome, Until: s.SettleBy}, nil
+	}
+	w := &WaitInfo{Reason: WaitReason(s.WaitReason), Until: s.WaitUntil, Need: s.WaitNeed}
+	switch w.Reason {
+	case WaitSignal:
+		w.Signal = s.WaitSignal
+	case WaitApproval:
+		signals, err := e.store.SignalList(ctx, e.pool, rec.ID, []string{signalApprove})
+		if err != nil {
+			return nil, e.statementErr(ctx, err)
+		}
+		for _, g := range signals {
+			w.ApprovedBy = append(w.ApprovedBy, g.Actor)
+		}
+	}
+	return w, nil
 }
 
 // versionNotRun is the attention of an operation on a version no live process

@@ -51,6 +51,10 @@ type Observer struct {
 	// request (Retry, Cancel, Resolve): action is ActionRetry, ActionCancel or
 	// ActionResolve, result "done", "refused" or "failed".
 	OperatorRequested func(ctx context.Context, action Action, result string)
+	// Waited: a step that waited for a signal, a moment or approvals
+	// (reason) was decided here, after waiting for waited, by the
+	// database's clock, from the moment it was reached.
+	Waited func(ctx context.Context, step StepEvent, reason WaitReason, waited time.Duration)
 	// Reconciled: a reconciliation run of a source ended here; counts are
 	// the mismatches of each kind now (as Engine.MismatchCounts), so that a
 	// gauge shows a run's findings at once.
@@ -102,6 +106,13 @@ func Observers(obs ...*Observer) *Observer {
 			for _, o := range list {
 				if o.LookedUp != nil {
 					o.LookedUp(ctx, s, found)
+				}
+			}
+		},
+		Waited: func(ctx context.Context, s StepEvent, reason WaitReason, waited time.Duration) {
+			for _, o := range list {
+				if o.Waited != nil {
+					o.Waited(ctx, s, reason, waited)
 				}
 			}
 		},
@@ -313,10 +324,10 @@ type InProgress struct {
 	Runnable bool
 	Count    int64
 	// NeedingAttention counts those that need attention (Info.NeedsAttention);
-	// WaitingOutcome those with a step that waits for its outcome
-	// (StepStatusWaiting).
+	// Waiting those that wait with no process busy on them, by what they
+	// wait for (a step in StepStatusWaiting); a reason with none is absent.
 	NeedingAttention int64
-	WaitingOutcome   int64
+	Waiting          map[WaitReason]int64
 	Oldest           time.Duration
 }
 
@@ -333,7 +344,13 @@ func (e *Engine) InProgress(ctx context.Context) ([]InProgress, error) {
 	out := make([]InProgress, len(stats))
 	for i, s := range stats {
 		out[i] = InProgress{Name: s.Name, Version: s.Version, Runnable: e.def(s.Name, s.Version) != nil,
-			Count: s.InProgress, NeedingAttention: s.NeedingAttention, WaitingOutcome: s.WaitingOutcome, Oldest: s.Oldest}
+			Count: s.InProgress, NeedingAttention: s.NeedingAttention, Oldest: s.Oldest, Waiting: map[WaitReason]int64{}}
+		for reason, n := range map[WaitReason]int64{WaitOutcome: s.WaitingOutcome, WaitSignal: s.WaitingSignal,
+			WaitTimer: s.WaitingTimer, WaitApproval: s.WaitingApproval} {
+			if n > 0 {
+				out[i].Waiting[reason] = n
+			}
+		}
 	}
 	return out, nil
 }

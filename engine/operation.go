@@ -108,8 +108,16 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 			return nil, fmt.Errorf("engine: operation %q: step %d's name %q is not UTF-8 without NUL", name, i, s.name)
 		case seen[s.name]:
 			return nil, fmt.Errorf("engine: operation %q: %w: %q", name, ErrDuplicateStep, s.name)
-		case s.kind == StepKindTx && s.tx == nil, s.kind == StepKindExternal && s.external == nil, s.kind == "":
+		case s.kind == StepKindTx && s.tx == nil, s.kind == StepKindExternal && s.external == nil, s.kind == StepKindWait && s.wait == nil, s.kind == "":
 			return nil, fmt.Errorf("engine: operation %q: step %q has no function", name, s.name)
+		}
+		if w := s.wait; w != nil {
+			switch {
+			case w.reason == WaitSignal && w.apply == nil, w.reason == WaitTimer && w.until == nil, w.reason == WaitApproval && w.policy == nil:
+				return nil, fmt.Errorf("engine: operation %q: step %q has no function", name, s.name)
+			case w.reason == WaitSignal && (w.signal == "" || strings.HasPrefix(w.signal, "idemflow.")):
+				return nil, fmt.Errorf("engine: operation %q: step %q: the signal's name must not be empty nor begin with \"idemflow.\"", name, s.name)
+			}
 		}
 		if err := s.retry.validate(); err != nil {
 			return nil, fmt.Errorf("engine: operation %q: step %q: %w", name, s.name, err)

@@ -255,9 +255,12 @@ func (r *run) runSteps(ctx context.Context) (*Info, error) {
 			err  error
 		)
 		for {
-			if st.kind == StepKindTx {
+			switch st.kind {
+			case StepKindTx:
 				info, err = r.runTxStep(ctx, i, st, last)
-			} else {
+			case StepKindWait:
+				info, err = r.runWaitStep(ctx, i, st, last)
+			default:
 				info, err = r.runExternalStep(ctx, i, st, last)
 			}
 			if !errors.Is(err, errRetryNow) {

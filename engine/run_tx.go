@@ -37,6 +37,14 @@ func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*In
 		tx.end(ctx)
 		return r.stepFailed(ctx, i, st, attempt, started, err)
 	}
+	return r.commitStep(ctx, tx, i, st, attempt, started, last)
+}
+
+// commitStep checkpoints a step whose writes tx holds and commits them with
+// it (with the result, when it is the last step). A statement the step
+// queued with AtCommit that fails, or a result function that fails, rolls
+// all of it back: the step did not succeed.
+func (r *run) commitStep(ctx context.Context, tx *txn, i int, st *stepDef, attempt int, started time.Time, last bool) (*Info, error) {
 	prevState, prevRaw, prevStatus := r.state, r.stateRaw, r.status[st.name]
 	// undo takes back what succeeded queued, for a transaction that committed
 	// nothing after all.
@@ -49,7 +57,10 @@ func (r *run) runTxStep(ctx context.Context, i int, st *stepDef, last bool) (*In
 		tx.end(ctx)
 		return r.parkUndecodable(ctx, err)
 	}
-	var info *Info
+	var (
+		info *Info
+		err  error
+	)
 	if last {
 		info, err = r.commitSuccess(ctx, tx)
 	} else {

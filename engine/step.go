@@ -40,8 +40,9 @@ type Attempt struct {
 	OperationKey string
 }
 
-// Step is one named step of an operation: a TxStepDef or an ExternalStepDef, made
-// with TxStep or ExternalStep.
+// Step is one named step of an operation: a TxStepDef, an ExternalStepDef, a
+// SignalStepDef, a TimerStepDef or an ApprovalStepDef, made with their
+// functions.
 type Step[In, S any] interface {
 	// Name returns the step's name.
 	Name() string
@@ -69,6 +70,8 @@ type stepSpec[In, S any] struct {
 	// source and reference: see ExternalStepDef.Records.
 	source    string
 	reference func(state *S) string
+	// wait is a wait step's (SignalStep, TimerStep, ApprovalStep).
+	wait *waitSpec[In, S]
 }
 
 // TxStepDef declares a transactional step. Make one with TxStep; its methods
@@ -247,6 +250,8 @@ type stepDef struct {
 	// recorded from the state after it (ExternalStepDef.Records).
 	source    string
 	reference func(state any) string
+	// wait is what a wait step waits for.
+	wait *waitDef
 }
 
 // pivot reports whether the step is a point of no return: it calls out and
@@ -262,4 +267,8 @@ const (
 	// derived idempotency key, the same on every attempt, and its result is
 	// checkpointed as soon as it returns.
 	StepKindExternal StepKind = "external"
+	// StepKindWait is a step that waits for a signal, a moment or operators'
+	// approvals (SignalStep, TimerStep, ApprovalStep), with no process busy on
+	// it meanwhile.
+	StepKindWait StepKind = "wait"
 )

@@ -53,7 +53,8 @@ UPDATE idemflow_operation
 SET locked_by = @run_id,
     locked_until = coalesce(sqlc.narg('now')::timestamptz, now()) + @lease::interval,
     runs = runs + 1,
-    settle_window = greatest(settle_window, sqlc.narg('settle_window')::interval)
+    settle_window = greatest(settle_window, sqlc.narg('settle_window')::interval),
+    wake_at = NULL
 WHERE id = @id
   AND state = 'in_progress'
   AND version = ANY (sqlc.arg(versions)::integer[])
@@ -298,16 +299,18 @@ LIMIT @max;
 
 -- name: OperationInProgressStats :many
 -- Per operation type and version, the operations in progress, how many of
--- them need attention (as Info.NeedsAttention has it), how many wait for a step's outcome, and the age of the
+-- them need attention (as Info.NeedsAttention has it), how many wait with no
+-- process busy on them, by reason, and the age of the
 -- oldest, by the database's clock: a scan of idemflow_operation_unfinished,
 -- which reads the rows of unfinished operations only, and a probe of each
 -- one's step rows.
 SELECT o.name, o.version, count(*)::bigint AS in_progress,
        count(*) FILTER (WHERE o.attention_code IS NOT NULL OR w.waits
                         OR EXISTS (SELECT 1 FROM idemflow_mismatch AS m WHERE m.operation_id = o.id))::bigint AS needing_attention,
-       count(*) FILTER (WHERE EXISTS (
-           SELECT 1 FROM idemflow_step_row AS s WHERE s.operation_id = o.id AND s.state = 'waiting'
-       ))::bigint AS waiting_outcome,
+       count(*) FILTER (WHERE wr.reason = 'outcome')::bigint AS waiting_outcome,
+       count(*) FILTER (WHERE wr.reason = 'signal')::bigint AS waiting_signal,
+       count(*) FILTER (WHERE wr.reason = 'timer')::bigint AS waiting_timer,
+       count(*) FILTER (WHERE wr.reason = 'approval')::bigint AS waiting_approval,
        extract(epoch FROM now() - min(o.created_at))::float8 AS oldest_seconds
 FROM idemflow_operation AS o
 -- As OperationList's version_waiting: no live process runs the version, one
@@ -318,6 +321,14 @@ CROSS JOIN LATERAL (
        AND NOT EXISTS (SELECT 1 FROM idemflow_process AS p
                        WHERE p.seen_at + 3 * p.lease >= now() AND o.name || '@' || o.version = ANY (p.definitions)) AS waits
 ) AS w
+-- Why it waits with no process busy on it, when it does: an external step
+-- waits for its outcome (wait_reason null), or a step for a signal, a moment
+-- or approvals.
+LEFT JOIN LATERAL (
+    SELECT coalesce(s.wait_reason, 'outcome') AS reason FROM idemflow_step_row AS s
+    WHERE s.operation_id = o.id AND s.state = 'waiting'
+    LIMIT 1
+) AS wr ON true
 WHERE o.state = 'in_progress'
 GROUP BY o.name, o.version
 ORDER BY name, version;

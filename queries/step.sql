@@ -2,7 +2,8 @@
 -- The operation's recorded steps: its rows and its checkpoints.
 SELECT operation_id, name, position, state, attempts, output, last_error,
        started_at, finished_at, last_cause, resolved_by, compensations,
-       sent_at, pending, waiting_since, settle_by, reference
+       sent_at, pending, waiting_since, settle_by, reference,
+       wait_reason, wait_signal, wait_until, wait_need
 FROM idemflow_step_recorded WHERE operation_id = @operation_id ORDER BY position;
 
 -- name: StepMaterialize :exec

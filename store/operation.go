@@ -502,9 +502,14 @@ type InProgressStat struct {
 	Version    int
 	InProgress int64
 	// NeedingAttention counts those that wait for an operator;
-	// WaitingOutcome those with a step that waits for its outcome.
+	// WaitingOutcome those with a step that waits for its outcome,
+	// WaitingSignal, WaitingTimer and WaitingApproval those with a step that
+	// waits for a signal, a moment or approvals.
 	NeedingAttention int64
 	WaitingOutcome   int64
+	WaitingSignal    int64
+	WaitingTimer     int64
+	WaitingApproval  int64
 	Oldest           time.Duration
 }
 
@@ -518,7 +523,7 @@ func (s *Store) OperationInProgressStats(ctx context.Context, db DBTX) ([]InProg
 	out := make([]InProgressStat, len(rows))
 	for i, r := range rows {
 		out[i] = InProgressStat{Name: r.Name, Version: int(r.Version), InProgress: r.InProgress, NeedingAttention: r.NeedingAttention,
-			WaitingOutcome: r.WaitingOutcome, Oldest: time.Duration(r.OldestSeconds * float64(time.Second))}
+			WaitingOutcome: r.WaitingOutcome, WaitingSignal: r.WaitingSignal, WaitingTimer: r.WaitingTimer, WaitingApproval: r.WaitingApproval, Oldest: time.Duration(r.OldestSeconds * float64(time.Second))}
 	}
 	return out, nil
 }

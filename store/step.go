@@ -41,6 +41,12 @@ func (s *Store) StepListByOperation(ctx context.Context, db DBTX, operationID uu
 			WaitingSince:  r.WaitingSince,
 			SettleBy:      r.SettleBy,
 			Reference:     deref(r.Reference),
+			WaitReason:    deref(r.WaitReason),
+			WaitSignal:    deref(r.WaitSignal),
+			WaitUntil:     r.WaitUntil,
+		}
+		if r.WaitNeed != nil {
+			out[i].WaitNeed = int(*r.WaitNeed)
 		}
 	}
 	return out, nil

@@ -217,6 +217,15 @@ type Step struct {
 	// Reference is the outside service's reference of a call it accepted as
 	// pending; empty when none was told.
 	Reference string
+	// WaitReason is why a step that waits for people or time waits:
+	// "signal", "timer" or "approval" (empty for an external step);
+	// WaitSignal the signal it waits for, WaitUntil its deadline or moment
+	// (nil: none), WaitNeed the approvals it needs. All are fixed when the
+	// step was reached.
+	WaitReason string
+	WaitSignal string
+	WaitUntil  *time.Time
+	WaitNeed   int
 }
 
 // Store runs idemflow's queries. The zero value is not usable: call New.

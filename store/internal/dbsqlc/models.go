@@ -54,6 +54,7 @@ type IdemflowOperation struct {
 	CallsUntil    *time.Time
 	PriorError    json.RawMessage
 	SettleWindow  *time.Duration
+	WakeAt        *time.Time
 }
 
 type IdemflowOperatorRequest struct {
@@ -107,6 +108,16 @@ type IdemflowReconciliation struct {
 	Expired      int64
 }
 
+type IdemflowSignal struct {
+	OperationID pguuid.UUID
+	SignalID    string
+	Name        string
+	Payload     json.RawMessage
+	Actor       string
+	Reason      string
+	ReceivedAt  time.Time
+}
+
 type IdemflowStepRecorded struct {
 	OperationID   pguuid.UUID
 	Name          string
@@ -125,6 +136,10 @@ type IdemflowStepRecorded struct {
 	WaitingSince  *time.Time
 	SettleBy      *time.Time
 	Reference     *string
+	WaitReason    *string
+	WaitSignal    *string
+	WaitUntil     *time.Time
+	WaitNeed      *int32
 }
 
 type IdemflowStepRow struct {
@@ -146,4 +161,8 @@ type IdemflowStepRow struct {
 	DerivedKey    *string
 	SettleBy      *time.Time
 	Reference     *string
+	WaitReason    *string
+	WaitSignal    *string
+	WaitUntil     *time.Time
+	WaitNeed      *int32
 }

@@ -46,13 +46,14 @@ UPDATE idemflow_operation
 SET locked_by = $1,
     locked_until = coalesce($2::timestamptz, now()) + $3::interval,
     runs = runs + 1,
-    settle_window = greatest(settle_window, $4::interval)
+    settle_window = greatest(settle_window, $4::interval),
+    wake_at = NULL
 WHERE id = $5
   AND state = 'in_progress'
   AND version = ANY ($6::integer[])
   AND (locked_by IS NULL OR locked_until < coalesce($2::timestamptz, now()))
   AND (NOT parked OR $7::boolean)
-RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error, settle_window
+RETURNING id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error, settle_window, wake_at
 `
 
 type OperationClaimParams struct {
@@ -109,6 +110,7 @@ func (q *Queries) OperationClaim(ctx context.Context, db DBTX, arg OperationClai
 		&i.CallsUntil,
 		&i.PriorError,
 		&i.SettleWindow,
+		&i.WakeAt,
 	)
 	return &i, err
 }
@@ -294,7 +296,7 @@ func (q *Queries) OperationFinish(ctx context.Context, db DBTX, arg OperationFin
 }
 
 const operationGet = `-- name: OperationGet :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error, settle_window FROM idemflow_operation WHERE id = $1
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error, settle_window, wake_at FROM idemflow_operation WHERE id = $1
 `
 
 func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*IdemflowOperation, error) {
@@ -327,12 +329,13 @@ func (q *Queries) OperationGet(ctx context.Context, db DBTX, id pguuid.UUID) (*I
 		&i.CallsUntil,
 		&i.PriorError,
 		&i.SettleWindow,
+		&i.WakeAt,
 	)
 	return &i, err
 }
 
 const operationGetByKey = `-- name: OperationGetByKey :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error, settle_window FROM idemflow_operation WHERE scope = $1 AND key = $2
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error, settle_window, wake_at FROM idemflow_operation WHERE scope = $1 AND key = $2
 `
 
 type OperationGetByKeyParams struct {
@@ -370,12 +373,13 @@ func (q *Queries) OperationGetByKey(ctx context.Context, db DBTX, arg OperationG
 		&i.CallsUntil,
 		&i.PriorError,
 		&i.SettleWindow,
+		&i.WakeAt,
 	)
 	return &i, err
 }
 
 const operationGetForUpdate = `-- name: OperationGetForUpdate :one
-SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error, settle_window FROM idemflow_operation WHERE id = $1 FOR UPDATE
+SELECT id, name, scope, key, state, steps, input, fingerprint, result, error, runs, locked_by, locked_until, created_at, finished_at, key_seed, attention_code, attention, parked, version, expires_at, checkpoints, format, calls_until, prior_error, settle_window, wake_at FROM idemflow_operation WHERE id = $1 FOR UPDATE
 `
 
 // The operation, locked until the transaction ends: an operator's retry
@@ -410,6 +414,7 @@ func (q *Queries) OperationGetForUpdate(ctx context.Context, db DBTX, id pguuid.
 		&i.CallsUntil,
 		&i.PriorError,
 		&i.SettleWindow,
+		&i.WakeAt,
 	)
 	return &i, err
 }
@@ -461,9 +466,10 @@ const operationInProgressStats = `-- name: OperationInProgressStats :many
 SELECT o.name, o.version, count(*)::bigint AS in_progress,
        count(*) FILTER (WHERE o.attention_code IS NOT NULL OR w.waits
                         OR EXISTS (SELECT 1 FROM idemflow_mismatch AS m WHERE m.operation_id = o.id))::bigint AS needing_attention,
-       count(*) FILTER (WHERE EXISTS (
-           SELECT 1 FROM idemflow_step_row AS s WHERE s.operation_id = o.id AND s.state = 'waiting'
-       ))::bigint AS waiting_outcome,
+       count(*) FILTER (WHERE wr.reason = 'outcome')::bigint AS waiting_outcome,
+       count(*) FILTER (WHERE wr.reason = 'signal')::bigint AS waiting_signal,
+       count(*) FILTER (WHERE wr.reason = 'timer')::bigint AS waiting_timer,
+       count(*) FILTER (WHERE wr.reason = 'approval')::bigint AS waiting_approval,
        extract(epoch FROM now() - min(o.created_at))::float8 AS oldest_seconds
 FROM idemflow_operation AS o
 CROSS JOIN LATERAL (
@@ -472,6 +478,11 @@ CROSS JOIN LATERAL (
        AND NOT EXISTS (SELECT 1 FROM idemflow_process AS p
                        WHERE p.seen_at + 3 * p.lease >= now() AND o.name || '@' || o.version = ANY (p.definitions)) AS waits
 ) AS w
+LEFT JOIN LATERAL (
+    SELECT coalesce(s.wait_reason, 'outcome') AS reason FROM idemflow_step_row AS s
+    WHERE s.operation_id = o.id AND s.state = 'waiting'
+    LIMIT 1
+) AS wr ON true
 WHERE o.state = 'in_progress'
 GROUP BY o.name, o.version
 ORDER BY name, version
@@ -483,16 +494,23 @@ type OperationInProgressStatsRow struct {
 	InProgress       int64
 	NeedingAttention int64
 	WaitingOutcome   int64
+	WaitingSignal    int64
+	WaitingTimer     int64
+	WaitingApproval  int64
 	OldestSeconds    float64
 }
 
 // Per operation type and version, the operations in progress, how many of
-// them need attention (as Info.NeedsAttention has it), how many wait for a step's outcome, and the age of the
+// them need attention (as Info.NeedsAttention has it), how many wait with no
+// process busy on them, by reason, and the age of the
 // oldest, by the database's clock: a scan of idemflow_operation_unfinished,
 // which reads the rows of unfinished operations only, and a probe of each
 // one's step rows.
 // As OperationList's version_waiting: no live process runs the version, one
 // runs another version of the name.
+// Why it waits with no process busy on it, when it does: an external step
+// waits for its outcome (wait_reason null), or a step for a signal, a moment
+// or approvals.
 func (q *Queries) OperationInProgressStats(ctx context.Context, db DBTX) ([]*OperationInProgressStatsRow, error) {
 	rows, err := db.Query(ctx, operationInProgressStats)
 	if err != nil {
@@ -508,6 +526,9 @@ func (q *Queries) OperationInProgressStats(ctx context.Context, db DBTX) ([]*Ope
 			&i.InProgress,
 			&i.NeedingAttention,
 			&i.WaitingOutcome,
+			&i.WaitingSignal,
+			&i.WaitingTimer,
+			&i.WaitingApproval,
 			&i.OldestSeconds,
 		); err != nil {
 			return nil, err
@@ -569,7 +590,7 @@ func (q *Queries) OperationInsert(ctx context.Context, db DBTX, arg OperationIns
 }
 
 const operationList = `-- name: OperationList :many
-SELECT o.id, o.name, o.scope, o.key, o.state, o.steps, o.input, o.fingerprint, o.result, o.error, o.runs, o.locked_by, o.locked_until, o.created_at, o.finished_at, o.key_seed, o.attention_code, o.attention, o.parked, o.version, o.expires_at, o.checkpoints, o.format, o.calls_until, o.prior_error, o.settle_window,
+SELECT o.id, o.name, o.scope, o.key, o.state, o.steps, o.input, o.fingerprint, o.result, o.error, o.runs, o.locked_by, o.locked_until, o.created_at, o.finished_at, o.key_seed, o.attention_code, o.attention, o.parked, o.version, o.expires_at, o.checkpoints, o.format, o.calls_until, o.prior_error, o.settle_window, o.wake_at,
        EXISTS (SELECT 1 FROM idemflow_mismatch AS m WHERE m.operation_id = o.id) AS mismatched,
        coalesce(o.state = 'in_progress' AND w.waits, false)::boolean AS version_waiting
 FROM idemflow_operation AS o
@@ -663,6 +684,7 @@ func (q *Queries) OperationList(ctx context.Context, db DBTX, arg OperationListP
 			&i.IdemflowOperation.CallsUntil,
 			&i.IdemflowOperation.PriorError,
 			&i.IdemflowOperation.SettleWindow,
+			&i.IdemflowOperation.WakeAt,
 			&i.Mismatched,
 			&i.VersionWaiting,
 		); err != nil {

@@ -79,7 +79,8 @@ func (q *Queries) StepDeleteUnsucceeded(ctx context.Context, db DBTX, operationI
 const stepListByOperation = `-- name: StepListByOperation :many
 SELECT operation_id, name, position, state, attempts, output, last_error,
        started_at, finished_at, last_cause, resolved_by, compensations,
-       sent_at, pending, waiting_since, settle_by, reference
+       sent_at, pending, waiting_since, settle_by, reference,
+       wait_reason, wait_signal, wait_until, wait_need
 FROM idemflow_step_recorded WHERE operation_id = $1 ORDER BY position
 `
 
@@ -111,6 +112,10 @@ func (q *Queries) StepListByOperation(ctx context.Context, db DBTX, operationID 
 			&i.WaitingSince,
 			&i.SettleBy,
 			&i.Reference,
+			&i.WaitReason,
+			&i.WaitSignal,
+			&i.WaitUntil,
+			&i.WaitNeed,
 		); err != nil {
 			return nil, err
 		}

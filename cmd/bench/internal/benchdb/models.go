@@ -138,6 +138,7 @@ type IdemflowOperation struct {
 	CallsUntil    *time.Time
 	PriorError    []byte
 	SettleWindow  pgtype.Interval
+	WakeAt        *time.Time
 }
 
 type IdemflowOperatorRequest struct {
@@ -191,6 +192,16 @@ type IdemflowReconciliation struct {
 	Expired      int64
 }
 
+type IdemflowSignal struct {
+	OperationID pguuid.UUID
+	SignalID    string
+	Name        string
+	Payload     []byte
+	Actor       string
+	Reason      string
+	ReceivedAt  time.Time
+}
+
 type IdemflowStepRecorded struct {
 	OperationID   pguuid.UUID
 	Name          string
@@ -209,6 +220,10 @@ type IdemflowStepRecorded struct {
 	WaitingSince  *time.Time
 	SettleBy      *time.Time
 	Reference     *string
+	WaitReason    *string
+	WaitSignal    *string
+	WaitUntil     *time.Time
+	WaitNeed      *int32
 }
 
 type IdemflowStepRow struct {
@@ -230,4 +245,8 @@ type IdemflowStepRow struct {
 	DerivedKey    *string
 	SettleBy      *time.Time
 	Reference     *string
+	WaitReason    *string
+	WaitSignal    *string
+	WaitUntil     *time.Time
+	WaitNeed      *int32
 }

@@ -1,0 +1,401 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
+	"github.com/idemflow/idemflow/internal/testdb"
+)
+
+// The wait tests run an operation that holds an amount (a row of
+// wait_hold, removed by its compensation), waits, and books it (a row of
+// wait_book).
+
+type waitIn struct {
+	Amount int64 `json:"amount"`
+}
+
+type waitState struct {
+	Held   bool   `json:"held"`
+	Signal string `json:"signal,omitempty"`
+	Timed  bool   `json:"timed,omitempty"`
+}
+
+const waitSchema = `
+CREATE TABLE wait_hold (operation_id uuid PRIMARY KEY, amount bigint NOT NULL);
+CREATE TABLE wait_book (operation_id uuid PRIMARY KEY, amount bigint NOT NULL);
+`
+
+func waitHold(ctx context.Context, tx engine.Tx, at engine.Attempt, in waitIn, s *waitState) error {
+	s.Held = true
+	_, err := tx.Exec(ctx, `INSERT INTO wait_hold VALUES ($1, $2)`, at.OperationID, in.Amount)
+	return err
+}
+
+func waitRelease(ctx context.Context, tx engine.Tx, at engine.Attempt, _ waitIn, _ *waitState) error {
+	_, err := tx.Exec(ctx, `DELETE FROM wait_hold WHERE operation_id = $1`, at.OperationID)
+	return err
+}
+
+func waitBook(ctx context.Context, tx engine.Tx, at engine.Attempt, in waitIn, _ *waitState) error {
+	_, err := tx.Exec(ctx, `INSERT INTO wait_book VALUES ($1, $2)`, at.OperationID, in.Amount)
+	return err
+}
+
+// waitOp is hold, the steps given, book.
+func waitOp(t *testing.T, name string, steps ...engine.Step[waitIn, waitState]) *engine.Operation[waitIn, waitState, waitState] {
+	t.Helper()
+	all := []engine.Step[waitIn, waitState]{engine.TxStep("hold", waitHold).Compensate(waitRelease)}
+	all = append(all, steps...)
+	all = append(all, engine.TxStep("book", waitBook))
+	op, err := engine.NewOperation(name, all, func(_ waitIn, s *waitState) (waitState, error) { return *s, nil },
+		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond}})
+	require.NoError(t, err)
+	return op
+}
+
+func waitSetup(t *testing.T, ops ...engine.Definition) (*engine.Engine, *pgxpool.Pool) {
+	t.Helper()
+	pool := testdb.Pool(t)
+	_, err := pool.Exec(context.Background(), waitSchema)
+	require.NoError(t, err)
+	return idemflowtest.Engine(t, pool, nil, ops...), pool
+}
+
+// waitCounts reads how many holds and bookings there are.
+func waitCounts(t *testing.T, pool *pgxpool.Pool) (holds, books int) {
+	t.Helper()
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT (SELECT count(*) FROM wait_hold), (SELECT count(*) FROM wait_book)`).Scan(&holds, &books))
+	return holds, books
+}
+
+// startWait starts op and returns its id once the operation waits at step.
+func startWait(t *testing.T, e *engine.Engine, op *engine.Operation[waitIn, waitState, waitState], key, step string) uuid.UUID {
+	t.Helper()
+	s, err := engine.Start(context.Background(), e, op, "client", key, waitIn{Amount: 100}, nil)
+	require.NoError(t, err)
+	awaitStep(t, e, s.ID, step, engine.StepStatusWaiting)
+	return s.ID
+}
+
+func awaitStep(t *testing.T, e *engine.Engine, id uuid.UUID, step string, status engine.StepStatus) *engine.Info {
+	t.Helper()
+	var info *engine.Info
+	require.Eventually(t, func() bool {
+		var err error
+		info, err = e.Get(context.Background(), id)
+		require.NoError(t, err)
+		for _, s := range info.Steps {
+			if s.Name == step {
+				return s.Status == status
+			}
+		}
+		return false
+	}, 20*time.Second, 10*time.Millisecond, "step %s never became %s", step, status)
+	return info
+}
+
+func finished(t *testing.T, e *engine.Engine, id uuid.UUID) *engine.Info {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	info, err := e.Wait(ctx, id)
+	require.NoError(t, err)
+	return info
+}
+
+func stepOf(info *engine.Info, name string) engine.StepInfo {
+	for _, s := range info.Steps {
+		if s.Name == name {
+			return s
+		}
+	}
+	return engine.StepInfo{}
+}
+
+func TestSignalStep(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	op := waitOp(t, "signalled", engine.SignalStep("confirm", "confirmed",
+		func(_ context.Context, _ engine.Tx, _ engine.Attempt, _ waitIn, s *waitState, sig engine.Signal) error {
+			var body struct{ By string }
+			if err := json.Unmarshal(sig.Payload, &body); err != nil {
+				return engine.Fail("bad_signal", err.Error())
+			}
+			s.Signal = body.By
+			return nil
+		}))
+	e, pool := waitSetup(t, op)
+	id := startWait(t, e, op, "k1", "confirm")
+
+	info, err := e.Get(ctx, id)
+	require.NoError(t, err)
+	w := stepOf(info, "confirm").Wait
+	require.NotNil(t, w)
+	require.Equal(t, engine.WaitSignal, w.Reason)
+	require.Equal(t, "confirmed", w.Signal)
+	require.Nil(t, w.Until)
+	require.False(t, info.NeedsAttention())
+	var jobs int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state IN ('available', 'scheduled', 'running', 'retryable')`).Scan(&jobs))
+	require.Zero(t, jobs, "a waiting operation holds no River job")
+
+	// Unknown operations, another client's, reserved names: refused.
+	_, err = e.Signal(ctx, nil, engine.SignalTo{OperationID: uuid.New()}, engine.Signal{ID: "s", Name: "confirmed"})
+	require.ErrorIs(t, err, engine.ErrNotFound)
+	_, err = e.Signal(ctx, nil, engine.SignalTo{OperationID: id, Scope: "other"}, engine.Signal{ID: "s", Name: "confirmed"})
+	require.ErrorIs(t, err, engine.ErrNotFound)
+	_, err = e.Signal(ctx, nil, engine.SignalTo{OperationID: id}, engine.Signal{ID: "s", Name: "idemflow.approve"})
+	require.Error(t, err)
+
+	// By the client's key, in the caller's transaction.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	added, err := e.Signal(ctx, tx, engine.SignalTo{Scope: "client", Key: "k1"},
+		engine.Signal{ID: "sig-1", Name: "confirmed", Payload: json.RawMessage(`{"By": "ann"}`)})
+	require.NoError(t, err)
+	require.True(t, added)
+	require.NoError(t, tx.Commit(ctx))
+
+	done := finished(t, e, id)
+	require.Equal(t, engine.StatusSucceeded, done.Status)
+	require.JSONEq(t, `{"held": true, "signal": "ann"}`, string(done.Result))
+
+	// The same signal again: kept once; another payload under its id: refused, naming it.
+	added, err = e.Signal(ctx, nil, engine.SignalTo{OperationID: id},
+		engine.Signal{ID: "sig-1", Name: "confirmed", Payload: json.RawMessage(`{"By":"ann"}`)})
+	require.NoError(t, err)
+	require.False(t, added)
+	_, err = e.Signal(ctx, nil, engine.SignalTo{OperationID: id},
+		engine.Signal{ID: "sig-1", Name: "confirmed", Payload: json.RawMessage(`{"By": "bob"}`)})
+	var reused *engine.SignalReusedError
+	require.ErrorAs(t, err, &reused)
+	require.Equal(t, []string{"payload"}, reused.Fields)
+	// A new signal to a finished operation.
+	_, err = e.Signal(ctx, nil, engine.SignalTo{OperationID: id}, engine.Signal{ID: "sig-2", Name: "confirmed"})
+	require.ErrorIs(t, err, engine.ErrFinished)
+	holds, books := waitCounts(t, pool)
+	require.Equal(t, [2]int{1, 1}, [2]int{holds, books})
+}
+
+// A signal sent before its step is reached waits for it, and is applied
+// when the step gets there.
+func TestSignalBeforeStep(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	op := waitOp(t, "early",
+		engine.TimerStep("pause", func(waitIn, *waitState) engine.Deadline { return engine.Deadline{After: 500 * time.Millisecond} }),
+		engine.SignalStep("confirm", "confirmed",
+			func(_ context.Context, _ engine.Tx, _ engine.Attempt, _ waitIn, s *waitState, sig engine.Signal) error {
+				s.Signal = sig.ID
+				return nil
+			}))
+	e, _ := waitSetup(t, op)
+	id := startWait(t, e, op, "k1", "pause")
+	added, err := e.Signal(ctx, nil, engine.SignalTo{OperationID: id}, engine.Signal{ID: "early-1", Name: "confirmed"})
+	require.NoError(t, err)
+	require.True(t, added)
+	info := finished(t, e, id)
+	require.Equal(t, engine.StatusSucceeded, info.Status)
+	require.JSONEq(t, `{"held": true, "signal": "early-1"}`, string(info.Result))
+}
+
+// A deadline that passes with no signal fails the step (and compensates),
+// or runs the timeout function; a signal after it is refused.
+func TestSignalDeadline(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	apply := func(_ context.Context, _ engine.Tx, _ engine.Attempt, _ waitIn, s *waitState, sig engine.Signal) error {
+		s.Signal = sig.ID
+		return nil
+	}
+	after := func(d time.Duration) func(waitIn, *waitState) engine.Deadline {
+		return func(waitIn, *waitState) engine.Deadline { return engine.Deadline{After: d} }
+	}
+	failing := waitOp(t, "deadline-fails", engine.SignalStep("confirm", "confirmed", apply).Deadline(after(300*time.Millisecond), nil))
+	timing := waitOp(t, "deadline-times", engine.SignalStep("confirm", "confirmed", apply).Deadline(after(300*time.Millisecond),
+		func(_ context.Context, _ engine.Tx, _ engine.Attempt, _ waitIn, s *waitState) error {
+			s.Timed = true
+			return nil
+		}))
+	past := waitOp(t, "deadline-past", engine.SignalStep("confirm", "confirmed", apply).Deadline(
+		func(waitIn, *waitState) engine.Deadline { return engine.Deadline{At: time.Now().Add(-time.Hour)} }, nil))
+	e, pool := waitSetup(t, failing, timing, past)
+
+	id := startWait(t, e, failing, "f", "confirm")
+	info, err := e.Get(ctx, id)
+	require.NoError(t, err)
+	require.NotNil(t, stepOf(info, "confirm").Wait.Until)
+	info = finished(t, e, id)
+	require.Equal(t, engine.StatusFailed, info.Status)
+	require.Equal(t, engine.CodeSignalTimeout, info.Error.Code)
+	require.False(t, info.Error.ServerFault())
+	_, err = e.Signal(ctx, nil, engine.SignalTo{OperationID: id}, engine.Signal{ID: "late", Name: "confirmed"})
+	require.ErrorIs(t, err, engine.ErrFinished)
+
+	id = startWait(t, e, timing, "t", "confirm")
+	info = finished(t, e, id)
+	require.Equal(t, engine.StatusSucceeded, info.Status)
+	require.JSONEq(t, `{"held": true, "timed": true}`, string(info.Result))
+
+	// A deadline in the past fires at once.
+	s, err := engine.Start(ctx, e, past, "client", "p", waitIn{Amount: 1}, nil)
+	require.NoError(t, err)
+	info = finished(t, e, s.ID)
+	require.Equal(t, engine.CodeSignalTimeout, info.Error.Code)
+
+	holds, books := waitCounts(t, pool)
+	require.Equal(t, [2]int{1, 1}, [2]int{holds, books}, "the failed ones released their hold; only the timed one booked")
+}
+
+// The signal and the deadline race: whichever commits first wins, and the
+// other is refused.
+func TestSignalRacesDeadline(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	op := waitOp(t, "race", engine.SignalStep("confirm", "confirmed",
+		func(_ context.Context, _ engine.Tx, _ engine.Attempt, _ waitIn, s *waitState, sig engine.Signal) error {
+			s.Signal = sig.ID
+			return nil
+		}).Deadline(func(waitIn, *waitState) engine.Deadline { return engine.Deadline{After: 200 * time.Millisecond} }, nil))
+	e, pool := waitSetup(t, op)
+	for i := range 8 {
+		id := startWait(t, e, op, "k"+string(rune('a'+i)), "confirm")
+		time.Sleep(time.Duration(150+10*i) * time.Millisecond)
+		_, serr := e.Signal(ctx, nil, engine.SignalTo{OperationID: id}, engine.Signal{ID: "s", Name: "confirmed"})
+		info := finished(t, e, id)
+		if serr == nil {
+			require.Equal(t, engine.StatusSucceeded, info.Status, "a signal accepted is applied")
+		} else {
+			require.True(t, errors.Is(serr, engine.ErrWaitOver) || errors.Is(serr, engine.ErrFinished), "%v", serr)
+			require.Equal(t, engine.StatusFailed, info.Status)
+		}
+	}
+	holds, books := waitCounts(t, pool)
+	require.Equal(t, holds, books, "every operation either booked its hold or released it")
+}
+
+func TestTimerStep(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	at := time.Now().Add(700 * time.Millisecond)
+	op := waitOp(t, "timed",
+		engine.TimerStep("release", func(waitIn, *waitState) engine.Deadline { return engine.Deadline{At: at} }))
+	e, pool := waitSetup(t, op)
+	id := startWait(t, e, op, "k1", "release")
+	info, err := e.Get(ctx, id)
+	require.NoError(t, err)
+	w := stepOf(info, "release").Wait
+	require.Equal(t, engine.WaitTimer, w.Reason)
+	require.WithinDuration(t, at, *w.Until, time.Millisecond)
+	info = finished(t, e, id)
+	require.Equal(t, engine.StatusSucceeded, info.Status)
+	require.False(t, info.FinishedAt.Before(at.Add(-50*time.Millisecond)), "passed before its moment")
+	_, books := waitCounts(t, pool)
+	require.Equal(t, 1, books)
+}
+
+func TestApprovalStep(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	policy := func(in waitIn, _ *waitState) engine.ApprovalPolicy {
+		if in.Amount < 50 {
+			return engine.ApprovalPolicy{}
+		}
+		return engine.ApprovalPolicy{Need: 2, Expires: engine.Deadline{After: time.Hour}}
+	}
+	op := waitOp(t, "approved", engine.ApprovalStep("approval", policy).Codes("refund_rejected", ""))
+	e, pool := waitSetup(t, op)
+	as := func(actor string) context.Context { return engine.WithActor(ctx, actor) }
+
+	// Below the threshold: passes at once.
+	s, err := engine.Start(ctx, e, op, "client", "small", waitIn{Amount: 10}, nil)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, finished(t, e, s.ID).Status)
+	_, err = e.Approve(as("ann"), s.ID, "late")
+	require.ErrorIs(t, err, engine.ErrFinished)
+
+	id := startWait(t, e, op, "big", "approval")
+	list, err := e.Approvals(ctx, 0)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, id, list[0].OperationID)
+	require.Equal(t, 2, list[0].Need)
+	require.NotNil(t, list[0].ExpiresAt)
+
+	_, err = e.Approve(as("ann"), id, "")
+	require.ErrorIs(t, err, engine.ErrReasonRequired)
+	info, err := e.Approve(as("ann"), id, "looks right")
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInProgress, info.Status)
+	require.Equal(t, []string{"ann"}, stepOf(info, "approval").Wait.ApprovedBy)
+	info, err = e.Approve(as("ann"), id, "again")
+	require.NoError(t, err, "an actor who approved before changes nothing")
+	require.Equal(t, []string{"ann"}, stepOf(info, "approval").Wait.ApprovedBy)
+	time.Sleep(200 * time.Millisecond)
+	info, err = e.Get(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInProgress, info.Status, "one distinct actor is not two")
+	require.False(t, info.NeedsAttention())
+
+	_, err = e.Approve(as("bob"), id, "four eyes")
+	require.NoError(t, err)
+	info = finished(t, e, id)
+	require.Equal(t, engine.StatusSucceeded, info.Status)
+	_, err = e.Reject(as("cat"), id, "too late")
+	require.ErrorIs(t, err, engine.ErrFinished)
+
+	// A rejection compensates.
+	id = startWait(t, e, op, "rejected", "approval")
+	_, err = e.Reject(as("dan"), id, "not this one")
+	require.NoError(t, err)
+	info = finished(t, e, id)
+	require.Equal(t, engine.StatusFailed, info.Status)
+	require.Equal(t, "refund_rejected", info.Error.Code)
+	require.False(t, info.Error.ServerFault())
+
+	full, err := e.Get(ctx, id)
+	require.NoError(t, err)
+	require.Len(t, full.Audit, 1)
+	require.Equal(t, engine.ActionReject, full.Audit[0].Action)
+	require.Equal(t, "dan", full.Audit[0].Actor)
+	require.Equal(t, "done", full.Audit[0].Result)
+
+	holds, books := waitCounts(t, pool)
+	require.Equal(t, [2]int{2, 2}, [2]int{holds, books})
+
+	// Not waiting for approval yet: refused, audited.
+	_, err = e.Approve(as("ann"), uuid.New(), "who")
+	require.ErrorIs(t, err, engine.ErrNotFound)
+}
+
+func TestApprovalExpires(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	op := waitOp(t, "expiring", engine.ApprovalStep("approval", func(waitIn, *waitState) engine.ApprovalPolicy {
+		return engine.ApprovalPolicy{Need: 1, Expires: engine.Deadline{After: 300 * time.Millisecond}}
+	}))
+	e, pool := waitSetup(t, op)
+	id := startWait(t, e, op, "k", "approval")
+	info := finished(t, e, id)
+	require.Equal(t, engine.StatusFailed, info.Status)
+	require.Equal(t, engine.CodeApprovalExpired, info.Error.Code)
+	_, err := e.Approve(engine.WithActor(ctx, "ann"), id, "too late")
+	require.ErrorIs(t, err, engine.ErrFinished)
+	full, err := e.Get(ctx, id)
+	require.NoError(t, err)
+	require.Len(t, full.Audit, 1)
+	require.Equal(t, "refused", full.Audit[0].Result)
+	holds, books := waitCounts(t, pool)
+	require.Equal(t, [2]int{0, 0}, [2]int{holds, books})
+}
