@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemflow/idemflow/internal/faults"
 	"github.com/idemflow/idemflow/store"
 )
 
@@ -170,7 +171,15 @@ func approvalOutcome(signals []store.Signal, need int) (approvers []string, reje
 // TxStep's does.
 func (r *run) waitApply(ctx context.Context, tx *txn, i int, st *stepDef, attempt int, started time.Time, last bool,
 	reached *store.Reached, fn func(at Attempt) error) (*Info, error) {
-	err := protect(func() error { return fn(r.attempt(st, attempt)) })
+	err := protect(func() error {
+		if err := r.hook(ctx, st, faults.PointBefore, attempt); err != nil {
+			return err
+		}
+		if err := fn(r.attempt(st, attempt)); err != nil {
+			return err
+		}
+		return r.hook(ctx, st, faults.PointAfterEffect, attempt)
+	})
 	if tx.failed != nil {
 		return nil, runError(tx.failed)
 	}
@@ -184,6 +193,14 @@ func (r *run) waitApply(ctx context.Context, tx *txn, i int, st *stepDef, attemp
 // waitSucceeded checkpoints a wait step in tx and commits, as a TxStep's
 // transaction does.
 func (r *run) waitSucceeded(ctx context.Context, tx *txn, i int, st *stepDef, attempt int, started time.Time, last bool, reached *store.Reached) (*Info, error) {
+	if reached != nil && st.wait.reason != WaitSignal {
+		// A crash or a fault injected here: the wait decided, its
+		// checkpoint not committed (a signal's is in waitApply).
+		if err := protect(func() error { return r.hook(ctx, st, faults.PointAfterEffect, attempt) }); err != nil {
+			tx.end(ctx)
+			return r.stepFailed(ctx, i, st, attempt, started, err)
+		}
+	}
 	info, err := r.commitStep(ctx, tx, i, st, attempt, started, last)
 	if err == nil && reached != nil {
 		r.observeWaited(ctx, st, attempt, reached)
