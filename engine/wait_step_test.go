@@ -288,10 +288,11 @@ func TestSignalRacesDeadline(t *testing.T) {
 func TestTimerStep(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	at := time.Now().Add(700 * time.Millisecond)
+	var at time.Time // set before the start; read when the step is reached
 	op := waitOp(t, "timed",
 		engine.TimerStep("release", func(waitIn, *waitState) engine.Deadline { return engine.Deadline{At: at} }))
 	e, pool := waitSetup(t, op)
+	at = time.Now().Add(time.Second)
 	id := startWait(t, e, op, "k1", "release")
 	info, err := e.Get(ctx, id)
 	require.NoError(t, err)
@@ -398,4 +399,104 @@ func TestApprovalExpires(t *testing.T) {
 	require.Equal(t, "refused", full.Audit[0].Result)
 	holds, books := waitCounts(t, pool)
 	require.Equal(t, [2]int{0, 0}, [2]int{holds, books})
+}
+
+// A waiting operation is cancelled as any other before its point of no
+// return: what it holds is released.
+func TestWaitCancel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	op := waitOp(t, "cancelled", engine.SignalStep("confirm", "confirmed",
+		func(context.Context, engine.Tx, engine.Attempt, waitIn, *waitState, engine.Signal) error { return nil }))
+	e, pool := waitSetup(t, op)
+	id := startWait(t, e, op, "k", "confirm")
+	info, err := e.Cancel(ctx, id, "customer gave up")
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusFailed, info.Status)
+	require.Equal(t, engine.CodeCancelled, info.Error.Code)
+	holds, books := waitCounts(t, pool)
+	require.Equal(t, [2]int{0, 0}, [2]int{holds, books})
+	_, err = e.Signal(ctx, nil, engine.SignalTo{OperationID: id}, engine.Signal{ID: "s", Name: "confirmed"})
+	require.ErrorIs(t, err, engine.ErrFinished)
+}
+
+// A signal sent in a transaction that rolls back was never sent.
+func TestSignalRolledBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	op := waitOp(t, "rolled", engine.SignalStep("confirm", "confirmed",
+		func(_ context.Context, _ engine.Tx, _ engine.Attempt, _ waitIn, s *waitState, sig engine.Signal) error {
+			s.Signal = sig.ID
+			return nil
+		}))
+	e, pool := waitSetup(t, op)
+	id := startWait(t, e, op, "k", "confirm")
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = e.Signal(ctx, tx, engine.SignalTo{OperationID: id}, engine.Signal{ID: "first", Name: "confirmed"})
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(ctx))
+	time.Sleep(300 * time.Millisecond)
+	info, err := e.Get(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInProgress, info.Status)
+	added, err := e.Signal(ctx, nil, engine.SignalTo{OperationID: id}, engine.Signal{ID: "second", Name: "confirmed"})
+	require.NoError(t, err)
+	require.True(t, added)
+	require.JSONEq(t, `{"held": true, "signal": "second"}`, string(finished(t, e, id).Result))
+}
+
+// An operator's handle with no definitions approves at once; a live
+// process carries the operation on.
+func TestAdminApprove(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	op := waitOp(t, "admin-approved", engine.ApprovalStep("approval", func(waitIn, *waitState) engine.ApprovalPolicy {
+		return engine.ApprovalPolicy{Need: 1}
+	}))
+	e, pool := waitSetup(t, op)
+	id := startWait(t, e, op, "k", "approval")
+	admin, err := engine.NewAdmin(ctx, pool)
+	require.NoError(t, err)
+	list, err := admin.Approvals(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Nil(t, list[0].ExpiresAt, "no expiry")
+	_, err = admin.Reject(engine.WithActor(ctx, "ann"), id, "")
+	require.ErrorIs(t, err, engine.ErrReasonRequired)
+	info, err := admin.Approve(engine.WithActor(ctx, "ann"), id, "fine")
+	require.NoError(t, err)
+	require.Equal(t, []string{"ann"}, stepOf(info, "approval").Wait.ApprovedBy)
+	require.Equal(t, engine.StatusSucceeded, finished(t, e, id).Status)
+	full, err := e.Get(ctx, id)
+	require.NoError(t, err)
+	require.Len(t, full.Audit, 2)
+	require.Equal(t, "refused", full.Audit[0].Result)
+	require.Equal(t, engine.ActionApprove, full.Audit[1].Action)
+	require.Equal(t, "done", full.Audit[1].Result)
+}
+
+// A timer whose moment passes while no process runs fires in the first to
+// start after it, once.
+func TestTimerAcrossRestart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	_, err := pool.Exec(ctx, waitSchema)
+	require.NoError(t, err)
+	op := waitOp(t, "restarted",
+		engine.TimerStep("release", func(waitIn, *waitState) engine.Deadline { return engine.Deadline{After: 300 * time.Millisecond} }))
+	first := idemflowtest.NewEngine(t, pool, nil, op)
+	s, err := engine.Start(ctx, first, op, "client", "k", waitIn{Amount: 7}, nil)
+	require.NoError(t, err)
+	awaitStep(t, first, s.ID, "release", engine.StepStatusWaiting)
+	require.NoError(t, first.Stop(ctx))
+	time.Sleep(500 * time.Millisecond) // past the moment, with no process up
+
+	second := idemflowtest.Engine(t, pool, nil, op)
+	third := idemflowtest.Engine(t, pool, nil, op)
+	require.Equal(t, engine.StatusSucceeded, finished(t, second, s.ID).Status)
+	_ = third
+	_, books := waitCounts(t, pool)
+	require.Equal(t, 1, books)
 }

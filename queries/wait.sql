@@ -4,12 +4,16 @@
 -- null: no deadline), by the database's clock, and need the approvals it
 -- needs. A step reached before keeps what was fixed then. Returns the wait as
 -- fixed, and the database's clock; no row when the step is checkpointed.
+-- The clock is read when the statement runs (clock_timestamp), not when its
+-- transaction began: after the run's fence, which waits for a signal being
+-- sent to commit, so that a deadline and a signal are judged in the order
+-- they committed.
 WITH reached AS (
     INSERT INTO idemflow_step_row (operation_id, name, position, state, attempts, started_at, waiting_since,
                                    wait_reason, wait_signal, wait_until, wait_need)
     SELECT @operation_id, @name, @position, 'waiting', 0, now(), now(),
            @wait_reason, sqlc.narg('wait_signal')::text,
-           coalesce(sqlc.narg('at')::timestamptz, now() + sqlc.narg('after')::interval), sqlc.narg('need')::integer
+           coalesce(sqlc.narg('at')::timestamptz, clock_timestamp() + sqlc.narg('after')::interval), sqlc.narg('need')::integer
     WHERE NOT EXISTS (
         SELECT 1 FROM idemflow_operation
         WHERE id = @operation_id AND checkpoints -> @name::text IS NOT NULL
@@ -23,9 +27,9 @@ WITH reached AS (
     WHERE idemflow_step_row.wait_reason IS NULL
     RETURNING wait_until, wait_need, waiting_since
 )
-SELECT r.wait_until, r.wait_need, r.waiting_since, true AS reached_now, now()::timestamptz AS now FROM reached AS r
+SELECT r.wait_until, r.wait_need, r.waiting_since, true AS reached_now, clock_timestamp()::timestamptz AS now FROM reached AS r
 UNION ALL
-SELECT s.wait_until, s.wait_need, coalesce(s.waiting_since, s.started_at), false, now()::timestamptz
+SELECT s.wait_until, s.wait_need, coalesce(s.waiting_since, s.started_at), false, clock_timestamp()::timestamptz
 FROM idemflow_step_row AS s
 WHERE s.operation_id = @operation_id AND s.name = @name AND NOT EXISTS (SELECT 1 FROM reached);
 
@@ -50,9 +54,10 @@ ORDER BY received_at, signal_id;
 -- name: WaitStepFor :many
 -- The steps of an operation that wait for the signal named wait_signal, or
 -- have waited for it, with whether their deadline has passed by the
--- database's clock.
+-- database's clock when the statement runs (after the caller locked the
+-- operation's row), not when its transaction began.
 SELECT name, state, wait_reason, wait_until, wait_need,
-       (wait_until IS NOT NULL AND wait_until <= now())::boolean AS expired
+       (wait_until IS NOT NULL AND wait_until <= clock_timestamp())::boolean AS expired
 FROM idemflow_step_row
 WHERE operation_id = @operation_id AND wait_signal = @wait_signal
 ORDER BY position;

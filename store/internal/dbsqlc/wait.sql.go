@@ -336,7 +336,7 @@ WITH reached AS (
                                    wait_reason, wait_signal, wait_until, wait_need)
     SELECT $1, $2, $3, 'waiting', 0, now(), now(),
            $4, $5::text,
-           coalesce($6::timestamptz, now() + $7::interval), $8::integer
+           coalesce($6::timestamptz, clock_timestamp() + $7::interval), $8::integer
     WHERE NOT EXISTS (
         SELECT 1 FROM idemflow_operation
         WHERE id = $1 AND checkpoints -> $2::text IS NOT NULL
@@ -350,9 +350,9 @@ WITH reached AS (
     WHERE idemflow_step_row.wait_reason IS NULL
     RETURNING wait_until, wait_need, waiting_since
 )
-SELECT r.wait_until, r.wait_need, r.waiting_since, true AS reached_now, now()::timestamptz AS now FROM reached AS r
+SELECT r.wait_until, r.wait_need, r.waiting_since, true AS reached_now, clock_timestamp()::timestamptz AS now FROM reached AS r
 UNION ALL
-SELECT s.wait_until, s.wait_need, coalesce(s.waiting_since, s.started_at), false, now()::timestamptz
+SELECT s.wait_until, s.wait_need, coalesce(s.waiting_since, s.started_at), false, clock_timestamp()::timestamptz
 FROM idemflow_step_row AS s
 WHERE s.operation_id = $1 AND s.name = $2 AND NOT EXISTS (SELECT 1 FROM reached)
 `
@@ -381,6 +381,10 @@ type WaitReachRow struct {
 // null: no deadline), by the database's clock, and need the approvals it
 // needs. A step reached before keeps what was fixed then. Returns the wait as
 // fixed, and the database's clock; no row when the step is checkpointed.
+// The clock is read when the statement runs (clock_timestamp), not when its
+// transaction began: after the run's fence, which waits for a signal being
+// sent to commit, so that a deadline and a signal are judged in the order
+// they committed.
 func (q *Queries) WaitReach(ctx context.Context, db DBTX, arg WaitReachParams) (*WaitReachRow, error) {
 	row := db.QueryRow(ctx, waitReach,
 		arg.OperationID,
@@ -405,7 +409,7 @@ func (q *Queries) WaitReach(ctx context.Context, db DBTX, arg WaitReachParams) (
 
 const waitStepFor = `-- name: WaitStepFor :many
 SELECT name, state, wait_reason, wait_until, wait_need,
-       (wait_until IS NOT NULL AND wait_until <= now())::boolean AS expired
+       (wait_until IS NOT NULL AND wait_until <= clock_timestamp())::boolean AS expired
 FROM idemflow_step_row
 WHERE operation_id = $1 AND wait_signal = $2
 ORDER BY position
@@ -427,7 +431,8 @@ type WaitStepForRow struct {
 
 // The steps of an operation that wait for the signal named wait_signal, or
 // have waited for it, with whether their deadline has passed by the
-// database's clock.
+// database's clock when the statement runs (after the caller locked the
+// operation's row), not when its transaction began.
 func (q *Queries) WaitStepFor(ctx context.Context, db DBTX, arg WaitStepForParams) ([]*WaitStepForRow, error) {
 	rows, err := db.Query(ctx, waitStepFor, arg.OperationID, arg.WaitSignal)
 	if err != nil {
