@@ -142,6 +142,38 @@
 // outcome that names another reference than the one the service gave for the
 // pending call is not the step's.
 //
+// # Waits
+//
+//	engine.ApprovalStep("approval", func(in In, s *State) engine.ApprovalPolicy {
+//		return engine.ApprovalPolicy{Need: 2, Expires: engine.Deadline{After: 72 * time.Hour}}
+//	}),
+//	engine.SignalStep("confirm", "customer.confirmed", confirm).
+//		Deadline(func(In, *State) engine.Deadline { return engine.Deadline{After: 48 * time.Hour} }, nil),
+//	engine.TimerStep("release", func(in In, s *State) engine.Deadline { return engine.Deadline{At: in.ReleaseAt} }),
+//
+//	// elsewhere, in the sender's transaction, and by an operator:
+//	added, err := e.Signal(ctx, tx, engine.SignalTo{Scope: "client-1", Key: key},
+//		engine.Signal{ID: msg.ID, Name: "customer.confirmed", Payload: msg.Body})
+//	info, err := e.Approve(engine.WithActor(ctx, "ann"), id, "checked the order")
+//
+// An operation may wait for a word of the application's own (SignalStep,
+// sent with Engine.Signal), for a moment (TimerStep), or for operators
+// (ApprovalStep: Engine.Approve and Engine.Reject decide it, Engine.Approvals
+// lists what waits; an Admin has the same). While it waits it is in progress,
+// needs no attention, and nothing is busy on it: no goroutine, lease or River
+// job. StepInfo.Wait says what it waits for, and until when.
+//
+// The wait (a Deadline, the approvals needed) is fixed and stored when the
+// step is reached, by the database's clock. A signal is kept once per id,
+// and one sent before its step is reached waits for it there. What comes
+// first wins, once, by a commit: a signal after its step's deadline has
+// passed is refused with ErrWaitOver, as is an approval after its expiry. A
+// rejection (CodeRejected), an expiry (CodeApprovalExpired) and a deadline
+// with no timeout function (CodeSignalTimeout) are business failures, which
+// compensate the steps before. Each process with started workers keeps the
+// moments with a timer loop: one passes within about a second, in whichever
+// process is up then, or the first to start after it.
+//
 // # Operators
 //
 //	ctx = engine.WithActor(ctx, "ann")
@@ -149,9 +181,10 @@
 //	info, err = e.Cancel(ctx, id, "duplicate order") // compensates, ends failed
 //	info, err = e.Resolve(ctx, id, engine.Resolution{Made: true, Reference: "pr_123", Reason: "the dashboard lists it"})
 //
-// Retry, Cancel and Resolve are what an operator asks of an operation; an
-// Admin (NewAdmin) asks the live processes the same from a command or page
-// that has none of the definitions. Each request, done or refused, is kept
+// Retry, Cancel and Resolve are what an operator asks of an operation (and
+// Approve and Reject of one that waits for approval, see "Waits"); an Admin
+// (NewAdmin) asks the live processes the same from a command or page that
+// has none of the definitions. Each request, done or refused, is kept
 // with the operation (Info.Audit): the action, who asked, why, and what became
 // of it. Refusals are errors to branch on (ErrFinal, ErrOutcomeUnknown,
 // ErrPastPivot, ErrNotResolvable, ErrResolutionContradicts, ErrRunning...),
@@ -222,7 +255,7 @@
 // what an HTTP layer answers 500 for. Errors that callers branch on are
 // sentinels matched with errors.Is (ErrNotFound, ErrKeyReused, ErrOverloaded,
 // ErrUnavailable...), or typed errors with fields (*KeyReusedError,
-// *OutcomeUnknownError) that match their sentinel.
+// *OutcomeUnknownError, *SignalReusedError) that match their sentinel.
 //
 // # Crashes
 //
