@@ -57,7 +57,7 @@ type actorKey struct{}
 type auditedKey struct{}
 
 // WithActor returns ctx naming actor as the operator whose requests (Retry,
-// Cancel, Resolve, and Admin's) are carried with it: what the audit trail
+// Cancel, Resolve, Approve, Reject, and Admin's) are carried with it: what the audit trail
 // records. Without it, DefaultActor.
 func WithActor(ctx context.Context, actor string) context.Context {
 	return context.WithValue(ctx, actorKey{}, actor)

@@ -48,8 +48,8 @@ type Observer struct {
 	// carries a span's context), and StepAttempted ends the attempt with it.
 	StepStarted func(ctx context.Context, step StepEvent) context.Context
 	// OperatorRequested: this process carried out, or refused, an operator's
-	// request (Retry, Cancel, Resolve): action is ActionRetry, ActionCancel or
-	// ActionResolve, result "done", "refused" or "failed".
+	// request (Retry, Cancel, Resolve, Approve, Reject): action is one of the
+	// Action constants, result "done", "refused" or "failed".
 	OperatorRequested func(ctx context.Context, action Action, result string)
 	// Waited: a step that waited for a signal, a moment or approvals
 	// (reason) was decided here, after waiting for waited, by the

@@ -94,6 +94,8 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 		}
 	}
 	seen := make(map[string]bool, len(steps))
+	// signals are the steps that wait for each signal (approvals: theirs).
+	signals := make(map[string]string)
 	specs := make([]stepSpec[In, S], len(steps))
 	for i, step := range steps {
 		if step == nil {
@@ -117,6 +119,12 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 				return nil, fmt.Errorf("engine: operation %q: step %q has no function", name, s.name)
 			case w.reason == WaitSignal && (w.signal == "" || strings.HasPrefix(w.signal, "idemflow.")):
 				return nil, fmt.Errorf("engine: operation %q: step %q: the signal's name must not be empty nor begin with \"idemflow.\"", name, s.name)
+			case signals[w.signal] != "":
+				// One signal would decide both.
+				return nil, fmt.Errorf("engine: operation %q: steps %q and %q wait for the same signal %q", name, signals[w.signal], s.name, w.signal)
+			}
+			if w.signal != "" {
+				signals[w.signal] = s.name
 			}
 		}
 		if err := s.retry.validate(); err != nil {

@@ -53,7 +53,9 @@ func (e *SignalReusedError) Is(target error) bool { return target == ErrSignalRe
 // operation (or another client's), ErrFinished for an operation that ended,
 // a *SignalReusedError for an id kept with another name or payload, and
 // ErrWaitOver when the deadline of the step that waits for it passed first
-// (the step then times out, if it has not yet: the operation is made due).
+// (the step then times out, if it has not yet: the operation is made due,
+// unless tx is the caller's: its timer does it) or another signal decided
+// the step already.
 func (e *Engine) Signal(ctx context.Context, tx pgx.Tx, to SignalTo, sig Signal) (bool, error) {
 	switch {
 	case sig.ID == "":
@@ -120,9 +122,14 @@ func (e *Engine) signal(ctx context.Context, tx pgx.Tx, to SignalTo, sig Signal)
 	}
 	waiting := false
 	for _, s := range steps {
-		if s.Expired {
+		switch {
+		case s.Expired:
 			return false, rec, fmt.Errorf("engine: signal %s to %s: %w: step %s's deadline (%s) passed first",
 				sig.ID, rec.ID, ErrWaitOver, s.Name, s.Until.UTC().Format("2006-01-02T15:04:05.000Z07:00"))
+		case s.State == store.StepSucceeded || s.State == store.StepFailed || s.State == store.StepCompensated:
+			// Another signal decided it: this one would never be applied.
+			return false, nil, fmt.Errorf("engine: signal %s to %s: %w: step %s has applied a signal already",
+				sig.ID, rec.ID, ErrWaitOver, s.Name)
 		}
 		waiting = waiting || s.State == store.StepWaiting
 	}

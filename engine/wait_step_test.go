@@ -500,3 +500,31 @@ func TestTimerAcrossRestart(t *testing.T) {
 	_, books := waitCounts(t, pool)
 	require.Equal(t, 1, books)
 }
+
+// A signal to a step that another signal decided is refused: it would never
+// be applied. Two steps cannot wait for one signal.
+func TestSignalAfterDecided(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	apply := func(_ context.Context, _ engine.Tx, _ engine.Attempt, _ waitIn, s *waitState, sig engine.Signal) error {
+		s.Signal = sig.ID
+		return nil
+	}
+	op := waitOp(t, "decided", engine.SignalStep("confirm", "confirmed", apply),
+		engine.SignalStep("settle", "settled", apply))
+	e, _ := waitSetup(t, op)
+	id := startWait(t, e, op, "k", "confirm")
+	_, err := e.Signal(ctx, nil, engine.SignalTo{OperationID: id}, engine.Signal{ID: "one", Name: "confirmed"})
+	require.NoError(t, err)
+	awaitStep(t, e, id, "settle", engine.StepStatusWaiting)
+	_, err = e.Signal(ctx, nil, engine.SignalTo{OperationID: id}, engine.Signal{ID: "two", Name: "confirmed"})
+	require.ErrorIs(t, err, engine.ErrWaitOver)
+	_, err = e.Signal(ctx, nil, engine.SignalTo{OperationID: id}, engine.Signal{ID: "three", Name: "settled"})
+	require.NoError(t, err)
+	require.JSONEq(t, `{"held": true, "signal": "three"}`, string(finished(t, e, id).Result))
+
+	_, err = engine.NewOperation("twice", []engine.Step[waitIn, waitState]{
+		engine.SignalStep("a", "same", apply), engine.SignalStep("b", "same", apply),
+	}, func(_ waitIn, s *waitState) (waitState, error) { return *s, nil }, nil)
+	require.ErrorContains(t, err, "wait for the same signal")
+}
