@@ -33,7 +33,7 @@ type Admin struct {
 // lacks idemflow's tables (ErrNotMigrated is matched by it) or cannot be
 // reached.
 func NewAdmin(ctx context.Context, pool *pgxpool.Pool) (*Admin, error) {
-	if err := store.CheckSchema(ctx, pool); err != nil {
+	if err := checkSchema(ctx, pool); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	st := store.New()

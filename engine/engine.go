@@ -212,7 +212,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 // build migrated it with one that this build's statements do not fit (see
 // Health).
 func (e *Engine) StartWorkers(ctx context.Context) error {
-	if err := store.CheckSchema(ctx, e.control); err != nil {
+	if err := checkSchema(ctx, e.control); err != nil {
 		return fmt.Errorf("engine: %w; call engine.Migrate(ctx, pool) before StartWorkers", err)
 	}
 	if err := e.Health(ctx); errors.Is(err, ErrIncompatibleSchema) {

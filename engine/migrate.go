@@ -2,11 +2,13 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
 	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemflow/idemflow/internal/riverschema"
 	"github.com/idemflow/idemflow/store"
 )
 
@@ -28,7 +30,19 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	if opts == nil {
 		opts = &MigrateOpts{}
 	}
-	return store.Migrate(ctx, pool, &store.MigrateOpts{Logger: opts.Logger})
+	if err := store.Migrate(ctx, pool, &store.MigrateOpts{Logger: opts.Logger}); err != nil {
+		return err
+	}
+	if err := riverschema.Migrate(ctx, pool, opts.Logger); err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	return nil
+}
+
+// checkSchema returns an error matching ErrNotMigrated when pool's database
+// lacks idemflow's or River's migrations that this build has.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	return store.CheckSchema(ctx, pool, riverschema.Check)
 }
 
 // MigrateSet applies a set of the service's own migrations, for its own

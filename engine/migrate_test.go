@@ -36,7 +36,7 @@ func TestMigrate(t *testing.T) {
 
 	require.NoError(t, engine.Migrate(ctx, pool, nil))
 	require.NoError(t, engine.Migrate(ctx, pool, nil))
-	require.NoError(t, store.CheckSchema(ctx, pool))
+	require.NoError(t, store.CheckSchema(ctx, pool, nil))
 	require.NoError(t, e.StartWorkers(ctx))
 	require.NoError(t, e.Stop(ctx))
 }

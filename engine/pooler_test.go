@@ -107,7 +107,7 @@ func TestPooler(t *testing.T) {
 		require.NoError(t, err)
 	}
 	pool := pooledPool(t, pooled, 8)
-	require.NoError(t, store.CheckSchema(ctx, pool))
+	require.NoError(t, store.CheckSchema(ctx, pool, nil))
 	var version int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT version FROM pooler_own_schema_version`).Scan(&version))
 	require.Equal(t, 2, version)

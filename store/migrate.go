@@ -7,12 +7,9 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/idemflow/idemflow/store/internal/dbsqlc"
 )
@@ -23,10 +20,6 @@ var migrations embed.FS
 // migrationSet names idemflow's own migrations: their version table is
 // idemflow_schema_version, apart from any of the application's.
 const migrationSet = "idemflow"
-
-// riverMigrateLock is the advisory lock key that serialises River's migrations when
-// several processes start at once (River's migrator takes no lock of its own).
-const riverMigrateLock = 0x69_64_65_6d_66_6c_77 // "idemflw"
 
 // Migrations returns idemflow's schema migrations, in tern's SQL format (a file per
 // version, the statements that undo it below a "---- create above / drop below
@@ -45,12 +38,14 @@ type MigrateOpts struct {
 	Logger *slog.Logger
 }
 
-// Migrate applies idemflow's migrations and River's to the database, up to the latest
-// version. It needs no session of its own: every migration runs in a transaction that
-// first takes a transaction-scoped advisory lock and lifts pool's statement, lock and
-// idle-in-transaction timeouts (meant for a run's statements: a migration, and the
-// wait for another process's, may take longer). So it is safe to call from several
-// processes at once, and through a pooler in transaction mode.
+// Migrate applies idemflow's migrations to the database, up to the latest
+// version (River's are the engine's to apply). It needs no session of its
+// own: every migration runs in a transaction that first takes a
+// transaction-scoped advisory lock and lifts pool's statement, lock and
+// idle-in-transaction timeouts (meant for a run's statements: a migration,
+// and the wait for another process's, may take longer). So it is safe to
+// call from several processes at once, and through a pooler in transaction
+// mode.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	if opts == nil {
 		opts = &MigrateOpts{}
@@ -62,66 +57,42 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	if err := (MigrationSet{Name: migrationSet, FS: Migrations()}).Apply(ctx, pool, logger); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
-	if err := migrateRiver(ctx, pool, logger); err != nil {
-		return fmt.Errorf("store: %w", err)
+	return nil
+}
+
+// LiftTimeouts lifts the statement, lock and idle-in-transaction timeouts
+// for the rest of db's transaction: for a migration, and the wait for
+// another process's.
+func (s *Store) LiftTimeouts(ctx context.Context, db DBTX) error {
+	if err := s.q.SetLocalUnbounded(ctx, db); err != nil {
+		return fmt.Errorf("store: lift timeouts: %w", err)
 	}
 	return nil
 }
 
-// migrateRiver applies River's migrations, one per transaction under the
-// advisory lock riverMigrateLock (River's migrator takes no lock of its own),
-// as River's Migrate does without the lock: they cannot share one
-// transaction, since a later one uses an enum value that an earlier one adds.
-func migrateRiver(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger})
-	if err != nil {
-		return fmt.Errorf("river migrator: %w", err)
+// AdvisoryXactLock waits for, then holds until db's transaction ends, the
+// advisory lock key.
+func (s *Store) AdvisoryXactLock(ctx context.Context, db DBTX, key int64) error {
+	if err := s.q.AdvisoryXactLock(ctx, db, key); err != nil {
+		return fmt.Errorf("store: advisory lock: %w", err)
 	}
-	q := dbsqlc.New()
-	for {
-		var res *rivermigrate.MigrateResult
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if err := q.SetLocalUnbounded(ctx, tx); err != nil {
-				return err
-			}
-			if err := q.AdvisoryXactLock(ctx, tx, riverMigrateLock); err != nil {
-				return fmt.Errorf("lock: %w", err)
-			}
-			var err error
-			//lint:ignore SA1019 deprecated for applying several migrations in one transaction; this applies one per transaction, as Migrate does, under a lock that Migrate cannot take.
-			res, err = migrator.MigrateTx(ctx, tx, rivermigrate.DirectionUp, &rivermigrate.MigrateOpts{MaxSteps: 1})
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("apply river migrations: %w", err)
-		}
-		if len(res.Versions) == 0 {
-			return nil
-		}
-		for _, v := range res.Versions {
-			logger.InfoContext(ctx, "applied river migration", slog.Int("version", v.Version))
-		}
-	}
+	return nil
 }
 
 // ErrNotMigrated is matched by the error of CheckSchema for a database that lacks
-// idemflow's or River's latest migrations.
+// idemflow's latest migrations.
 var ErrNotMigrated = errors.New("store: the database is not migrated")
 
 // CheckSchema returns an error matching ErrNotMigrated, saying what is missing,
-// when the database lacks migrations of idemflow's or River's that this build
-// has. It takes no lock and writes nothing. It reads in a read-only transaction
+// when the database lacks migrations of idemflow's that this build has; with
+// check, it runs check (River's, the engine's) in the same transaction. It takes no lock and writes nothing. It reads in a read-only transaction
 // without pool's statement and lock timeouts, as migrations run: another
 // process that is migrating at the same moment holds locks on the version
 // tables, and the check waits for it (ctx bounds the wait) rather than fail.
-func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
+func CheckSchema(ctx context.Context, pool *pgxpool.Pool, check func(ctx context.Context, tx pgx.Tx) error) error {
 	ms, err := buildMigrations()
 	if err != nil {
 		return fmt.Errorf("store: migrations: %w", err)
-	}
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		return fmt.Errorf("store: river migrator: %w", err)
 	}
 	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if err := dbsqlc.New().SetLocalUnbounded(ctx, tx); err != nil {
@@ -134,12 +105,10 @@ func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		if target := int32(len(ms)); current < target {
 			return fmt.Errorf("%w: idemflow's schema is at version %d, this build needs %d", ErrNotMigrated, current, target)
 		}
-		res, err := migrator.ValidateTx(ctx, tx, nil)
-		if err != nil {
-			return fmt.Errorf("%w: River's schema cannot be read (%w)", ErrNotMigrated, err)
-		}
-		if !res.OK {
-			return fmt.Errorf("%w: River's: %s", ErrNotMigrated, strings.Join(res.Messages, "; "))
+		if check != nil {
+			if err := check(ctx, tx); err != nil {
+				return fmt.Errorf("%w: %w", ErrNotMigrated, err)
+			}
 		}
 		return nil
 	})

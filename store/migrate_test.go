@@ -30,7 +30,7 @@ func TestMigrateAdoptsGoose(t *testing.T) {
 		CREATE TABLE idemflow_goose_version (id serial PRIMARY KEY, version_id bigint NOT NULL, is_applied boolean NOT NULL, tstamp timestamp DEFAULT now());
 		INSERT INTO idemflow_goose_version (version_id, is_applied) VALUES (0, true), (1, true), (2, true), (3, true);`)
 	require.NoError(t, err)
-	require.ErrorIs(t, store.CheckSchema(ctx, pool), store.ErrNotMigrated)
+	require.ErrorIs(t, store.CheckSchema(ctx, pool, nil), store.ErrNotMigrated)
 
 	require.NoError(t, store.Migrate(ctx, pool, nil))
 	require.NoError(t, store.Migrate(ctx, pool, nil), "twice as well as once")
@@ -41,7 +41,7 @@ func TestMigrateAdoptsGoose(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns
 		WHERE table_name = 'idemflow_operation' AND column_name = 'key_seed')`).Scan(&hasSecret))
 	require.True(t, hasSecret, "migration 4 applied")
-	require.NoError(t, store.CheckSchema(ctx, pool))
+	require.NoError(t, store.CheckSchema(ctx, pool, nil))
 }
 
 // TestMigrateWithBoundedPool: a pool whose statements may wait 50 ms for a lock

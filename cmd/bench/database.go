@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/cmd/bench/internal/benchdb"
+	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/internal/pgcluster"
 	"github.com/idemflow/idemflow/store"
@@ -171,7 +172,7 @@ func (s *server) migrate(ctx context.Context, logger *slog.Logger) error {
 		return err
 	}
 	defer pool.Close()
-	if err := store.Migrate(ctx, pool, &store.MigrateOpts{Logger: logger}); err != nil {
+	if err := engine.Migrate(ctx, pool, &engine.MigrateOpts{Logger: logger}); err != nil {
 		return err
 	}
 	if err := refund.Migrate(ctx, pool); err != nil {

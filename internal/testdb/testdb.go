@@ -28,6 +28,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/internal/pgcluster"
+	"github.com/idemflow/idemflow/internal/riverschema"
 	"github.com/idemflow/idemflow/store"
 )
 
@@ -277,6 +278,9 @@ func migrate(ctx context.Context, dbURL string) error {
 	}
 	defer pool.Close()
 	if err := store.Migrate(ctx, pool, &store.MigrateOpts{Logger: slog.New(slog.DiscardHandler)}); err != nil {
+		return fmt.Errorf("testdb: migrate template: %w", err)
+	}
+	if err := riverschema.Migrate(ctx, pool, slog.New(slog.DiscardHandler)); err != nil {
 		return fmt.Errorf("testdb: migrate template: %w", err)
 	}
 	return nil
