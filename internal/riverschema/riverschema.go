@@ -64,7 +64,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 
 // ErrNotMigrated is matched by Check's error for a database that lacks
 // River's latest migrations.
-var ErrNotMigrated = errors.New("River's schema is not migrated")
+var ErrNotMigrated = errors.New("the queue's schema (River's) is not migrated")
 
 // Check returns an error matching ErrNotMigrated, saying what is missing,
 // when the database lacks River migrations that this build has. It reads in
