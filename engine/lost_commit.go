@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/riverqueue/river"
-
 	"github.com/idemflow/idemflow/store"
 )
 
@@ -58,7 +56,7 @@ func (r *run) handOverLost(ctx context.Context, rec *store.Operation) {
 		if err != nil || !ok {
 			return err
 		}
-		if _, err := r.e.river.InsertTx(ctx, tx, resumeArgs{OperationID: r.id, Operation: rec.Name, Scope: rec.Scope}, &river.InsertOpts{Queue: r.e.cfg.Queue}); err != nil {
+		if err := r.e.enqueueResume(ctx, tx, resumeArgs{OperationID: r.id, Operation: rec.Name, Scope: rec.Scope}, time.Time{}); err != nil {
 			return err
 		}
 		return tx.Commit(ctx)

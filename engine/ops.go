@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
 
 	"github.com/idemflow/idemflow/store"
 )
@@ -103,7 +102,7 @@ func (e *Engine) reopen(ctx context.Context, id uuid.UUID, force bool) error {
 	if !ok {
 		return fmt.Errorf("engine: retry %s: %w (it is %s)", id, ErrNotFailed, rec.State)
 	}
-	if _, err := e.river.InsertTx(ctx, tx, resumeArgs{OperationID: id, Operation: rec.Name}, &river.InsertOpts{Queue: e.cfg.Queue}); err != nil {
+	if err := e.enqueueResume(ctx, tx, resumeArgs{OperationID: id, Operation: rec.Name, Scope: rec.Scope}, time.Time{}); err != nil {
 		return fmt.Errorf("engine: retry: enqueue: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

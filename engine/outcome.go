@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
 
 	"github.com/idemflow/idemflow/reconcile"
 	"github.com/idemflow/idemflow/store"
@@ -287,7 +286,7 @@ func (e *Engine) wake(ctx context.Context, tx pgx.Tx, rec *store.Operation) erro
 	if _, err := e.store.OperationWake(ctx, tx, rec.ID); err != nil {
 		return fmt.Errorf("engine: wake %s: %w", rec.ID, err)
 	}
-	if _, err := e.river.InsertTx(ctx, tx, resumeArgs{OperationID: rec.ID, Operation: rec.Name}, &river.InsertOpts{Queue: e.cfg.Queue}); err != nil {
+	if err := e.enqueueResume(ctx, tx, resumeArgs{OperationID: rec.ID, Operation: rec.Name, Scope: rec.Scope}, time.Time{}); err != nil {
 		return fmt.Errorf("engine: wake %s: enqueue: %w", rec.ID, err)
 	}
 	return nil

@@ -8,8 +8,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/riverqueue/river"
-
 	"github.com/idemflow/idemflow/store"
 )
 
@@ -229,8 +227,7 @@ func (r *run) handOff(ctx context.Context, tx *txn, delay time.Duration) error {
 	if err != nil {
 		return runError(err)
 	}
-	if _, err := r.e.river.InsertTx(ctx, ptx, resumeArgs{OperationID: r.id, Operation: r.def.name, Scope: r.scope},
-		&river.InsertOpts{Queue: r.e.cfg.Queue, ScheduledAt: runAt}); err != nil {
+	if err := r.e.enqueueResume(ctx, ptx, resumeArgs{OperationID: r.id, Operation: r.def.name, Scope: r.scope}, runAt); err != nil {
 		return fmt.Errorf("engine: enqueue retry: %w", err)
 	}
 	if err := r.commit(ctx, tx); err != nil {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
 
 	"github.com/idemflow/idemflow/store"
 )
@@ -219,7 +218,7 @@ func StartTx[In, S, Out any](ctx context.Context, tx pgx.Tx, e *Engine, op *Oper
 		}
 		return &Started{ID: rec.ID, Existing: infoFromRecord(rec), e: e}, nil
 	}
-	if _, err := e.river.InsertTx(ctx, tx, resumeArgs{OperationID: id, Operation: def.name, Scope: scope}, &river.InsertOpts{Queue: e.cfg.Queue}); err != nil {
+	if err := e.enqueueResume(ctx, tx, resumeArgs{OperationID: id, Operation: def.name, Scope: scope}, time.Time{}); err != nil {
 		return nil, fmt.Errorf("engine: enqueue operation: %w", err)
 	}
 	e.handedToRiver(ctx)

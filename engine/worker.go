@@ -62,6 +62,14 @@ func (w *resumeWorker) Work(ctx context.Context, job *river.Job[resumeArgs]) err
 	return err
 }
 
+// enqueueResume inserts, in tx, the River job that carries the operation
+// on: at once, or at at when it is not zero. Every resume job the engine
+// makes outside a sweep (handToWorkers batches those) is made here.
+func (e *Engine) enqueueResume(ctx context.Context, tx pgx.Tx, args resumeArgs, at time.Time) error {
+	_, err := e.river.InsertTx(ctx, tx, args, &river.InsertOpts{Queue: e.cfg.Queue, ScheduledAt: at})
+	return err
+}
+
 // sweepBatch bounds the operations one sweep hands to workers.
 const sweepBatch = 100
 
