@@ -63,6 +63,47 @@
 // in the test process, and pass their URLs to the operation through Run.Env.
 // The fakeservice package is such a fake.
 //
+// # Waits
+//
+//	m.WaitFunc = func(ctx context.Context, e *engine.Engine, info *engine.Info, step engine.StepInfo) error {
+//		if step.Wait.Reason == engine.WaitSignal {
+//			_, err := e.Signal(ctx, nil, engine.SignalTo{OperationID: info.ID}, engine.Signal{ID: "c1", Name: "confirmed"})
+//			return err
+//		}
+//		return idemflowtest.SatisfyWait(ctx, e, info, step) // approvals given, timers left to pass
+//	}
+//	m.Crashes(t)
+//	m.ExpiryRaces(t) // approvals and signals given at their deadline, from a second engine
+//
+// An operation with wait steps (engine.SignalStep, TimerStep, ApprovalStep)
+// is driven past them by Matrix.WaitFunc, in every process that runs it:
+// the kit reads the operation while it runs and calls WaitFunc once it waits
+// at a step. The default, SatisfyWait, gives the approvals and lets timers
+// pass; a signal needs a WaitFunc. The crash matrix then kills the child at
+// a wait step's points too: while the operation waits there
+// ("<step>/waiting", before WaitFunc; for a timer, the fresh engine starts
+// after its moment, so that the moment passes while no process is up), a
+// signal accepted and not applied ("<step>/before"), and the wait decided
+// with its checkpoint not committed ("<step>/after-effect"); at each, the
+// process that takes over must decide the wait exactly once, which the kit
+// checks besides the books:
+//
+//	point                                retry      status       parked  invariants
+//	approval/waiting                     found      succeeded    false   ok
+//	approval/after-effect                found      succeeded    false   ok
+//	release/waiting                      found      succeeded    false   ok
+//	release/after-effect                 found      succeeded    false   ok
+//
+// Matrix.ExpiryRaces races each wait with a deadline (an approval that
+// expires, a signal with a Deadline) against it: two engines on one
+// database, one satisfies the wait at the deadline, give or take a few
+// milliseconds, while the other's timer carries the deadline out. Exactly one
+// wins: what was accepted is applied, what came too late is refused with
+// engine.ErrWaitOver or engine.ErrFinished, and the compensation is made
+// once. A moment that depends on the run (a release date in the input) comes
+// from Run.Env through Matrix.InputFunc, so that the child makes the same
+// input as the test process.
+//
 // # The fault matrix
 //
 //	m.Faults(t)

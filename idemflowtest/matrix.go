@@ -38,9 +38,28 @@ type Matrix[In, S, Out any] struct {
 	Operation func(pool *pgxpool.Pool, env map[string]string) (*engine.Operation[In, S, Out], error)
 	// Input is the operation's input.
 	Input In
+	// InputFunc, when not nil, makes the operation's input from the run's
+	// Env in place of Input, in the test process and in the child alike
+	// (which get the same Env): an input that depends on the run, such as a
+	// release date a moment after Setup. It must make the same input from the
+	// same Env, or the client's retry after a crash is refused as another
+	// request under the key.
+	InputFunc func(env map[string]string) In
+	// WaitFunc satisfies the operation's waits, in every process that runs it
+	// (see WaitFunc). Nil is SatisfyWait: approvals are given, timers pass by
+	// themselves, and a signal step fails the run.
+	WaitFunc WaitFunc
 	// Config, when not nil, is the base of the engines' configuration; its
-	// Operations and Test.Hook are the matrix's.
+	// Operations and Test.Hook are the matrix's, its Observer is kept.
 	Config *engine.Config
+}
+
+// input is the operation's input in a run with env.
+func (m Matrix[In, S, Out]) input(env map[string]string) In {
+	if m.InputFunc != nil {
+		return m.InputFunc(env)
+	}
+	return m.Input
 }
 
 // Run is one run of a matrix: what the child needs to know, and the check.
@@ -152,6 +171,12 @@ const (
 	pointAfterPending  Point = "after-pending"
 )
 
+// pointWaiting is the crash point of a wait step that the first run saw
+// waiting (for a signal, approvals or a moment): the process is killed
+// there, with no process busy on the operation, and the wait is carried out
+// by the process that takes it over (after the moment, for a timer).
+const pointWaiting Point = "waiting"
+
 // The child's environment.
 const (
 	envChild = "IDEMFLOWTEST_CRASH_CHILD"
@@ -173,11 +198,23 @@ const (
 // once per point (each step before it runs and after its effect, each
 // compensation before and after it, as that first run reached them; with
 // Run.Services, each external step after its first call was answered declined,
-// and after it was answered pending, as the Service words them) in a child
-// process killed with SIGKILL there. The operation then resumes in a fresh
-// engine, as a client's retry of the same key finds it, and the check runs.
-// Each point is a subtest of its own, which fails naming the broken invariant;
-// a table of every point is logged at the end.
+// and after it was answered pending, as the Service words them; each wait
+// step while the operation waits there, see below) in a child process killed
+// with SIGKILL there. The operation then resumes in a fresh engine, as a
+// client's retry of the same key finds it, and the check runs. Each point is
+// a subtest of its own, which fails naming the broken invariant; a table of
+// every point is logged at the end.
+//
+// The child and the fresh engine both drive the operation past its waits
+// with WaitFunc. A wait step's points are where the engine decides its wait:
+// "<step>/before" a signal (or a deadline's function) is applied, a signal
+// accepted and not applied; "<step>/after-effect" once it is applied, or an
+// approval or a timer decided, its checkpoint not committed; and
+// "<step>/waiting", the process killed while the operation waits there, its
+// WaitFunc not called yet (for a timer, the fresh engine starts after the
+// moment, which then passes while no process is up). At each of them the
+// resumed process must decide the wait exactly once
+// (engine.Observer.Waited), besides keeping the books right.
 func (m Matrix[In, S, Out]) Crashes(t *testing.T) {
 	t.Helper()
 	m.report(t, m.crashResults(t, true), true)
@@ -316,6 +353,10 @@ type point struct {
 	Step  string          `json:"step"`
 	Point Point           `json:"point"`
 	Kind  engine.StepKind `json:"kind,omitempty"`
+	// Wait and Deadline, for pointWaiting, are what the step waited for, and
+	// whether its wait had an end fixed (a moment, a deadline, an expiry).
+	Wait     engine.WaitReason `json:"wait,omitempty"`
+	Deadline bool              `json:"deadline,omitempty"`
 }
 
 func (p point) name() string { return p.Step + "/" + string(p.Point) }
@@ -361,13 +402,22 @@ func (m Matrix[In, S, Out]) baseline(t *testing.T) (Result, []point, map[string]
 		}
 		return nil
 	}
+	// The steps seen waiting, at the moment they were.
+	seenWaiting := func(_ *engine.Info, s engine.StepInfo) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		points = append(points, point{Step: s.Name, Point: pointWaiting, Wait: s.Wait.Reason, Deadline: s.Wait.Until != nil})
+		return true
+	}
 	var res Result
 	var svcs map[string]Service
 	t.Run("baseline", func(t *testing.T) {
 		_, pool, run := m.prepare(t, newPlan(t, "", ""))
 		svcs = run.Services
 		e, op := m.engine(t, pool, run, hook, true)
-		res = m.finish(t, e, op, run, "baseline")
+		w := m.waiter(e)
+		w.seen = seenWaiting
+		res = m.finishWith(t, e, op, run, w, "baseline")
 		if res.Err != nil {
 			t.Errorf("without a crash or fault: %v", res.Err)
 		}
@@ -421,7 +471,7 @@ func (m Matrix[In, S, Out]) prepare(t *testing.T, pl *plan) (string, *pgxpool.Po
 // engine makes the operation and an engine for it with hook.
 func (m Matrix[In, S, Out]) engine(t *testing.T, pool *pgxpool.Pool, run *Run, hook faults.Hook, workers bool) (*engine.Engine, *engine.Operation[In, S, Out]) {
 	t.Helper()
-	return m.engineWith(t, pool, run, hook, nil, workers)
+	return m.engineWith(t, pool, run, hook, nil, nil, workers)
 }
 
 // config is the base of the matrix's engines' configuration: Config, or the
@@ -437,9 +487,10 @@ func (m Matrix[In, S, Out]) config() engine.Config {
 	return cfg
 }
 
-// engineWith is engine with a lookup hook (faults.Config.Lookup) too.
+// engineWith is engine with a lookup hook (faults.Config.Lookup) and an
+// observer (beside Config's) too.
 func (m Matrix[In, S, Out]) engineWith(t *testing.T, pool *pgxpool.Pool, run *Run, hook faults.Hook,
-	lookup func(context.Context, faults.Event, bool, error) (bool, error), workers bool) (*engine.Engine, *engine.Operation[In, S, Out]) {
+	lookup func(context.Context, faults.Event, bool, error) (bool, error), obs *engine.Observer, workers bool) (*engine.Engine, *engine.Operation[In, S, Out]) {
 	t.Helper()
 	op, err := m.Operation(pool, run.Env)
 	if err != nil {
@@ -449,6 +500,9 @@ func (m Matrix[In, S, Out]) engineWith(t *testing.T, pool *pgxpool.Pool, run *Ru
 	cfg.Operations = []engine.Definition{op}
 	cfg.Test.Hook = hook
 	cfg.Test.Lookup = lookup
+	if obs != nil {
+		cfg.Observer = engine.Observers(cfg.Observer, obs)
+	}
 	e := NewEngine(t, pool, &cfg)
 	if workers {
 		if err := e.StartWorkers(t.Context()); err != nil {
@@ -459,19 +513,26 @@ func (m Matrix[In, S, Out]) engineWith(t *testing.T, pool *pgxpool.Pool, run *Ru
 }
 
 // finish starts the operation, or finds it as a client's retry does, waits for
-// it to finish or be parked, and checks the books.
+// it to finish or be parked, its waits satisfied by WaitFunc, and checks the
+// books.
 func (m Matrix[In, S, Out]) finish(t *testing.T, e *engine.Engine, op *engine.Operation[In, S, Out], run *Run, name string) Result {
+	t.Helper()
+	return m.finishWith(t, e, op, run, m.waiter(e), name)
+}
+
+// finishWith is finish with the waits satisfied by w.
+func (m Matrix[In, S, Out]) finishWith(t *testing.T, e *engine.Engine, op *engine.Operation[In, S, Out], run *Run, w *waiter, name string) Result {
 	t.Helper()
 	res := Result{Point: name}
 	ctx, cancel := context.WithTimeout(t.Context(), waitTimeout)
 	defer cancel()
-	started, err := engine.Start(ctx, e, op, scope, key, m.Input, nil)
+	started, err := engine.Start(ctx, e, op, scope, key, m.input(run.Env), nil)
 	if err != nil {
 		res.Err = fmt.Errorf("start (as a client's retry): %w", err)
 		return res
 	}
 	res.Found = !started.Created
-	info, err := started.Wait(ctx)
+	info, err := waitFor(ctx, w, started)
 	if err != nil {
 		res.Err = fmt.Errorf("the operation neither finished nor was parked within %s: %w", waitTimeout, err)
 		return res
@@ -519,12 +580,34 @@ func (m Matrix[In, S, Out]) crashAt(t *testing.T, p point) Result {
 		return res
 	case !reached:
 		// The first run reached it; a second may take another path (a lookup
-		// that finds nothing to look up). Nothing crashed: check all the same.
+		// that finds nothing to look up, a timer whose moment came before its
+		// step). Nothing crashed: check all the same.
 		t.Logf("the child finished without reaching %s", p.name())
 	}
-	e, op := m.engine(t, pool, run, nil, true)
+	// A wait step's point: the process that takes the operation over must
+	// decide its wait once.
+	var decided *waitCount
+	var obs *engine.Observer
+	if reached && p.Kind == engine.StepKindWait {
+		decided = &waitCount{step: p.Step}
+		obs = decided.observer()
+	}
+	e, op := m.engineWith(t, pool, run, nil, nil, obs, false)
+	if reached && p.Point == pointWaiting && p.Wait == engine.WaitTimer {
+		// The moment comes while no process is up: the new one must carry
+		// it out as it starts.
+		if err := sleepPast(t.Context(), e, p.Step); err != nil {
+			return Result{Point: p.name(), Err: err}
+		}
+	}
+	if err := e.StartWorkers(t.Context()); err != nil {
+		t.Fatalf("idemflowtest: start workers: %v", err)
+	}
 	res = m.finish(t, e, op, run, p.name())
 	res.Err = errors.Join(res.Err, pl.result())
+	if decided != nil {
+		res.Err = errors.Join(res.Err, decided.check())
+	}
 	return res
 }
 
@@ -639,13 +722,20 @@ func (m Matrix[In, S, Out]) child(t *testing.T, p point) {
 	if err := e.StartWorkers(ctx); err != nil {
 		t.Fatalf("idemflowtest child: %v", err)
 	}
-	started, err := engine.Start(ctx, e, op, scope, key, m.Input, nil)
+	started, err := engine.Start(ctx, e, op, scope, key, m.input(env), nil)
 	if err != nil {
 		t.Fatalf("idemflowtest child: start: %v", err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, waitTimeout)
 	defer cancel()
-	if _, err := started.Wait(wctx); err != nil {
+	w := m.waiter(e)
+	w.seen = func(_ *engine.Info, s engine.StepInfo) bool {
+		if p.Point == pointWaiting && s.Name == p.Step {
+			crash()
+		}
+		return true
+	}
+	if _, err := waitFor(wctx, w, started); err != nil {
 		t.Fatalf("idemflowtest child: wait: %v", err)
 	}
 	fmt.Println(markNotReached)
@@ -708,7 +798,7 @@ func (m Matrix[In, S, Out]) withFault(t *testing.T, step string, fault Fault) Re
 		}
 		return found, err
 	}
-	e, op := m.engineWith(t, pool, run, hook, lookup, true)
+	e, op := m.engineWith(t, pool, run, hook, lookup, nil, true)
 	return m.finish(t, e, op, run, step+"/"+string(fault))
 }
 

@@ -1,6 +1,7 @@
 package payout
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,13 +9,18 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/steps/httpstep"
 )
 
 // The codes of the errors that end a payout (engine.PermanentError.Code) or
-// park it (engine.Attention.Code).
+// park it (engine.Attention.Code). Besides these, a payout that waits for
+// approval (Config.ApprovalThreshold) and is rejected fails with the engine's
+// engine.CodeRejected, and one whose wait expires (Config.ApprovalExpires)
+// with engine.CodeApprovalExpired: business answers, after which the wallet
+// is credited back.
 const (
 	// CodeInvalidPayout: the input is not a payout (no wallet, no destination,
 	// an amount that is not positive). Nothing moved.
@@ -37,6 +43,17 @@ const (
 	CodeBankMismatch = "bank_mismatch"
 )
 
+// The versions of the payout operation's definition (Config.Version).
+const (
+	// V1 is debit, bank, mark_paid: the definition of the payouts started
+	// before approvals and release dates. Define it beside V2 until no payout
+	// started on it is unfinished; start no payout on it.
+	V1 = 1
+	// V2 adds approval and release between debit and bank. New payouts start
+	// on it.
+	V2 = 2
+)
+
 // Name is the operation type's name.
 const Name = "payout"
 
@@ -50,6 +67,12 @@ type Input struct {
 	// Destination is the bank account to pay to, as the bank names it (an
 	// IBAN, say).
 	Destination string `json:"destination"`
+	// ReleaseAt, when set, is the moment before which the money does not
+	// leave: the payout is debited (the funds held) and approved if it must
+	// be, then waits until ReleaseAt, by the database's clock, before the
+	// bank is called. The zero time (the default), or a moment past, does not
+	// wait. Only V2 has a release date: V1 refuses one (CodeInvalidPayout).
+	ReleaseAt time.Time `json:"releaseAt,omitzero"`
 }
 
 // Validate checks the input's form: a wallet, a destination and a positive
@@ -118,11 +141,32 @@ type Config struct {
 	// follow redirects. Defaults to httpstep's client (a timeout of
 	// httpstep.DefaultTimeout, redirects not followed).
 	Client *http.Client
+	// ApprovalThreshold is the amount, in minor units, from which a payout
+	// waits for approval after its debit and before the bank is called:
+	// Approvers distinct operators must approve it (engine.Engine.Approve),
+	// and one who rejects it (engine.Engine.Reject) fails it with
+	// engine.CodeRejected and has the wallet credited back. Zero (the
+	// default) means no payout waits for approval.
+	ApprovalThreshold int64
+	// Approvers is how many distinct operators must approve a payout at or
+	// above ApprovalThreshold. Defaults to 1.
+	Approvers int
+	// ApprovalExpires is how long a payout waits for its approvals, from the
+	// moment it starts to wait: once it has passed, the payout fails with
+	// engine.CodeApprovalExpired and the wallet is credited back, and a late
+	// approval is refused (engine.ErrWaitOver). Zero (the default) means the
+	// wait does not expire: the funds stay held until an operator decides.
+	ApprovalExpires time.Duration
+	// Version is the version of the payout operation that New defines: V1 or
+	// V2 (see the package documentation, "Versions"). Zero means V2, on which
+	// new payouts start.
+	Version int
 }
 
 // New returns the payout operation type, to give to engine.Config.Operations
-// and start with engine.Start. It returns an error when cfg.BankURL is not an
-// absolute http or https URL.
+// and start with engine.Start: version cfg.Version, V2 by default. It returns
+// an error when cfg.BankURL is not an absolute http or https URL, a number of
+// cfg is negative, or cfg.Version is neither V1 nor V2.
 func New(cfg Config) (*engine.Operation[Input, State, Result], error) {
 	u, err := url.Parse(cfg.BankURL)
 	if err != nil {
@@ -131,30 +175,66 @@ func New(cfg Config) (*engine.Operation[Input, State, Result], error) {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("payout: BankURL %q is not an absolute http or https URL", cfg.BankURL)
 	}
+	switch {
+	case cfg.ApprovalThreshold < 0:
+		return nil, fmt.Errorf("payout: ApprovalThreshold %d is negative", cfg.ApprovalThreshold)
+	case cfg.Approvers < 0:
+		return nil, fmt.Errorf("payout: Approvers %d is negative", cfg.Approvers)
+	case cfg.ApprovalExpires < 0:
+		return nil, fmt.Errorf("payout: ApprovalExpires %s is negative", cfg.ApprovalExpires)
+	}
+	version := cfg.Version
+	if version == 0 {
+		version = V2
+	}
 	b := bank{base: strings.TrimRight(cfg.BankURL, "/")}
-	return engine.NewOperation(Name, []engine.Step[Input, State]{
-		// Compensatable: the credit undoes it, before the pivot.
-		engine.TxStep("debit", debit).Compensate(credit),
-		// The pivot: an external step without a compensation. Once the bank
-		// has paid, the payout only goes forward.
-		httpstep.Step("bank", httpstep.Call[Input, State]{
-			Client:       cfg.Client,
-			RequestFunc:  b.request,
-			ClassifyFunc: classify,
-			DecodeFunc:   decode,
-			CheckFunc:    check,
-			Lookup: &httpstep.Lookup[Input, State]{
-				URLFunc: b.lookupURL,
-				// Only the bank's own "no payout under this key" is a payout
-				// not made: a 404 from a wrong URL or a proxy says nothing,
-				// and taking it for "not made" would credit back a payout
-				// that the bank made.
-				NotFoundFunc: httpstep.HasCode("not_found"),
-			},
-		}),
-		// Retriable: after the pivot, retried until it succeeds.
-		engine.TxStep("mark_paid", markPaid),
-	}, result, nil)
+	// Compensatable: the credit undoes it, before the pivot.
+	debitStep := engine.TxStep("debit", debit).Compensate(credit)
+	// The pivot: an external step without a compensation. Once the bank has
+	// paid, the payout only goes forward.
+	bankStep := httpstep.Step("bank", httpstep.Call[Input, State]{
+		Client:       cfg.Client,
+		RequestFunc:  b.request,
+		ClassifyFunc: classify,
+		DecodeFunc:   decode,
+		CheckFunc:    check,
+		Lookup: &httpstep.Lookup[Input, State]{
+			URLFunc: b.lookupURL,
+			// Only the bank's own "no payout under this key" is a payout not
+			// made: a 404 from a wrong URL or a proxy says nothing, and taking
+			// it for "not made" would credit back a payout that the bank made.
+			NotFoundFunc: httpstep.HasCode("not_found"),
+		},
+	})
+	// Retriable: after the pivot, retried until it succeeds.
+	markPaidStep := engine.TxStep("mark_paid", markPaid)
+
+	var steps []engine.Step[Input, State]
+	switch version {
+	case V1:
+		steps = []engine.Step[Input, State]{engine.TxStep("debit", debitV1).Compensate(credit), bankStep, markPaidStep}
+	case V2:
+		a := approval{threshold: cfg.ApprovalThreshold, need: cmp.Or(cfg.Approvers, 1), expires: cfg.ApprovalExpires}
+		steps = []engine.Step[Input, State]{
+			debitStep,
+			// Waits, the funds held, for the approvals a large payout needs.
+			// A rejection or an expiry is a business failure: the debit is
+			// compensated.
+			engine.ApprovalStep("approval", a.policy),
+			// A durable timer: waits, with no process busy on the payout,
+			// until its release date.
+			engine.TimerStep("release", release),
+			bankStep,
+			markPaidStep,
+		}
+	default:
+		return nil, fmt.Errorf("payout: no version %d of the payout operation (there are %d and %d)", version, V1, V2)
+	}
+	op, err := engine.NewOperation(Name, steps, result, &engine.OperationOpts{Version: version})
+	if err != nil {
+		return nil, fmt.Errorf("payout: %w", err)
+	}
+	return op, nil
 }
 
 // debitSQL takes the amount from the wallet, only while it fits, and records
@@ -207,6 +287,41 @@ func debit(ctx context.Context, tx engine.Tx, at engine.Attempt, in Input, s *St
 		// Nothing was written: the engine rolls the step's transaction back.
 		return engine.Fail(CodeInsufficientFunds, fmt.Sprintf("wallet %s has less than %d", in.Wallet, in.Amount))
 	}
+}
+
+// debitV1 is V1's debit step: debit, but a release date, which V1 has no
+// step to wait for, fails the payout with nothing moved rather than pay it
+// early. No payout stored on V1 has one (the field came with V2).
+func debitV1(ctx context.Context, tx engine.Tx, at engine.Attempt, in Input, s *State) error {
+	if !in.ReleaseAt.IsZero() {
+		return engine.Fail(CodeInvalidPayout, fmt.Sprintf("version %d of the payout has no release date; start the payout on version %d", V1, V2))
+	}
+	return debit(ctx, tx, at, in, s)
+}
+
+// approval is what the approval step asks of a payout.
+type approval struct {
+	threshold int64
+	need      int
+	expires   time.Duration
+}
+
+// policy asks for a.need approvals of a payout at or above the threshold,
+// expiring a.expires after the step is reached (zero: never), and none of a
+// smaller one (or of any, without a threshold), which then passes at once.
+// The engine fixes the answer when the payout reaches the step: a change of
+// Config later does not change what a waiting payout needs.
+func (a approval) policy(in Input, _ *State) engine.ApprovalPolicy {
+	if a.threshold == 0 || in.Amount < a.threshold {
+		return engine.ApprovalPolicy{}
+	}
+	return engine.ApprovalPolicy{Need: a.need, Expires: engine.Deadline{After: a.expires}}
+}
+
+// release is the release step's moment: the payout's release date (the
+// zero Deadline, which passes at once, when it has none).
+func release(in Input, _ *State) engine.Deadline {
+	return engine.Deadline{At: in.ReleaseAt}
 }
 
 // creditSQL reverses a pending payout and gives its amount back to the wallet,
