@@ -50,12 +50,12 @@ func (gateTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndDat
 // deadline, and which locks the operation only after a run decided that the
 // deadline passed (the run's decision rolled back, as a wait reached before
 // does, and its failure not recorded yet), must be refused with ErrWaitOver:
-// one outcome, the deadline's. The engine judges the deadline with now(), its
-// transaction's start, which is before the run's decision: the approval is
-// accepted, and the operation fails all the same with CodeApprovalExpired
-// (the signal is kept, and the step fails with CodeSignalTimeout).
+// one outcome, the deadline's. The deadline is judged by the clock once the
+// operation's row is locked (clock_timestamp), not by the transaction's
+// start (now()), which would accept it while the operation fails all the
+// same with CodeApprovalExpired (or keep the signal while the step fails
+// with CodeSignalTimeout).
 func TestWaitAfterDeadlineDecided(t *testing.T) {
-	t.Skip("engine issue (waits): Approve and Signal judge a wait's deadline by the time their transaction began, not by the time they lock the operation; see the test's comment")
 	t.Parallel()
 	deadline := func(waitIn, *waitState) engine.Deadline { return engine.Deadline{After: 500 * time.Millisecond} }
 	for _, tc := range []struct {
