@@ -235,7 +235,7 @@ func (wb *waitsBench) idle(ctx context.Context, d time.Duration) idleFigures {
 		if n == 0 {
 			continue
 		}
-		f.byName[name] = stmtRate{n: n, ms: float64((s.d-stmts0[name].d).Microseconds()) / 1000 / secs}
+		f.byName[name] = stmtRate{n: n, ms: float64((s.d - stmts0[name].d).Microseconds()) / 1000 / secs}
 		if txControl[name] {
 			f.txControl += n
 		} else {
