@@ -53,6 +53,16 @@
 // A lookup by derived key is an event of the attempt's span, idemflow.lookup,
 // with idemflow.step.name, idemflow.step.attempt and idemflow.lookup.found.
 //
+// A step that waits for a signal, a moment or approvals hands its operation
+// back: its attempt's span ends with the run's, idemflow.run.end_reason
+// "handed_off". The run that decides the wait (a signal applied, the moment
+// come, approved, rejected, expired) has an event, idemflow.wait, on its
+// span, with idemflow.step.name, idemflow.step.attempt, idemflow.wait.reason
+// ("signal", "timer" or "approval") and idemflow.wait.duration, how long the
+// step waited from the moment it was reached, in seconds, by the database's
+// clock. It is the run's event, not the attempt's: the attempt of a wait
+// that passes has ended when the engine tells it.
+//
 // # Statuses
 //
 // Spans of what went well are left Unset, as OpenTelemetry asks of

@@ -2,6 +2,7 @@ package idemflowotel
 
 import (
 	"context"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -29,10 +30,17 @@ const (
 	attrStepDerivedKey   = attribute.Key("idemflow.step.derived_key")
 	attrStepOutcome      = attribute.Key("idemflow.step.outcome")
 	attrLookupFound      = attribute.Key("idemflow.lookup.found")
+	attrWaitReason       = attribute.Key("idemflow.wait.reason")
+	attrWaitDuration     = attribute.Key("idemflow.wait.duration")
 )
 
 // LookupEventName names the span event of a lookup by derived key.
 const LookupEventName = "idemflow.lookup"
+
+// WaitEventName names the span event of a wait step decided (a signal
+// applied, a moment come, approved, rejected, expired): an event of the
+// run's span.
+const WaitEventName = "idemflow.wait"
 
 // Opts are the optional parts of Observer.
 type Opts struct {
@@ -48,7 +56,8 @@ type Opts struct {
 // run of an operation (idemflow.run/NAME, a child of the context the run
 // begins with) and, under it, a span per attempt of a step
 // (idemflow.step/STEP), whose context the step's function gets; lookups are
-// events of the attempt's span. See the package documentation for the
+// events of the attempt's span, and a wait step decided an event of the
+// run's. See the package documentation for the
 // attributes and statuses.
 //
 // A nil tp gives a nil Observer, which engine.Observers leaves out: tracing is
@@ -69,6 +78,7 @@ func Observer(tp trace.TracerProvider, opts *Opts) *engine.Observer {
 		StepStarted:       t.stepStarted,
 		StepAttempted:     t.stepAttempted,
 		LookedUp:          t.lookedUp,
+		Waited:            t.waited,
 	}
 }
 
@@ -207,5 +217,16 @@ func (t *tracer) lookedUp(ctx context.Context, s engine.StepEvent, found bool) {
 	} else if r := runFrom(ctx); r != nil {
 		// Engine.Cancel asks a lookup outside any attempt.
 		r.span.AddEvent(LookupEventName, attrs)
+	}
+}
+
+// waited adds the event of a wait step decided to the run's span: the
+// engine tells it after the attempt's span ended when the wait was decided
+// for the step to pass, before when it fails the step, so the run's is the
+// span that is open either way.
+func (t *tracer) waited(ctx context.Context, s engine.StepEvent, reason engine.WaitReason, waited time.Duration) {
+	if r := runFrom(ctx); r != nil {
+		r.span.AddEvent(WaitEventName, trace.WithAttributes(attrStepName.String(s.Step), attrStepAttempt.Int(s.Attempt),
+			attrWaitReason.String(string(reason)), attrWaitDuration.Float64(waited.Seconds())))
 	}
 }

@@ -451,6 +451,66 @@ func TestObserverPending(t *testing.T) {
 	require.Empty(t, bank[0].Events, "no error recorded")
 }
 
+// TestObserverWaits: a step that waits hands its run off; the run that
+// decides the wait has an idemflow.wait event, whether the step passes (a
+// signal applied) or fails (a rejection).
+func TestObserverWaits(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t)
+	result := func(in int, _ *int) (int, error) { return in, nil }
+	sig, err := engine.NewOperation("sig", []engine.Step[int, int]{
+		engine.SignalStep("word", "go", func(context.Context, engine.Tx, engine.Attempt, int, *int, engine.Signal) error { return nil }),
+	}, result, nil)
+	require.NoError(t, err)
+	appr, err := engine.NewOperation("appr", []engine.Step[int, int]{
+		engine.ApprovalStep("review", func(int, *int) engine.ApprovalPolicy { return engine.ApprovalPolicy{Need: 1} }),
+	}, result, nil)
+	require.NoError(t, err)
+	e := idemflowtest.Engine(t, idemflowtest.Pool(t, nil), &engine.Config{Observer: idemflowotel.Observer(rec.tp, nil)}, sig, appr)
+
+	for _, tc := range []struct {
+		op     *engine.Operation[int, int, int]
+		step   string
+		reason engine.WaitReason
+		decide func(s *engine.Started) error
+		status engine.Status
+	}{
+		{sig, "word", engine.WaitSignal, func(s *engine.Started) error {
+			_, err := e.Signal(t.Context(), nil, engine.SignalTo{OperationID: s.ID}, engine.Signal{ID: "s1", Name: "go"})
+			return err
+		}, engine.StatusSucceeded},
+		{appr, "review", engine.WaitApproval, func(s *engine.Started) error {
+			_, err := e.Reject(engine.WithActor(t.Context(), "alice"), s.ID, "wrong account")
+			return err
+		}, engine.StatusFailed},
+	} {
+		s, err := engine.Start(t.Context(), e, tc.op, "c", tc.op.Name(), 1, nil)
+		require.NoError(t, err)
+		spans := rec.awaitRuns(t, 1)
+		runs := named(spans, "idemflow.run/"+tc.op.Name())
+		require.Len(t, runs, 1)
+		requireAttrs(t, runs[0], map[string]any{"idemflow.run.end_reason": string(engine.RunHandedOff)})
+		require.Empty(t, runs[0].Events, "nothing decided yet")
+		require.NoError(t, tc.decide(s))
+		require.Equal(t, tc.status, idemflowtest.Wait(t, e, s).Status)
+		spans = rec.awaitRuns(t, 1)
+		runs = named(spans, "idemflow.run/"+tc.op.Name())
+		require.Len(t, runs, 2, "%v", names(spans))
+		require.Len(t, runs[1].Events, 1, "%v", runs[1].Events)
+		ev := runs[1].Events[0]
+		require.Equal(t, idemflowotel.WaitEventName, ev.Name)
+		got := map[attribute.Key]any{}
+		for _, kv := range ev.Attributes {
+			got[kv.Key] = kv.Value.AsInterface()
+		}
+		require.Equal(t, tc.step, got["idemflow.step.name"])
+		require.Equal(t, int64(1), got["idemflow.step.attempt"])
+		require.Equal(t, string(tc.reason), got["idemflow.wait.reason"])
+		require.IsType(t, float64(0), got["idemflow.wait.duration"])
+		require.GreaterOrEqual(t, got["idemflow.wait.duration"], 0.0)
+	}
+}
+
 // TestObserverOff: without a provider, nothing is traced.
 func TestObserverOff(t *testing.T) {
 	t.Parallel()

@@ -28,11 +28,20 @@
 //   - idemflow_operations_needing_attention{operation}: unfinished operations
 //     that need attention (engine.Info.NeedsAttention)
 //   - idemflow_operator_requests_total{action,result}: operators' retries,
-//     cancels and resolves, done or refused
+//     cancels, resolves, approvals and rejections, done or refused
 //   - idemflow_operations_waiting{operation,reason}: unfinished operations
-//     waiting with no process busy on them, by reason: ReasonOutcome
-//     ("outcome"), a step waits for an outside service's word (its outcome
-//     unknown or pending)
+//     waiting with no process busy on them, by reason (engine.WaitReason),
+//     each reported for every operation type, 0 when none waits so:
+//     ReasonOutcome ("outcome"), a step waits for an outside service's word
+//     (its outcome unknown or pending); "signal", a SignalStep waits for its
+//     signal; "timer", a TimerStep waits for its moment; "approval", an
+//     ApprovalStep waits for operators' approvals
+//   - idemflow_wait_duration_seconds{operation,step,reason}: a histogram of
+//     how long the wait steps decided in this process waited, from the
+//     moment each was reached to its decision (a signal applied, a moment
+//     come, approved, rejected, expired), by the database's clock
+//     (engine.Observer.Waited); reason "signal", "timer" or "approval";
+//     buckets from 0.1 seconds to 30 days (Opts.WaitBuckets)
 //   - idemflow_operations_waiting_for_outcome{operation}: deprecated, the same
 //     count as idemflow_operations_waiting{reason="outcome"}
 //   - idemflow_oldest_in_progress_seconds{operation}

@@ -22,6 +22,11 @@ type Opts struct {
 	// Buckets are the step duration histogram's, in seconds. Defaults to
 	// prometheus.DefBuckets.
 	Buckets []float64
+	// WaitBuckets are the wait duration histogram's
+	// (idemflow_wait_duration_seconds), in seconds. Defaults to 0.1, 1, 10
+	// seconds, 1, 5 and 15 minutes, 1, 4 and 12 hours, 1, 3, 7 and 30 days:
+	// a signal may come at once, a release date weeks later.
+	WaitBuckets []float64
 	// Logger receives the gauge reads that failed. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -30,8 +35,22 @@ type Opts struct {
 // operation with a step that waits for an outside service's word: the call's
 // outcome is unknown or pending (engine.StepStatusWaiting). It sleeps in its
 // rows, no process busy on it but for a lookup now and then, until a lookup,
-// an event or an operator settles it.
-const ReasonOutcome = "outcome"
+// an event or an operator settles it. The other reasons are the other
+// engine.WaitReason values: "signal", "timer" and "approval".
+const ReasonOutcome = string(engine.WaitOutcome)
+
+// waitReasons are the reasons idemflow_operations_waiting reports for every
+// operation type, 0 when none waits so.
+var waitReasons = []engine.WaitReason{engine.WaitOutcome, engine.WaitSignal, engine.WaitTimer, engine.WaitApproval}
+
+// defaultWaitBuckets are Opts.WaitBuckets' default, in seconds.
+var defaultWaitBuckets = []float64{
+	0.1, 1, 10, 60, 5 * 60, 15 * 60, 3600, 4 * 3600, 12 * 3600,
+	86400, 3 * 86400, 7 * 86400, 30 * 86400,
+}
+
+// operatorActions are the operators' requests Declare reports.
+var operatorActions = []engine.Action{engine.ActionRetry, engine.ActionCancel, engine.ActionResolve, engine.ActionApprove, engine.ActionReject}
 
 // Metrics are an engine's metrics, registered with a Prometheus registerer.
 type Metrics struct {
@@ -54,6 +73,8 @@ type Metrics struct {
 	waiting        *prometheus.GaugeVec
 	waitingVersion *prometheus.GaugeVec
 	mismatches     *prometheus.GaugeVec
+	// waited is idemflow_wait_duration_seconds{operation,step,reason}.
+	waited *prometheus.HistogramVec
 
 	// mu guards seen, the operation types the gauges reported last time: a
 	// type with nothing in progress any more is reported 0, not dropped.
@@ -73,6 +94,9 @@ func New(reg prometheus.Registerer, opts *Opts) (*Metrics, error) {
 	}
 	if o.Buckets == nil {
 		o.Buckets = prometheus.DefBuckets
+	}
+	if o.WaitBuckets == nil {
+		o.WaitBuckets = defaultWaitBuckets
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -107,13 +131,13 @@ func New(reg prometheus.Registerer, opts *Opts) (*Metrics, error) {
 			Name: "idemflow_operations_needing_attention", Help: "Unfinished operations that wait for an operator.",
 		}, []string{"operation"}),
 		operators: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idemflow_operator_requests_total", Help: "Operators' requests (retry, cancel, resolve) this process carried out or refused.",
+			Name: "idemflow_operator_requests_total", Help: "Operators' requests (retry, cancel, resolve, approve, reject) this process carried out or refused.",
 		}, []string{"action", "result"}),
 		outcome: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemflow_operations_waiting_for_outcome", Help: "Deprecated: idemflow_operations_waiting{reason=\"outcome\"}. Unfinished operations with a step that waits for its outcome: a call whose outcome is unknown or pending.",
 		}, []string{"operation"}),
 		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "idemflow_operations_waiting", Help: "Unfinished operations waiting with no process busy on them, by reason (outcome: a step waits for an outside service's word).",
+			Name: "idemflow_operations_waiting", Help: "Unfinished operations waiting with no process busy on them, by reason (outcome: a step waits for an outside service's word; signal, timer, approval: for a signal, a moment, operators' approvals).",
 		}, []string{"operation", "reason"}),
 		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemflow_oldest_in_progress_seconds", Help: "Age of the oldest unfinished operation (0 when none).",
@@ -124,12 +148,15 @@ func New(reg prometheus.Registerer, opts *Opts) (*Metrics, error) {
 		mismatches: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemflow_reconciliation_mismatches", Help: "Reconciliation mismatches, by kind: records of outside services that disagree with the steps.",
 		}, []string{"kind"}),
+		waited: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "idemflow_wait_duration_seconds", Help: "Time wait steps decided in this process waited, from the moment they were reached, by reason (signal, timer, approval).", Buckets: o.WaitBuckets,
+		}, []string{"operation", "step", "reason"}),
 		seen: map[string]bool{},
 	}
 	for _, k := range reconcile.Kinds {
 		m.mismatches.WithLabelValues(string(k)).Set(0)
 	}
-	for _, c := range []prometheus.Collector{m.started, m.finished, m.attempts, m.duration, m.recoveries, m.lookups, m.requests, m.inProgress, m.attention, m.outcome, m.waiting, m.oldest, m.waitingVersion, m.operators, m.mismatches} {
+	for _, c := range []prometheus.Collector{m.started, m.finished, m.attempts, m.duration, m.recoveries, m.lookups, m.requests, m.inProgress, m.attention, m.outcome, m.waiting, m.oldest, m.waitingVersion, m.operators, m.mismatches, m.waited} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -163,6 +190,9 @@ func (m *Metrics) Observer() *engine.Observer {
 		LookedUp: func(_ context.Context, s engine.StepEvent, found bool) {
 			m.lookups.WithLabelValues(s.Operation.Name, s.Step, strconv.FormatBool(found)).Inc()
 		},
+		Waited: func(_ context.Context, s engine.StepEvent, reason engine.WaitReason, waited time.Duration) {
+			m.waited.WithLabelValues(s.Operation.Name, s.Step, string(reason)).Observe(waited.Seconds())
+		},
 	}
 }
 
@@ -177,7 +207,7 @@ func (m *Metrics) ObserveRequest(_ context.Context, operation string, outcome id
 func (m *Metrics) Declare(defs ...engine.Definition) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, a := range []engine.Action{engine.ActionRetry, engine.ActionCancel, engine.ActionResolve} {
+	for _, a := range operatorActions {
 		for _, r := range []string{"done", "refused"} {
 			m.operators.WithLabelValues(string(a), r)
 		}
@@ -187,7 +217,7 @@ func (m *Metrics) Declare(defs ...engine.Definition) {
 		m.inProgress.WithLabelValues(d.Name()).Set(0)
 		m.attention.WithLabelValues(d.Name()).Set(0)
 		m.outcome.WithLabelValues(d.Name()).Set(0)
-		m.waiting.WithLabelValues(d.Name(), ReasonOutcome).Set(0)
+		m.setWaiting(d.Name(), nil)
 		m.oldest.WithLabelValues(d.Name()).Set(0)
 		m.seen[d.Name()] = true
 	}
@@ -223,20 +253,23 @@ func (m *Metrics) Refresh(ctx context.Context, e *engine.Engine) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	type sums struct {
-		count, attention, outcome int64
-		oldest                    time.Duration
+		count, attention int64
+		waiting          map[engine.WaitReason]int64
+		oldest           time.Duration
 	}
 	byName := map[string]*sums{}
 	m.waitingVersion.Reset()
 	for _, s := range stats {
 		t := byName[s.Name]
 		if t == nil {
-			t = &sums{}
+			t = &sums{waiting: map[engine.WaitReason]int64{}}
 			byName[s.Name] = t
 		}
 		t.count += s.Count
 		t.attention += s.NeedingAttention
-		t.outcome += s.WaitingOutcome
+		for reason, n := range s.Waiting {
+			t.waiting[reason] += n
+		}
 		t.oldest = max(t.oldest, s.Oldest)
 		if !s.Runnable {
 			m.waitingVersion.WithLabelValues(s.Name, strconv.Itoa(s.Version)).Set(float64(s.Count))
@@ -246,8 +279,8 @@ func (m *Metrics) Refresh(ctx context.Context, e *engine.Engine) error {
 	for name, t := range byName {
 		m.inProgress.WithLabelValues(name).Set(float64(t.count))
 		m.attention.WithLabelValues(name).Set(float64(t.attention))
-		m.outcome.WithLabelValues(name).Set(float64(t.outcome))
-		m.waiting.WithLabelValues(name, ReasonOutcome).Set(float64(t.outcome))
+		m.outcome.WithLabelValues(name).Set(float64(t.waiting[engine.WaitOutcome]))
+		m.setWaiting(name, t.waiting)
 		m.oldest.WithLabelValues(name).Set(t.oldest.Seconds())
 		now[name] = true
 	}
@@ -256,7 +289,7 @@ func (m *Metrics) Refresh(ctx context.Context, e *engine.Engine) error {
 			m.inProgress.WithLabelValues(name).Set(0)
 			m.attention.WithLabelValues(name).Set(0)
 			m.outcome.WithLabelValues(name).Set(0)
-			m.waiting.WithLabelValues(name, ReasonOutcome).Set(0)
+			m.setWaiting(name, nil)
 			m.oldest.WithLabelValues(name).Set(0)
 		}
 	}
@@ -264,6 +297,14 @@ func (m *Metrics) Refresh(ctx context.Context, e *engine.Engine) error {
 		m.seen[name] = true
 	}
 	return nil
+}
+
+// setWaiting sets idemflow_operations_waiting of the operation type name,
+// every reason reported (0 when counts has none). m.mu is held.
+func (m *Metrics) setWaiting(name string, counts map[engine.WaitReason]int64) {
+	for _, reason := range waitReasons {
+		m.waiting.WithLabelValues(name, string(reason)).Set(float64(counts[reason]))
+	}
 }
 
 // Run refreshes the gauges every Opts.GaugeInterval until ctx ends.

@@ -81,7 +81,8 @@ idemflow_operations_in_progress{operation="pay"} 0
 
 // TestMetricsPending: a call answered pending counts as outcome "pending",
 // not "retried", and its operation, waiting for the outcome, is counted by
-// idemflow_operations_waiting{reason="outcome"} (0 for a type with none).
+// idemflow_operations_waiting{reason="outcome"} (0 for a type with none, and
+// the other reasons 0).
 func TestMetricsPending(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -119,15 +120,141 @@ func TestMetricsPending(t *testing.T) {
 # HELP idemflow_step_attempts_total Step attempts that ended in this process, by outcome (succeeded, retried, pending, failed, panicked).
 # TYPE idemflow_step_attempts_total counter
 idemflow_step_attempts_total{operation="payout",outcome="pending",step="bank"} 1
-# HELP idemflow_operations_waiting Unfinished operations waiting with no process busy on them, by reason (outcome: a step waits for an outside service's word).
+# HELP idemflow_operations_waiting Unfinished operations waiting with no process busy on them, by reason (outcome: a step waits for an outside service's word; signal, timer, approval: for a signal, a moment, operators' approvals).
 # TYPE idemflow_operations_waiting gauge
+idemflow_operations_waiting{operation="idle",reason="approval"} 0
 idemflow_operations_waiting{operation="idle",reason="outcome"} 0
+idemflow_operations_waiting{operation="idle",reason="signal"} 0
+idemflow_operations_waiting{operation="idle",reason="timer"} 0
+idemflow_operations_waiting{operation="payout",reason="approval"} 0
 idemflow_operations_waiting{operation="payout",reason="outcome"} 1
+idemflow_operations_waiting{operation="payout",reason="signal"} 0
+idemflow_operations_waiting{operation="payout",reason="timer"} 0
 # HELP idemflow_operations_in_progress Unfinished operations in the database.
 # TYPE idemflow_operations_in_progress gauge
 idemflow_operations_in_progress{operation="idle"} 0
 idemflow_operations_in_progress{operation="payout"} 1
 `), "idemflow_step_attempts_total", "idemflow_operations_waiting", "idemflow_operations_in_progress"))
+}
+
+// TestMetricsWaits: operations whose steps wait for a signal, a moment and
+// approvals are counted by idemflow_operations_waiting under their reasons,
+// every reason reported for every type (0 when none); once a signal and an
+// approval decide two of the waits, their gauges drop back to 0 and
+// idemflow_wait_duration_seconds counts one wait of each.
+func TestMetricsWaits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := idemflowtest.Pool(t, nil)
+	reg := prometheus.NewRegistry()
+	m, err := idemflowprom.New(reg, nil)
+	require.NoError(t, err)
+
+	result := func(in int, _ *int) (int, error) { return in, nil }
+	sig, err := engine.NewOperation("sig", []engine.Step[int, int]{
+		engine.SignalStep("word", "go", func(context.Context, engine.Tx, engine.Attempt, int, *int, engine.Signal) error { return nil }),
+	}, result, nil)
+	require.NoError(t, err)
+	later, err := engine.NewOperation("later", []engine.Step[int, int]{
+		engine.TimerStep("release", func(int, *int) engine.Deadline { return engine.Deadline{After: 24 * time.Hour} }),
+	}, result, nil)
+	require.NoError(t, err)
+	appr, err := engine.NewOperation("appr", []engine.Step[int, int]{
+		engine.ApprovalStep("review", func(int, *int) engine.ApprovalPolicy { return engine.ApprovalPolicy{Need: 1} }),
+	}, result, nil)
+	require.NoError(t, err)
+	m.Declare(sig, later, appr)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Observer: m.Observer()}, sig, later, appr)
+
+	started := map[string]*engine.Started{}
+	for _, op := range []*engine.Operation[int, int, int]{sig, later, appr} {
+		s, err := engine.Start(ctx, e, op, "c", op.Name(), 1, nil)
+		require.NoError(t, err)
+		started[op.Name()] = s
+		require.Eventually(t, func() bool {
+			info, err := e.Get(ctx, s.ID)
+			require.NoError(t, err)
+			return info.Steps[0].Status == engine.StepStatusWaiting
+		}, 10*time.Second, 10*time.Millisecond, "%s never waited", op.Name())
+	}
+	require.NoError(t, m.Refresh(ctx, e))
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP idemflow_operations_waiting Unfinished operations waiting with no process busy on them, by reason (outcome: a step waits for an outside service's word; signal, timer, approval: for a signal, a moment, operators' approvals).
+# TYPE idemflow_operations_waiting gauge
+idemflow_operations_waiting{operation="appr",reason="approval"} 1
+idemflow_operations_waiting{operation="appr",reason="outcome"} 0
+idemflow_operations_waiting{operation="appr",reason="signal"} 0
+idemflow_operations_waiting{operation="appr",reason="timer"} 0
+idemflow_operations_waiting{operation="later",reason="approval"} 0
+idemflow_operations_waiting{operation="later",reason="outcome"} 0
+idemflow_operations_waiting{operation="later",reason="signal"} 0
+idemflow_operations_waiting{operation="later",reason="timer"} 1
+idemflow_operations_waiting{operation="sig",reason="approval"} 0
+idemflow_operations_waiting{operation="sig",reason="outcome"} 0
+idemflow_operations_waiting{operation="sig",reason="signal"} 1
+idemflow_operations_waiting{operation="sig",reason="timer"} 0
+`), "idemflow_operations_waiting"))
+	require.Equal(t, 0, testutil.CollectAndCount(reg, "idemflow_wait_duration_seconds"), "no wait decided yet")
+
+	_, err = e.Signal(ctx, nil, engine.SignalTo{OperationID: started["sig"].ID}, engine.Signal{ID: "s1", Name: "go"})
+	require.NoError(t, err)
+	_, err = e.Approve(engine.WithActor(ctx, "alice"), started["appr"].ID, "checked")
+	require.NoError(t, err)
+	for _, name := range []string{"sig", "appr"} {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		info, err := started[name].Wait(wctx)
+		cancel()
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusSucceeded, info.Status, name)
+	}
+	require.NoError(t, m.Refresh(ctx, e))
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP idemflow_operations_waiting Unfinished operations waiting with no process busy on them, by reason (outcome: a step waits for an outside service's word; signal, timer, approval: for a signal, a moment, operators' approvals).
+# TYPE idemflow_operations_waiting gauge
+idemflow_operations_waiting{operation="appr",reason="approval"} 0
+idemflow_operations_waiting{operation="appr",reason="outcome"} 0
+idemflow_operations_waiting{operation="appr",reason="signal"} 0
+idemflow_operations_waiting{operation="appr",reason="timer"} 0
+idemflow_operations_waiting{operation="later",reason="approval"} 0
+idemflow_operations_waiting{operation="later",reason="outcome"} 0
+idemflow_operations_waiting{operation="later",reason="signal"} 0
+idemflow_operations_waiting{operation="later",reason="timer"} 1
+idemflow_operations_waiting{operation="sig",reason="approval"} 0
+idemflow_operations_waiting{operation="sig",reason="outcome"} 0
+idemflow_operations_waiting{operation="sig",reason="signal"} 0
+idemflow_operations_waiting{operation="sig",reason="timer"} 0
+# HELP idemflow_operator_requests_total Operators' requests (retry, cancel, resolve, approve, reject) this process carried out or refused.
+# TYPE idemflow_operator_requests_total counter
+idemflow_operator_requests_total{action="approve",result="done"} 1
+idemflow_operator_requests_total{action="approve",result="refused"} 0
+idemflow_operator_requests_total{action="cancel",result="done"} 0
+idemflow_operator_requests_total{action="cancel",result="refused"} 0
+idemflow_operator_requests_total{action="reject",result="done"} 0
+idemflow_operator_requests_total{action="reject",result="refused"} 0
+idemflow_operator_requests_total{action="resolve",result="done"} 0
+idemflow_operator_requests_total{action="resolve",result="refused"} 0
+idemflow_operator_requests_total{action="retry",result="done"} 0
+idemflow_operator_requests_total{action="retry",result="refused"} 0
+`), "idemflow_operations_waiting", "idemflow_operator_requests_total"))
+
+	// One wait of each reason decided, each in the histogram's count.
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	counts := map[string]uint64{}
+	for _, f := range families {
+		if f.GetName() != "idemflow_wait_duration_seconds" {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range mt.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			counts[labels["operation"]+"/"+labels["step"]+"/"+labels["reason"]] = mt.GetHistogram().GetSampleCount()
+			require.Len(t, mt.GetHistogram().GetBucket(), 13, "the default wait buckets")
+		}
+	}
+	require.Equal(t, map[string]uint64{"sig/word/signal": 1, "appr/review/approval": 1}, counts)
 }
 
 // families is a prometheus.Registerer that only writes down the names of the
