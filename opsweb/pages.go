@@ -366,7 +366,8 @@ func reopenable(info *engine.Info) bool {
 
 // resolvable reports whether an operator may be offered Resolve for info: it
 // is in progress, and parked or waiting for an external step's outcome (the
-// engine refuses one whose settle window has not passed, saying until when).
+// engine refuses one whose settle window has not passed, saying until when),
+// not for a signal, a moment or approvals.
 func resolvable(info *engine.Info) bool {
 	if info.Status != engine.StatusInProgress {
 		return false
@@ -375,7 +376,7 @@ func resolvable(info *engine.Info) bool {
 		return true
 	}
 	for _, s := range info.Steps {
-		if s.Status == engine.StepStatusWaiting {
+		if s.Status == engine.StepStatusWaiting && (s.Wait == nil || s.Wait.Reason == engine.WaitOutcome) {
 			return true
 		}
 	}
