@@ -94,11 +94,39 @@ type failureBody struct {
 }
 
 // stepBody is a step as its client reads it (idempotency.StepJSON), with its
-// kind and the operators' cause of its last failure.
+// kind, the operators' cause of its last failure and, while it waits, what
+// for.
 type stepBody struct {
 	idempotency.StepJSON
-	Kind      string  `json:"kind,omitempty"`
-	LastCause *string `json:"lastCause"`
+	Kind      string    `json:"kind,omitempty"`
+	LastCause *string   `json:"lastCause"`
+	Wait      *waitBody `json:"wait,omitempty"`
+}
+
+// waitBody is what a waiting step waits for (engine.WaitInfo).
+type waitBody struct {
+	// Reason is an engine.WaitReason: "outcome", "signal", "timer" or
+	// "approval".
+	Reason string `json:"reason"`
+	// Since is when it began to wait; Until when the wait ends (null: no end
+	// is fixed), both by the database's clock.
+	Since *time.Time `json:"since"`
+	Until *time.Time `json:"until"`
+	// Signal is the signal a signal step waits for ("" for the others).
+	Signal string `json:"signal"`
+	// Need is how many distinct actors must approve an approval step (0 for
+	// the others); ApprovedBy those who did, in the order they did.
+	Need       int      `json:"need"`
+	ApprovedBy []string `json:"approvedBy"`
+}
+
+func waitOf(s *engine.StepInfo) *waitBody {
+	w := s.Wait
+	if w == nil || s.Status != engine.StepStatusWaiting {
+		return nil
+	}
+	return &waitBody{Reason: string(w.Reason), Since: s.WaitingSince, Until: w.Until, Signal: w.Signal, Need: w.Need,
+		ApprovedBy: append([]string{}, w.ApprovedBy...)}
 }
 
 func operationOf(info *engine.Info) operationBody {
@@ -121,7 +149,7 @@ func operationOf(info *engine.Info) operationBody {
 		body.Failure = &failureBody{Code: f.Code, Message: f.Message, Cause: f.Cause, Step: f.Step, ServerFault: f.ServerFault()}
 	}
 	for i, st := range idempotency.NewOperationJSON(info).Steps {
-		sb := stepBody{StepJSON: st, Kind: string(info.Steps[i].Kind)}
+		sb := stepBody{StepJSON: st, Kind: string(info.Steps[i].Kind), Wait: waitOf(&info.Steps[i])}
 		if c := info.Steps[i].LastCause; c != "" {
 			sb.LastCause = &c
 		}
@@ -304,7 +332,12 @@ const (
 	actionRetry   action = "retry"
 	actionCancel  action = "cancel"
 	actionResolve action = "resolve"
+	actionApprove action = "approve"
+	actionReject  action = "reject"
 )
+
+// decides reports whether a is an approval or a rejection.
+func (a action) decides() bool { return a == actionApprove || a == actionReject }
 
 // request is an operator's request as a form or a body gives it.
 type request struct {
@@ -320,10 +353,13 @@ type request struct {
 type refusal struct {
 	Status        int
 	Code, Message string
+	// Param is the field at fault of a 400.
+	Param string
 }
 
-// act retries or cancels the operation id and returns it afterwards, with its
-// steps; a refusal when the engine refused (or there is no such operation).
+// act carries out an operator's request on the operation id and returns it
+// afterwards, with its steps; a refusal when the engine refused (or there is
+// no such operation).
 // The action is bounded by ActionTimeout and goes on if the client goes away.
 func (h *handler) act(r *http.Request, id uuid.UUID, req request) (*engine.Info, *refusal, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.cfg.ActionTimeout)
@@ -338,6 +374,10 @@ func (h *handler) act(r *http.Request, id uuid.UUID, req request) (*engine.Info,
 		_, err = h.e.Cancel(ctx, id, reason)
 	case actionResolve:
 		_, err = h.e.Resolve(ctx, id, req.resolution)
+	case actionApprove:
+		_, err = h.e.Approve(ctx, id, reason)
+	case actionReject:
+		_, err = h.e.Reject(ctx, id, reason)
 	}
 	var ref *refusal
 	switch {
@@ -345,27 +385,31 @@ func (h *handler) act(r *http.Request, id uuid.UUID, req request) (*engine.Info,
 		h.cfg.Logger.InfoContext(ctx, "operator action", slog.String("action", string(a)), slog.String("operation_id", id.String()),
 			slog.String("reason", reason), slog.String("remote_addr", r.RemoteAddr))
 	case errors.Is(err, engine.ErrNotFound):
-		ref = &refusal{http.StatusNotFound, "operation_not_found", "no such operation"}
+		ref = &refusal{Status: http.StatusNotFound, Code: "operation_not_found", Message: "no such operation"}
+	case a.decides():
+		if ref = decisionRefusal(a, err); ref == nil {
+			return nil, nil, err
+		}
 	case errors.Is(err, engine.ErrNotFailed):
-		ref = &refusal{http.StatusConflict, "operation_not_failed", "only a failed or parked operation can be retried: this one has neither failed nor been parked"}
+		ref = &refusal{Status: http.StatusConflict, Code: "operation_not_failed", Message: "only a failed or parked operation can be retried: this one has neither failed nor been parked"}
 	case errors.Is(err, engine.ErrCompensated):
-		ref = &refusal{http.StatusConflict, "operation_compensated", "a step of the operation that calls out was compensated: run again under the same derived key, its call would be answered with the one that was undone, so it cannot be retried; start a new operation under a new key"}
+		ref = &refusal{Status: http.StatusConflict, Code: "operation_compensated", Message: "a step of the operation that calls out was compensated: run again under the same derived key, its call would be answered with the one that was undone, so it cannot be retried; start a new operation under a new key"}
 	case errors.Is(err, engine.ErrFinished):
-		ref = &refusal{http.StatusConflict, "operation_finished", "the operation has finished: there is nothing to cancel"}
+		ref = &refusal{Status: http.StatusConflict, Code: "operation_finished", Message: "the operation has finished: there is nothing to cancel"}
 	case errors.Is(err, engine.ErrRunning):
-		ref = &refusal{http.StatusConflict, "held_by_live_process", "a live process holds the operation (a step or a lookup runs): try again in a moment"}
+		ref = &refusal{Status: http.StatusConflict, Code: "held_by_live_process", Message: "a live process holds the operation (a step or a lookup runs): try again in a moment"}
 	case errors.Is(err, engine.ErrNotResolvable):
-		ref = &refusal{http.StatusConflict, "not_resolvable", "only an operation in progress whose call out waits past its settle window, or that is parked at one, can be resolved: " + err.Error()}
+		ref = &refusal{Status: http.StatusConflict, Code: "not_resolvable", Message: "only an operation in progress whose call out waits past its settle window, or that is parked at one, can be resolved: " + err.Error()}
 	case errors.Is(err, engine.ErrResolutionContradicts):
-		ref = &refusal{http.StatusConflict, "resolution_contradicts_provider", "the outside service, asked by the step's derived key, says otherwise: " + err.Error()}
+		ref = &refusal{Status: http.StatusConflict, Code: "resolution_contradicts_provider", Message: "the outside service, asked by the step's derived key, says otherwise: " + err.Error()}
 	case errors.Is(err, engine.ErrInvalidResolution):
-		ref = &refusal{http.StatusBadRequest, "invalid_request", err.Error()}
+		ref = &refusal{Status: http.StatusBadRequest, Code: "invalid_request", Message: err.Error()}
 	case errors.Is(err, engine.ErrFinal):
-		ref = &refusal{http.StatusConflict, "operation_final", "the operation's answer is final: it ended with a business answer or an operator's cancel, which its key keeps; one that failed with a server fault is reopened only when forced"}
+		ref = &refusal{Status: http.StatusConflict, Code: "operation_final", Message: "the operation's answer is final: it ended with a business answer or an operator's cancel, which its key keeps; one that failed with a server fault is reopened only when forced"}
 	case errors.Is(err, engine.ErrOutcomeUnknown):
-		ref = &refusal{http.StatusConflict, "outcome_unknown", outcomeUnknownMessage(err)}
+		ref = &refusal{Status: http.StatusConflict, Code: "outcome_unknown", Message: outcomeUnknownMessage(err)}
 	case errors.Is(err, engine.ErrPastPivot):
-		ref = &refusal{http.StatusConflict, "past_point_of_no_return", "the operation is past its point of no return (a step that cannot be undone has succeeded, or may have): it only goes forward, so it cannot be cancelled"}
+		ref = &refusal{Status: http.StatusConflict, Code: "past_point_of_no_return", Message: "the operation is past its point of no return (a step that cannot be undone has succeeded, or may have): it only goes forward, so it cannot be cancelled"}
 	default:
 		return nil, nil, err
 	}
@@ -425,7 +469,7 @@ func (h *handler) actionAPI(a action) http.HandlerFunc {
 			return
 		}
 		if ref != nil {
-			h.fail(w, r, ref.Status, ref.Code, ref.Message, "")
+			h.fail(w, r, ref.Status, ref.Code, ref.Message, ref.Param)
 			return
 		}
 		w.Header().Set("Operation-Id", info.ID.String())
@@ -496,6 +540,30 @@ func (h *handler) requestFromBody(a action, body map[string]json.RawMessage) (re
 	}
 	req.resolution = engine.Resolution{Made: outcome == "made", Reference: reference, Reason: req.reason}
 	return req, "", ""
+}
+
+// decisionRefusal is the answer to an approval or a rejection that the
+// engine refused, nil for an error that is no refusal.
+func decisionRefusal(a action, err error) *refusal {
+	switch {
+	case errors.Is(err, engine.ErrReasonRequired):
+		what := "an approval"
+		if a == actionReject {
+			what = "a rejection"
+		}
+		return &refusal{Status: http.StatusBadRequest, Code: "invalid_request", Message: what + " needs a reason", Param: "reason"}
+	case errors.Is(err, engine.ErrFinished):
+		return &refusal{Status: http.StatusConflict, Code: "operation_final", Message: "the operation has ended: its answer is final, there is nothing to " + string(a)}
+	case errors.Is(err, engine.ErrWaitOver):
+		return &refusal{Status: http.StatusConflict, Code: "operation_final", Message: "the operation's wait for approval has expired: it fails as expired, whatever is decided now"}
+	case errors.Is(err, engine.ErrNotAwaitingApproval):
+		msg := "the operation is in progress and does not wait for approval: not yet, or no more (approved or rejected already)"
+		if _, why, ok := strings.Cut(err.Error(), engine.ErrNotAwaitingApproval.Error()+": "); ok {
+			msg += ": " + why
+		}
+		return &refusal{Status: http.StatusConflict, Code: "not_awaiting_approval", Message: msg}
+	}
+	return nil
 }
 
 // outcomeUnknownMessage says why a cancel must wait, and until when when that

@@ -49,12 +49,14 @@ type Config struct {
 	// seconds.
 	ReadTimeout time.Duration
 	// ActionTimeout bounds a retry, a cancel or a resolve, which may ask an
-	// outside service by derived key and run compensations, and a
-	// reconciliation run that an operator asks for; the action goes on if the
-	// client goes away meanwhile. Defaults to 15 seconds.
+	// outside service by derived key and run compensations, an approval or a
+	// rejection, and a reconciliation run that an operator asks for; the
+	// action goes on if the client goes away meanwhile. Defaults to 15
+	// seconds.
 	ActionTimeout time.Duration
-	// Logger receives a line per retry and cancel, and the errors the handler
-	// could not answer with. Defaults to slog.Default().
+	// Logger receives a line per operator's request (retry, cancel, resolve,
+	// approve, reject), and the errors the handler could not answer with.
+	// Defaults to slog.Default().
 	Logger *slog.Logger
 	// ReferenceField names the member of a resolve's body, and the field of
 	// its form, that holds the reference of what a made call made (see
@@ -211,6 +213,12 @@ func (h *handler) routes() (mux *http.ServeMux, err error) {
 	mux.HandleFunc("POST "+a+"/operations/{id}/cancel", h.actionAPI(actionCancel))
 	mux.HandleFunc("POST "+b+"/operations/{id}/resolve", h.actionPage(actionResolve))
 	mux.HandleFunc("POST "+a+"/operations/{id}/resolve", h.actionAPI(actionResolve))
+	mux.HandleFunc("GET "+b+"/approvals", h.approvalsPageGet)
+	mux.HandleFunc("POST "+b+"/operations/{id}/approve", h.actionPage(actionApprove))
+	mux.HandleFunc("POST "+b+"/operations/{id}/reject", h.actionPage(actionReject))
+	mux.HandleFunc("GET "+a+"/approvals", h.approvalsAPI)
+	mux.HandleFunc("POST "+a+"/operations/{id}/approve", h.actionAPI(actionApprove))
+	mux.HandleFunc("POST "+a+"/operations/{id}/reject", h.actionAPI(actionReject))
 	// Not {APIPath}/reconciliation: a service may serve its own there (the
 	// demo does).
 	mux.HandleFunc("GET "+b+"/reconciliation", h.reconciliationPage)
@@ -220,8 +228,9 @@ func (h *handler) routes() (mux *http.ServeMux, err error) {
 	for _, p := range []string{
 		b, b + "/{$}", b + "/operations/{id}", b + "/operations/{id}/retry", b + "/operations/{id}/cancel", b + "/operations/{id}/resolve",
 		b + "/reconciliation", b + "/reconciliation/run",
+		b + "/approvals", b + "/operations/{id}/approve", b + "/operations/{id}/reject",
 		a + "/operations", a + "/operations/{id}", a + "/operations/{id}/retry", a + "/operations/{id}/cancel", a + "/operations/{id}/resolve",
-		a + "/mismatches",
+		a + "/mismatches", a + "/approvals", a + "/operations/{id}/approve", a + "/operations/{id}/reject",
 	} {
 		mux.HandleFunc(p, h.methodNotAllowed)
 	}

@@ -62,11 +62,26 @@ type payState struct {
 	Charged bool `json:"charged"`
 }
 
+// payoutIn is the input of the test operation "payout", which waits for
+// Need approvals (none: passes at once) that expire after Expires (zero:
+// never); Halt parks it at its first step, before it waits.
+type payoutIn struct {
+	Need    int           `json:"need"`
+	Expires time.Duration `json:"expires"`
+	Halt    bool          `json:"halt"`
+}
+
+type payoutState struct {
+	Released bool `json:"released"`
+}
+
 // bundle is a test's engine, operation and server.
 type bundle struct {
-	t      *testing.T
-	e      *engine.Engine
-	op     *engine.Operation[payIn, payState, bool]
+	t  *testing.T
+	e  *engine.Engine
+	op *engine.Operation[payIn, payState, bool]
+	// payout waits for approvals: reserve, approval, send.
+	payout *engine.Operation[payoutIn, payoutState, bool]
 	srv    *httptest.Server
 	healed sync.Map // operation key -> true: the cause is mended
 	// provider is the reconciliation source "provider" of the engine, which
@@ -114,7 +129,8 @@ func (p *provider) list(_ context.Context, req reconcile.ListRequest) ([]reconci
 }
 
 // setup returns an engine on a database of the test's own, with the test
-// operation "payment" (reserve, charge: a pivot, record), and a server with
+// operations "payment" (reserve, charge: a pivot, record) and "payout"
+// (reserve, approval, send), and a server with
 // the pages at /ops and the JSON API at /admin, as the demo mounts them. The
 // engine reconciles the source "provider" (b.provider) when asked.
 func setup(t *testing.T) *bundle {
@@ -161,10 +177,26 @@ func setup(t *testing.T) *bundle {
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond, MaxAttempts: 2}})
 	require.NoError(t, err)
 	b.op = op
+	b.payout, err = engine.NewOperation("payout", []engine.Step[payoutIn, payoutState]{
+		engine.TxStep("reserve", func(_ context.Context, _ engine.Tx, _ engine.Attempt, in payoutIn, _ *payoutState) error {
+			if in.Halt {
+				return engine.Halt("limit_unknown", "the risk service gave no limit for this account")
+			}
+			return nil
+		}).Compensate(func(_ context.Context, _ engine.Tx, _ engine.Attempt, _ payoutIn, s *payoutState) error {
+			s.Released = true
+			return nil
+		}),
+		engine.ApprovalStep("approval", func(in payoutIn, _ *payoutState) engine.ApprovalPolicy {
+			return engine.ApprovalPolicy{Need: in.Need, Expires: engine.Deadline{After: in.Expires}}
+		}),
+		engine.TxStep("send", func(context.Context, engine.Tx, engine.Attempt, payoutIn, *payoutState) error { return nil }),
+	}, func(payoutIn, *payoutState) (bool, error) { return true, nil }, nil)
+	require.NoError(t, err)
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	b.e = idemflowtest.Engine(t, idemflowtest.Pool(t, nil), &engine.Config{Logger: logger, Reconcile: reconcile.Config{
 		Sources: []reconcile.Source{{Name: "provider", List: b.provider.list}}, Interval: -1,
-	}}, op)
+	}}, op, b.payout)
 	h, err := opsweb.New(b.e, &opsweb.Config{AuthFunc: opsweb.TokenAuth(adminToken), APIPath: "/admin", Logger: logger,
 		ReconcileSources: []string{"provider"}})
 	require.NoError(t, err)
@@ -231,7 +263,13 @@ func (b *bundle) admin(method, path, body string, header ...string) *response {
 // Accept text/html, a same-origin fetch.
 func (b *bundle) browser(method, path string, form url.Values) *response {
 	b.t.Helper()
-	header := []string{"Authorization", basic("anyone", adminToken), "Accept", "text/html,application/xhtml+xml;q=0.9,*/*;q=0.8",
+	return b.browserAs("anyone", method, path, form)
+}
+
+// browserAs is browser with user as the Basic credentials' user name.
+func (b *bundle) browserAs(user, method, path string, form url.Values) *response {
+	b.t.Helper()
+	header := []string{"Authorization", basic(user, adminToken), "Accept", "text/html,application/xhtml+xml;q=0.9,*/*;q=0.8",
 		"Sec-Fetch-Site", "same-origin", "Origin", b.srv.URL}
 	body := ""
 	if form != nil {
@@ -339,6 +377,14 @@ type (
 		FinishedAt *time.Time `json:"finishedAt"`
 		LastError  *string    `json:"lastError"`
 		LastCause  *string    `json:"lastCause"`
+		Wait       *struct {
+			Reason     string     `json:"reason"`
+			Since      *time.Time `json:"since"`
+			Until      *time.Time `json:"until"`
+			Signal     string     `json:"signal"`
+			Need       int        `json:"need"`
+			ApprovedBy []string   `json:"approvedBy"`
+		} `json:"wait"`
 	}
 )
 

@@ -54,7 +54,8 @@ td.attention a { color: inherit; }
 form.filters { display: flex; flex-wrap: wrap; gap: .8em; align-items: center; margin: 0 0 1em; }
 input, select, button { font: inherit; }
 button { padding: .3em 1em; border: 1px solid #2b5a8a; border-radius: 3px; background: #2b6cb0; color: #fff; cursor: pointer; }
-button#cancel { background: #b03030; border-color: #8a2020; }
+button#cancel, button.reject { background: #b03030; border-color: #8a2020; }
+form.decide { display: flex; gap: .4em; margin: 0 0 .3em; }
 dl.facts { display: grid; grid-template-columns: max-content auto; gap: .2em 1.2em; margin: 0 0 1em; }
 dl.facts dt { color: #5b6673; }
 dl.facts dd { margin: 0; }
@@ -62,6 +63,7 @@ dl.facts dd { margin: 0; }
 .box p { margin: .3em 0; }
 .box.attention { border-color: #d97706; font-weight: normal; color: inherit; }
 .box.failure { border-color: #b03030; }
+.box.wait { border-color: #2b6cb0; }
 .flash { padding: .5em 1em; border-radius: 3px; }
 .flash.ok { background: #d6f0dc; }
 .flash.error { background: #f8d9d9; }
@@ -102,6 +104,7 @@ func parsePages(base, runbook string) (*template.Template, error) {
 		},
 		"duration": func(d time.Duration) string { return d.Round(time.Second).String() },
 		"inc":      func(i int) int { return i + 1 },
+		"join":     strings.Join,
 		// named: a mismatch's operation id names one (not unknown_key's nil).
 		"named": func(id uuid.UUID) bool { return id != uuid.Nil },
 	}).Parse(pagesSource)
@@ -162,6 +165,8 @@ func (h *handler) render(w http.ResponseWriter, r *http.Request, status int, nam
 		title = "Operations"
 	case *reconciliationPage:
 		title = "Reconciliation"
+	case *approvalsPage:
+		title = "Approvals"
 	}
 	data.setCommon(title, h.cfg.BasePath)
 	var buf bytes.Buffer
@@ -252,8 +257,11 @@ type operationPage struct {
 	// step waits for its outcome); RefField is the reference's form field.
 	CanResolve bool
 	RefField   string
-	Flash      string
-	Problem    *refusal
+	// Approval is the step that waits for approval, which the operator may
+	// approve or reject; nil when none waits.
+	Approval *engine.StepInfo
+	Flash    string
+	Problem  *refusal
 }
 
 // doneMessage is the flash of ?done= after an action, for the operation as it
@@ -264,6 +272,10 @@ func doneMessage(done string, info *engine.Info) string {
 		return "Cancelled: its succeeded steps were undone, last first."
 	case done == "resolved":
 		return "Resolved: the operation goes on from your word (" + string(info.Status) + ")."
+	case done == "approved":
+		return approvedMessage(info)
+	case done == "rejected":
+		return rejectedMessage(info)
 	case done != "retried":
 		return ""
 	case info.Parked:
@@ -282,8 +294,11 @@ func (h *handler) operationPage(w http.ResponseWriter, r *http.Request) {
 	done := r.URL.Query().Get("done")
 	page := h.newOperationPage(info)
 	page.Flash = doneMessage(done, info)
-	if done == "retried" && info.Status == engine.StatusInProgress && !info.Parked {
+	if followsRun(done, info) {
 		page.Refresh = 1 // follow the run the operator asked for
+		if done != "retried" {
+			page.Flash += " This page reloads until the run ends or waits."
+		}
 	}
 	h.render(w, r, http.StatusOK, "operation", page)
 }
@@ -296,6 +311,7 @@ func (h *handler) newOperationPage(info *engine.Info) *operationPage {
 		CanCancel:  info.Status == engine.StatusInProgress,
 		CanResolve: resolvable(info),
 		RefField:   h.cfg.ReferenceField,
+		Approval:   approvalWait(info),
 	}
 }
 
@@ -314,8 +330,13 @@ func (h *handler) actionPage(a action) http.HandlerFunc {
 			h.fail(w, r, http.StatusBadRequest, "invalid_request", "the form could not be read", "")
 			return
 		}
+		// back: the approvals page's forms lead back to it.
+		back := a.decides() && r.PostForm.Get("back") == "approvals"
 		form := map[string]json.RawMessage{}
 		for k := range r.PostForm {
+			if k == "back" {
+				continue
+			}
 			if k == "force" {
 				form[k] = json.RawMessage("true")
 				continue
@@ -339,12 +360,21 @@ func (h *handler) actionPage(a action) http.HandlerFunc {
 			return
 		}
 		if ref == nil {
-			done := map[action]string{actionRetry: "retried", actionCancel: "cancelled", actionResolve: "resolved"}[a]
-			http.Redirect(w, r, h.cfg.BasePath+"/operations/"+id.String()+"?done="+done, http.StatusSeeOther)
+			done := map[action]string{actionRetry: "retried", actionCancel: "cancelled", actionResolve: "resolved",
+				actionApprove: "approved", actionReject: "rejected"}[a]
+			to := h.cfg.BasePath + "/operations/" + id.String() + "?done=" + done
+			if back {
+				to = h.cfg.BasePath + "/approvals?done=" + done + "&operation=" + id.String()
+			}
+			http.Redirect(w, r, to, http.StatusSeeOther)
 			return
 		}
 		if ref.Code == "operation_not_found" || !acceptsHTML(r) {
-			h.fail(w, r, ref.Status, ref.Code, ref.Message, "")
+			h.fail(w, r, ref.Status, ref.Code, ref.Message, ref.Param)
+			return
+		}
+		if back {
+			h.renderApprovals(w, r, ref.Status, &approvalsPage{Problem: ref, Operation: id})
 			return
 		}
 		info, ok := h.get(w, r)
@@ -366,7 +396,8 @@ func reopenable(info *engine.Info) bool {
 
 // resolvable reports whether an operator may be offered Resolve for info: it
 // is in progress, and parked or waiting for an external step's outcome (the
-// engine refuses one whose settle window has not passed, saying until when).
+// engine refuses one whose settle window has not passed, saying until when),
+// not for a signal, a moment or approvals.
 func resolvable(info *engine.Info) bool {
 	if info.Status != engine.StatusInProgress {
 		return false
@@ -375,7 +406,7 @@ func resolvable(info *engine.Info) bool {
 		return true
 	}
 	for _, s := range info.Steps {
-		if s.Status == engine.StepStatusWaiting {
+		if s.Status == engine.StepStatusWaiting && (s.Wait == nil || s.Wait.Reason == engine.WaitOutcome) {
 			return true
 		}
 	}

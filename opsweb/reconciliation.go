@@ -213,17 +213,17 @@ func (h *handler) reconcilePage(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, h.cfg.BasePath+"/reconciliation?ran="+url.QueryEscape(source), http.StatusSeeOther)
 		return
 	case errors.Is(err, engine.ErrUnknownSource):
-		ref = &refusal{http.StatusNotFound, "source_not_found", "the engine has no reconciliation source " + strconv.Quote(source)}
+		ref = &refusal{Status: http.StatusNotFound, Code: "source_not_found", Message: "the engine has no reconciliation source " + strconv.Quote(source)}
 	case ctx.Err() != nil:
 		// Before IsUnavailable, which would blame the database for a slow source.
-		ref = &refusal{http.StatusGatewayTimeout, "reconcile_timed_out", "the run did not end within " + h.cfg.ActionTimeout.String() +
+		ref = &refusal{Status: http.StatusGatewayTimeout, Code: "reconcile_timed_out", Message: "the run did not end within " + h.cfg.ActionTimeout.String() +
 			": the mismatches of the pages it read are kept, not its report; a later run checks the rest"}
 	case engine.IsUnavailable(err):
 		h.internalError(w, r, err)
 		return
 	default:
 		// A source's error names its URL: the log below has it.
-		ref = &refusal{http.StatusInternalServerError, "reconcile_failed", redact.Addresses(err.Error())}
+		ref = &refusal{Status: http.StatusInternalServerError, Code: "reconcile_failed", Message: redact.Addresses(err.Error())}
 	}
 	h.cfg.Logger.WarnContext(ctx, "operator action failed", slog.String("action", "reconcile"), slog.String("source", source),
 		slog.String("code", ref.Code), slog.String("error", err.Error()))
