@@ -53,6 +53,11 @@ type config struct {
 	// provider's records (0: only on request); reconcileWindow how far back.
 	reconcileInterval time.Duration // -reconcile-interval, DEMO_RECONCILE_INTERVAL
 	reconcileWindow   time.Duration // -reconcile-window, DEMO_RECONCILE_WINDOW
+	// Refunds of version 3 of at least approvalThreshold wait for approvals
+	// distinct operators, for at most approvalTimeout.
+	approvalThreshold int64         // -approval-threshold, DEMO_APPROVAL_THRESHOLD
+	approvals         int           // -approvals, DEMO_APPROVALS
+	approvalTimeout   time.Duration // -approval-timeout, DEMO_APPROVAL_TIMEOUT
 }
 
 // stepFault is a fault that DEMO_PANIC or DEMO_FAIL injects: the step's first n
@@ -114,13 +119,16 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	entryFlags := defineEntryFlags(fs, env)
 	maxInFlight := fs.String("max-in-flight", env("DEMO_MAX_IN_FLIGHT", "1000"), "operations this process runs at once; beyond, a new keyed request answers 503 overloaded (DEMO_MAX_IN_FLIGHT)")
 	perClient := fs.String("max-in-flight-per-client", env("DEMO_MAX_IN_FLIGHT_PER_CLIENT", "0"), "operations of one client this process runs at once; beyond, that client's new keyed requests answer 429 too_many_requests; 0: no bound (DEMO_MAX_IN_FLIGHT_PER_CLIENT)")
-	versions := fs.String("refund-versions", env("DEMO_REFUND_VERSIONS", "1"), "versions of the refund definition this process runs, comma-separated; new refunds start on the highest (DEMO_REFUND_VERSIONS)")
+	versions := fs.String("refund-versions", env("DEMO_REFUND_VERSIONS", "1"), "versions of the refund definition this process runs (1, 2, 3), comma-separated; new refunds start on the highest (DEMO_REFUND_VERSIONS)")
 	providerAddr := fs.String("provider-addr", env("DEMO_PROVIDER_ADDR", ""), "serve the fake provider on a listener of its own at this address instead of under /provider (DEMO_PROVIDER_ADDR)")
 	adminToken := fs.String("admin-token", env("DEMO_ADMIN_TOKEN", defaultAdminToken), "the operators' secret for /ops, /riverui/ and /admin: HTTP Basic's password (any user name) or a bearer token (DEMO_ADMIN_TOKEN)")
 	providerTimeout := fs.String("provider-timeout", env("DEMO_PROVIDER_TIMEOUT", "10s"), "how long one attempt of the provider step waits for the provider's answer (DEMO_PROVIDER_TIMEOUT)")
 	providerSettle := fs.String("provider-settle", env("DEMO_PROVIDER_SETTLE", "2m"), "the provider's longest processing time: a refund request that got no definite answer may still be carried out this long after it was sent (DEMO_PROVIDER_SETTLE)")
 	reconcileInterval := fs.String("reconcile-interval", env("DEMO_RECONCILE_INTERVAL", "1m"), "how often the books are checked against the provider's records; 0: only on POST /admin/reconciliation/run (DEMO_RECONCILE_INTERVAL)")
 	reconcileWindow := fs.String("reconcile-window", env("DEMO_RECONCILE_WINDOW", ""), "how far back reconciliation reads the provider's records; default and at most -retention (DEMO_RECONCILE_WINDOW)")
+	approvalThreshold := fs.String("approval-threshold", env("DEMO_APPROVAL_THRESHOLD", strconv.Itoa(refund.DefaultApprovalThreshold)), "refunds of version 3 of at least this amount (minor units) wait for operators' approval; 0: every one (DEMO_APPROVAL_THRESHOLD)")
+	approvals := fs.String("approvals", env("DEMO_APPROVALS", strconv.Itoa(refund.DefaultApprovals)), "how many distinct operators must approve a refund that waits for approval (DEMO_APPROVALS)")
+	approvalTimeout := fs.String("approval-timeout", env("DEMO_APPROVAL_TIMEOUT", refund.DefaultApprovalTimeout.String()), "how long a refund waits for its approvals before it expires (DEMO_APPROVAL_TIMEOUT)")
 	pooler := fs.String("pooler", env("DEMO_POOLER", "none"), "none, or transaction: DATABASE_URL goes through a connection pooler in transaction mode (PgBouncer's pool_mode=transaction), and the demo keeps no session state on it (DEMO_POOLER)")
 	directURL := fs.String("direct-database-url", env("DEMO_DIRECT_DATABASE_URL", ""), "with -pooler transaction, a URL of the same database that does not go through the pooler, for the liveness lock: a crashed process's operations are then taken over at once rather than when their lease ends (DEMO_DIRECT_DATABASE_URL)")
 	if err := fs.Parse(args); err != nil {
@@ -196,6 +204,15 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 		if c.reconcileWindow > c.retention {
 			return nil, fmt.Errorf("-reconcile-window: %s is longer than -retention (%s): refunds deleted by retention would look unknown", c.reconcileWindow, c.retention)
 		}
+	}
+	if c.approvalThreshold, err = strconv.ParseInt(strings.TrimSpace(*approvalThreshold), 10, 64); err != nil || c.approvalThreshold < 0 {
+		return nil, fmt.Errorf("-approval-threshold: %q is not an amount of 0 or more (minor units; 0: every refund of version 3 waits for approval)", *approvalThreshold)
+	}
+	if c.approvals, err = strconv.Atoi(strings.TrimSpace(*approvals)); err != nil || c.approvals < 1 {
+		return nil, fmt.Errorf("-approvals: %q is not a positive integer", *approvals)
+	}
+	if c.approvalTimeout, err = parsePositiveDuration(strings.TrimSpace(*approvalTimeout)); err != nil {
+		return nil, fmt.Errorf("-approval-timeout: %w", err)
 	}
 	switch strings.TrimSpace(*pooler) {
 	case "none":
@@ -314,14 +331,14 @@ func defaultDataDir(getenv func(string) string) (string, error) {
 	return filepath.Join(home, ".local", "share", "idemflow", "demo-pg"), nil
 }
 
-// parseVersions parses a comma-separated list of refund versions: each 1 or 2,
-// none twice.
+// parseVersions parses a comma-separated list of refund versions: each 1, 2 or
+// 3, none twice.
 func parseVersions(s string) ([]int, error) {
 	var out []int
 	for _, part := range strings.Split(s, ",") {
 		v, err := strconv.Atoi(strings.TrimSpace(part))
-		if err != nil || v != refund.RefundV1 && v != refund.RefundV2 {
-			return nil, fmt.Errorf("%q is not a version of the refund definition (1 or 2)", strings.TrimSpace(part))
+		if err != nil || v != refund.RefundV1 && v != refund.RefundV2 && v != refund.RefundV3 {
+			return nil, fmt.Errorf("%q is not a version of the refund definition (1, 2 or 3)", strings.TrimSpace(part))
 		}
 		if slices.Contains(out, v) {
 			return nil, fmt.Errorf("version %d given twice", v)

@@ -109,6 +109,35 @@ func TestParseConfig(t *testing.T) {
 		{name: "ReconcileWindowZero", args: []string{"-reconcile-window", "0"}, wantErr: "-reconcile-window"},
 		{name: "ReconcileWindowNegative", args: []string{"-reconcile-window", "-1h"}, wantErr: "-reconcile-window"},
 		{name: "ReconcileIntervalNegative", args: []string{"-reconcile-interval", "-1s"}, wantErr: "-reconcile-interval: \"-1s\" is not a duration of 0 or more"},
+		{name: "ApprovalDefaults", check: func(t *testing.T, c *config) {
+			require.Equal(t, int64(100000), c.approvalThreshold)
+			require.Equal(t, 1, c.approvals)
+			require.Equal(t, 72*time.Hour, c.approvalTimeout)
+			rc := refundConfig(c)
+			require.Equal(t, int64(100000), rc.ApprovalThreshold)
+			require.Equal(t, 1, rc.Approvals)
+			require.Equal(t, 72*time.Hour, rc.ApprovalTimeout)
+		}},
+		{name: "ApprovalFlags", args: []string{"-approval-threshold", "0", "-approvals", "2", "-approval-timeout", "90s", "-refund-versions", "1,2,3"},
+			env: map[string]string{"HOME": "/h", "DEMO_APPROVALS": "5"}, check: func(t *testing.T, c *config) {
+				require.Zero(t, c.approvalThreshold, "0: every refund of version 3 waits")
+				require.Equal(t, 2, c.approvals)
+				require.Equal(t, 90*time.Second, c.approvalTimeout)
+				require.Equal(t, []int{1, 2, 3}, c.versions)
+			}},
+		{name: "ApprovalEnvironment", env: map[string]string{"HOME": "/h", "DEMO_APPROVAL_THRESHOLD": "5000", "DEMO_APPROVALS": "3", "DEMO_APPROVAL_TIMEOUT": "1h"},
+			check: func(t *testing.T, c *config) {
+				require.Equal(t, int64(5000), c.approvalThreshold)
+				require.Equal(t, 3, c.approvals)
+				require.Equal(t, time.Hour, c.approvalTimeout)
+			}},
+		{name: "ApprovalThresholdNegative", args: []string{"-approval-threshold", "-1"}, wantErr: "-approval-threshold"},
+		{name: "ApprovalThresholdNotANumber", env: map[string]string{"HOME": "/h", "DEMO_APPROVAL_THRESHOLD": "10.5"}, wantErr: "-approval-threshold"},
+		{name: "ApprovalsZero", args: []string{"-approvals", "0"}, wantErr: `-approvals: "0" is not a positive integer`},
+		{name: "ApprovalsNotANumber", env: map[string]string{"HOME": "/h", "DEMO_APPROVALS": "two"}, wantErr: "-approvals"},
+		{name: "ApprovalTimeoutZero", args: []string{"-approval-timeout", "0s"}, wantErr: "-approval-timeout"},
+		{name: "ApprovalTimeoutNegative", env: map[string]string{"HOME": "/h", "DEMO_APPROVAL_TIMEOUT": "-1h"}, wantErr: "-approval-timeout"},
+		{name: "RefundVersion4", args: []string{"-refund-versions", "3,4"}, wantErr: `-refund-versions: "4" is not a version of the refund definition (1, 2 or 3)`},
 		{name: "ReconcileIntervalNotADuration", env: map[string]string{"HOME": "/h", "DEMO_RECONCILE_INTERVAL": "often"}, wantErr: "-reconcile-interval"},
 	}
 	for _, tt := range tests {

@@ -7,8 +7,10 @@
 //	demo [flags]             serve the API (and the fake provider under /provider),
 //	                         the operators' pages at /ops and River UI at /riverui/
 //	demo provider [flags]    serve the fake provider alone
-//	demo ops [flags] list|retry|cancel ...   an operator's view: list operations
-//	                         by status, retry a failed one, cancel a stuck one
+//	demo ops [flags] list|retry|cancel|approve|reject ...   an operator's view:
+//	                         list operations by status, retry a failed one,
+//	                         cancel a stuck one, approve or reject a refund
+//	                         that waits for approval
 //	demo db stop [-data-dir]  stop the private PostgreSQL cluster, as one that a
 //	                         killed demo left running (a demo that exits stops
 //	                         only the cluster it started)
@@ -339,7 +341,8 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 // refundConfig is the refund operations' configuration from the demo's flags.
 func refundConfig(cfg *config) *refund.Config {
 	return &refund.Config{Retry: retryPolicy(cfg), RefundVersions: cfg.versions, ProviderSettle: cfg.providerSettle,
-		ProviderTimeout: cfg.providerTimeout}
+		ProviderTimeout: cfg.providerTimeout, ApprovalThreshold: cfg.approvalThreshold, Approvals: cfg.approvals,
+		ApprovalTimeout: cfg.approvalTimeout}
 }
 
 // providerHTTP is the provider client's HTTP, made once per process so that

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -24,7 +25,10 @@ const opsUsage = `usage: demo ops [flags] list [in_progress|succeeded|failed]   
        demo ops [flags] cancel <operation id> [reason]
        demo ops [flags] resolve <operation id> made <provider refund id> <reason>
        demo ops [flags] resolve <operation id> not-made <reason>
--actor NAME (default $USER, else operator) is who the audit trail names for retry, cancel and resolve.
+       demo ops [flags] approve <operation id> <reason>   (a refund of version 3 that waits for approval)
+       demo ops [flags] reject <operation id> <reason>
+       demo ops [flags] approvals   (the refunds that wait for approval, oldest first)
+-actor NAME (default $USER, else operator) is who the audit trail names for retry, cancel, resolve, approve and reject.
        demo ops [flags] check   (exit status 1 when a process with -refund-versions could not run some unfinished
                                 operation: judged by this build's definitions, whether or not a process runs)
        demo ops [flags] reconcile run   (checks the books against the provider at -provider-url now and prints
@@ -37,11 +41,13 @@ what each attention code and mismatch kind means, and what to do: docs/runbook.m
 
 // opsCommands are the commands of demo ops: the first of its arguments that
 // is one ends the flags.
-var opsCommands = []string{"list", "retry", "cancel", "resolve", "check", "reconcile", "show", "processes", "mismatches"}
+var opsCommands = []string{"list", "retry", "cancel", "resolve", "approve", "reject", "approvals", "check", "reconcile", "show", "processes", "mismatches"}
 
 // runOps is the operator's command line: list operations by status, retry a
 // failed one (a running demo's workers pick it up), cancel one that no live
-// process holds (its compensations run here), or resolve one; check the
+// process holds (its compensations run here), or resolve one; approve or
+// reject a refund that waits for approval (a running demo goes on with it),
+// and list those that wait; check the
 // unfinished operations against this build's definitions (-refund-versions),
 // and run reconciliation against the provider (-provider-url). It has the
 // demo's definitions and provider, so it needs no live process for any of
@@ -93,7 +99,8 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 	defer pool.Close()
 	// A database the demo never migrated is not the demo's: say so, change
 	// nothing.
-	if _, err := engine.NewAdmin(ctx, pool); err != nil {
+	admin, err := engine.NewAdmin(ctx, pool)
+	if err != nil {
 		return err
 	}
 	providerURL := cfg.providerURL
@@ -187,6 +194,22 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 		return nil
 	case "resolve":
 		return resolveOp(ctx, e, args[1:], out)
+	case "approve", "reject":
+		return decideOp(ctx, admin, args, out)
+	case "approvals":
+		list, err := refund.ListApprovals(ctx, pool, admin, 0)
+		if err != nil {
+			return err
+		}
+		for _, a := range list {
+			expires := "never"
+			if a.ExpiresAt != nil {
+				expires = a.ExpiresAt.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(stdout, "%s  %s %s %d  requested %s, expires %s, approved by %d of %d: %s\n", a.OperationID, a.Client, a.OrderID, a.Amount,
+				a.RequestedAt.UTC().Format(time.RFC3339), expires, len(a.ApprovedBy), a.Need, strings.Join(a.ApprovedBy, ", "))
+		}
+		return nil
 	case "retry", "cancel":
 		force := false
 		if args[0] == "retry" && len(args) > 1 && (args[1] == "-force" || args[1] == "--force") {
@@ -258,6 +281,41 @@ func actorFlag(args []string, getenv func(string) string) (string, []string, err
 		}
 	}
 	return actor, rest, nil
+}
+
+// decideOp is demo ops approve|reject <id> <reason...>: by the -actor, on
+// engine.Admin, which needs no definitions (a running demo's sweeper resumes
+// the refund). A refusal is an error that names its code, as the API's 409.
+func decideOp(ctx context.Context, admin *engine.Admin, args []string, out *json.Encoder) error {
+	if len(args) < 3 {
+		return fmt.Errorf("%s needs an operation id and a reason\n%s", args[0], opsUsage)
+	}
+	id, err := uuid.Parse(args[1])
+	if err != nil {
+		return fmt.Errorf("%q is not an operation id: %w", args[1], err)
+	}
+	reason := strings.TrimSpace(strings.Join(args[2:], " "))
+	decide := admin.Approve
+	if args[0] == "reject" {
+		decide = admin.Reject
+	}
+	info, err := decide(ctx, id, reason)
+	switch {
+	case errors.Is(err, engine.ErrWaitOver), errors.Is(err, engine.ErrFinished):
+		return fmt.Errorf("refused (operation_final): %w", withheld(err))
+	case errors.Is(err, engine.ErrNotAwaitingApproval):
+		return fmt.Errorf("refused (not_awaiting_approval): %w", withheld(err))
+	case err != nil:
+		return withheld(err)
+	}
+	// What the audit trail says of it: the last entry of this action.
+	detail := ""
+	for _, a := range info.Audit {
+		if string(a.Action) == args[0] {
+			detail = a.Detail
+		}
+	}
+	return out.Encode(map[string]any{"operationId": info.ID, "status": info.Status, "detail": detail})
 }
 
 // resolveOp is demo ops resolve: <id> made <provider refund id> <reason...>,

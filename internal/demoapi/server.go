@@ -69,6 +69,9 @@ type server struct {
 	mux *http.ServeMux
 	// digests are the SHA-256 of the clients' tokens, in cfg.Clients' order.
 	digests [][sha256.Size]byte
+	// ops is the operators' pages and JSON API (opsweb), when AdminToken is
+	// set.
+	ops http.Handler
 }
 
 type clientKey struct{}
@@ -182,7 +185,8 @@ func notFound(w http.ResponseWriter, _ *http.Request) {
 }
 
 // operators mounts the operators' pages at /ops, their JSON API under /admin
-// and River UI under /riverui/, each behind the admin token.
+// (with the demo's approvals, see approvals) and River UI under /riverui/,
+// each behind the admin token.
 func (s *server) operators() error {
 	for _, c := range s.cfg.Clients {
 		if c.Token == s.cfg.AdminToken {
@@ -197,9 +201,11 @@ func (s *server) operators() error {
 	if err != nil {
 		return err
 	}
+	s.ops = ops
 	s.mux.Handle("/ops", ops)
 	s.mux.Handle("/ops/", ops)
 	s.mux.Handle("/admin/", ops)
+	s.approvals()
 	if s.cfg.RiverUI != nil {
 		// River UI's own API changes jobs (retry, cancel, delete): the same
 		// protection against other sites' forms as the pages'.
@@ -360,7 +366,7 @@ func errorStatus(code string) int {
 		return http.StatusNotFound
 	case refund.CodeOrderExists:
 		return http.StatusConflict
-	case refund.CodeAmountExceedsRefundable:
+	case refund.CodeAmountExceedsRefundable, refund.CodeRefundRejected, refund.CodeApprovalExpired:
 		return http.StatusUnprocessableEntity
 	case refund.CodeProviderDeclined, refund.CodeProviderRefundFailed:
 		return http.StatusPaymentRequired

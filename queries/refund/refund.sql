@@ -11,9 +11,9 @@
 -- refunds of one order never take more than its amount together (a read of the
 -- order or its refunds in the same statement would not do: it would see them as
 -- of the statement's start, before the wait). From the order it took, the
--- statement inserts the refund, and moves amount from the merchant's account to
--- the order's customer's (customer_account_prefix and the customer id): two
--- entries that sum to zero.
+-- statement inserts the refund, with the operation that records it, and moves
+-- amount from the merchant's account to the order's customer's
+-- (customer_account_prefix and the customer id): two entries that sum to zero.
 --
 -- Only when taken took nothing does the statement read the order, locking it,
 -- which returns its newest version, to tell the failures apart and say how much
@@ -28,8 +28,8 @@ WITH taken AS (
       AND sqlc.arg(amount)::bigint <= o.amount - o.refunded
     RETURNING o.client, o.order_id, o.customer_id
 ), refund AS (
-    INSERT INTO demo_refund (id, client, order_id, amount)
-    SELECT sqlc.arg(id)::text, t.client, t.order_id, sqlc.arg(amount)::bigint
+    INSERT INTO demo_refund (id, client, order_id, amount, operation_id)
+    SELECT sqlc.arg(id)::text, t.client, t.order_id, sqlc.arg(amount)::bigint, sqlc.arg(operation_id)::uuid
     FROM taken AS t
     RETURNING id, client, order_id, amount
 ), entries AS (
@@ -155,3 +155,12 @@ WITH given AS (
 )
 SELECT idemflow_check(EXISTS (SELECT 1 FROM given), 'refund_receipt_refused',
                       format('refund %s is not succeeded, or has a receipt already', sqlc.arg(id)::text));
+
+-- name: RefundListByOperation :many
+-- The refunds that the operations recorded (their ledger step), one per
+-- operation: the newest, should an operation reopened by an operator have
+-- recorded another after its first was reversed.
+SELECT DISTINCT ON (operation_id) operation_id::uuid AS operation_id, client, order_id, amount
+FROM demo_refund
+WHERE operation_id = ANY(sqlc.arg(operation_ids)::uuid[])
+ORDER BY operation_id, created_at DESC, id DESC;

@@ -15,8 +15,8 @@
 // "record": it fails with CodeOrderExists when the client has an order of that id,
 // and moves the order's amount from the customer's account to the merchant's.
 //
-// The refund operation (RefundOperation) refunds part or all of an order in three
-// steps:
+// The refund operation (RefundOperation) refunds part or all of an order. Its
+// version 1 (RefundV1) has three steps:
 //
 //  1. "ledger" (transactional): in one statement, takes the amount from what is
 //     left to refund of the order (the order's refunded column, which an UPDATE
@@ -37,6 +37,25 @@
 //     through.
 //  3. "finalize" (transactional): marks the refund succeeded with the provider's
 //     refund id, in one statement sent with the checkpoint and COMMIT too.
+//
+// Version 2 (RefundV2) adds a fourth step, "receipt", which gives the succeeded
+// refund a receipt number. Version 3 (RefundV3) has a step "approval" between
+// "ledger" and "provider" too (see Approvals).
+//
+// # Approvals
+//
+// The approval step of version 3 is an engine.ApprovalStep: a refund of at
+// least Config.ApprovalThreshold waits there, after its ledger step reserved
+// the amount, until Config.Approvals distinct operators approved it
+// (engine.Engine.Approve), with no process busy on it; a smaller one passes
+// it at once. The number of approvals and the moment the wait expires
+// (Config.ApprovalTimeout after the step is reached) are fixed and stored
+// when the refund reaches the step. A rejection (engine.Engine.Reject) fails
+// the refund with CodeRefundRejected, and an expiry with CodeApprovalExpired:
+// business failures, after which the ledger's compensation reverses its move
+// and the provider is never asked. ListApprovals lists the refunds that wait,
+// with their client, order and amount, read from the refund's row, which
+// records the operation that made it.
 //
 // # Webhooks
 //

@@ -31,13 +31,32 @@ const (
 	StepFinalize = "finalize"
 	// StepReceipt is the step that version 2 adds.
 	StepReceipt = "receipt"
+	// StepApproval is the step that version 3 adds between StepLedger and
+	// StepProvider: large refunds wait there for operators' approval.
+	StepApproval = "approval"
 )
 
 // The versions of the refund operation's definition: version 1 runs ledger,
-// provider and finalize; version 2 adds receipt.
+// provider and finalize; version 2 adds receipt; version 3 adds approval
+// between ledger and provider (see the package documentation, "Approvals").
 const (
 	RefundV1 = 1
 	RefundV2 = 2
+	RefundV3 = 3
+)
+
+// The defaults of the approval settings of Config.
+const (
+	// DefaultApprovals is how many distinct operators approve a refund that
+	// waits for approval, unless Config.Approvals says otherwise.
+	DefaultApprovals = 1
+	// DefaultApprovalTimeout is how long a refund waits for its approvals
+	// before it expires, unless Config.ApprovalTimeout says otherwise.
+	DefaultApprovalTimeout = 72 * time.Hour
+	// DefaultApprovalThreshold is the demo's -approval-threshold: refunds of
+	// at least 1,000.00 in minor units wait for approval. Config's zero
+	// ApprovalThreshold is not this but 0: every refund of version 3 waits.
+	DefaultApprovalThreshold = 100_000
 )
 
 // ReceiptPrefix starts every receipt number.
@@ -59,6 +78,15 @@ const (
 	// CodeProviderMismatch halts a refund (engine.Halt) whose provider answered,
 	// under the derived key, a refund of another order or amount.
 	CodeProviderMismatch = "provider_mismatch"
+	// CodeRefundRejected: an operator rejected a refund that waited for
+	// approval (version 3). The ledger move was reversed; the provider was
+	// never asked.
+	CodeRefundRejected = "refund_rejected"
+	// CodeApprovalExpired: a refund that waited for approval (version 3) was
+	// not approved within Config.ApprovalTimeout. The ledger move was
+	// reversed; the provider was never asked. The engine's
+	// CodeApprovalExpired.
+	CodeApprovalExpired = engine.CodeApprovalExpired
 )
 
 // RefundIDPrefix starts every refund id.
@@ -86,8 +114,8 @@ type Config struct {
 	// sets Base.
 	Retry engine.RetryPolicy
 	// RefundVersions are the versions of the refund operation to define
-	// (RefundV1, RefundV2); nil means version 1 only. New refunds start on the
-	// highest.
+	// (RefundV1, RefundV2, RefundV3); nil means version 1 only. New refunds
+	// start on the highest.
 	RefundVersions []int
 	// ProviderSettle is the provider's longest processing time: a refund
 	// request that got no definite answer may still be carried out up to this
@@ -98,6 +126,27 @@ type Config struct {
 	// (engine.ExternalStepDef.Timeout): New refuses a ProviderSettle shorter
 	// than it. Zero sets no bound beyond the provider client's own.
 	ProviderTimeout time.Duration
+
+	// ApprovalThreshold: a refund of version 3 of at least this amount (minor
+	// units) waits, after its ledger step, for Approvals distinct operators to
+	// approve it before the provider is asked; a smaller one passes its
+	// approval step at once. Zero: every refund of version 3 waits (amounts
+	// are positive). New refuses a negative one. The demo's default is
+	// DefaultApprovalThreshold.
+	ApprovalThreshold int64
+	// Approvals is how many distinct operators must approve a refund that
+	// waits for approval. Defaults to DefaultApprovals (1); New refuses a
+	// negative number.
+	Approvals int
+	// ApprovalTimeout is how long a refund waits for its approvals, from the
+	// moment it reaches its approval step (by the database's clock), before it
+	// expires and fails with CodeApprovalExpired. Defaults to
+	// DefaultApprovalTimeout (72 hours); New refuses a negative one.
+	//
+	// The three approval settings are read when a refund reaches its approval
+	// step, and what they asked of it is stored with it then: a process with
+	// other settings changes nothing for a refund that waits.
+	ApprovalTimeout time.Duration
 }
 
 // Workflows holds the demo's operation types. Make it with New.
@@ -173,6 +222,10 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 	if settle <= 0 {
 		settle = engine.DefaultSettle
 	}
+	approval, err := cfg.approvalPolicy()
+	if err != nil {
+		return nil, err
+	}
 	w.RefundVersions = make(map[int]*engine.Operation[RefundInput, RefundState, Refund], len(versions))
 	for _, v := range versions {
 		steps := []engine.Step[RefundInput, RefundState]{
@@ -185,8 +238,12 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 		case RefundV1:
 		case RefundV2:
 			steps = append(steps, engine.TxStep(StepReceipt, w.receipt))
+		case RefundV3:
+			steps = slices.Insert(steps, 1, engine.Step[RefundInput, RefundState](
+				engine.ApprovalStep(StepApproval, approval).Codes(CodeRefundRejected, CodeApprovalExpired)))
+			steps = append(steps, engine.TxStep(StepReceipt, w.receipt))
 		default:
-			return nil, fmt.Errorf("refund: no version %d of the refund operation (there are 1 and 2)", v)
+			return nil, fmt.Errorf("refund: no version %d of the refund operation (there are 1, 2 and 3)", v)
 		}
 		if _, dup := w.RefundVersions[v]; dup {
 			return nil, fmt.Errorf("refund: version %d given twice", v)
@@ -203,6 +260,32 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 		}
 	}
 	return w, nil
+}
+
+// approvalPolicy checks the approval settings, and returns the policy of the
+// approval step of version 3 from them.
+func (c *Config) approvalPolicy() (func(RefundInput, *RefundState) engine.ApprovalPolicy, error) {
+	switch {
+	case c.ApprovalThreshold < 0:
+		return nil, fmt.Errorf("refund: ApprovalThreshold %d is negative (0: every refund of version 3 waits for approval)", c.ApprovalThreshold)
+	case c.Approvals < 0:
+		return nil, fmt.Errorf("refund: Approvals %d is negative", c.Approvals)
+	case c.ApprovalTimeout < 0:
+		return nil, fmt.Errorf("refund: ApprovalTimeout %s is negative", c.ApprovalTimeout)
+	}
+	threshold, need, timeout := c.ApprovalThreshold, c.Approvals, c.ApprovalTimeout
+	if need == 0 {
+		need = DefaultApprovals
+	}
+	if timeout == 0 {
+		timeout = DefaultApprovalTimeout
+	}
+	return func(in RefundInput, _ *RefundState) engine.ApprovalPolicy {
+		if in.Amount < threshold {
+			return engine.ApprovalPolicy{}
+		}
+		return engine.ApprovalPolicy{Need: need, Expires: engine.Deadline{After: timeout}}
+	}, nil
 }
 
 // Operations returns the order operation, every defined version of the

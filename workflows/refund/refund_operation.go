@@ -43,11 +43,11 @@ type RefundState struct {
 
 // ledger is the step StepLedger. Its one statement, RefundRecord, takes the
 // amount from what is left to refund of the order, records the refund as
-// pending and moves the amount from the merchant to the customer, or fails the
+// pending (with its operation's id, which ListApprovals reads) and moves the amount from the merchant to the customer, or fails the
 // step for good when the order does not exist or has less than the amount
 // left. It goes with the step's checkpoint and COMMIT (engine.AtCommit), and on
 // a first attempt with BEGIN and the key's reservation too: one round trip.
-func (w *Workflows) ledger(ctx context.Context, tx engine.Tx, _ engine.Attempt, in RefundInput, s *RefundState) error {
+func (w *Workflows) ledger(ctx context.Context, tx engine.Tx, at engine.Attempt, in RefundInput, s *RefundState) error {
 	if in.Amount <= 0 {
 		return engine.Fail(CodeInvalidRequest, "amount must be a positive integer")
 	}
@@ -62,6 +62,7 @@ func (w *Workflows) ledger(ctx context.Context, tx engine.Tx, _ engine.Attempt, 
 		CustomerAccountPrefix: CustomerAccount(""),
 		OrderNotFoundCode:     CodeOrderNotFound,
 		AmountExceededCode:    CodeAmountExceedsRefundable,
+		OperationID:           pguuid.UUID(at.OperationID),
 	})
 	if err != nil {
 		return fmt.Errorf("record refund: %w", err)

@@ -34,6 +34,9 @@ type bundle struct {
 type setupOpts struct {
 	// providerTimeout bounds each request to the provider; zero keeps the default.
 	providerTimeout time.Duration
+	// config, when not nil, is the workflows' configuration, with the
+	// tests' retry policy.
+	config *refund.Config
 }
 
 // setup migrates a new database for the demo's tables and the provider's, serves
@@ -59,9 +62,12 @@ func setupWith(t *testing.T, opts setupOpts) *bundle {
 	if opts.providerTimeout != 0 {
 		client.HTTP = &http.Client{Timeout: opts.providerTimeout}
 	}
-	wf, err := refund.New(client, &refund.Config{
-		Retry: engine.RetryPolicy{Base: 10 * time.Millisecond},
-	})
+	cfg := refund.Config{}
+	if opts.config != nil {
+		cfg = *opts.config
+	}
+	cfg.Retry = engine.RetryPolicy{Base: 10 * time.Millisecond}
+	wf, err := refund.New(client, &cfg)
 	require.NoError(t, err)
 	e, err := engine.New(pool, &engine.Config{
 		Operations:    wf.Operations(),

@@ -77,6 +77,7 @@ type DemoRefund struct {
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
 	Receipt          *string
+	OperationID      *pguuid.UUID
 }
 
 type DemoRefundConfirmation struct {

@@ -40,4 +40,5 @@ type DemoRefund struct {
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
 	Receipt          *string
+	OperationID      *pguuid.UUID
 }

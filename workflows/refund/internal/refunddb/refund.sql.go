@@ -59,7 +59,7 @@ func (q *Queries) RefundFail(ctx context.Context, db DBTX, arg RefundFailParams)
 }
 
 const refundGet = `-- name: RefundGet :one
-SELECT r.id, r.client, r.order_id, r.amount, r.status, r.provider_refund_id, r.created_at, r.updated_at, r.receipt, EXISTS (
+SELECT r.id, r.client, r.order_id, r.amount, r.status, r.provider_refund_id, r.created_at, r.updated_at, r.receipt, r.operation_id, EXISTS (
     SELECT 1 FROM demo_refund_confirmation AS c WHERE c.refund_id = r.id AND c.confirmed_at IS NOT NULL
 ) AS confirmed
 FROM demo_refund AS r
@@ -81,6 +81,7 @@ type RefundGetRow struct {
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
 	Receipt          *string
+	OperationID      *pguuid.UUID
 	Confirmed        bool
 }
 
@@ -98,13 +99,56 @@ func (q *Queries) RefundGet(ctx context.Context, db DBTX, arg RefundGetParams) (
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.Receipt,
+		&i.OperationID,
 		&i.Confirmed,
 	)
 	return &i, err
 }
 
+const refundListByOperation = `-- name: RefundListByOperation :many
+SELECT DISTINCT ON (operation_id) operation_id::uuid AS operation_id, client, order_id, amount
+FROM demo_refund
+WHERE operation_id = ANY($1::uuid[])
+ORDER BY operation_id, created_at DESC, id DESC
+`
+
+type RefundListByOperationRow struct {
+	OperationID pguuid.UUID
+	Client      string
+	OrderID     string
+	Amount      int64
+}
+
+// The refunds that the operations recorded (their ledger step), one per
+// operation: the newest, should an operation reopened by an operator have
+// recorded another after its first was reversed.
+func (q *Queries) RefundListByOperation(ctx context.Context, db DBTX, operationIds []pguuid.UUID) ([]*RefundListByOperationRow, error) {
+	rows, err := db.Query(ctx, refundListByOperation, operationIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*RefundListByOperationRow
+	for rows.Next() {
+		var i RefundListByOperationRow
+		if err := rows.Scan(
+			&i.OperationID,
+			&i.Client,
+			&i.OrderID,
+			&i.Amount,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const refundListByOrder = `-- name: RefundListByOrder :many
-SELECT id, client, order_id, amount, status, provider_refund_id, created_at, updated_at, receipt FROM demo_refund
+SELECT id, client, order_id, amount, status, provider_refund_id, created_at, updated_at, receipt, operation_id FROM demo_refund
 WHERE client = $1 AND order_id = $2
 ORDER BY created_at, id
 `
@@ -133,6 +177,7 @@ func (q *Queries) RefundListByOrder(ctx context.Context, db DBTX, arg RefundList
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.Receipt,
+			&i.OperationID,
 		); err != nil {
 			return nil, err
 		}
@@ -206,17 +251,17 @@ WITH taken AS (
       AND $3::bigint <= o.amount - o.refunded
     RETURNING o.client, o.order_id, o.customer_id
 ), refund AS (
-    INSERT INTO demo_refund (id, client, order_id, amount)
-    SELECT $6::text, t.client, t.order_id, $3::bigint
+    INSERT INTO demo_refund (id, client, order_id, amount, operation_id)
+    SELECT $6::text, t.client, t.order_id, $3::bigint, $7::uuid
     FROM taken AS t
     RETURNING id, client, order_id, amount
 ), entries AS (
     INSERT INTO demo_ledger_entry (client, move_id, account, amount, kind, order_id, refund_id)
-    SELECT r.client, $7, e.account, e.amount, 'refund', r.order_id, r.id
+    SELECT r.client, $8, e.account, e.amount, 'refund', r.order_id, r.id
     FROM refund AS r
     CROSS JOIN taken AS t
-    CROSS JOIN LATERAL (VALUES ($8::text, 0 - r.amount),
-                               ($9::text || t.customer_id, r.amount)) AS e (account, amount)
+    CROSS JOIN LATERAL (VALUES ($9::text, 0 - r.amount),
+                               ($10::text || t.customer_id, r.amount)) AS e (account, amount)
 )
 SELECT CASE
     WHEN EXISTS (SELECT 1 FROM taken) THEN true
@@ -246,6 +291,7 @@ type RefundRecordParams struct {
 	AmountExceededCode    string
 	Client                string
 	ID                    string
+	OperationID           pguuid.UUID
 	MoveID                pguuid.UUID
 	MerchantAccount       string
 	CustomerAccountPrefix string
@@ -263,9 +309,9 @@ type RefundRecordParams struct {
 // refunds of one order never take more than its amount together (a read of the
 // order or its refunds in the same statement would not do: it would see them as
 // of the statement's start, before the wait). From the order it took, the
-// statement inserts the refund, and moves amount from the merchant's account to
-// the order's customer's (customer_account_prefix and the customer id): two
-// entries that sum to zero.
+// statement inserts the refund, with the operation that records it, and moves
+// amount from the merchant's account to the order's customer's
+// (customer_account_prefix and the customer id): two entries that sum to zero.
 //
 // Only when taken took nothing does the statement read the order, locking it,
 // which returns its newest version, to tell the failures apart and say how much
@@ -281,6 +327,7 @@ func (q *Queries) RefundRecord(ctx context.Context, db DBTX, arg RefundRecordPar
 		arg.AmountExceededCode,
 		arg.Client,
 		arg.ID,
+		arg.OperationID,
 		arg.MoveID,
 		arg.MerchantAccount,
 		arg.CustomerAccountPrefix,
