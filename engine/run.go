@@ -101,8 +101,6 @@ type run struct {
 	heldUntil time.Time
 	// runs counts the runs of the operation, this one included.
 	runs int
-	// waitsFor is what a wait step handed the operation back to wait for.
-	waitsFor WaitReason
 
 	// insert, while not nil, is the reservation still to commit, which the first
 	// transaction of a first attempt carries.
@@ -219,7 +217,6 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 			r.local.reserved <- res
 		}
 		r.local.info = info
-		r.local.waits = r.waitsFor
 		close(r.local.done)
 	}
 	if info != nil {

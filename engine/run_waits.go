@@ -132,7 +132,6 @@ func (r *run) runWaitStep(ctx context.Context, i int, st *stepDef, last bool) (*
 	if err := r.commit(ctx, tx); err != nil {
 		return nil, err
 	}
-	r.waitsFor = w.reason
 	if reached.Until != nil {
 		r.e.timers.soon(*reached.Until)
 	}

@@ -41,22 +41,12 @@ type Started struct {
 // Engine.Wait): check Info.Status, and Info.Parked for an operation that waits
 // for an operator. For a first attempt that finishes the operation in this
 // process it returns the moment the attempt ends, without reading the database.
-// A first attempt that handed the operation back to wait for people or a
-// signal (an ApprovalStep, a SignalStep) returns it, in progress, as soon as
-// it did: nothing comes of waiting longer.
 func (s *Started) Wait(ctx context.Context) (*Info, error) {
 	if s.local != nil {
 		select {
 		case <-s.local.done:
 			if s.local.info != nil {
 				return s.local.info, nil
-			}
-			if s.local.waits == WaitApproval || s.local.waits == WaitSignal {
-				rec, err := s.e.store.OperationGet(ctx, s.e.pool, s.ID)
-				if err != nil {
-					return nil, s.e.statementErr(ctx, err)
-				}
-				return infoFromRecord(rec), nil
 			}
 			// The first attempt handed the operation to a River job, parked it,
 			// or stopped: the row tells which.
@@ -74,9 +64,6 @@ type localRun struct {
 	// info is the finished operation, set before done is closed; nil when the
 	// attempt ended without finishing the operation.
 	info *Info
-	// waits, set before done is closed, is what the operation was handed
-	// back to wait for, when a wait step did.
-	waits WaitReason
 }
 
 type reservation struct {

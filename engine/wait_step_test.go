@@ -528,20 +528,3 @@ func TestSignalAfterDecided(t *testing.T) {
 	}, func(_ waitIn, s *waitState) (waitState, error) { return *s, nil }, nil)
 	require.ErrorContains(t, err, "wait for the same signal")
 }
-
-// A starter waiting for an operation whose first attempt handed it back to
-// wait for people gets it, in progress, without waiting out its context.
-func TestStartedWaitReturnsAtApproval(t *testing.T) {
-	t.Parallel()
-	op := waitOp(t, "starter", engine.ApprovalStep("approval", func(waitIn, *waitState) engine.ApprovalPolicy {
-		return engine.ApprovalPolicy{Need: 1}
-	}))
-	e, _ := waitSetup(t, op)
-	s, err := engine.Start(context.Background(), e, op, "client", "k", waitIn{Amount: 1}, nil)
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	info, err := s.Wait(ctx)
-	require.NoError(t, err, "Wait returns before its context ends")
-	require.Equal(t, engine.StatusInProgress, info.Status)
-}
