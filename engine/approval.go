@@ -33,7 +33,8 @@ type AwaitingApproval struct {
 }
 
 // Approvals lists at most limit operations whose ApprovalStep waits for
-// approvals, the oldest first (limit 0: 100).
+// approvals and is not decided yet (fewer distinct approvals than it needs,
+// none rejected: what awaits an operator), the oldest first (limit 0: 100).
 func (e *Engine) Approvals(ctx context.Context, limit int) ([]AwaitingApproval, error) {
 	if limit <= 0 {
 		limit = 100

@@ -7,13 +7,17 @@
 -- The clock is read when the statement runs (clock_timestamp), not when its
 -- transaction began: after the run's fence, which waits for a signal being
 -- sent to commit, so that a deadline and a signal are judged in the order
--- they committed.
-WITH reached AS (
+-- they committed. It is read once: the wait's start and its end are apart by
+-- exactly after.
+WITH c AS MATERIALIZED (
+    SELECT clock_timestamp() AS t
+), reached AS (
     INSERT INTO idemflow_step_row (operation_id, name, position, state, attempts, started_at, waiting_since,
                                    wait_reason, wait_signal, wait_until, wait_need)
-    SELECT @operation_id, @name, @position, 'waiting', 0, now(), now(),
+    SELECT @operation_id, @name, @position, 'waiting', 0, c.t, c.t,
            @wait_reason, sqlc.narg('wait_signal')::text,
-           coalesce(sqlc.narg('at')::timestamptz, clock_timestamp() + sqlc.narg('after')::interval), sqlc.narg('need')::integer
+           coalesce(sqlc.narg('at')::timestamptz, c.t + sqlc.narg('after')::interval), sqlc.narg('need')::integer
+    FROM c
     WHERE NOT EXISTS (
         SELECT 1 FROM idemflow_operation
         WHERE id = @operation_id AND checkpoints -> @name::text IS NOT NULL
@@ -27,10 +31,10 @@ WITH reached AS (
     WHERE idemflow_step_row.wait_reason IS NULL
     RETURNING wait_until, wait_need, waiting_since
 )
-SELECT r.wait_until, r.wait_need, r.waiting_since, true AS reached_now, clock_timestamp()::timestamptz AS now FROM reached AS r
+SELECT r.wait_until, r.wait_need, r.waiting_since, true AS reached_now, c.t::timestamptz AS now FROM reached AS r, c
 UNION ALL
-SELECT s.wait_until, s.wait_need, coalesce(s.waiting_since, s.started_at), false, clock_timestamp()::timestamptz
-FROM idemflow_step_row AS s
+SELECT s.wait_until, s.wait_need, coalesce(s.waiting_since, s.started_at), false, c.t::timestamptz
+FROM idemflow_step_row AS s, c
 WHERE s.operation_id = @operation_id AND s.name = @name AND NOT EXISTS (SELECT 1 FROM reached);
 
 -- name: SignalInsert :one
@@ -102,14 +106,21 @@ SET wake_at = NULL,
 WHERE id = @id AND wake_at <= now() AND state = 'in_progress' AND NOT parked AND locked_by IS NULL;
 
 -- name: ApprovalList :many
--- The operations in progress whose step waits for approvals, oldest first,
--- with the actors who approved each, in the order they did.
+-- The operations in progress whose step waits for approvals and is not
+-- decided yet (fewer distinct approvals than it needs, and no rejection),
+-- oldest first, with the actors who approved each, in the order they did.
 SELECT o.id, o.name, o.version, o.scope, o.key, s.name AS step, s.waiting_since, s.wait_until, s.wait_need,
-       coalesce((SELECT array_agg(g.actor ORDER BY g.received_at, g.signal_id) FROM idemflow_signal AS g
-                 WHERE g.operation_id = o.id AND g.name = 'idemflow.approve'), '{}')::text[] AS approved_by
+       a.approved_by::text[] AS approved_by
 FROM idemflow_step_row AS s
 JOIN idemflow_operation AS o ON o.id = s.operation_id
+CROSS JOIN LATERAL (
+    SELECT coalesce(array_agg(g.actor ORDER BY g.received_at, g.signal_id) FILTER (WHERE g.name = 'idemflow.approve'), '{}') AS approved_by,
+           count(*) FILTER (WHERE g.name = 'idemflow.reject') AS rejections
+    FROM idemflow_signal AS g
+    WHERE g.operation_id = o.id AND g.name IN ('idemflow.approve', 'idemflow.reject')
+) AS a
 WHERE s.state = 'waiting' AND s.wait_reason = 'approval' AND o.state = 'in_progress'
+  AND a.rejections = 0 AND cardinality(a.approved_by) < s.wait_need
 ORDER BY s.waiting_since, o.id
 LIMIT sqlc.arg(max)::int;
 

@@ -210,15 +210,22 @@ func TestApprovals(t *testing.T) {
 	}, "the waiting gauges count the refunds that wait for approval, and the one that waits for the provider")
 
 	t.Run("Approve", func(t *testing.T) {
-		// No reason, or a bad body: 400, nothing recorded.
-		for _, body := range []string{"", "{}", `{"actor": "ann"}`, `{"reason": "  "}`, `{"reason": null}`, `{"reason": 5}`} {
+		// No reason: 400, nothing changed, audited as refused; a body that is
+		// no request at all: 400, nothing recorded.
+		for _, body := range []string{"", "{}", `{"actor": "ann"}`, `{"reason": "  "}`, `{"reason": null}`} {
 			e := requireError(t, d.decide(t, approvedID, "approve", body), http.StatusBadRequest, "invalid_request")
 			require.Equal(t, "reason", e.Param, "body %q", body)
 		}
-		e := requireError(t, d.decide(t, approvedID, "approve", `{"reason": "ok", "force": true}`), http.StatusBadRequest, "invalid_request")
+		e := requireError(t, d.decide(t, approvedID, "approve", `{"reason": 5}`), http.StatusBadRequest, "invalid_request")
+		require.Equal(t, "reason", e.Param)
+		e = requireError(t, d.decide(t, approvedID, "approve", `{"reason": "ok", "force": true}`), http.StatusBadRequest, "invalid_request")
 		require.Equal(t, "force", e.Param)
 		requireError(t, d.decide(t, approvedID, "approve", `[1]`), http.StatusBadRequest, "invalid_request")
-		require.Empty(t, d.auditOf(t, approvedID))
+		refusedNoReason := d.auditOf(t, approvedID)
+		require.Len(t, refusedNoReason, 5, "each approval without a reason, audited")
+		for _, a := range refusedNoReason {
+			require.True(t, strings.HasPrefix(a, "approve ") && strings.HasSuffix(a, "  refused"), a)
+		}
 
 		// The first approval, then the same actor again: 200, still waiting.
 		for range 2 {
@@ -230,7 +237,7 @@ func TestApprovals(t *testing.T) {
 			require.Equal(t, "in_progress", op.Status)
 			require.Equal(t, "waiting", adminStep(t, op, "approval"))
 		}
-		require.Equal(t, []string{"approve ann checked the order done", "approve ann checked the order done"}, d.auditOf(t, approvedID))
+		require.Equal(t, []string{"approve ann checked the order done", "approve ann checked the order done"}, d.auditOf(t, approvedID)[5:])
 		require.Equal(t, []string{"ann"}, approvalOf(t, d.approvals(t), approvedID).ApprovedBy)
 		requireError(t, c.post("/refunds", approved.key, approved.body), http.StatusConflict, "request_in_progress")
 		require.Equal(t, "waiting", stepOf(t, c.getOperation(approvedID), "approval").Status)
@@ -265,7 +272,7 @@ func TestApprovals(t *testing.T) {
 		require.Equal(t, []string{
 			"approve ann checked the order done", "approve ann checked the order done", "approve bob fine by me done",
 			"approve carol me too refused", "reject carol too late refused",
-		}, d.auditOf(t, approvedID))
+		}, d.auditOf(t, approvedID)[5:])
 	})
 
 	t.Run("Reject", func(t *testing.T) {
@@ -347,7 +354,7 @@ func TestApprovals(t *testing.T) {
 	m := metricsOf(t, d)
 	require.Equal(t, 3.0, m[`idemflow_operator_requests_total{action="approve",result="done"}`], "ann, ann again, bob")
 	require.Equal(t, 1.0, m[`idemflow_operator_requests_total{action="reject",result="done"}`])
-	require.Equal(t, 4.0, m[`idemflow_operator_requests_total{action="approve",result="refused"}`], "carol, ann on the rejected one, the pending one, the order")
+	require.Equal(t, 9.0, m[`idemflow_operator_requests_total{action="approve",result="refused"}`], "five without a reason, carol, ann on the rejected one, the pending one, the order")
 	require.Equal(t, 2.0, m[`idemflow_operator_requests_total{action="reject",result="refused"}`])
 	// The orders less the refunds that moved money: 99,999, the pending 10,
 	// 100,000 and 150,000; the rejected one was given back.

@@ -19,17 +19,6 @@ import (
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 
-// waitsForApproval is a condition of awaitOperation: the refund's approval
-// step waits, or it never will since the refund finished.
-func waitsForApproval(op operation) bool {
-	for _, s := range op.Steps {
-		if s.Name == "approval" && s.Status == "waiting" {
-			return true
-		}
-	}
-	return op.Status != "in_progress"
-}
-
 func TestApprovalsBrowser(t *testing.T) {
 	t.Parallel()
 	chromium := chromiumPath(t)

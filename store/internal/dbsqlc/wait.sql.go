@@ -15,11 +15,17 @@ import (
 
 const approvalList = `-- name: ApprovalList :many
 SELECT o.id, o.name, o.version, o.scope, o.key, s.name AS step, s.waiting_since, s.wait_until, s.wait_need,
-       coalesce((SELECT array_agg(g.actor ORDER BY g.received_at, g.signal_id) FROM idemflow_signal AS g
-                 WHERE g.operation_id = o.id AND g.name = 'idemflow.approve'), '{}')::text[] AS approved_by
+       a.approved_by::text[] AS approved_by
 FROM idemflow_step_row AS s
 JOIN idemflow_operation AS o ON o.id = s.operation_id
+CROSS JOIN LATERAL (
+    SELECT coalesce(array_agg(g.actor ORDER BY g.received_at, g.signal_id) FILTER (WHERE g.name = 'idemflow.approve'), '{}') AS approved_by,
+           count(*) FILTER (WHERE g.name = 'idemflow.reject') AS rejections
+    FROM idemflow_signal AS g
+    WHERE g.operation_id = o.id AND g.name IN ('idemflow.approve', 'idemflow.reject')
+) AS a
 WHERE s.state = 'waiting' AND s.wait_reason = 'approval' AND o.state = 'in_progress'
+  AND a.rejections = 0 AND cardinality(a.approved_by) < s.wait_need
 ORDER BY s.waiting_since, o.id
 LIMIT $1::int
 `
@@ -37,8 +43,9 @@ type ApprovalListRow struct {
 	ApprovedBy   []string
 }
 
-// The operations in progress whose step waits for approvals, oldest first,
-// with the actors who approved each, in the order they did.
+// The operations in progress whose step waits for approvals and is not
+// decided yet (fewer distinct approvals than it needs, and no rejection),
+// oldest first, with the actors who approved each, in the order they did.
 func (q *Queries) ApprovalList(ctx context.Context, db DBTX, max int32) ([]*ApprovalListRow, error) {
 	rows, err := db.Query(ctx, approvalList, max)
 	if err != nil {
@@ -331,12 +338,15 @@ func (q *Queries) SignalList(ctx context.Context, db DBTX, arg SignalListParams)
 }
 
 const waitReach = `-- name: WaitReach :one
-WITH reached AS (
+WITH c AS MATERIALIZED (
+    SELECT clock_timestamp() AS t
+), reached AS (
     INSERT INTO idemflow_step_row (operation_id, name, position, state, attempts, started_at, waiting_since,
                                    wait_reason, wait_signal, wait_until, wait_need)
-    SELECT $1, $2, $3, 'waiting', 0, now(), now(),
+    SELECT $1, $2, $3, 'waiting', 0, c.t, c.t,
            $4, $5::text,
-           coalesce($6::timestamptz, clock_timestamp() + $7::interval), $8::integer
+           coalesce($6::timestamptz, c.t + $7::interval), $8::integer
+    FROM c
     WHERE NOT EXISTS (
         SELECT 1 FROM idemflow_operation
         WHERE id = $1 AND checkpoints -> $2::text IS NOT NULL
@@ -350,10 +360,10 @@ WITH reached AS (
     WHERE idemflow_step_row.wait_reason IS NULL
     RETURNING wait_until, wait_need, waiting_since
 )
-SELECT r.wait_until, r.wait_need, r.waiting_since, true AS reached_now, clock_timestamp()::timestamptz AS now FROM reached AS r
+SELECT r.wait_until, r.wait_need, r.waiting_since, true AS reached_now, c.t::timestamptz AS now FROM reached AS r, c
 UNION ALL
-SELECT s.wait_until, s.wait_need, coalesce(s.waiting_since, s.started_at), false, clock_timestamp()::timestamptz
-FROM idemflow_step_row AS s
+SELECT s.wait_until, s.wait_need, coalesce(s.waiting_since, s.started_at), false, c.t::timestamptz
+FROM idemflow_step_row AS s, c
 WHERE s.operation_id = $1 AND s.name = $2 AND NOT EXISTS (SELECT 1 FROM reached)
 `
 
@@ -384,7 +394,8 @@ type WaitReachRow struct {
 // The clock is read when the statement runs (clock_timestamp), not when its
 // transaction began: after the run's fence, which waits for a signal being
 // sent to commit, so that a deadline and a signal are judged in the order
-// they committed.
+// they committed. It is read once: the wait's start and its end are apart by
+// exactly after.
 func (q *Queries) WaitReach(ctx context.Context, db DBTX, arg WaitReachParams) (*WaitReachRow, error) {
 	row := db.QueryRow(ctx, waitReach,
 		arg.OperationID,
