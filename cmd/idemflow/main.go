@@ -11,8 +11,14 @@
 //	idemflow [-database-url URL] cancel <operation id> [reason]
 //	idemflow [-database-url URL] resolve <operation id> made <reference> <reason>
 //	idemflow [-database-url URL] resolve <operation id> not-made <reason>
+//	idemflow [-database-url URL] approvals
+//	idemflow [-database-url URL] approve <operation id> <reason>
+//	idemflow [-database-url URL] reject <operation id> <reason>
 //
-// list, show, processes, check and mismatches read. check lists the unfinished
+// list, show, processes, check, mismatches and approvals read. approve and
+// reject an operation that waits at its approval step are carried out at
+// once (they need no definition), and a live process carries the operation
+// on within a sweep. check lists the unfinished
 // operations whose definition (name and version) no live process runs, and
 // exits 1 when there is any: it knows no definitions, so it judges by the live
 // processes; a build's definitions, before a deploy, are checked by the build

@@ -63,6 +63,8 @@ commands:
   retry [-force] <operation id>   (-force reopens one that failed with a server fault)
   cancel <operation id> [reason]
   resolve <operation id> made <reference> <reason> | resolve <operation id> not-made <reason>
+  approvals  (what waits for operators' approval, oldest first)
+  approve <operation id> <reason> | reject <operation id> <reason>   (an operation that waits at its approval step)
 Set -actor NAME (default $USER) to name yourself in the audit trail.`
 
 // reconcileHere is the answer of reconcile run, which needs what this command
@@ -144,6 +146,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return c.mismatches(ctx)
 	case "retry", "cancel", "resolve":
 		return c.request(ctx, cmd, rest)
+	case "approvals":
+		return c.approvals(ctx)
+	case "approve", "reject":
+		return c.decide(ctx, cmd, rest)
 	}
 	fmt.Fprintf(stderr, "idemflow: unknown command %q\n%s\n", cmd, usage)
 	return exitUsage
@@ -406,6 +412,53 @@ func (c *commands) request(ctx context.Context, action string, args []string) in
 	if req.Outcome != "done" {
 		return exitRefused
 	}
+	return exitOK
+}
+
+// approvals lists what waits for operators' approval.
+func (c *commands) approvals(ctx context.Context) int {
+	list, err := c.admin.Approvals(ctx, 0)
+	if err != nil {
+		return c.fail(err)
+	}
+	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "ID\tNAME\tSCOPE/KEY\tSTEP\tREQUESTED\tEXPIRES\tAPPROVED")
+	for _, a := range list {
+		expires := "never"
+		if a.ExpiresAt != nil {
+			expires = a.ExpiresAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s/%s\t%s\t%s\t%s\t%d of %d %s\n", a.OperationID, a.Name, a.Scope, a.Key, a.Step,
+			a.RequestedAt.UTC().Format(time.RFC3339), expires, len(a.ApprovedBy), a.Need, strings.Join(a.ApprovedBy, ","))
+	}
+	_ = w.Flush()
+	return exitOK
+}
+
+// decide approves or rejects an operation that waits at its approval step:
+// at once, since it needs no definition; a live process carries the
+// operation on within a sweep.
+func (c *commands) decide(ctx context.Context, action string, args []string) int {
+	id, ok := c.operationID(args)
+	if !ok {
+		return exitUsage
+	}
+	reason := strings.TrimSpace(strings.Join(args[1:], " "))
+	decide := c.admin.Approve
+	if action == "reject" {
+		decide = c.admin.Reject
+	}
+	info, err := decide(ctx, id, reason)
+	if err != nil {
+		return c.fail(err)
+	}
+	detail := ""
+	for _, a := range info.Audit {
+		if string(a.Action) == action {
+			detail = a.Detail
+		}
+	}
+	fmt.Fprintf(c.stdout, "%s %s: done: %s (%s)\n", action, id, detail, info.Status)
 	return exitOK
 }
 

@@ -284,3 +284,45 @@ func TestCommandWithholdsAddresses(t *testing.T) {
 	require.Regexp(t, `cancel\s+\S+\s+refused\s+customer withdrew`, audit)
 	require.NotContains(t, audit, "10.0.0.7")
 }
+
+// TestApprovals: the command lists what waits for approval, and approves or
+// rejects it with a reason, as the actor it is given; refusals exit 1.
+func TestApprovals(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := idemflowtest.DatabaseURL(t)
+	op, err := engine.NewOperation("payout", []engine.Step[int, int]{
+		engine.TxStep("debit", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
+		engine.ApprovalStep("approval", func(int, *int) engine.ApprovalPolicy { return engine.ApprovalPolicy{Need: 1} }),
+	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
+	require.NoError(t, err)
+	e := idemflowtest.Engine(t, openPool(t, dbURL), nil, op)
+	start := func(key string) string {
+		s, err := engine.Start(ctx, e, op, "merchant-a", key, 30, nil)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			r := idemflow(t, dbURL, "approvals")
+			return r.code == 0 && strings.Contains(r.stdout, s.ID.String())
+		}, 10*time.Second, 20*time.Millisecond)
+		return s.ID.String()
+	}
+	approved, rejected := start("p-1"), start("p-2")
+
+	r := idemflow(t, dbURL, "approve", approved)
+	require.Equal(t, 1, r.code, "no reason")
+	require.Contains(t, r.stderr, engine.ErrReasonRequired.Error())
+	r = idemflow(t, dbURL, "-actor", "ann", "approve", approved, "checked", "it")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "approved by ann")
+	r = idemflow(t, dbURL, "-actor", "bob", "reject", rejected, "not", "this", "one")
+	require.Equal(t, 0, r.code, r.stderr)
+	for id, want := range map[string]engine.Status{approved: engine.StatusSucceeded, rejected: engine.StatusFailed} {
+		require.Eventually(t, func() bool {
+			r := idemflow(t, dbURL, "show", id)
+			return r.code == 0 && strings.Contains(r.stdout, string(want))
+		}, 20*time.Second, 50*time.Millisecond)
+	}
+	r = idemflow(t, dbURL, "approve", rejected, "too", "late")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, engine.ErrFinished.Error())
+}
