@@ -287,9 +287,10 @@ func actorFlag(args []string, getenv func(string) string) (string, []string, err
 // engine.Admin, which needs no definitions (a running demo's sweeper resumes
 // the refund). A refusal is an error that names its code, as the API's 409.
 func decideOp(ctx context.Context, admin *engine.Admin, args []string, out *json.Encoder) error {
-	if len(args) < 3 {
+	if len(args) < 2 {
 		return fmt.Errorf("%s needs an operation id and a reason\n%s", args[0], opsUsage)
 	}
+	// Without a reason, the engine refuses it, and the audit trail says so.
 	id, err := uuid.Parse(args[1])
 	if err != nil {
 		return fmt.Errorf("%q is not an operation id: %w", args[1], err)
