@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/migrate"
 	"github.com/idemflow/idemflow/internal/pgcluster"
 	"github.com/idemflow/idemflow/internal/testdb"
 	"github.com/idemflow/idemflow/store"
@@ -98,7 +99,7 @@ func TestPooler(t *testing.T) {
 		pool := pooledPool(t, pooled, 4) // a process's
 		wg.Go(func() {
 			errs <- engine.Migrate(ctx, pool, nil)
-			errs <- engine.MigrateSet(ctx, pool, own.Name, own.FS, "", nil)
+			errs <- migrate.Apply(ctx, pool, own.Name, own.FS, "", nil)
 		})
 	}
 	wg.Wait()

@@ -325,7 +325,8 @@ func TestApprovals(t *testing.T) {
 		if user == "" {
 			user = "operator"
 		}
-		require.Equal(t, []string{"approve dave looks right done", "approve erin ok done", "reject " + user + " too late refused"}, d.auditOf(t, byOpsID))
+		require.Equal(t, []string{"approve dave looks right done", "approve erin ok done", "reject " + user + " too late refused",
+			"approve " + user + "  refused"}, d.auditOf(t, byOpsID), "an approval without a reason is refused and audited")
 	})
 
 	t.Run("Refused", func(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/migrate"
 )
 
 //go:embed migrations/*.sql
@@ -18,9 +18,9 @@ var migrations embed.FS
 const migrationSetName = "provider"
 
 // Migrate creates or updates the provider's schema in pool's database. It is
-// safe to call from several processes at once (see engine.MigrateSet).
+// safe to call from several processes at once (see internal/migrate).
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := engine.MigrateSet(ctx, pool, migrationSetName, migrations, "migrations", nil); err != nil {
+	if err := migrate.Apply(ctx, pool, migrationSetName, migrations, "migrations", nil); err != nil {
 		return fmt.Errorf("provider: %w", err)
 	}
 	return nil

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/migrate"
 )
 
 //go:embed migrations/*.sql
@@ -20,9 +20,9 @@ const migrationSetName = "payout"
 // Migrate creates or updates the payout's tables (payout_wallet and payout) in
 // pool's database. Call it at start, beside engine.Migrate; it is safe to call
 // from several processes at once, and does nothing when the tables are up to
-// date (see engine.MigrateSet).
+// date (see internal/migrate).
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := engine.MigrateSet(ctx, pool, migrationSetName, migrations, "migrations", nil); err != nil {
+	if err := migrate.Apply(ctx, pool, migrationSetName, migrations, "migrations", nil); err != nil {
 		return fmt.Errorf("payout: %w", err)
 	}
 	return nil

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/internal/migrate"
 )
 
 //go:embed migrations/*.sql
@@ -19,9 +19,9 @@ const migrationSetName = "demo"
 
 // Migrate creates or updates the tables of orders, refunds and the ledger in
 // pool's database. It is safe to call from several processes at once (see
-// engine.MigrateSet).
+// internal/migrate).
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := engine.MigrateSet(ctx, pool, migrationSetName, migrations, "migrations", nil); err != nil {
+	if err := migrate.Apply(ctx, pool, migrationSetName, migrations, "migrations", nil); err != nil {
 		return fmt.Errorf("refund: %w", err)
 	}
 	return nil

@@ -1,0 +1,134 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/engine"
+	"github.com/idemflow/idemflow/idemflowtest"
+	"github.com/idemflow/idemflow/internal/testdb"
+)
+
+// cutProxy is a TCP proxy to the test database that can be cut: every
+// connection through it closed, and new ones refused, until it is mended.
+type cutProxy struct {
+	ln            net.Listener
+	network, addr string
+	cut           atomic.Bool
+	mu            sync.Mutex
+	conns         []net.Conn
+}
+
+func (p *cutProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if p.cut.Load() {
+			c.Close()
+			continue
+		}
+		s, err := net.Dial(p.network, p.addr)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(s, c); s.Close() }()
+		go func() { _, _ = io.Copy(c, s); c.Close() }()
+	}
+}
+
+// cutOff closes every connection and refuses new ones.
+func (p *cutProxy) cutOff() {
+	p.cut.Store(true)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+func (p *cutProxy) mend() { p.cut.Store(false) }
+
+func cutPool(t *testing.T) (*pgxpool.Pool, *cutProxy) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	require.NoError(t, err)
+	p := &cutProxy{}
+	if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
+		p.network, p.addr = "unix", fmt.Sprintf("%s/.s.PGSQL.%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	} else {
+		p.network, p.addr = "tcp", fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	}
+	p.ln, err = net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.ln.Close() })
+	go p.serve()
+	cfg.ConnConfig.Host = "127.0.0.1"
+	cfg.ConnConfig.Port = uint16(p.ln.Addr().(*net.TCPAddr).Port)
+	cfg.ConnConfig.TLSConfig = nil
+	cfg.ConnConfig.Fallbacks = nil
+	engine.BoundPool(cfg, &engine.PoolOpts{Lease: 15 * time.Second})
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, p
+}
+
+// TestStrandedRunResumes: a run whose database goes away mid-operation (a
+// restart, a failover) stops, holding its lease; once the database answers
+// again, the operation resumes at once rather than wait out its 15 s lease:
+// the process lost its liveness lock with its connection, so its runs of
+// before are a dead process's, which the takeover hands to resume jobs.
+func TestStrandedRunResumes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, p := cutPool(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	op, err := engine.NewOperation("stranded", []engine.Step[int, int]{
+		engine.ExternalStep("call", func(ctx context.Context, _ engine.Attempt, _ int, _ *int) error {
+			if calls.Add(1) == 1 {
+				close(entered)
+				<-release
+			}
+			return nil
+		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return calls.Load() > 0, nil }),
+		engine.TxStep("book", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
+	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
+	require.NoError(t, err)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: 15 * time.Second, SweepInterval: time.Second}, op)
+
+	s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+	require.NoError(t, err)
+	<-entered
+	p.cutOff()
+	close(release) // the call returns with the database away: its checkpoint cannot commit
+	time.Sleep(time.Second)
+	p.mend()
+	mended := time.Now()
+
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	info, err := e.Wait(wctx, s.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, info.Status)
+	took := time.Since(mended)
+	t.Logf("finished %s after the database answered again (lease 15 s)", took.Round(time.Millisecond))
+	require.Less(t, took, 10*time.Second, "the operation waited out its lease")
+}
