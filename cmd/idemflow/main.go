@@ -11,11 +11,14 @@
 //	idemflow [-database-url URL] cancel <operation id> [reason]
 //	idemflow [-database-url URL] resolve <operation id> made <reference> <reason>
 //	idemflow [-database-url URL] resolve <operation id> not-made <reason>
+//	idemflow migrate-get
 //	idemflow [-database-url URL] approvals
 //	idemflow [-database-url URL] approve <operation id> <reason>
 //	idemflow [-database-url URL] reject <operation id> <reason>
 //
-// list, show, processes, check, mismatches and approvals read. approve and
+// migrate-get prints the SQL of idemflow's migrations, for a team that applies
+// them with its own tool (River's are River's command's); it needs no
+// database. list, show, processes, check, mismatches and approvals read. approve and
 // reject an operation that waits at its approval step are carried out at
 // once (they need no definition), and a live process carries the operation
 // on within a sweep. check lists the unfinished

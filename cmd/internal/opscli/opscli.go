@@ -63,6 +63,7 @@ commands:
   retry [-force] <operation id>   (-force reopens one that failed with a server fault)
   cancel <operation id> [reason]
   resolve <operation id> made <reference> <reason> | resolve <operation id> not-made <reason>
+  migrate-get  (the SQL of idemflow's migrations, for a team that applies them with its own tool; needs no database)
   approvals  (what waits for operators' approval, oldest first)
   approve <operation id> <reason> | reject <operation id> <reason>   (an operation that waits at its approval step)
 Set -actor NAME (default $USER) to name yourself in the audit trail.`
@@ -107,6 +108,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	actor := fs.String("actor", defaultActor, "who the audit trail names for retry, cancel and resolve (default $USER)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
+	}
+	if fs.Arg(0) == "migrate-get" {
+		return migrateGet(stdout, stderr)
 	}
 	if fs.Arg(0) == "reconcile" {
 		fmt.Fprintln(stderr, reconcileHere)

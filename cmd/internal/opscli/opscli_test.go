@@ -20,6 +20,7 @@ import (
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/testdb"
 	"github.com/idemflow/idemflow/reconcile"
+	"github.com/idemflow/idemflow/store"
 )
 
 type result struct {
@@ -325,4 +326,31 @@ func TestApprovals(t *testing.T) {
 	r = idemflow(t, dbURL, "approve", rejected, "too", "late")
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, engine.ErrFinished.Error())
+}
+
+// TestMigrateGet: the SQL that migrate-get prints, applied by hand to an
+// empty database, leaves it where engine.Migrate would for idemflow's part.
+func TestMigrateGet(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, Run(ctx, []string{"migrate-get"}, func(string) string { return "" }, &out, &errOut), errOut.String())
+	require.Contains(t, out.String(), "00019_waits.sql")
+
+	admin, err := pgx.Connect(ctx, testdb.AdminURL(t))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	name := "migrate_get_" + strings.ToLower(rand.Text()[:10])
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP DATABASE "+name+" WITH (FORCE)") })
+	u, err := url.Parse(testdb.AdminURL(t))
+	require.NoError(t, err)
+	u.Path = "/" + name
+	pool, err := pgxpool.New(ctx, u.String())
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = pool.Exec(ctx, out.String())
+	require.NoError(t, err, "the printed SQL applies")
+	require.NoError(t, store.CheckSchema(ctx, pool, nil), "idemflow's schema is complete")
 }
