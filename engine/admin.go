@@ -2,11 +2,9 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"strconv"
 	"time"
 
@@ -143,29 +141,13 @@ func (a *Admin) Check(ctx context.Context) ([]Unrunnable, error) {
 	return out, nil
 }
 
-// OperatorRequest is an operator's request to retry or cancel an operation, as
-// recorded in the database, and what became of it.
-type OperatorRequest struct {
-	ID          int64
-	OperationID uuid.UUID
-	// Action is ActionRetry, ActionCancel or ActionResolve; Actor who asked.
-	Action      Action
-	Actor       string
-	Reason      string
-	RequestedAt time.Time
-	// Done is set once a process carried the request out; Outcome is then
-	// "done", "refused" (a refusal that changes nothing, such as a cancel past
-	// the point of no return) or "failed", and Message says what happened.
-	Done    *time.Time
-	Outcome string
-	Message string
-}
-
-// Retry asks the live processes to retry the operation id, as
-// Engine.Retry does, and waits until one has, or ctx ends (ErrPending). The
-// request's outcome says what happened: "refused" for an operation that is
-// not parked, or whose answer is final. opts may be nil.
-func (a *Admin) Retry(ctx context.Context, id uuid.UUID, opts *RetryOpts) (*OperatorRequest, error) {
+// Retry asks the live processes to retry the operation id, as Engine.Retry
+// does, waits until one has, and returns what Engine.Retry returns there: the
+// operation, or the refusal (ErrFinal, ErrNotFailed, ...). When ctx ends first
+// it returns an error matching ErrPending: the request stays, and is carried
+// out when a process that runs the operation's definition comes. opts may be
+// nil.
+func (a *Admin) Retry(ctx context.Context, id uuid.UUID, opts *RetryOpts) (*Info, error) {
 	o := RetryOpts{}
 	if opts != nil {
 		o = *opts
@@ -174,8 +156,8 @@ func (a *Admin) Retry(ctx context.Context, id uuid.UUID, opts *RetryOpts) (*Oper
 }
 
 // Resolve asks the live processes to resolve the operation id, as
-// Engine.Resolve does, and waits until one has, or ctx ends (ErrPending).
-func (a *Admin) Resolve(ctx context.Context, id uuid.UUID, res Resolution) (*OperatorRequest, error) {
+// Engine.Resolve does, and returns as Retry does.
+func (a *Admin) Resolve(ctx context.Context, id uuid.UUID, res Resolution) (*Info, error) {
 	if res.Reason == "" {
 		return nil, fmt.Errorf("engine: resolve %s: %w: a reason is required", id, ErrInvalidResolution)
 	}
@@ -203,15 +185,34 @@ func (a *Admin) Approvals(ctx context.Context, limit int) ([]AwaitingApproval, e
 }
 
 // Cancel asks the live processes to cancel the operation id, as Engine.Cancel
-// does (refused past its point of no return), and waits until one has, or ctx
-// ends (ErrPending).
-func (a *Admin) Cancel(ctx context.Context, id uuid.UUID, reason string) (*OperatorRequest, error) {
+// does (refused past its point of no return), and returns as Retry does.
+func (a *Admin) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info, error) {
 	return a.request(ctx, store.OperatorRequest{OperationID: id, Action: string(ActionCancel), Reason: reason})
 }
 
-// request records an operator's request, by ctx's actor (WithActor), and
-// waits until a process has carried it out.
-func (a *Admin) request(ctx context.Context, r store.OperatorRequest) (*OperatorRequest, error) {
+// InProgress reads the operations in progress of each type, as
+// Engine.InProgress does (Runnable is false for every type: an Admin runs
+// none).
+func (a *Admin) InProgress(ctx context.Context) ([]InProgress, error) {
+	return a.reader.InProgress(ctx)
+}
+
+// Reconciliation reads the last report of a source, as Engine.Reconciliation
+// does: an Admin has no sources, so it answers ErrUnknownSource.
+func (a *Admin) Reconciliation(ctx context.Context, source string) (*ReconcileReport, error) {
+	return a.reader.Reconciliation(ctx, source)
+}
+
+// Reconcile answers ErrUnknownSource: a run needs the application's source,
+// which an Admin does not have.
+func (a *Admin) Reconcile(ctx context.Context, source string) (*ReconcileReport, error) {
+	return a.reader.Reconcile(ctx, source)
+}
+
+// request records an operator's request, by ctx's actor (WithActor), waits
+// until a process has carried it out, and returns what the process's call
+// returned: the operation, or its refusal.
+func (a *Admin) request(ctx context.Context, r store.OperatorRequest) (*Info, error) {
 	id := r.OperationID
 	if _, err := a.store.OperationGet(ctx, a.pool, id); err != nil {
 		return nil, mapNotFound(err)
@@ -223,18 +224,22 @@ func (a *Admin) request(ctx context.Context, r store.OperatorRequest) (*Operator
 	}
 	delay := 20 * time.Millisecond
 	for {
-		r, err := a.store.OperatorRequestGet(context.WithoutCancel(ctx), a.pool, reqID)
+		done, err := a.store.OperatorRequestGet(context.WithoutCancel(ctx), a.pool, reqID)
 		if err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
 		}
-		req := &OperatorRequest{ID: r.ID, OperationID: r.OperationID, Action: Action(r.Action), Actor: r.Actor, Reason: r.Reason,
-			RequestedAt: r.RequestedAt, Done: r.DoneAt, Outcome: r.Outcome, Message: r.Message}
-		if req.Done != nil {
-			return req, nil
+		if done.DoneAt != nil {
+			switch done.Outcome {
+			case "done":
+				return a.reader.Get(context.WithoutCancel(ctx), id)
+			case "refused":
+				return nil, refused(done.Code, done.Message)
+			}
+			return nil, fmt.Errorf("engine: %s %s: the process that carried it out failed: %s", r.Action, id, done.Message)
 		}
 		select {
 		case <-ctx.Done():
-			return req, fmt.Errorf("engine: request %d: %w", reqID, ErrPending)
+			return nil, fmt.Errorf("engine: %s %s: request %d: %w", r.Action, id, reqID, ErrPending)
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 500*time.Millisecond)
@@ -284,7 +289,7 @@ func (e *Engine) serveOperators(ctx context.Context) error {
 		ctx := context.WithValue(WithActor(ctx, r.Actor), auditedKey{}, true)
 		switch Action(r.Action) {
 		case ActionRetry:
-			if err = e.Retry(ctx, r.OperationID, &RetryOpts{Force: r.Force, Reason: r.Reason}); err == nil {
+			if _, err = e.Retry(ctx, r.OperationID, &RetryOpts{Force: r.Force, Reason: r.Reason}); err == nil {
 				message = "reopened; it runs again"
 			}
 		case ActionCancel:
@@ -303,16 +308,17 @@ func (e *Engine) serveOperators(ctx context.Context) error {
 		default:
 			err = fmt.Errorf("unknown action %q", r.Action)
 		}
+		code := refusalCode(err)
 		if err != nil {
 			outcome, message = "failed", err.Error()
-			if refusal(err) {
+			if code != "" {
 				outcome = "refused"
 			}
 		}
 		e.logger.InfoContext(ctx, "operator request carried out", slog.Int64("request", r.ID),
 			slog.String("operation_id", r.OperationID.String()), slog.String("action", r.Action),
 			slog.String("outcome", outcome), slog.String("message", message))
-		if err := e.store.OperatorRequestFinish(context.WithoutCancel(ctx), e.control, r.ID, e.processID, outcome, message); err != nil {
+		if err := e.store.OperatorRequestFinish(context.WithoutCancel(ctx), e.control, r.ID, e.processID, outcome, message, code); err != nil {
 			return err
 		}
 	}
@@ -351,11 +357,27 @@ func (e *Engine) keepRequests(ctx context.Context, ids []int64) (stop func()) {
 	}
 }
 
-// refusal reports whether err is an operator action refused by rule, which
-// changed nothing.
-func refusal(err error) bool {
-	return slices.ContainsFunc([]error{ErrPastPivot, ErrFinished, ErrNotFailed, ErrCompensated, ErrRunning, errCannotCancel, ErrNotFound,
-		ErrFinal, ErrOutcomeUnknown, ErrNotResolvable, ErrResolutionContradicts, ErrInvalidResolution,
-		ErrWaitOver, ErrNotAwaitingApproval, ErrReasonRequired},
-		func(target error) bool { return errors.Is(err, target) })
+// Operator is what operators do to operations, whichever handle they hold:
+// an Engine, in a process of the service, or an Admin, with none of its
+// definitions (its requests to retry, cancel and resolve are carried out by a
+// live process of the service, and answered the same). opsweb serves either.
+type Operator interface {
+	Get(ctx context.Context, id uuid.UUID) (*Info, error)
+	List(ctx context.Context, opts *ListOpts) ([]*Info, error)
+	InProgress(ctx context.Context) ([]InProgress, error)
+	Approvals(ctx context.Context, limit int) ([]AwaitingApproval, error)
+	Mismatches(ctx context.Context) ([]Mismatch, error)
+	MismatchList(ctx context.Context, opts *MismatchListOpts) (*MismatchListResult, error)
+	Reconciliation(ctx context.Context, source string) (*ReconcileReport, error)
+	Reconcile(ctx context.Context, source string) (*ReconcileReport, error)
+	Retry(ctx context.Context, id uuid.UUID, opts *RetryOpts) (*Info, error)
+	Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info, error)
+	Resolve(ctx context.Context, id uuid.UUID, res Resolution) (*Info, error)
+	Approve(ctx context.Context, id uuid.UUID, reason string) (*Info, error)
+	Reject(ctx context.Context, id uuid.UUID, reason string) (*Info, error)
 }
+
+var (
+	_ Operator = (*Engine)(nil)
+	_ Operator = (*Admin)(nil)
+)

@@ -82,7 +82,7 @@ func (e *Engine) audit(ctx context.Context, req store.OperatorRequest, detail st
 	req.Outcome, req.Message = "done", detail
 	if err != nil {
 		req.Outcome, req.Message = "failed", err.Error()
-		if refusal(err) {
+		if req.Code = refusalCode(err); req.Code != "" {
 			req.Outcome = "refused"
 		}
 	}

@@ -30,7 +30,7 @@ func TestAuditKeptAsLongAsTheOperation(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusFailed, fsWait(t, e, s.ID).Status)
 
-	require.ErrorIs(t, e.Retry(engine.WithActor(ctx, "gina"), s.ID, &engine.RetryOpts{Reason: "try again"}), engine.ErrFinal)
+	require.ErrorIs(t, errOf(e.Retry(engine.WithActor(ctx, "gina"), s.ID, &engine.RetryOpts{Reason: "try again"})), engine.ErrFinal)
 	audit := fsGet(t, e, s.ID).Audit
 	require.Len(t, audit, 1)
 	require.Equal(t, engine.AuditEntry{At: audit[0].At, Action: engine.ActionRetry, Actor: "gina", Reason: "try again",

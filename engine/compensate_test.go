@@ -56,7 +56,7 @@ func TestCompensationRetriesBoundedAcrossRuns(t *testing.T) {
 	require.Equal(t, int32(maxAttempts), f.debitUndos.Load(), "a parked operation was compensated again")
 
 	broken.Store(false)
-	require.NoError(t, e.Retry(ctx, s.ID, nil), nil)
+	require.NoError(t, errOf(e.Retry(ctx, s.ID, nil)), nil)
 	done := fsWait(t, e, s.ID)
 	require.Equal(t, engine.StatusFailed, done.Status)
 	require.Equal(t, "declined", done.Error.Code, "the reopened operation lost its error")

@@ -177,14 +177,15 @@
 // # Operators
 //
 //	ctx = engine.WithActor(ctx, "ann")
-//	err = e.Retry(ctx, id, nil)                 // a parked operation runs again
+//	info, err := e.Retry(ctx, id, nil)               // a parked operation runs again
 //	info, err = e.Cancel(ctx, id, "duplicate order") // compensates, ends failed
 //	info, err = e.Resolve(ctx, id, engine.Resolution{Made: true, Reference: "pr_123", Reason: "the dashboard lists it"})
 //
 // Retry, Cancel and Resolve are what an operator asks of an operation (and
 // Approve and Reject of one that waits for approval, see "Waits"); an Admin
 // (NewAdmin) asks the live processes the same from a command or page that
-// has none of the definitions. Each request, done or refused, is kept
+// has none of the definitions, and gets the same answers: the operation, or
+// the same refusal. Both are an Operator, which opsweb serves. Each request, done or refused, is kept
 // with the operation (Info.Audit): the action, who asked, why, and what became
 // of it. Refusals are errors to branch on (ErrFinal, ErrOutcomeUnknown,
 // ErrPastPivot, ErrNotResolvable, ErrResolutionContradicts, ErrRunning...),

@@ -330,3 +330,58 @@ func lockNotAvailable(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
+
+// refusals are the operators' requests' refusals by rule, which change
+// nothing, each with the code that a request carried out for an Admin keeps
+// (idemflow_operator_request.code), so that the Admin returns the error the
+// process's own call returned. The first that matches names an error.
+var refusals = []struct {
+	err  error
+	code string
+}{
+	{ErrNotFound, "not_found"},
+	{ErrReasonRequired, "reason_required"},
+	{ErrInvalidResolution, "invalid_resolution"},
+	{ErrPastPivot, "past_point_of_no_return"},
+	{ErrOutcomeUnknown, "outcome_unknown"},
+	{ErrFinal, "operation_final"},
+	{ErrFinished, "operation_finished"},
+	{ErrWaitOver, "wait_over"},
+	{ErrNotAwaitingApproval, "not_awaiting_approval"},
+	{ErrNotFailed, "operation_not_failed"},
+	{ErrCompensated, "operation_compensated"},
+	{ErrRunning, "held_by_live_process"},
+	{ErrNotResolvable, "not_resolvable"},
+	{ErrResolutionContradicts, "resolution_contradicts_provider"},
+	{errCannotCancel, "cannot_cancel"},
+}
+
+// refusalCode is err's refusal code; "" for an error that is no refusal.
+func refusalCode(err error) string {
+	for _, r := range refusals {
+		if errors.Is(err, r.err) {
+			return r.code
+		}
+	}
+	return ""
+}
+
+// refusedError is a refusal as a request carried out elsewhere kept it: its
+// text, and the sentinel of its code, which it matches.
+type refusedError struct {
+	sentinel error
+	text     string
+}
+
+func (e *refusedError) Error() string { return e.text }
+func (e *refusedError) Unwrap() error { return e.sentinel }
+
+// refused rebuilds the refusal kept with code and text.
+func refused(code, text string) error {
+	for _, r := range refusals {
+		if r.code == code {
+			return &refusedError{sentinel: r.err, text: text}
+		}
+	}
+	return errors.New(text)
+}

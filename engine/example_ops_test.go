@@ -80,7 +80,7 @@ func ExampleEngine_Retry() {
 	fmt.Printf("before: %s, parked=%v, attention=%s\n", info.Status, info.Parked, info.Attention.Code)
 
 	providerFixed.Store(true)
-	if err := e.Retry(ctx, started.ID, nil); err != nil {
+	if _, err := e.Retry(ctx, started.ID, nil); err != nil {
 		panic(err)
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)

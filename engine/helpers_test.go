@@ -390,3 +390,6 @@ func fsNoMoreRuns(t *testing.T, e *engine.Engine, pool *pgxpool.Pool, id uuid.UU
 		require.Equal(t, before.Steps[i].Attempts, after.Steps[i].Attempts, "step %s was attempted again", before.Steps[i].Name)
 	}
 }
+
+// errOf is the error of a call that also returns the operation.
+func errOf(_ *engine.Info, err error) error { return err }

@@ -46,15 +46,19 @@ type RetryOpts struct {
 // changing nothing, when it would go forward although a step that calls out
 // was compensated: run again under the same derived key, that call would be
 // answered with the one that was undone, and the step would read as done.
-// Such an operation is over; a new one, under a new key, asks again.
-func (e *Engine) Retry(ctx context.Context, id uuid.UUID, opts *RetryOpts) error {
+// Such an operation is over; a new one, under a new key, asks again. Done,
+// it returns the operation as Get does.
+func (e *Engine) Retry(ctx context.Context, id uuid.UUID, opts *RetryOpts) (*Info, error) {
 	o := RetryOpts{}
 	if opts != nil {
 		o = *opts
 	}
 	err := e.reopen(ctx, id, o.Force)
 	e.audit(ctx, store.OperatorRequest{OperationID: id, Action: string(ActionRetry), Reason: o.Reason, Force: o.Force}, "reopened; it runs again", err)
-	return err
+	if err != nil {
+		return nil, err
+	}
+	return e.Get(ctx, id)
 }
 
 func (e *Engine) reopen(ctx context.Context, id uuid.UUID, force bool) error {

@@ -27,8 +27,8 @@ func TestOperatorRetry(t *testing.T) {
 	require.Equal(t, s.ID, failed[0].ID)
 
 	// A server fault is the client's answer: only a forced retry reopens it.
-	require.ErrorIs(t, e.Retry(ctx, s.ID, nil), engine.ErrFinal)
-	require.NoError(t, e.Retry(ctx, s.ID, &engine.RetryOpts{Force: true}))
+	require.ErrorIs(t, errOf(e.Retry(ctx, s.ID, nil)), engine.ErrFinal)
+	require.NoError(t, errOf(e.Retry(ctx, s.ID, &engine.RetryOpts{Force: true})))
 	b.failPayout.Store(0)
 	ctx2, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -37,7 +37,7 @@ func TestOperatorRetry(t *testing.T) {
 	require.Equal(t, engine.StatusSucceeded, info.Status)
 	// The first run's ledger move was reversed; the retry moved it again: once, net.
 	require.Equal(t, books{ledgerRows: 4, reversals: 2, payouts: 1, payoutCalls: 1, finals: 1}, readBooks(t, b.pool))
-	require.ErrorIs(t, e.Retry(ctx, s.ID, nil), engine.ErrNotFailed)
+	require.ErrorIs(t, errOf(e.Retry(ctx, s.ID, nil)), engine.ErrNotFailed)
 }
 
 // TestReopenRefusesCompensatedCall: an operation whose external step was
@@ -63,8 +63,8 @@ func TestReopenRefusesCompensatedCall(t *testing.T) {
 	require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusCompensated, engine.StepStatusFailed}, before)
 
 	// A server fault reopens only when forced.
-	require.ErrorIs(t, e.Retry(ctx, s.ID, nil), engine.ErrFinal)
-	err = e.Retry(ctx, s.ID, &engine.RetryOpts{Force: true})
+	require.ErrorIs(t, errOf(e.Retry(ctx, s.ID, nil)), engine.ErrFinal)
+	err = errOf(e.Retry(ctx, s.ID, &engine.RetryOpts{Force: true}))
 	require.ErrorIs(t, err, engine.ErrCompensated)
 	require.Contains(t, err.Error(), "pay")
 	fsNoMoreRuns(t, e, pool, s.ID)
@@ -96,7 +96,7 @@ func TestReopenRefusesAHeldOperation(t *testing.T) {
 	// As a cancel's claim leaves it while it compensates.
 	_, err = pool.Exec(ctx, `UPDATE idemflow_operation SET locked_by = gen_random_uuid(), locked_until = now() + interval '1 hour' WHERE id = $1`, s.ID)
 	require.NoError(t, err)
-	require.ErrorIs(t, e.Retry(ctx, s.ID, nil), engine.ErrRunning)
+	require.ErrorIs(t, errOf(e.Retry(ctx, s.ID, nil)), engine.ErrRunning)
 	again := fsGet(t, e, s.ID)
 	require.True(t, again.Parked, "reopened under its holder")
 	require.Equal(t, fsBooks{debits: 1}, fsReadBooks(t, pool), "nothing undone while the outcome is unknown")
@@ -104,5 +104,5 @@ func TestReopenRefusesAHeldOperation(t *testing.T) {
 	// Its holder gone (the lease expired), it reopens.
 	_, err = pool.Exec(ctx, `UPDATE idemflow_operation SET locked_until = now() - interval '1 second' WHERE id = $1`, s.ID)
 	require.NoError(t, err)
-	require.NoError(t, e.Retry(ctx, s.ID, nil), nil)
+	require.NoError(t, errOf(e.Retry(ctx, s.ID, nil)), nil)
 }

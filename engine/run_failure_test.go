@@ -211,7 +211,7 @@ func TestFailedPastPivotParks(t *testing.T) {
 	require.Zero(t, f.debitUndos.Load())
 
 	closed.Store(false)
-	require.NoError(t, e.Retry(ctx, s.ID, nil), nil)
+	require.NoError(t, errOf(e.Retry(ctx, s.ID, nil)), nil)
 	done := fsWait(t, e, s.ID)
 	require.Equal(t, engine.StatusSucceeded, done.Status)
 	got := fsGet(t, e, s.ID)

@@ -258,7 +258,7 @@ func TestUnknownOutcome(t *testing.T) {
 		require.Zero(t, p.undos.Load())
 		// An operator's retry runs it again at once: a lookup, no call.
 		seen = p.lookups.Load()
-		require.Eventually(t, func() bool { return !errors.Is(e.Retry(ctx, s.ID, nil), engine.ErrRunning) }, fsTimeout, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return !errors.Is(errOf(e.Retry(ctx, s.ID, nil)), engine.ErrRunning) }, fsTimeout, 5*time.Millisecond)
 		require.Eventually(t, func() bool { return p.lookups.Load() > seen }, fsTimeout, 5*time.Millisecond)
 		require.Equal(t, calls, p.calls.Load())
 
@@ -396,8 +396,8 @@ func TestToldAnswersFinal(t *testing.T) {
 	s, err := engine.Start(ctx, e, op, "c", "business", "x", nil)
 	require.NoError(t, err)
 	require.Equal(t, "declined", fsWait(t, e, s.ID).Error.Code)
-	require.ErrorIs(t, e.Retry(ctx, s.ID, nil), engine.ErrFinal)
-	require.ErrorIs(t, e.Retry(ctx, s.ID, &engine.RetryOpts{Force: true}), engine.ErrFinal)
+	require.ErrorIs(t, errOf(e.Retry(ctx, s.ID, nil)), engine.ErrFinal)
+	require.ErrorIs(t, errOf(e.Retry(ctx, s.ID, &engine.RetryOpts{Force: true})), engine.ErrFinal)
 
 	transient := errors.New("flaky")
 	fail.Store(&transient)
@@ -405,13 +405,13 @@ func TestToldAnswersFinal(t *testing.T) {
 	require.NoError(t, err)
 	failed := fsWait(t, e, s.ID)
 	require.True(t, failed.Error.ServerFault())
-	require.ErrorIs(t, e.Retry(ctx, s.ID, nil), engine.ErrFinal)
+	require.ErrorIs(t, errOf(e.Retry(ctx, s.ID, nil)), engine.ErrFinal)
 	require.Equal(t, engine.StatusFailed, fsGet(t, e, s.ID).Status, "a refused retry changes nothing")
 
 	// Forced: the reopened operation shows the answer its client was told
 	// until it finishes again.
 	fail.Store(nil)
-	require.NoError(t, e.Retry(ctx, s.ID, &engine.RetryOpts{Force: true}))
+	require.NoError(t, errOf(e.Retry(ctx, s.ID, &engine.RetryOpts{Force: true})))
 	reopened := fsGet(t, e, s.ID)
 	require.Equal(t, engine.StatusInProgress, reopened.Status)
 	require.NotNil(t, reopened.PriorError)

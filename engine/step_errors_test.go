@@ -240,7 +240,7 @@ func TestPanicsContained(t *testing.T) {
 		require.Equal(t, fsBooks{debits: 1, payments: 1, requests: 1}, fsReadBooks(t, pool))
 
 		panics.Store(false)
-		require.NoError(t, e.Retry(ctx, s.ID, nil), nil)
+		require.NoError(t, errOf(e.Retry(ctx, s.ID, nil)), nil)
 		done := fsWait(t, e, s.ID)
 		require.Equal(t, engine.StatusSucceeded, done.Status)
 		require.Zero(t, f.debitUndos.Load())
@@ -385,7 +385,7 @@ func TestHaltParks(t *testing.T) {
 				require.Equal(t, int32(1), checks.Load())
 				return
 			}
-			require.NoError(t, e.Retry(ctx, s.ID, nil), nil)
+			require.NoError(t, errOf(e.Retry(ctx, s.ID, nil)), nil)
 			done := fsWait(t, e, s.ID)
 			require.Equal(t, engine.StatusSucceeded, done.Status)
 			got := fsGet(t, e, s.ID)

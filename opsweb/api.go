@@ -369,7 +369,7 @@ func (h *handler) act(r *http.Request, id uuid.UUID, req request) (*engine.Info,
 	var err error
 	switch a {
 	case actionRetry:
-		err = h.e.Retry(ctx, id, &engine.RetryOpts{Force: req.force, Reason: reason})
+		_, err = h.e.Retry(ctx, id, &engine.RetryOpts{Force: req.force, Reason: reason})
 	case actionCancel:
 		_, err = h.e.Cancel(ctx, id, reason)
 	case actionResolve:

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -152,18 +153,20 @@ func validRunbookURL(s string) bool {
 
 // handler serves the pages and the JSON API.
 type handler struct {
-	e   *engine.Engine
+	e   engine.Operator
 	cfg Config
 	// protected is the router behind the cross-origin protection.
 	protected http.Handler
 	pages     *template.Template
 }
 
-// New returns the operators' handler of e: the pages under cfg.BasePath and
-// the JSON API under cfg.APIPath (see the package documentation). cfg is
-// required, for its AuthFunc.
-func New(e *engine.Engine, cfg *Config) (http.Handler, error) {
-	if e == nil {
+// New returns the operators' handler of e, an *engine.Engine or an
+// *engine.Admin (a process with none of the service's definitions, whose
+// retries, cancels and resolves a live process of the service carries out):
+// the pages under cfg.BasePath and the JSON API under cfg.APIPath (see the
+// package documentation). cfg is required, for its AuthFunc.
+func New(e engine.Operator, cfg *Config) (http.Handler, error) {
+	if e == nil || reflect.ValueOf(e).IsNil() {
 		return nil, errors.New("opsweb: an engine is required")
 	}
 	if cfg == nil {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
@@ -77,9 +78,10 @@ type payoutState struct {
 
 // bundle is a test's engine, operation and server.
 type bundle struct {
-	t  *testing.T
-	e  *engine.Engine
-	op *engine.Operation[payIn, payState, bool]
+	t    *testing.T
+	e    *engine.Engine
+	pool *pgxpool.Pool
+	op   *engine.Operation[payIn, payState, bool]
 	// payout waits for approvals: reserve, approval, send.
 	payout *engine.Operation[payoutIn, payoutState, bool]
 	srv    *httptest.Server
@@ -194,7 +196,8 @@ func setup(t *testing.T) *bundle {
 	}, func(payoutIn, *payoutState) (bool, error) { return true, nil }, nil)
 	require.NoError(t, err)
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	b.e = idemflowtest.Engine(t, idemflowtest.Pool(t, nil), &engine.Config{Logger: logger, Reconcile: reconcile.Config{
+	b.pool = idemflowtest.Pool(t, nil)
+	b.e = idemflowtest.Engine(t, b.pool, &engine.Config{Logger: logger, Reconcile: reconcile.Config{
 		Sources: []reconcile.Source{{Name: "provider", List: b.provider.list}}, Interval: -1,
 	}}, op, b.payout)
 	h, err := opsweb.New(b.e, &opsweb.Config{AuthFunc: opsweb.TokenAuth(adminToken), APIPath: "/admin", Logger: logger,

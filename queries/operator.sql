@@ -53,25 +53,25 @@ WHERE id = ANY (sqlc.arg(ids)::bigint[]) AND taken_by = @taken_by AND done_at IS
 
 -- name: OperatorRequestFinish :exec
 UPDATE idemflow_operator_request
-SET done_at = now(), outcome = @outcome, message = @message
+SET done_at = now(), outcome = @outcome, message = @message, code = sqlc.narg('code')
 WHERE id = @id AND taken_by = @taken_by AND done_at IS NULL;
 
 -- name: OperatorRequestFailUnknown :execrows
 -- Ends the pending requests for operations that do not exist.
 UPDATE idemflow_operator_request AS r
-SET done_at = now(), outcome = 'refused', message = 'no such operation'
+SET done_at = now(), outcome = 'refused', message = 'no such operation', code = 'not_found'
 WHERE r.done_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM idemflow_operation AS o WHERE o.id = r.operation_id);
 
 -- name: OperatorRequestRecord :exec
 -- Records an operator's request that was carried out at once (not through a
 -- process that takes it): the audit trail's entry, done or refused.
-INSERT INTO idemflow_operator_request (operation_id, action, reason, force, actor, made, reference, done_at, outcome, message)
-VALUES (@operation_id, @action, @reason, @force, @actor, sqlc.narg('made'), sqlc.narg('reference'), now(), @outcome, @message);
+INSERT INTO idemflow_operator_request (operation_id, action, reason, force, actor, made, reference, done_at, outcome, message, code)
+VALUES (@operation_id, @action, @reason, @force, @actor, sqlc.narg('made'), sqlc.narg('reference'), now(), @outcome, @message, sqlc.narg('code'));
 
 -- name: OperatorRequestListByOperation :many
 -- The operation's audit trail: its operators' requests, oldest first.
-SELECT id, action, reason, actor, force, made, reference, requested_at, done_at, outcome, message
+SELECT id, action, reason, actor, force, made, reference, requested_at, done_at, outcome, message, code
 FROM idemflow_operator_request
 WHERE operation_id = @operation_id
 ORDER BY id;

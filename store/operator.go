@@ -73,10 +73,11 @@ type OperatorRequest struct {
 	Made      *bool
 	Reference string
 	// Outcome is "done", "refused" or "failed" once DoneAt is set; Message
-	// says what happened.
+	// says what happened, and Code why a refused one was refused.
 	DoneAt  *time.Time
 	Outcome string
 	Message string
+	Code    string
 }
 
 // OperatorRequestInsert records a request and returns its id.
@@ -105,6 +106,7 @@ func (s *Store) OperatorRequestGet(ctx context.Context, db DBTX, id int64) (*Ope
 	if r.Message != nil {
 		out.Message = *r.Message
 	}
+	out.Code = deref(r.Code)
 	return out, nil
 }
 
@@ -135,9 +137,9 @@ func (s *Store) OperatorRequestRenew(ctx context.Context, db DBTX, ids []int64, 
 }
 
 // OperatorRequestFinish records what became of request id.
-func (s *Store) OperatorRequestFinish(ctx context.Context, db DBTX, id int64, takenBy uuid.UUID, outcome, message string) error {
+func (s *Store) OperatorRequestFinish(ctx context.Context, db DBTX, id int64, takenBy uuid.UUID, outcome, message, code string) error {
 	err := s.q.OperatorRequestFinish(ctx, db, dbsqlc.OperatorRequestFinishParams{
-		ID: id, TakenBy: pguuid.Ptr(&takenBy), Outcome: &outcome, Message: &message,
+		ID: id, TakenBy: pguuid.Ptr(&takenBy), Outcome: &outcome, Message: &message, Code: nonEmpty(code),
 	})
 	if err != nil {
 		return fmt.Errorf("store: finish operator request: %w", err)
@@ -162,7 +164,7 @@ func (s *Store) OperatorRequestRecord(ctx context.Context, db DBTX, r OperatorRe
 	err := s.q.OperatorRequestRecord(ctx, db, dbsqlc.OperatorRequestRecordParams{
 		OperationID: pguuid.UUID(r.OperationID), Action: r.Action, Reason: Text(r.Reason), Force: r.Force,
 		Actor: Text(r.Actor), Made: r.Made, Reference: nonEmpty(Text(r.Reference)),
-		Outcome: ptr(r.Outcome), Message: ptr(Text(r.Message)),
+		Outcome: ptr(r.Outcome), Message: ptr(Text(r.Message)), Code: nonEmpty(r.Code),
 	})
 	if err != nil {
 		return fmt.Errorf("store: record operator request: %w", err)
@@ -181,7 +183,7 @@ func (s *Store) OperatorRequestListByOperation(ctx context.Context, db DBTX, ope
 	for i, r := range rows {
 		out[i] = OperatorRequest{ID: r.ID, OperationID: operationID, Action: r.Action, Reason: r.Reason, Actor: r.Actor,
 			Force: r.Force, Made: r.Made, Reference: deref(r.Reference), RequestedAt: r.RequestedAt, DoneAt: r.DoneAt,
-			Outcome: deref(r.Outcome), Message: deref(r.Message)}
+			Outcome: deref(r.Outcome), Message: deref(r.Message), Code: deref(r.Code)}
 	}
 	return out, nil
 }

@@ -223,7 +223,7 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 			return fmt.Errorf("%q is not an operation id: %w", args[1], err)
 		}
 		if args[0] == "retry" {
-			if err := e.Retry(ctx, id, &engine.RetryOpts{Force: force}); err != nil {
+			if _, err := e.Retry(ctx, id, &engine.RetryOpts{Force: force}); err != nil {
 				return withheld(err)
 			}
 			fmt.Fprintf(stdout, "operation %s reopened; a running demo resumes it\n", id)

@@ -56,6 +56,10 @@ ALTER TABLE idemflow_operator_request
         CHECK (action IN ('retry', 'cancel', 'resolve', 'approve', 'reject')) NOT VALID,
     DROP CONSTRAINT idemflow_operator_request_action;
 ALTER TABLE idemflow_operator_request VALIDATE CONSTRAINT idemflow_operator_request_action_waits;
+-- code: why a refused request was refused (the engine's refusal code), so
+-- that an operator's handle that asked a live process to carry it out
+-- returns the same error as the process's own call would.
+ALTER TABLE idemflow_operator_request ADD COLUMN code text;
 
 CREATE OR REPLACE VIEW idemflow_step_recorded AS
 SELECT s.operation_id, s.name, s.position, s.state, s.attempts, s.output, s.last_error,
@@ -78,6 +82,8 @@ WHERE o.checkpoints IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM idemflow_step_row AS s WHERE s.operation_id = o.id AND s.name = c.key);
 
 ---- create above / drop below ----
+
+ALTER TABLE idemflow_operator_request DROP COLUMN code;
 
 ALTER TABLE idemflow_operator_request
     ADD CONSTRAINT idemflow_operator_request_action

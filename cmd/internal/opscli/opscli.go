@@ -387,35 +387,39 @@ func (c *commands) request(ctx context.Context, action string, args []string) in
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.wait)
 	defer cancel()
-	var req *engine.OperatorRequest
+	var info *engine.Info
 	var err error
 	switch action {
 	case "retry":
-		req, err = c.admin.Retry(ctx, id, &engine.RetryOpts{Force: force})
+		info, err = c.admin.Retry(ctx, id, &engine.RetryOpts{Force: force})
 	case "resolve":
 		res, ok := parseResolution(args[1:])
 		if !ok {
 			fmt.Fprintf(c.stderr, "idemflow: resolve <operation id> made <reference> <reason>, or resolve <operation id> not-made <reason>\n%s\n", usage)
 			return exitUsage
 		}
-		req, err = c.admin.Resolve(ctx, id, res)
+		info, err = c.admin.Resolve(ctx, id, res)
 	default:
-		req, err = c.admin.Cancel(ctx, id, strings.Join(args[1:], " "))
+		info, err = c.admin.Cancel(ctx, id, strings.Join(args[1:], " "))
 	}
 	switch {
 	case errors.Is(err, engine.ErrPending):
-		fmt.Fprintf(c.stderr, "idemflow: request %d to %s %s is recorded, but no live process carried it out within %s; it will be when a process that runs the operation's definition does (idemflow processes)\n",
-			req.ID, action, id, c.wait)
+		fmt.Fprintf(c.stderr, "idemflow: %s: no live process carried it out within %s; it will be when a process that runs the operation's definition does (idemflow processes)\n",
+			redact.Addresses(err.Error()), c.wait)
 		return exitPending
 	case err != nil:
-		return c.fail(err)
-	}
-	// The process's answer, without the addresses its errors name (its log
-	// has them).
-	fmt.Fprintf(c.stdout, "request %d: %s %s: %s: %s\n", req.ID, action, id, req.Outcome, redact.Addresses(req.Message))
-	if req.Outcome != "done" {
+		// The process's refusal, without the addresses its errors name (its
+		// log has them).
+		fmt.Fprintf(c.stderr, "idemflow: %s %s: refused: %s\n", action, id, redact.Addresses(err.Error()))
 		return exitRefused
 	}
+	detail := ""
+	for _, a := range info.Audit {
+		if string(a.Action) == action {
+			detail = a.Detail
+		}
+	}
+	fmt.Fprintf(c.stdout, "%s %s: done: %s (%s)\n", action, id, redact.Addresses(detail), info.Status)
 	return exitOK
 }
 

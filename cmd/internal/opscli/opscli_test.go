@@ -83,13 +83,13 @@ func TestCommand(t *testing.T) {
 	// retry reopens it, and it succeeds this time.
 	r = idemflow(t, dbURL, "cancel", s.ID.String(), "no")
 	require.Equal(t, 1, r.code, r.stdout+r.stderr)
-	require.Contains(t, r.stdout, "refused")
+	require.Contains(t, r.stderr, "refused")
 	fail.Store(false)
 	// Its client was told of a server fault: only a forced retry reopens it.
 	r = idemflow(t, dbURL, "retry", s.ID.String())
 	require.Equal(t, 1, r.code, r.stdout+r.stderr)
-	require.Contains(t, r.stdout, "refused")
-	require.Contains(t, r.stdout, "final")
+	require.Contains(t, r.stderr, "refused")
+	require.Contains(t, r.stderr, "final")
 	r = idemflow(t, dbURL, "-actor", "carol", "retry", "-force", s.ID.String())
 	require.Equal(t, 0, r.code, r.stdout+r.stderr)
 	require.Contains(t, r.stdout, ": done: reopened")
@@ -273,10 +273,10 @@ func TestCommandWithholdsAddresses(t *testing.T) {
 
 	r := idemflow(t, dbURL, "cancel", s.ID.String(), "customer withdrew")
 	require.Equal(t, 1, r.code, r.stdout+r.stderr)
-	require.Contains(t, r.stdout, ": refused: ")
-	require.Contains(t, r.stdout, "payout_mismatch")
-	require.Contains(t, r.stdout, "past its point of no return")
-	require.NotContains(t, r.stdout, "10.0.0.7")
+	require.Contains(t, r.stderr, ": refused: ")
+	require.Contains(t, r.stderr, "payout_mismatch")
+	require.Contains(t, r.stderr, "past its point of no return")
+	require.NotContains(t, r.stderr, "10.0.0.7")
 
 	r = idemflow(t, dbURL, "show", s.ID.String())
 	require.Equal(t, 0, r.code, r.stderr)

@@ -72,6 +72,7 @@ type IdemflowOperatorRequest struct {
 	Actor       string
 	Made        *bool
 	Reference   *string
+	Code        *string
 }
 
 type IdemflowOutcome struct {

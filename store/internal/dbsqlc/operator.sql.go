@@ -14,7 +14,7 @@ import (
 
 const operatorRequestFailUnknown = `-- name: OperatorRequestFailUnknown :execrows
 UPDATE idemflow_operator_request AS r
-SET done_at = now(), outcome = 'refused', message = 'no such operation'
+SET done_at = now(), outcome = 'refused', message = 'no such operation', code = 'not_found'
 WHERE r.done_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM idemflow_operation AS o WHERE o.id = r.operation_id)
 `
@@ -30,13 +30,14 @@ func (q *Queries) OperatorRequestFailUnknown(ctx context.Context, db DBTX) (int6
 
 const operatorRequestFinish = `-- name: OperatorRequestFinish :exec
 UPDATE idemflow_operator_request
-SET done_at = now(), outcome = $1, message = $2
-WHERE id = $3 AND taken_by = $4 AND done_at IS NULL
+SET done_at = now(), outcome = $1, message = $2, code = $3
+WHERE id = $4 AND taken_by = $5 AND done_at IS NULL
 `
 
 type OperatorRequestFinishParams struct {
 	Outcome *string
 	Message *string
+	Code    *string
 	ID      int64
 	TakenBy *pguuid.UUID
 }
@@ -45,6 +46,7 @@ func (q *Queries) OperatorRequestFinish(ctx context.Context, db DBTX, arg Operat
 	_, err := db.Exec(ctx, operatorRequestFinish,
 		arg.Outcome,
 		arg.Message,
+		arg.Code,
 		arg.ID,
 		arg.TakenBy,
 	)
@@ -52,7 +54,7 @@ func (q *Queries) OperatorRequestFinish(ctx context.Context, db DBTX, arg Operat
 }
 
 const operatorRequestGet = `-- name: OperatorRequestGet :one
-SELECT id, operation_id, action, reason, requested_at, taken_by, taken_at, done_at, outcome, message, force, actor, made, reference FROM idemflow_operator_request WHERE id = $1
+SELECT id, operation_id, action, reason, requested_at, taken_by, taken_at, done_at, outcome, message, force, actor, made, reference, code FROM idemflow_operator_request WHERE id = $1
 `
 
 func (q *Queries) OperatorRequestGet(ctx context.Context, db DBTX, id int64) (*IdemflowOperatorRequest, error) {
@@ -73,6 +75,7 @@ func (q *Queries) OperatorRequestGet(ctx context.Context, db DBTX, id int64) (*I
 		&i.Actor,
 		&i.Made,
 		&i.Reference,
+		&i.Code,
 	)
 	return &i, err
 }
@@ -109,7 +112,7 @@ func (q *Queries) OperatorRequestInsert(ctx context.Context, db DBTX, arg Operat
 }
 
 const operatorRequestListByOperation = `-- name: OperatorRequestListByOperation :many
-SELECT id, action, reason, actor, force, made, reference, requested_at, done_at, outcome, message
+SELECT id, action, reason, actor, force, made, reference, requested_at, done_at, outcome, message, code
 FROM idemflow_operator_request
 WHERE operation_id = $1
 ORDER BY id
@@ -127,6 +130,7 @@ type OperatorRequestListByOperationRow struct {
 	DoneAt      *time.Time
 	Outcome     *string
 	Message     *string
+	Code        *string
 }
 
 // The operation's audit trail: its operators' requests, oldest first.
@@ -151,6 +155,7 @@ func (q *Queries) OperatorRequestListByOperation(ctx context.Context, db DBTX, o
 			&i.DoneAt,
 			&i.Outcome,
 			&i.Message,
+			&i.Code,
 		); err != nil {
 			return nil, err
 		}
@@ -163,8 +168,8 @@ func (q *Queries) OperatorRequestListByOperation(ctx context.Context, db DBTX, o
 }
 
 const operatorRequestRecord = `-- name: OperatorRequestRecord :exec
-INSERT INTO idemflow_operator_request (operation_id, action, reason, force, actor, made, reference, done_at, outcome, message)
-VALUES ($1, $2, $3, $4, $5, $6, $7, now(), $8, $9)
+INSERT INTO idemflow_operator_request (operation_id, action, reason, force, actor, made, reference, done_at, outcome, message, code)
+VALUES ($1, $2, $3, $4, $5, $6, $7, now(), $8, $9, $10)
 `
 
 type OperatorRequestRecordParams struct {
@@ -177,6 +182,7 @@ type OperatorRequestRecordParams struct {
 	Reference   *string
 	Outcome     *string
 	Message     *string
+	Code        *string
 }
 
 // Records an operator's request that was carried out at once (not through a
@@ -192,6 +198,7 @@ func (q *Queries) OperatorRequestRecord(ctx context.Context, db DBTX, arg Operat
 		arg.Reference,
 		arg.Outcome,
 		arg.Message,
+		arg.Code,
 	)
 	return err
 }

@@ -157,6 +157,7 @@ type IdemflowOperatorRequest struct {
 	Actor       string
 	Made        *bool
 	Reference   *string
+	Code        *string
 }
 
 type IdemflowOutcome struct {
