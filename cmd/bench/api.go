@@ -7,8 +7,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/idemflow/idemflow/cmd/internal/demoapi"
 	"github.com/idemflow/idemflow/idempotency"
-	"github.com/idemflow/idemflow/internal/demoapi"
 )
 
 // The API client that the http mode calls as, and its bearer token.

@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemflow/idemflow/internal/demoapi"
+	"github.com/idemflow/idemflow/cmd/internal/demoapi"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 

@@ -31,8 +31,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/cmd/internal/demoapi"
 	"github.com/idemflow/idemflow/idempotency"
-	"github.com/idemflow/idemflow/internal/demoapi"
 	"github.com/idemflow/idemflow/internal/pgcluster"
 	"github.com/idemflow/idemflow/internal/testdb"
 )

@@ -36,11 +36,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"riverqueue.com/riverui"
 
+	"github.com/idemflow/idemflow/cmd/internal/demoapi"
 	"github.com/idemflow/idemflow/contrib/idemflowotel"
 	"github.com/idemflow/idemflow/contrib/idemflowprom"
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idempotency"
-	"github.com/idemflow/idemflow/internal/demoapi"
 	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/internal/faults"
 	"github.com/idemflow/idemflow/internal/pgcluster"
