@@ -186,7 +186,10 @@ func TestRecordOutcome(t *testing.T) {
 			_, cancelErr = e.Cancel(ctx, s.ID, "")
 			return cancelErr != nil && !errors.Is(cancelErr, engine.ErrRunning)
 		}, fsTimeout, 10*time.Millisecond)
-		require.ErrorIs(t, cancelErr, engine.ErrPastPivot)
+		// Refused past the point of no return, or, when the run woken by the
+		// event applied it first (nothing holds a run that needs no lookup),
+		// refused as finished: never compensated.
+		require.True(t, errors.Is(cancelErr, engine.ErrPastPivot) || errors.Is(cancelErr, engine.ErrFinished), "%v", cancelErr)
 		_, err = e.Resolve(ctx, s.ID, engine.Resolution{Made: false, Reason: "ops"})
 		require.Error(t, err)
 		p.hold.Store(nil)
