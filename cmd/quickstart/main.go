@@ -138,7 +138,6 @@ func run(ctx context.Context, dbURL, bankURL, addr, adminToken string, reg prome
 	mux.Handle("GET /operations/{operationId}", read)
 	mux.Handle("/ops", ops)
 	mux.Handle("/ops/", ops)
-	mux.Handle("/admin/", ops)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}

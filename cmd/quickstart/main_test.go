@@ -120,6 +120,18 @@ func TestQuickstart(t *testing.T) {
 	require.NoError(t, err)
 	_ = page.Body.Close()
 	require.Equal(t, http.StatusOK, page.StatusCode)
+	// The operators' JSON API, where the pages' handler serves it by
+	// default (under /ops/api): a mount that served nothing would fail here.
+	req, err = http.NewRequest(http.MethodGet, base+"/ops/api/operations/"+res.Header.Get("Operation-Id"), nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer admin-secret")
+	api, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	apiBody, err := io.ReadAll(api.Body)
+	require.NoError(t, err)
+	_ = api.Body.Close()
+	require.Equal(t, http.StatusOK, api.StatusCode, string(apiBody))
+	require.Contains(t, string(apiBody), `"status":"succeeded"`)
 	_, body = do(http.MethodGet, "/metrics", "", "")
 	require.Contains(t, body, `idemflow_operations_started_total{operation="payout"} 2`)
 }
