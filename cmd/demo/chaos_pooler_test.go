@@ -26,10 +26,10 @@ const (
 // package's other end-to-end tests on a small machine.
 func TestChaosPooler(t *testing.T) {
 	if _, err := pgcluster.BinDir(); err != nil {
-		t.Skipf("no PostgreSQL server binaries: %v", err)
+		pgcluster.SkipMissing(t, "no PostgreSQL server binaries: %v", err)
 	}
 	if _, err := pgcluster.PgBouncerPath(); err != nil {
-		t.Skipf("no PgBouncer: %v", err)
+		pgcluster.SkipMissing(t, "no PgBouncer: %v", err)
 	}
 	seed := *chaosSeed
 	if seed == 0 {

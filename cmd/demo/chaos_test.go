@@ -106,7 +106,7 @@ var chaosClients = []struct{ name, token string }{{"merchant-a", tokenA}, {"merc
 func TestChaos(t *testing.T) {
 	t.Parallel()
 	if _, err := pgcluster.BinDir(); err != nil {
-		t.Skipf("no PostgreSQL server binaries: %v", err)
+		pgcluster.SkipMissing(t, "no PostgreSQL server binaries: %v", err)
 	}
 	seed := *chaosSeed
 	if seed == 0 {

@@ -1010,7 +1010,7 @@ func openFiles(pid int) int {
 func privateCluster(t *testing.T) (*pgcluster.Config, string) {
 	t.Helper()
 	if _, err := pgcluster.BinDir(); err != nil {
-		t.Skipf("no PostgreSQL server binaries: %v", err)
+		pgcluster.SkipMissing(t, "no PostgreSQL server binaries: %v", err)
 	}
 	// The data directory's parents must be searchable by the unprivileged user
 	// that runs PostgreSQL when the tests run as root.

@@ -139,7 +139,7 @@ func TestProviderURL(t *testing.T) {
 func TestPrivateCluster(t *testing.T) {
 	t.Parallel()
 	if _, err := pgcluster.BinDir(); err != nil {
-		t.Skipf("no PostgreSQL server binaries: %v", err)
+		pgcluster.SkipMissing(t, "no PostgreSQL server binaries: %v", err)
 	}
 	dataDir := filepath.Join(t.TempDir(), "demo-pg")
 	t.Cleanup(func() {

@@ -273,7 +273,7 @@ func (b *PgBouncer) Stop() error {
 func StartPgBouncerT(t testing.TB, serverURL string, cfg *PgBouncerConfig) *PgBouncer {
 	t.Helper()
 	if _, err := PgBouncerPath(); err != nil {
-		t.Skipf("no PgBouncer: %v", err)
+		SkipMissing(t, "no PgBouncer: %v", err)
 	}
 	c := PgBouncerConfig{}
 	if cfg != nil {
