@@ -242,7 +242,9 @@ func (e *Engine) StartWorkers(ctx context.Context) error {
 	}()
 	go func() {
 		defer e.sweeps.Done()
-		e.timerLoop(e.baseCtx)
+		if e.waits() {
+			e.timerLoop(e.baseCtx)
+		}
 	}()
 	return nil
 }

@@ -27,6 +27,20 @@ func (t *timers) soon(at time.Time) {
 	}
 }
 
+// waits reports whether a definition of this process has a step that waits
+// for a signal, a moment or approvals: only then can one of its operations be
+// due at a moment, and the timer loop has something to keep.
+func (e *Engine) waits() bool {
+	for _, d := range e.defs {
+		for _, st := range d.steps {
+			if st.kind == StepKindWait {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // timerLoop hands the operations whose wait has ended to resume jobs, within
 // about a second of their moment, until ctx ends. It reads the earliest
 // moment of the definitions this process runs (one probe of an index,
