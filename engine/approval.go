@@ -153,7 +153,7 @@ func (e *Engine) approval(ctx context.Context, id uuid.UUID, action Action, reas
 		} else if decided {
 			detail += ": it goes on"
 		}
-		if _, _, err := e.store.SignalInsert(ctx, tx, sig); err != nil {
+		if _, err := e.store.SignalInsert(ctx, tx, sig); err != nil {
 			return fmt.Errorf("engine: %s %s: %w", action, id, err)
 		}
 		if decided {

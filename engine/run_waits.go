@@ -39,17 +39,15 @@ func (r *run) runWaitStep(ctx context.Context, i int, st *stepDef, last bool) (*
 	}); err != nil {
 		return r.stepFailed(ctx, i, st, attempt, started, err)
 	}
+	tx := r.begin(ctx)
+	defer tx.end(ctx)
 	reachedBefore := r.rowed[st.name] || r.status[st.name] == store.StepWaiting
 	if !reachedBefore && (w.reason == WaitTimer && until.IsZero() || w.reason == WaitApproval && need == 0) {
 		// Nothing to wait for. Its checkpoint commits before the next step
 		// runs all the same: a process whose definition asked for a wait
 		// must not find the steps after it begun.
-		tx := r.begin(ctx)
-		defer tx.end(ctx)
 		return r.waitSucceeded(ctx, tx, i, st, attempt, started, last, nil)
 	}
-	tx := r.begin(ctx)
-	defer tx.end(ctx)
 	wait := store.Wait{OperationID: r.id, Step: st.name, Position: i, Reason: string(w.reason), Signal: w.signal, Need: need}
 	if !until.At.IsZero() {
 		at := until.At

@@ -133,7 +133,7 @@ func (e *Engine) signal(ctx context.Context, tx pgx.Tx, to SignalTo, sig Signal)
 		}
 		waiting = waiting || s.State == store.StepWaiting
 	}
-	if _, _, err := e.store.SignalInsert(ctx, tx, store.Signal{OperationID: rec.ID, ID: sig.ID, Name: sig.Name, Payload: sig.Payload}); err != nil {
+	if _, err := e.store.SignalInsert(ctx, tx, store.Signal{OperationID: rec.ID, ID: sig.ID, Name: sig.Name, Payload: sig.Payload}); err != nil {
 		return false, nil, fmt.Errorf("engine: signal: %w", err)
 	}
 	if waiting {

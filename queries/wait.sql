@@ -60,7 +60,7 @@ ORDER BY received_at, signal_id;
 -- have waited for it, with whether their deadline has passed by the
 -- database's clock when the statement runs (after the caller locked the
 -- operation's row), not when its transaction began.
-SELECT name, state, wait_reason, wait_until, wait_need,
+SELECT name, state, wait_until, wait_need,
        (wait_until IS NOT NULL AND wait_until <= clock_timestamp())::boolean AS expired
 FROM idemflow_step_row
 WHERE operation_id = @operation_id AND wait_signal = @wait_signal

@@ -88,25 +88,20 @@ func signalFromRow(r *dbsqlc.IdemflowSignal) Signal {
 		Actor: r.Actor, Reason: r.Reason, ReceivedAt: r.ReceivedAt}
 }
 
-// SignalInsert keeps sig once per (operation, id). It returns true when it is
-// new; false and the one kept when the id was seen before.
-func (s *Store) SignalInsert(ctx context.Context, db DBTX, sig Signal) (bool, *Signal, error) {
+// SignalInsert keeps sig once per (operation, id). It returns false when
+// the id is kept already (SignalGet reads it).
+func (s *Store) SignalInsert(ctx context.Context, db DBTX, sig Signal) (bool, error) {
 	_, err := s.q.SignalInsert(ctx, db, dbsqlc.SignalInsertParams{
 		OperationID: pguuid.UUID(sig.OperationID), SignalID: sig.ID, Name: sig.Name, Payload: sig.Payload,
 		Actor: sig.Actor, Reason: sig.Reason,
 	})
-	if err == nil {
-		return true, nil, nil
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
 	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return false, nil, fmt.Errorf("store: keep signal: %w", err)
-	}
-	row, err := s.q.SignalGet(ctx, db, dbsqlc.SignalGetParams{OperationID: pguuid.UUID(sig.OperationID), SignalID: sig.ID})
 	if err != nil {
-		return false, nil, mapErr("read signal", err)
+		return false, fmt.Errorf("store: keep signal: %w", err)
 	}
-	kept := signalFromRow(row)
-	return false, &kept, nil
+	return true, nil
 }
 
 // SignalList lists the signals of the given names sent to operation id, in
@@ -125,11 +120,10 @@ func (s *Store) SignalList(ctx context.Context, db DBTX, id uuid.UUID, names []s
 
 // WaitStep is a step of an operation that waits, or waited, for a signal.
 type WaitStep struct {
-	Name   string
-	State  StepState
-	Reason string
-	Until  *time.Time
-	Need   int
+	Name  string
+	State StepState
+	Until *time.Time
+	Need  int
 	// Expired is true once Until has passed by the database's clock.
 	Expired bool
 }
@@ -143,7 +137,7 @@ func (s *Store) WaitStepFor(ctx context.Context, db DBTX, id uuid.UUID, signal s
 	}
 	out := make([]WaitStep, len(rows))
 	for i, r := range rows {
-		out[i] = WaitStep{Name: r.Name, State: StepState(r.State), Reason: deref(r.WaitReason), Until: r.WaitUntil, Expired: r.Expired}
+		out[i] = WaitStep{Name: r.Name, State: StepState(r.State), Until: r.WaitUntil, Expired: r.Expired}
 		if r.WaitNeed != nil {
 			out[i].Need = int(*r.WaitNeed)
 		}

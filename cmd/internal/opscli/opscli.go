@@ -413,14 +413,7 @@ func (c *commands) request(ctx context.Context, action string, args []string) in
 		fmt.Fprintf(c.stderr, "idemflow: %s %s: refused: %s\n", action, id, redact.Addresses(err.Error()))
 		return exitRefused
 	}
-	detail := ""
-	for _, a := range info.Audit {
-		if string(a.Action) == action {
-			detail = a.Detail
-		}
-	}
-	fmt.Fprintf(c.stdout, "%s %s: done: %s (%s)\n", action, id, redact.Addresses(detail), info.Status)
-	return exitOK
+	return c.done(action, id, info)
 }
 
 // approvals lists what waits for operators' approval.
@@ -460,13 +453,19 @@ func (c *commands) decide(ctx context.Context, action string, args []string) int
 	if err != nil {
 		return c.fail(err)
 	}
+	return c.done(action, id, info)
+}
+
+// done says what an operator's request did: the audit trail's last entry of
+// its action, without the addresses its text may name (the log has them).
+func (c *commands) done(action string, id uuid.UUID, info *engine.Info) int {
 	detail := ""
 	for _, a := range info.Audit {
 		if string(a.Action) == action {
 			detail = a.Detail
 		}
 	}
-	fmt.Fprintf(c.stdout, "%s %s: done: %s (%s)\n", action, id, detail, info.Status)
+	fmt.Fprintf(c.stdout, "%s %s: done: %s (%s)\n", action, id, redact.Addresses(detail), info.Status)
 	return exitOK
 }
 

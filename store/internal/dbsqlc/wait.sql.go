@@ -419,7 +419,7 @@ func (q *Queries) WaitReach(ctx context.Context, db DBTX, arg WaitReachParams) (
 }
 
 const waitStepFor = `-- name: WaitStepFor :many
-SELECT name, state, wait_reason, wait_until, wait_need,
+SELECT name, state, wait_until, wait_need,
        (wait_until IS NOT NULL AND wait_until <= clock_timestamp())::boolean AS expired
 FROM idemflow_step_row
 WHERE operation_id = $1 AND wait_signal = $2
@@ -432,12 +432,11 @@ type WaitStepForParams struct {
 }
 
 type WaitStepForRow struct {
-	Name       string
-	State      string
-	WaitReason *string
-	WaitUntil  *time.Time
-	WaitNeed   *int32
-	Expired    bool
+	Name      string
+	State     string
+	WaitUntil *time.Time
+	WaitNeed  *int32
+	Expired   bool
 }
 
 // The steps of an operation that wait for the signal named wait_signal, or
@@ -456,7 +455,6 @@ func (q *Queries) WaitStepFor(ctx context.Context, db DBTX, arg WaitStepForParam
 		if err := rows.Scan(
 			&i.Name,
 			&i.State,
-			&i.WaitReason,
 			&i.WaitUntil,
 			&i.WaitNeed,
 			&i.Expired,
