@@ -75,6 +75,9 @@ type Engine struct {
 	schema schemaWatch
 	// timers keeps the moments of waits (timerLoop).
 	timers timers
+	// stranded holds the runs that stopped with the database away
+	// (rescueLoop).
+	stranded stranded
 }
 
 // handedToRiver warns, once per process, when an operation goes to a River job
@@ -235,10 +238,14 @@ func (e *Engine) StartWorkers(ctx context.Context) error {
 	if err := e.heartbeat(ctx); err != nil {
 		e.logger.WarnContext(ctx, "could not record this process for operators", slog.Any("error", err))
 	}
-	e.sweeps.Add(2)
+	e.sweeps.Add(3)
 	go func() {
 		defer e.sweeps.Done()
 		e.sweepLoop(e.baseCtx)
+	}()
+	go func() {
+		defer e.sweeps.Done()
+		e.rescueLoop(e.baseCtx)
 	}()
 	go func() {
 		defer e.sweeps.Done()

@@ -168,6 +168,13 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
 		if _, _, rerr := r.e.store.OperationRelease(releaseCtx, r.e.control, r.id, r.runID, 0, 0, true); rerr != nil {
+			if errors.Is(context.Cause(ctx), errLeaseExpiring) {
+				// The database did not answer in time: the operation resumes
+				// as soon as it does.
+				r.e.strand(r)
+				r.logger().WarnContext(ctx, "run stopped: the database did not answer; the operation resumes as soon as it does", slog.Any("error", rerr))
+				break
+			}
 			r.logger().WarnContext(ctx, "could not release the operation; it resumes once its lease expires", slog.Any("error", rerr))
 		} else {
 			r.logger().InfoContext(ctx, "run stopped with the engine; the operation resumes at the next sweep")
@@ -178,6 +185,9 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		// committed after all, a sweep resumes it once its lease expires.
 		r.e.logger.WarnContext(ctx, "the key's reservation was not confirmed; the start is refused",
 			slog.String("operation", r.def.name), slog.String("key", r.key), slog.Any("error", err))
+	case IsUnavailable(err):
+		r.e.strand(r)
+		r.logger().WarnContext(ctx, "run stopped: the database did not answer; the operation resumes as soon as it does", slog.Any("error", err))
 	default:
 		r.logger().ErrorContext(ctx, "run stopped; the operation resumes once its lease expires", slog.Any("error", err))
 	}

@@ -92,9 +92,9 @@ func cutPool(t *testing.T) (*pgxpool.Pool, *cutProxy) {
 
 // TestStrandedRunResumes: a run whose database goes away mid-operation (a
 // restart, a failover) stops, holding its lease; once the database answers
-// again, the operation resumes at once rather than wait out its 15 s lease:
-// the process lost its liveness lock with its connection, so its runs of
-// before are a dead process's, which the takeover hands to resume jobs.
+// again, its own process hands the operation to a resume job at once rather
+// than leave it to wait out its 15 s lease (the takeover does too, but only
+// when the process's liveness lock came back under another key).
 func TestStrandedRunResumes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
