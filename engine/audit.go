@@ -58,7 +58,7 @@ type auditedKey struct{}
 
 // WithActor returns ctx naming actor as the operator whose requests (Retry,
 // Cancel, Resolve, Approve, Reject, and Admin's) are carried with it: what the audit trail
-// records. Without it, DefaultActor.
+// records. Without it, defaultActor.
 func WithActor(ctx context.Context, actor string) context.Context {
 	return context.WithValue(ctx, actorKey{}, actor)
 }
@@ -67,7 +67,7 @@ func actorOf(ctx context.Context) string {
 	if a, ok := ctx.Value(actorKey{}).(string); ok && a != "" {
 		return a
 	}
-	return DefaultActor
+	return defaultActor
 }
 
 // audit records an operator's request on operation id and how it ended (err:

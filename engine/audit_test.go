@@ -25,7 +25,7 @@ func TestAuditKeptAsLongAsTheOperation(t *testing.T) {
 		}),
 	}, func(int, *struct{}) (int, error) { return 0, nil }, nil)
 	require.NoError(t, err)
-	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op)
 	s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusFailed, fsWait(t, e, s.ID).Status)
@@ -37,7 +37,7 @@ func TestAuditKeptAsLongAsTheOperation(t *testing.T) {
 		Result: "refused", Detail: audit[0].Detail}, audit[0])
 	require.Contains(t, audit[0].Detail, "final")
 
-	later := time.Now().Add(engine.DefaultRetention + time.Hour)
+	later := time.Now().Add(defaultRetention + time.Hour)
 	n, err := e.DeleteFinished(ctx, &later)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)

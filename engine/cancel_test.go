@@ -38,7 +38,7 @@ func TestCancelPastPivot(t *testing.T) {
 			},
 		}
 		op := f.op(t, "cancel_recorded")
-		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 		require.NoError(t, err)
 		before := fsAwait(t, e, s.ID, "book's first failure recorded", func(i *engine.Info) bool { return i.Steps[2].Attempts == 1 })
@@ -75,7 +75,7 @@ func TestCancelPastPivot(t *testing.T) {
 		id := fsCrashAt(t, pool, op, "pay", faults.PointAfterEffect)
 		require.Equal(t, fsBooks{debits: 1, payments: 1, requests: 1}, fsReadBooks(t, pool))
 
-		b := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+		b := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op)
 		before := fsGet(t, b, id)
 		require.Equal(t, []engine.StepStatus{engine.StepStatusSucceeded, engine.StepStatusPending, engine.StepStatusPending}, fsStatuses(before),
 			"the rows must not know that the call went through")
@@ -108,7 +108,7 @@ func TestCancelPastPivot(t *testing.T) {
 		id := fsCrashAt(t, pool, op, "pay", faults.PointBefore)
 		require.Equal(t, fsBooks{debits: 1}, fsReadBooks(t, pool))
 
-		b := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+		b := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op)
 		info, err := b.Cancel(ctx, id, "customer withdrew")
 		require.NoError(t, err)
 		require.Equal(t, int32(1), f.lookups.Load(), "Cancel must ask the lookup")
@@ -142,7 +142,7 @@ func TestRefusedCancelKeepsBackoff(t *testing.T) {
 		payFault: func(int) (bool, error) { return true, errors.New("connection reset") },
 	}
 	op := f.op(t, "cancel_backoff")
-	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: defaultLease}, op)
 	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 	require.NoError(t, err)
 	fsAwait(t, e, s.ID, "waiting out its backoff", func(i *engine.Info) bool {
@@ -274,7 +274,7 @@ func TestCancelRefusesExternalStepWithoutLookup(t *testing.T) {
 	before := fsReadBooks(t, pool)
 	require.Equal(t, fsBooks{debits: 1, payments: 1, requests: 1}, before)
 
-	b := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+	b := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op)
 	_, err := b.Cancel(ctx, id, "customer withdrew")
 	require.ErrorIs(t, err, engine.ErrPastPivot)
 	require.Equal(t, before, fsReadBooks(t, pool), "nothing undone")

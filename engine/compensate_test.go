@@ -37,7 +37,7 @@ func TestCompensationRetriesBoundedAcrossRuns(t *testing.T) {
 		},
 	}
 	op := f.op(t, "undo_fails")
-	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: defaultLease}, op)
 	fsHurry(t, pool)
 	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 	require.NoError(t, err)

@@ -128,7 +128,7 @@ func TestCrashChild(t *testing.T) {
 	e, err := engine.New(pool, &engine.Config{
 		Operations: []engine.Definition{op},
 		Lease:      time.Second,
-		Test: faults.Config{Hook: func(ctx context.Context, ev faults.Event) error {
+		Faults: engine.Faults{Hook: func(ctx context.Context, ev faults.Event) error {
 			if ev.Step+":"+string(ev.Point) == at {
 				fmt.Println(crashReached)
 				time.Sleep(time.Hour) // until SIGKILL

@@ -49,11 +49,11 @@ type opDef struct {
 	copyState      func(state any) any
 	decodeInput    func(raw []byte) (any, error)
 	result         func(in, state any) ([]byte, error)
-	// window is the longest settle window of its external steps (nil: none).
+	// window is the longest outcome window of its external steps (nil: none).
 	window *time.Duration
 }
 
-// settleWindow is the longest settle window of the definition's external
+// settleWindow is the longest outcome window of the definition's external
 // steps, nil when none calls out.
 func (d *opDef) settleWindow() *time.Duration { return d.window }
 

@@ -75,8 +75,8 @@
 // and Engine.Cancel refuses it (ErrPastPivot).
 //
 // A transient failure is retried after its backoff (RetryPolicy: by default
-// from DefaultRetryBase, doubling, up to DefaultRetryCap, for
-// DefaultRetryMaxAttempts attempts): waited out in the run when short, else
+// from defaultRetryBase, doubling, up to defaultRetryCap, for
+// defaultRetryMaxAttempts attempts): waited out in the run when short, else
 // by a River job scheduled in the transaction that records the failure. A
 // panic in a step, lookup, compensation or result function is one failed
 // attempt, never the process's end. An attempt of a transactional step that
@@ -94,7 +94,7 @@
 //
 // # Late and unknown outcomes
 //
-//	engine.ExternalStep("pay", pay).Lookup(findPayment).Settle(2 * time.Minute)
+//	engine.ExternalStep("pay", pay).Lookup(findPayment).Window(2 * time.Minute)
 //
 //	// in a webhook handler's transaction, whenever the event arrives:
 //	added, err := e.RecordOutcome(ctx, tx, engine.Outcome{EventID: event.ID, Record: reconcile.Record{
@@ -102,8 +102,8 @@
 //
 // A call to the outside world is known (done: the step returns nil; refused:
 // Fail), unknown (a timeout, a lost connection, a 5xx, a crash mid-call: the
-// request may still land up to the step's settle window after it was sent,
-// DefaultSettle unless Settle says otherwise) or pending (the service accepted
+// request may still land up to the step's outcome window after it was sent,
+// defaultWindow unless Settle says otherwise) or pending (the service accepted
 // it and tells later: the step returns Pending). Silence is never "not made".
 //
 // The window is fixed when the request is sent: the step's settle_by, the

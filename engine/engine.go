@@ -34,7 +34,7 @@ type Engine struct {
 	// versions of each name, ascending.
 	defs     map[defKey]*opDef
 	versions map[string][]int32
-	// settleWindows is the longest settle window of the external steps of
+	// settleWindows is the longest outcome window of the external steps of
 	// each name's versions here: what a claim stores (nil: none calls out).
 	settleWindows map[string]*time.Duration
 	// processID names this process's engine in idemflow_process.
@@ -164,17 +164,18 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 			return nil, fmt.Errorf("engine: the application's River workers: %w", err)
 		}
 	}
-	queues := map[string]river.QueueConfig{c.Queue: {MaxWorkers: c.MaxWorkers}}
+	queues := map[string]river.QueueConfig{c.River.Queue: {MaxWorkers: c.River.MaxWorkers}}
 	for name, q := range c.River.Queues {
-		if name == c.Queue {
-			return nil, fmt.Errorf("engine: River.Queues: %q is the engine's own queue (Config.Queue)", name)
+		if name == c.River.Queue {
+			return nil, fmt.Errorf("engine: River.Queues: %q is the engine's own queue (Config.River.Queue)", name)
 		}
 		queues[name] = q
 	}
-	periodic := []*river.PeriodicJob{
-		river.NewPeriodicJob(river.PeriodicInterval(c.RetentionInterval), func() (river.JobArgs, *river.InsertOpts) {
-			return retentionArgs{}, &river.InsertOpts{Queue: c.Queue}
-		}, &river.PeriodicJobOpts{RunOnStart: true}),
+	var periodic []*river.PeriodicJob
+	if c.RetentionInterval > 0 {
+		periodic = append(periodic, river.NewPeriodicJob(river.PeriodicInterval(c.RetentionInterval), func() (river.JobArgs, *river.InsertOpts) {
+			return retentionArgs{}, &river.InsertOpts{Queue: c.River.Queue}
+		}, &river.PeriodicJobOpts{RunOnStart: true}))
 	}
 	if r := c.Reconcile; len(r.Sources) > 0 && r.Interval >= 0 {
 		interval := r.Interval
@@ -183,7 +184,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		}
 		periodic = append(periodic, river.NewPeriodicJob(river.PeriodicInterval(interval), func() (river.JobArgs, *river.InsertOpts) {
 			// One run at a time: a slow run is not joined by the next.
-			return reconcileArgs{}, &river.InsertOpts{Queue: c.Queue, UniqueOpts: river.UniqueOpts{ByState: reconcileUniqueStates}}
+			return reconcileArgs{}, &river.InsertOpts{Queue: c.River.Queue, UniqueOpts: river.UniqueOpts{ByState: reconcileUniqueStates}}
 		}, nil))
 	}
 	rc, err := river.NewClient(riverpgxv5.New(control), &river.Config{

@@ -208,8 +208,8 @@ const (
 	// nothing is compensated.
 	CodeOutcomeUnknown = "outcome_unknown"
 	// CodeOutcomeOverdue (attention): an external step that waits for its
-	// outcome (see Pending and ExternalStepDef.Settle) has none past its
-	// settle window: the call is still pending, or its lookup cannot answer.
+	// outcome (see Pending and ExternalStepDef.Window) has none past its
+	// outcome window: the call is still pending, or its lookup cannot answer.
 	// The operation goes on waiting; an operator may settle it.
 	CodeOutcomeOverdue = "outcome_overdue"
 	// CodeDatabaseUnavailable (attention): a transactional step has not
@@ -248,7 +248,7 @@ type OutcomeUnknownError struct {
 	// settled it.
 	Pending bool
 	// KnownAt is when the outcome will be known at the latest (the end of the
-	// step's settle window), zero when that cannot be said.
+	// step's outcome window), zero when that cannot be said.
 	KnownAt time.Time
 	// Reason says why, for operators.
 	Reason string

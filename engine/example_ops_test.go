@@ -134,7 +134,7 @@ func ExampleEngine_Cancel() {
 		engine.TxStep("hold", hold).Compensate(release),
 		// This provider carries out a request within 50 ms of its sending, or
 		// never: a lookup that finds nothing after that is the word "not made".
-		engine.ExternalStep("charge", charge).Lookup(chargeFound).Settle(50 * time.Millisecond),
+		engine.ExternalStep("charge", charge).Lookup(chargeFound).Window(50 * time.Millisecond),
 	}, func(in buyIn, _ *struct{}) (int64, error) { return in.Amount, nil },
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Hour}})
 	if err != nil {
@@ -155,7 +155,7 @@ func ExampleEngine_Cancel() {
 	}
 	// The first attempt holds the operation until it has handed the retry to
 	// River: until then Cancel answers ErrRunning, and is asked again. Then,
-	// until the charge's settle window has passed, the request it sent may
+	// until the charge's outcome window has passed, the request it sent may
 	// still land: Cancel answers an *OutcomeUnknownError saying when it will
 	// be known, and undoes nothing.
 	info, err := e.Cancel(ctx, started.ID, "the customer gave up")

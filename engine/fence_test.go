@@ -58,7 +58,7 @@ func TestFenceByRun(t *testing.T) {
 
 			gate := newFSGate(fsAt("work", faults.PointBefore, 1))
 			// A's lease is long enough that it never renews during the test.
-			a := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: time.Hour, Test: faults.Config{Hook: gate.hook}}, opA)
+			a := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: time.Hour, Faults: engine.Faults{Hook: gate.hook}}, opA)
 			b := idemflowtest.Engine(t, pool, &engine.Config{Lease: time.Second}, opB)
 
 			s, err := engine.Start(ctx, a, opA, "c", "k", 1, nil)
@@ -154,8 +154,8 @@ func TestFenceByRunWhileNewHolderWorks(t *testing.T) {
 	gateB := newFSGate(func(ev faults.Event) bool {
 		return ev.Step == "work" && ev.Point == faults.PointBefore && ev.Resumed
 	})
-	a := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: time.Hour, Test: faults.Config{Hook: gateA.hook}}, opA)
-	b := idemflowtest.Engine(t, pool, &engine.Config{Lease: 5 * time.Second, Test: faults.Config{Hook: gateB.hook}}, opB)
+	a := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: time.Hour, Faults: engine.Faults{Hook: gateA.hook}}, opA)
+	b := idemflowtest.Engine(t, pool, &engine.Config{Lease: 5 * time.Second, Faults: engine.Faults{Hook: gateB.hook}}, opB)
 
 	s, err := engine.Start(ctx, a, opA, "c", "k", 1, nil)
 	require.NoError(t, err)

@@ -25,7 +25,7 @@ import (
 // transactional step with a compensation), pay (an external step without one,
 // so the pivot) and book (a transactional step), over scratch tables, with
 // faults injected per attempt. The engines of these tests have the engine's
-// default lease (Lease: engine.DefaultLease, 15 seconds) where idemflowtest's
+// default lease (Lease: defaultLease, 15 seconds) where idemflowtest's
 // is a second: a run held at a gate is taken over only when the test expires
 // its lease itself.
 
@@ -56,7 +56,7 @@ type fsFlow struct {
 	// makes it no pivot.
 	lookup      bool
 	undoablePay bool
-	// settle is pay's settle window: none unless a test sets one.
+	// settle is pay's outcome window: none unless a test sets one.
 	settle time.Duration
 
 	// payFault decides pay's attempt: whether the provider records the
@@ -97,8 +97,8 @@ func (f *fsFlow) recorded() (events, keys []string) {
 func (f *fsFlow) op(t *testing.T, name string) *engine.Operation[fsIn, fsState, fsState] {
 	t.Helper()
 	// The tests of these mechanics take a provider whose answers are final
-	// when the call returns (no settle window) unless they set one.
-	pay := engine.ExternalStep("pay", f.pay).Settle(f.settle)
+	// when the call returns (no outcome window) unless they set one.
+	pay := engine.ExternalStep("pay", f.pay).Window(f.settle)
 	if f.lookup {
 		pay = pay.Lookup(f.lookupPay)
 	}
@@ -226,7 +226,7 @@ func fsCrashAt(t *testing.T, pool *pgxpool.Pool, op *engine.Operation[fsIn, fsSt
 	t.Helper()
 	ctx := context.Background()
 	gate := newFSGate(fsAt(step, point, 1))
-	a := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease, Test: faults.Config{Hook: gate.hook}}, op)
+	a := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease, Faults: engine.Faults{Hook: gate.hook}}, op)
 	s, err := engine.Start(ctx, a, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 	require.NoError(t, err)
 	gate.wait(t)

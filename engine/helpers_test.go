@@ -113,7 +113,7 @@ func (b *bundle) lookupPayout(ctx context.Context, call engine.Attempt, in trans
 func (b *bundle) transferOp(t testing.TB, retry engine.RetryPolicy) *engine.Operation[transferIn, transferState, transferOut] {
 	op, err := engine.NewOperation("transfer", []engine.Step[transferIn, transferState]{
 		engine.TxStep("ledger", ledger).Compensate(reverseLedger),
-		engine.ExternalStep("payout", b.payout).Lookup(b.lookupPayout).Settle(0),
+		engine.ExternalStep("payout", b.payout).Lookup(b.lookupPayout).Window(0),
 		engine.TxStep("finalize", finalize),
 	}, func(in transferIn, s *transferState) (transferOut, error) {
 		return transferOut(*s), nil
@@ -149,7 +149,7 @@ func setup(t *testing.T, opts setupOpts) (*engine.Engine, *engine.Operation[tran
 	}
 	cfg := &engine.Config{
 		Lease:          opts.lease,
-		Test:           faults.Config{Hook: opts.hook},
+		Faults:         engine.Faults{Hook: opts.hook},
 		InlineRetryMax: opts.inlineRetry,
 	}
 	if opts.workers {
@@ -369,7 +369,7 @@ func fsNoMoreRuns(t *testing.T, e *engine.Engine, pool *pgxpool.Pool, id uuid.UU
 	}
 	require.Equal(t, n, fsResumeJobs(t, pool), "a sweep enqueued a resume job for the operation")
 
-	res, err := e.River().Insert(ctx, fsResumeArgs{OperationID: id, Operation: before.Name}, &river.InsertOpts{Queue: engine.DefaultQueue})
+	res, err := e.River().Insert(ctx, fsResumeArgs{OperationID: id, Operation: before.Name}, &river.InsertOpts{Queue: defaultQueue})
 	require.NoError(t, err)
 	var state string
 	require.Eventually(t, func() bool {
@@ -393,3 +393,13 @@ func fsNoMoreRuns(t *testing.T, e *engine.Engine, pool *pgxpool.Pool, id uuid.UU
 
 // errOf is the error of a call that also returns the operation.
 func errOf(_ *engine.Info, err error) error { return err }
+
+// The engine's defaults, as its documentation states them.
+const (
+	defaultLease     = 15 * time.Second
+	defaultQueue     = "idemflow"
+	defaultRetention = 24 * time.Hour
+	defaultRetryBase = time.Second
+	defaultWindow    = 5 * time.Minute
+	defaultActor     = "operator"
+)

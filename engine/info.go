@@ -158,12 +158,12 @@ type StepInfo struct {
 	// Pending is true for a waiting step whose call the outside service
 	// accepted, with its final outcome to come; WaitingSince is when a waiting
 	// step began waiting; SentAt is when an external step's last request that
-	// failed was sent at the latest, from which its settle window runs.
+	// failed was sent at the latest, from which its outcome window runs.
 	Pending      bool
 	WaitingSince *time.Time
 	SentAt       *time.Time
-	// Window is an external step's settle window in this process's
-	// definition (ExternalStepDef.Settle); zero when this process does not
+	// Window is an external step's outcome window in this process's
+	// definition (ExternalStepDef.Window); zero when this process does not
 	// define the step. The window of a request already sent is SettleBy's.
 	Window time.Duration
 	// SettleBy is when a request of an external step that got no definite

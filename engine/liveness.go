@@ -37,7 +37,7 @@ const livenessPing = time.Second
 // commit, and its calls out carry the same derived keys.
 type TakeoverConfig struct {
 	// Interval is how often to look for a dead process's operations.
-	// Defaults to DefaultTakeoverInterval; negative: never (leases only, as
+	// Defaults to defaultTakeoverInterval; negative: never (leases only, as
 	// for a process without workers).
 	Interval time.Duration
 	// ConnConfig is the liveness connection's: a direct connection to

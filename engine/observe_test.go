@@ -78,7 +78,7 @@ func TestObserver(t *testing.T) {
 				panic("boom")
 			}
 			return nil
-		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return false, nil }).Settle(0).
+		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return false, nil }).Window(0).
 			Compensate(func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
 	}, func(in int, _ *int) (int, error) { return in, nil },
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond, MaxAttempts: 2}})
@@ -150,7 +150,7 @@ func TestObserverPending(t *testing.T) {
 		engine.ExternalStep("call", func(context.Context, engine.Attempt, int, *int) error {
 			calls.Add(1)
 			return engine.Pending("accepted; final status later")
-		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return true, nil }).Settle(time.Hour),
+		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return true, nil }).Window(time.Hour),
 	}, func(in int, _ *int) (int, error) { return in, nil },
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: 3}})
 	require.NoError(t, err)

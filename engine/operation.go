@@ -17,7 +17,8 @@ type OperationOpts struct {
 	// defaults (see RetryPolicy).
 	Retry RetryPolicy
 	// Retention is how long a finished operation of this type, and so its key and
-	// stored answer, is kept. Zero takes Config.Retention.
+	// stored answer, is kept. Zero takes Config.Retention; Off keeps them for
+	// ever.
 	Retention time.Duration
 	// Version is the version of the operation type's definition, from 1 (zero
 	// means 1). An operation runs on the version it started with, always; a
@@ -70,9 +71,6 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 	}
 	if err := opts.Retry.validate(); err != nil {
 		return nil, fmt.Errorf("engine: operation %q: %w", name, err)
-	}
-	if opts.Retention < 0 {
-		return nil, fmt.Errorf("engine: operation %q: retention must not be negative", name)
 	}
 	version := opts.Version
 	if version == 0 {
@@ -131,7 +129,7 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 			return nil, fmt.Errorf("engine: operation %q: step %q: %w", name, s.name, err)
 		}
 		if s.settle < 0 {
-			return nil, fmt.Errorf("engine: operation %q: step %q: settle window must not be negative", name, s.name)
+			return nil, fmt.Errorf("engine: operation %q: step %q: outcome window must not be negative", name, s.name)
 		}
 		if s.timeout < 0 {
 			return nil, fmt.Errorf("engine: operation %q: step %q: timeout must not be negative", name, s.name)
@@ -139,7 +137,7 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 		if settle := s.window(); s.timeout > 0 && settle < s.timeout {
 			// A request that timed out may still land after such a window:
 			// "not made" would be said of a call that may still be made.
-			return nil, fmt.Errorf("engine: operation %q: step %q: its settle window (%s) is shorter than its call timeout (%s)", name, s.name, settle, s.timeout)
+			return nil, fmt.Errorf("engine: operation %q: step %q: its outcome window (%s) is shorter than its call timeout (%s)", name, s.name, settle, s.timeout)
 		}
 		seen[s.name] = true
 		specs[i] = s
@@ -149,7 +147,7 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 		steps:     specs,
 		result:    result,
 		retry:     opts.Retry.withDefaults(),
-		retention: opts.Retention,
+		retention: retentionOf(opts.Retention),
 		version:   version,
 		ignore:    slices.Clone(opts.Unfingerprinted),
 	}
@@ -176,3 +174,11 @@ func (op *Operation[In, S, Out]) Result(info *Info) (Out, error) {
 }
 
 func (op *Operation[In, S, Out]) definition() *opDef { return op.erased }
+
+// retentionOf is a retention as given, with Off (any negative value) for ever.
+func retentionOf(d time.Duration) time.Duration {
+	if d < 0 {
+		return forever
+	}
+	return d
+}

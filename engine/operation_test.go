@@ -33,9 +33,9 @@ func TestDefinition(t *testing.T) {
 		{"NilExternalFunction", []engine.Step[int, int]{engine.ExternalStep[int, int]("a", nil)}, nil, "has no function"},
 		{"NilStep", []engine.Step[int, int]{nil}, nil, "step 0 is nil"},
 		{"BadFactor", []engine.Step[int, int]{engine.TxStep("a", noop)}, &engine.OperationOpts{Retry: engine.RetryPolicy{Factor: 0.5}}, "factor"},
-		{"WindowShorterThanTimeout", []engine.Step[int, int]{engine.ExternalStep("pay", call).Settle(10 * time.Millisecond).Timeout(time.Second)}, nil,
-			"its settle window (10ms) is shorter than its call timeout (1s)"},
-		{"DefaultWindowShorterThanTimeout", []engine.Step[int, int]{engine.ExternalStep("pay", call).Timeout(engine.DefaultSettle + time.Second)}, nil,
+		{"WindowShorterThanTimeout", []engine.Step[int, int]{engine.ExternalStep("pay", call).Window(10 * time.Millisecond).Timeout(time.Second)}, nil,
+			"its outcome window (10ms) is shorter than its call timeout (1s)"},
+		{"DefaultWindowShorterThanTimeout", []engine.Step[int, int]{engine.ExternalStep("pay", call).Timeout(defaultWindow + time.Second)}, nil,
 			"is shorter than its call timeout"},
 		{"NegativeTimeout", []engine.Step[int, int]{engine.ExternalStep("pay", call).Timeout(-time.Second)}, nil, "timeout must not be negative"},
 	}
@@ -49,7 +49,7 @@ func TestDefinition(t *testing.T) {
 
 	t.Run("WindowAsLongAsTheTimeout", func(t *testing.T) {
 		t.Parallel()
-		_, err := engine.NewOperation("op", []engine.Step[int, int]{engine.ExternalStep("pay", call).Settle(time.Second).Timeout(time.Second)}, result, nil)
+		_, err := engine.NewOperation("op", []engine.Step[int, int]{engine.ExternalStep("pay", call).Window(time.Second).Timeout(time.Second)}, result, nil)
 		require.NoError(t, err)
 	})
 

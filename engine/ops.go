@@ -35,7 +35,7 @@ type RetryOpts struct {
 // compensating (a compensation failed for good) goes on compensating: its
 // error stays, and its compensations get their attempts again. An operation
 // in progress that needs attention but is not parked (a step retried past
-// its point of no return, or waiting for its outcome past its settle window)
+// its point of no return, or waiting for its outcome past its outcome window)
 // runs again at once, from where it is. opts may be nil.
 //
 // A told answer is final: it returns ErrFinal, changing nothing, for an
@@ -122,7 +122,7 @@ func (e *Engine) reopen(ctx context.Context, id uuid.UUID, force bool) error {
 
 // runNow is Retry of an operation in progress that is not parked: one that
 // needs attention (a step retried past its point of no return, a step that
-// waits for its outcome past its settle window) runs again at once, from
+// waits for its outcome past its outcome window) runs again at once, from
 // where it is, in a River job: a waiting step asks its lookup, and sends
 // nothing. One that does not need attention is refused (ErrNotFailed), and so
 // is one that a live run holds (ErrRunning). tx is committed.

@@ -52,7 +52,7 @@ func TestReopenRefusesCompensatedCall(t *testing.T) {
 		bookFault: func(int) error { return engine.Permanent(errors.New("the books are closed")) },
 	}
 	op := f.op(t, "undo_call")
-	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: defaultLease}, op)
 	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 	require.NoError(t, err)
 	failed := fsWait(t, e, s.ID)
@@ -86,7 +86,7 @@ func TestReopenRefusesAHeldOperation(t *testing.T) {
 		payFault: func(int) (bool, error) { return false, errors.New("connection reset") },
 	}
 	op := f.op(t, "held")
-	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: defaultLease}, op)
 	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 	require.NoError(t, err)
 	// Out of attempts with no lookup: parked, its outcome unknown.

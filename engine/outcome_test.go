@@ -19,7 +19,7 @@ import (
 func eventOp(t *testing.T, p *lateProvider, name string, settle time.Duration, attempts int) *engine.Operation[int, lateState, string] {
 	t.Helper()
 	return lateOpWith(t, p, name, attempts, func(pay engine.ExternalStepDef[int, lateState]) engine.ExternalStepDef[int, lateState] {
-		return pay.Settle(settle).
+		return pay.Window(settle).
 			Resolve(func(_ int, s *lateState, ref string) error { s.Ref = ref; return nil }).
 			Reconcile(func(in int, rec reconcile.Record) reconcile.Kind {
 				if rec.Amount != int64(in) {
@@ -215,7 +215,7 @@ func TestRecordOutcome(t *testing.T) {
 		require.NoError(t, err)
 		_, err = recordOutcome(t, e, pool, succeededOutcome("evt_stray", "a key no step holds", "pr_stray"))
 		require.NoError(t, err)
-		later := time.Now().Add(engine.DefaultRetention + time.Hour)
+		later := time.Now().Add(defaultRetention + time.Hour)
 		_, err = e.DeleteFinished(ctx, &later)
 		require.NoError(t, err)
 		var keys []string

@@ -15,7 +15,7 @@ import (
 // attempt (which is retried) long before another process could take the
 // operation over.
 type PoolOpts struct {
-	// Lease is the engine's Config.Lease. Defaults to DefaultLease.
+	// Lease is the engine's Config.Lease. Defaults to defaultLease.
 	Lease time.Duration
 	// StatementTimeout is PostgreSQL's statement_timeout. Defaults to the
 	// smaller of 5 seconds and half the lease.
@@ -58,7 +58,7 @@ func BoundPool(c *pgxpool.Config, opts *PoolOpts) {
 		o = *opts
 	}
 	if o.Lease <= 0 {
-		o.Lease = DefaultLease
+		o.Lease = defaultLease
 	}
 	if o.StatementTimeout <= 0 {
 		o.StatementTimeout = min(5*time.Second, o.Lease/2)

@@ -208,7 +208,7 @@ func TestPoolerChild(t *testing.T) {
 	}
 	op, err := engine.NewOperation("transfer", []engine.Step[transferIn, transferState]{
 		engine.TxStep("ledger", ledger).Compensate(reverseLedger),
-		engine.ExternalStep("payout", made).Lookup(b.lookupPayout).Settle(0),
+		engine.ExternalStep("payout", made).Lookup(b.lookupPayout).Window(0),
 		engine.TxStep("finalize", finalize),
 	}, func(in transferIn, s *transferState) (transferOut, error) { return transferOut(*s), nil }, nil)
 	require.NoError(t, err)

@@ -146,7 +146,7 @@ func (e *Engine) source(name string) (*reconcile.Source, error) {
 //
 // Then the other way: the succeeded steps whose records the source lists
 // (ExternalStepDef.Records), of the finished operations created within the
-// window and whose success is at least their settle window old, are checked
+// window and whose success is at least their outcome window old, are checked
 // against the keys the run listed: a step whose key was not listed is
 // reconcile.MissingRecord. Operations created in the window's first minute
 // (a quarter of it, when shorter) are left to the runs before: a record made

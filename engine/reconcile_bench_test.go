@@ -328,7 +328,7 @@ func (s *reconcileScenario) engine(tb testing.TB) (*Engine, *queryCounter) {
 			return reconcile.AmountDiffers
 		}
 		return ""
-	}).Settle(0).Records("bank", func(st *reconcileBenchState) string { return st.Ref })
+	}).Window(0).Records("bank", func(st *reconcileBenchState) string { return st.Ref })
 	op, err := NewOperation("pay", []Step[reconcileBenchIn, reconcileBenchState]{pay},
 		func(_ reconcileBenchIn, st *reconcileBenchState) (reconcileBenchState, error) { return *st, nil }, nil)
 	require.NoError(tb, err)
@@ -349,7 +349,7 @@ func (s *reconcileScenario) engine(tb testing.TB) (*Engine, *queryCounter) {
 func (s *reconcileScenario) copyOperations(tb testing.TB, pool *pgxpool.Pool) {
 	tb.Helper()
 	ctx := context.Background()
-	expires := time.Now().Add(DefaultRetention)
+	expires := time.Now().Add(defaultRetention)
 	cols := []string{"id", "name", "version", "scope", "key", "state", "steps", "input", "result",
 		"locked_until", "created_at", "finished_at", "expires_at", "checkpoints", "format", "key_seed"}
 	steps := []string{"pay"}

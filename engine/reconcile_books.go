@@ -186,7 +186,7 @@ func createdAt(id uuid.UUID) (time.Time, bool) {
 // checkBooks checks the succeeded steps of the books whose records source
 // lists (ExternalStepDef.Records) against the keys the run listed: those of
 // the operations created within the window (past its edge, reconcileEdge)
-// and finished, whose success is at least their settle window old (a record
+// and finished, whose success is at least their outcome window old (a record
 // may show in the source's list late). A step whose key was not listed is a
 // reconcile.MissingRecord, kept with the reference the books hold. It returns
 // how many steps it checked.

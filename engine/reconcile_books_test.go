@@ -51,7 +51,7 @@ type chargeState struct {
 
 // booksEngine returns an engine that runs "charge", whose one step records a
 // charge in book under a reference of its own and says so with Records, and
-// "charge_slow", the same with a settle window of an hour; book is the
+// "charge_slow", the same with a outcome window of an hour; book is the
 // source "bank" (runs on request only, pages of 2).
 func booksEngine(t *testing.T, book *ledgerOf) (*engine.Engine, map[string]*engine.Operation[chargeIn, chargeState, chargeState], *pgxpool.Pool) {
 	t.Helper()
@@ -71,7 +71,7 @@ func booksEngine(t *testing.T, book *ledgerOf) (*engine.Engine, map[string]*engi
 				book.add(reconcile.Record{Key: at.Key, Reference: s.Ref, Amount: in.Amount})
 			}
 			return nil
-		}).Settle(settle).Retries(engine.RetryPolicy{Base: time.Millisecond}).
+		}).Window(settle).Retries(engine.RetryPolicy{Base: time.Millisecond}).
 			Records("bank", func(s *chargeState) string { return s.Ref })
 		op, err := engine.NewOperation(name, []engine.Step[chargeIn, chargeState]{step},
 			func(_ chargeIn, s *chargeState) (chargeState, error) { return *s, nil }, nil)
@@ -135,7 +135,7 @@ func TestReconcileBooks(t *testing.T) {
 
 	rep, err := e.Reconcile(ctx, "bank")
 	require.NoError(t, err)
-	// Every succeeded step but the one inside its settle window.
+	// Every succeeded step but the one inside its outcome window.
 	require.Equal(t, int64(6), rep.StepsChecked)
 	got := byKind(rep)
 	require.Len(t, got, 2, "%+v", rep.Mismatches)
@@ -150,7 +150,7 @@ func TestReconcileBooks(t *testing.T) {
 		require.Empty(t, m.RecordStatus)
 		require.Contains(t, m.Detail, "lists no record")
 	}
-	require.NotContains(t, got[reconcile.MissingRecord], keyOf(young), "inside its settle window")
+	require.NotContains(t, got[reconcile.MissingRecord], keyOf(young), "inside its outcome window")
 	require.Len(t, got[reconcile.ReferenceDiffers], 2, "checkpoint and row alike")
 	for _, i := range []*engine.Info{relabelled, relabelledRetried} {
 		m := got[reconcile.ReferenceDiffers][keyOf(i)]
@@ -215,7 +215,7 @@ func TestReconcileBooksWindowEdge(t *testing.T) {
 	inside := charge(t, e, ops["charge"], "inside", chargeIn{Amount: 2, Unrecorded: true})
 	// The window is the retention (a day): move "edge" to its first
 	// seconds, "inside" an hour in.
-	for id, age := range map[uuid.UUID]time.Duration{edge.ID: engine.DefaultRetention - 10*time.Second, inside.ID: engine.DefaultRetention - time.Hour} {
+	for id, age := range map[uuid.UUID]time.Duration{edge.ID: defaultRetention - 10*time.Second, inside.ID: defaultRetention - time.Hour} {
 		_, err := pool.Exec(ctx, `UPDATE idemflow_operation SET created_at = now() - $2::interval WHERE id = $1`, id, fmt.Sprintf("%d seconds", int(age.Seconds())))
 		require.NoError(t, err)
 	}
@@ -247,7 +247,7 @@ func TestReconcileExpired(t *testing.T) {
 	ctx := context.Background()
 	book := &ledgerOf{}
 	e, _, _ := booksEngine(t, book)
-	old := forgeKey(t, v7At(t, time.Now().Add(-engine.DefaultRetention-time.Hour)))
+	old := forgeKey(t, v7At(t, time.Now().Add(-defaultRetention-time.Hour)))
 	recent := forgeKey(t, v7At(t, time.Now().Add(-time.Hour)))
 	book.add(reconcile.Record{Key: old, Amount: 1})
 	book.add(reconcile.Record{Key: recent, Amount: 2})

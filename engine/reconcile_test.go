@@ -167,7 +167,7 @@ func TestReconcile(t *testing.T) {
 	require.Equal(t, (len(book.records)+1)/2, rep.Pages, "pages of 2")
 	for _, a := range book.asked {
 		require.Equal(t, 2, a.Limit)
-		require.WithinDuration(t, time.Now().Add(-engine.DefaultRetention), a.Since, time.Minute, "the window is the retention")
+		require.WithinDuration(t, time.Now().Add(-defaultRetention), a.Since, time.Minute, "the window is the retention")
 	}
 	kinds := map[string]reconcile.Kind{}
 	for _, m := range rep.Mismatches {

@@ -33,7 +33,7 @@ type Resolution struct {
 
 // Resolve closes, on an operator's word, what the engine cannot decide alone:
 // an operation in progress whose first unfinished step calls out and either
-// waits for its outcome past its settle window or is parked. "Made" (with the
+// waits for its outcome past its outcome window or is parked. "Made" (with the
 // reference of what it made) succeeds the step, resolved by the operator
 // (ResolvedByOperator), and the operation goes forward; "not made" fails the
 // step and the operation compensates and ends failed (CodeResolvedNotMade).
@@ -91,7 +91,7 @@ func (e *Engine) resolve(ctx context.Context, id uuid.UUID, res Resolution) (*In
 }
 
 // resolveStep applies res to the operation's first unfinished step, which
-// must call out and wait past its settle window or be parked. For a made call
+// must call out and wait past its outcome window or be parked. For a made call
 // it queues the step's checkpoint; for one not made it returns the failure
 // record to compensate with.
 func (r *run) resolveStep(ctx context.Context, parked bool, res *Resolution) (*store.StepRecordFailureParams, error) {
@@ -125,7 +125,7 @@ func (r *run) resolveStep(ctx context.Context, parked bool, res *Resolution) (*s
 			return nil, err
 		}
 		if left > 0 {
-			return nil, refuse("step %s's settle window runs until %s: its lookup decides until then",
+			return nil, refuse("step %s's outcome window runs until %s: its lookup decides until then",
 				st.name, end.UTC().Format(time.RFC3339))
 		}
 	}

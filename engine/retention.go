@@ -56,16 +56,21 @@ func (e *Engine) DeleteFinished(ctx context.Context, now *time.Time) (int, error
 			continue
 		}
 		own = append(own, name)
+		if retention == forever {
+			continue
+		}
 		n, err := e.deleteFinished(ctx, store.OperationDeleteFinishedParams{Now: now, Retention: retention, Name: name})
 		total += n
 		if err != nil {
 			return total, err
 		}
 	}
-	n, err := e.deleteFinished(ctx, store.OperationDeleteFinishedParams{Now: now, Retention: e.cfg.Retention, Exclude: own})
-	total += n
-	if err != nil {
-		return total, err
+	if e.cfg.Retention != forever {
+		n, err := e.deleteFinished(ctx, store.OperationDeleteFinishedParams{Now: now, Retention: e.cfg.Retention, Exclude: own})
+		total += n
+		if err != nil {
+			return total, err
+		}
 	}
 	return total, e.deleteOutcomes(ctx, now)
 }

@@ -23,7 +23,7 @@ func TestDerivedKeyAfterRetention(t *testing.T) {
 	pool := fsPool(t)
 	f := &fsFlow{pool: pool, lookup: true}
 	op := f.op(t, "retained")
-	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op)
 	in := fsIn{Account: "acct", Amount: 100}
 
 	first, err := engine.Start(ctx, e, op, "c", "K", in, nil)

@@ -20,7 +20,7 @@ type RetryPolicy struct {
 	// transiently fails the operation; it bounds an external step's calls:
 	// out of attempts, an external step whose outcome is unknown sends
 	// nothing more and only asks its lookup until the outcome is known (see
-	// ExternalStepDef.Settle). An attempt of a transactional step that failed
+	// ExternalStepDef.Window). An attempt of a transactional step that failed
 	// because the database did not answer (IsUnavailable) does not count.
 	// Defaults to 10.
 	MaxAttempts int
@@ -45,10 +45,10 @@ func (p RetryPolicy) merged(fallback RetryPolicy) RetryPolicy {
 
 func (p RetryPolicy) withDefaults() RetryPolicy {
 	return p.merged(RetryPolicy{
-		Base:        DefaultRetryBase,
-		Factor:      DefaultRetryFactor,
-		Cap:         DefaultRetryCap,
-		MaxAttempts: DefaultRetryMaxAttempts,
+		Base:        defaultRetryBase,
+		Factor:      defaultRetryFactor,
+		Cap:         defaultRetryCap,
+		MaxAttempts: defaultRetryMaxAttempts,
 	})
 }
 

@@ -138,5 +138,5 @@ func TestBackoff(t *testing.T) {
 			require.Equal(t, tt.want, p.Backoff(tt.attempt))
 		})
 	}
-	require.Equal(t, engine.DefaultRetryBase, engine.RetryPolicy{}.Backoff(1))
+	require.Equal(t, defaultRetryBase, engine.RetryPolicy{}.Backoff(1))
 }

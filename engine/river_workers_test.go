@@ -49,6 +49,6 @@ func TestRiverWorkers(t *testing.T) {
 		t.Fatal("the application's job was not worked")
 	}
 
-	_, err = engine.New(pool, &engine.Config{River: engine.RiverConfig{Queues: map[string]river.QueueConfig{engine.DefaultQueue: {MaxWorkers: 1}}}})
+	_, err = engine.New(pool, &engine.Config{River: engine.RiverConfig{Queues: map[string]river.QueueConfig{defaultQueue: {MaxWorkers: 1}}}})
 	require.ErrorContains(t, err, "the engine's own queue")
 }

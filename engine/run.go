@@ -363,12 +363,12 @@ func (r *run) restoreState() error {
 	return nil
 }
 
-// hook calls Config.Test.Hook, whose error (a fault it injects) fails the attempt.
+// hook calls Config.Faults.Hook, whose error (a fault it injects) fails the attempt.
 func (r *run) hook(ctx context.Context, st *stepDef, p faults.Point, attempt int) error {
-	if r.e.cfg.Test.Hook == nil {
+	if r.e.cfg.Faults.Hook == nil {
 		return nil
 	}
-	return r.e.cfg.Test.Hook(ctx, faults.Event{
+	return r.e.cfg.Faults.Hook(ctx, faults.Event{
 		Operation: r.def.name, OperationID: r.id, Step: st.name, Point: p, Attempt: attempt, Resumed: r.resumed,
 	})
 }

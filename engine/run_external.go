@@ -31,7 +31,7 @@ func (r *run) lookup(ctx context.Context, st *stepDef, at Attempt) (bool, error)
 	err := protect(func() error {
 		var err error
 		found, err = st.lookup(ctx, at, r.in, r.state)
-		if test := r.e.cfg.Test.Lookup; test != nil {
+		if test := r.e.cfg.Faults.Lookup; test != nil {
 			found, err = test(ctx, faults.Event{Operation: r.def.name, OperationID: r.id, Step: st.name, Point: faults.PointLookup,
 				Attempt: at.Number, Resumed: r.resumed}, found, err)
 		}

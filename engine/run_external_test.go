@@ -28,7 +28,7 @@ func TestExternalStepOutOfAttempts(t *testing.T) {
 		f := &fsFlow{pool: pool, lookup: true, retry: retry,
 			payFault: func(int) (bool, error) { return false, errors.New("provider unavailable") }}
 		op := f.op(t, "out_not_found")
-		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 		require.NoError(t, err)
 		info := fsWait(t, e, s.ID)
@@ -58,7 +58,7 @@ func TestExternalStepOutOfAttempts(t *testing.T) {
 				return true, errors.New("answer lost")
 			}}
 		op := f.op(t, "out_found")
-		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 		require.NoError(t, err)
 		info := fsWait(t, e, s.ID)
@@ -82,7 +82,7 @@ func TestExternalStepOutOfAttempts(t *testing.T) {
 		f := &fsFlow{pool: pool, retry: retry,
 			payFault: func(int) (bool, error) { return false, errors.New("provider unavailable") }}
 		op := f.op(t, "out_unknown")
-		e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+		e := idemflowtest.Engine(t, pool, &engine.Config{Lease: defaultLease}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
 		require.NoError(t, err)
 		info := fsAwait(t, e, s.ID, "parked", fsParked)
@@ -116,7 +116,7 @@ func TestExternalStepTimeout(t *testing.T) {
 	ctx := context.Background()
 	p := newLateProvider(func(int32) string { return "hang" })
 	op := lateOpWith(t, p, "call_timeout", 1, func(pay engine.ExternalStepDef[int, lateState]) engine.ExternalStepDef[int, lateState] {
-		return pay.Timeout(50 * time.Millisecond).Settle(100 * time.Millisecond)
+		return pay.Timeout(50 * time.Millisecond).Window(100 * time.Millisecond)
 	})
 	e, _ := lateEngine(t, op)
 	s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)

@@ -126,7 +126,7 @@ func TestPivotForwardOnly(t *testing.T) {
 			}
 			op := f.op(t, "pivot")
 			gate := newFSGate(fsAt("book", faults.PointBefore, failures+1))
-			e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease, InlineRetryMax: tc.inline, Test: faults.Config{Hook: gate.hook}}, op)
+			e := idemflowtest.Engine(t, pool, &engine.Config{Lease: defaultLease, InlineRetryMax: tc.inline, Faults: engine.Faults{Hook: gate.hook}}, op)
 			fsHurry(t, pool)
 
 			s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
@@ -182,7 +182,7 @@ func TestFailedPastPivotParks(t *testing.T) {
 		},
 	}
 	op := f.op(t, "parked")
-	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: defaultLease}, op)
 	fsHurry(t, pool)
 
 	s, err := engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 100}, nil)
@@ -271,7 +271,7 @@ func TestUndecodableStateParks(t *testing.T) {
 				}).Retries(engine.RetryPolicy{Base: time.Hour, Cap: time.Hour}),
 			}, func(in fsCountIn, s *fsSeenState) (int, error) { return s.Seen, nil }, nil)
 			require.NoError(t, err)
-			e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+			e := idemflowtest.Engine(t, pool, &engine.Config{Lease: defaultLease}, op)
 			s, err := engine.Start(ctx, e, op, "c", "k", fsCountIn{N: 7}, nil)
 			require.NoError(t, err)
 			fsAwait(t, e, s.ID, "second's failure recorded", func(i *engine.Info) bool { return i.Steps[1].Attempts == 1 })

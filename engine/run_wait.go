@@ -95,14 +95,14 @@ func (r *run) markRowed(name string) {
 // no longer land, and how long that is from now, both by the database's
 // clock: the step's settle_by, stored when its request was sent; the
 // operation's calls_until (a run may have been calling out until then) plus
-// its stored settle window; the lease of a run that held it when Cancel or
+// its stored outcome window; the lease of a run that held it when Cancel or
 // Resolve claimed it (heldUntil) plus that window; and a request this run sent
 // whose settle_by is not stored yet. A left of zero or less: it has passed;
 // a zero until: no request is known to have been sent.
 func (r *run) settleLeft(ctx context.Context, st *stepDef) (time.Time, time.Duration, error) {
 	t, err := r.e.store.OperationSettleBy(ctx, r.e.pool, r.id, st.name, st.settle)
 	if err != nil {
-		return time.Time{}, 0, fmt.Errorf("engine: read step %s's settle window: %w", st.name, err)
+		return time.Time{}, 0, fmt.Errorf("engine: read step %s's outcome window: %w", st.name, err)
 	}
 	until := t.Until
 	later := func(end time.Time) {
@@ -147,7 +147,7 @@ func (r *run) pendingOutcome(ctx context.Context, i int, st *stepDef, attempt in
 // goes forward (ResolvedByEvent). Else its lookup is asked: found goes
 // forward; a final failure (Fail) fails the step and compensates; nothing
 // found goes by a failure in the inbox, or, with none, means the call was not
-// made once its settle window has passed by the database's clock, and the
+// made once its outcome window has passed by the database's clock, and the
 // operation fails and compensates; anything else (still pending, nothing found
 // within the window, a lookup that cannot answer) waits on.
 func (r *run) awaitOutcome(ctx context.Context, i int, st *stepDef, started time.Time, last bool) (*Info, error) {
@@ -231,9 +231,9 @@ func (r *run) awaitOutcome(ctx context.Context, i int, st *stepDef, started time
 	} else if left > 0 {
 		return r.waitOn(ctx, i, st, started, false)
 	}
-	log.InfoContext(ctx, "nothing found under the step's key after its settle window: its call was not made")
+	log.InfoContext(ctx, "nothing found under the step's key after its outcome window: its call was not made")
 	return r.waitFailed(ctx, i, st, started, fault(CodeAttemptsExhausted, name,
-		fmt.Sprintf("step %s failed %d times, and nothing was found under its key after its settle window (%s); last error: %s",
+		fmt.Sprintf("step %s failed %d times, and nothing was found under its key after its outcome window (%s); last error: %s",
 			name, attempt, st.settle, w.cause)), true)
 }
 
@@ -332,7 +332,7 @@ func (r *run) waitRecord(i int, st *stepDef, started time.Time, cause string) *s
 // waitOn records that the step waits for its outcome and hands the operation
 // back until its lookup is asked again: at the step's backoff, growing with the
 // time waited, at most ten times its base (and its cap), and once more just
-// after its settle window. No run holds it meanwhile. Past the window (or with
+// after its outcome window. No run holds it meanwhile. Past the window (or with
 // a lookup that cannot answer past it) it needs attention.
 func (r *run) waitOn(ctx context.Context, i int, st *stepDef, started time.Time, lookupFailed bool) (*Info, error) {
 	w := r.stepWait(st.name)
@@ -356,7 +356,7 @@ func (r *run) waitOn(ctx context.Context, i int, st *stepDef, started time.Time,
 	}
 	var need *attention
 	if !end.IsZero() && left <= 0 {
-		reason := fmt.Sprintf("step %s has waited for its outcome past its settle window (%s)", st.name, st.settle)
+		reason := fmt.Sprintf("step %s has waited for its outcome past its outcome window (%s)", st.name, st.settle)
 		switch {
 		case lookupFailed:
 			reason += "; its lookup cannot answer: " + w.cause
@@ -387,5 +387,5 @@ func (r *run) waitOn(ctx context.Context, i int, st *stepDef, started time.Time,
 	return nil, r.handOff(ctx, tx, delay)
 }
 
-// settleMargin puts the lookup after a settle window just after its end.
+// settleMargin puts the lookup after a outcome window just after its end.
 const settleMargin = 50 * time.Millisecond

@@ -145,11 +145,11 @@ type lateState struct {
 }
 
 // lateOp is an operation of a compensatable transactional step, then the
-// provider's call (a pivot) with the given settle window.
+// provider's call (a pivot) with the given outcome window.
 func lateOp(t *testing.T, p *lateProvider, name string, settle time.Duration, attempts int) *engine.Operation[int, lateState, string] {
 	t.Helper()
 	return lateOpWith(t, p, name, attempts, func(pay engine.ExternalStepDef[int, lateState]) engine.ExternalStepDef[int, lateState] {
-		return pay.Settle(settle)
+		return pay.Window(settle)
 	})
 }
 
@@ -174,7 +174,7 @@ func lateOpWith(t *testing.T, p *lateProvider, name string, attempts int,
 func lateEngine(t *testing.T, op engine.Definition) (*engine.Engine, *pgxpool.Pool) {
 	t.Helper()
 	pool := testdb.Pool(t)
-	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: defaultLease}, op)
 	fsHurry(t, pool)
 	return e, pool
 }
@@ -190,7 +190,7 @@ func startWaiting(t *testing.T, e *engine.Engine, op *engine.Operation[int, late
 }
 
 // TestUnknownOutcome: an external step out of attempts whose calls got no
-// answer calls no more and waits for its settle window; what its lookup finds
+// answer calls no more and waits for its outcome window; what its lookup finds
 // decides, and "nothing" only once the window has passed.
 func TestUnknownOutcome(t *testing.T) {
 	t.Parallel()
@@ -277,7 +277,7 @@ func TestUnknownOutcome(t *testing.T) {
 		p := newLateProvider(func(int32) string { return "hang" })
 		op := lateOp(t, p, "cancel_mid_call", settle, 3)
 		pool := testdb.Pool(t)
-		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
 		require.NoError(t, err)
 		require.Eventually(t, func() bool { return p.calls.Load() == 1 }, fsTimeout, time.Millisecond)
@@ -286,7 +286,7 @@ func TestUnknownOutcome(t *testing.T) {
 		_ = e.Stop(stopCtx) // the call is cut: its request may still land
 		stopped := time.Now()
 
-		other := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+		other := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op)
 		_, err = other.Cancel(ctx, s.ID, "customer gave up")
 		var ou *engine.OutcomeUnknownError
 		require.ErrorAs(t, err, &ou)
@@ -388,7 +388,7 @@ func TestToldAnswersFinal(t *testing.T) {
 	require.NoError(t, err)
 	pool := testdb.Pool(t)
 	// No workers yet: a reopened operation waits in the database, to be read.
-	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op)
 	fsHurry(t, pool)
 
 	business := error(engine.Fail("declined", "declined"))
@@ -443,7 +443,7 @@ func TestDatabaseTroubleIsNotTheStepsFault(t *testing.T) {
 	}, func(int, *struct{}) (int, error) { return 0, nil },
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: 2}})
 	require.NoError(t, err)
-	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: defaultLease}, op)
 	fsHurry(t, pool)
 
 	// Hold the row's lock while the step tries more often than it may fail.
@@ -476,7 +476,7 @@ func TestResolve(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	// waiting starts an operation whose pay step, out of attempts, waits past
-	// its (short) settle window, the lookup failing.
+	// its (short) outcome window, the lookup failing.
 	waiting := func(t *testing.T, name string) (*lateProvider, *engine.Engine, *engine.Operation[int, lateState, string], *engine.Info) {
 		p := newLateProvider(func(int32) string { return "timeout" })
 		down := errors.New("provider: lookup unavailable")
@@ -487,7 +487,7 @@ func TestResolve(t *testing.T) {
 				p.undos.Add(1)
 				return nil
 			}),
-			engine.ExternalStep("pay", p.call).Lookup(p.lookup).Settle(100 * time.Millisecond).
+			engine.ExternalStep("pay", p.call).Lookup(p.lookup).Window(100 * time.Millisecond).
 				Resolve(func(_ int, s *lateState, ref string) error {
 					if ref == "" {
 						return errors.New("empty")
@@ -547,7 +547,7 @@ func TestResolve(t *testing.T) {
 		require.Equal(t, "the bank's statement shows it", done.Reason)
 		last := audit[len(audit)-1]
 		require.Equal(t, "refused", last.Result)
-		require.Equal(t, engine.DefaultActor, last.Actor)
+		require.Equal(t, defaultActor, last.Actor)
 		require.Contains(t, last.Detail, "not resolvable")
 	})
 
@@ -604,6 +604,6 @@ func TestResolve(t *testing.T) {
 		s, _ := startWaiting(t, e, op)
 		_, err := resolve(t, e, s.ID, engine.Resolution{Made: false, Reason: "impatient"})
 		require.ErrorIs(t, err, engine.ErrNotResolvable)
-		require.Contains(t, err.Error(), "settle window")
+		require.Contains(t, err.Error(), "outcome window")
 	})
 }

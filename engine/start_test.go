@@ -149,7 +149,7 @@ func TestKeyReuse(t *testing.T) {
 		return op
 	}
 	op, other := define("order"), define("other_order")
-	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op, other)
+	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op, other)
 	first := fsOrder{Amount: 100, Currency: "EUR", Order: "o-1", Note: "first", Meta: map[string]int{"a": 1, "b": 2}}
 	held, err := engine.Start(ctx, e, op, "c", "k", first, nil)
 	require.NoError(t, err)
@@ -291,7 +291,7 @@ func TestStoredWithoutFingerprint(t *testing.T) {
 	pool := fsPool(t)
 	f := &fsFlow{pool: pool, lookup: true}
 	op := f.op(t, "review_fp")
-	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op)
 	in := fsIn{Account: "acct", Amount: 100}
 	s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 	require.NoError(t, err)

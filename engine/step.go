@@ -58,7 +58,7 @@ type stepSpec[In, S any] struct {
 	lookup     func(ctx context.Context, at Attempt, in In, state *S) (bool, error)
 	compensate func(ctx context.Context, tx Tx, at Attempt, in In, state *S) error
 	retry      RetryPolicy
-	// settle is the step's settle window; settleSet tells an explicit zero
+	// settle is the step's outcome window; settleSet tells an explicit zero
 	// from the default.
 	settle    time.Duration
 	settleSet bool
@@ -150,7 +150,7 @@ func (d ExternalStepDef[In, S]) Retries(p RetryPolicy) ExternalStepDef[In, S] {
 	return d
 }
 
-// Settle returns the step with d as its settle window: the longest time the
+// Window returns the step with window as its outcome window: the longest time the
 // outside service may take to carry out a request after it was sent, so that
 // a request that got no definite answer (a timeout, a lost connection, a 5xx,
 // a crash mid-call) may land up to d after it. A lookup that finds nothing
@@ -159,16 +159,16 @@ func (d ExternalStepDef[In, S]) Retries(p RetryPolicy) ExternalStepDef[In, S] {
 // "Late and unknown outcomes"). A pending outcome that is not final after d
 // makes the operation need attention, while it goes on waiting. Zero means
 // that an answerless request never lands later: only for a service that
-// guarantees it. Defaults to DefaultSettle.
-func (d ExternalStepDef[In, S]) Settle(window time.Duration) ExternalStepDef[In, S] {
+// guarantees it. Defaults to defaultWindow.
+func (d ExternalStepDef[In, S]) Window(window time.Duration) ExternalStepDef[In, S] {
 	d.s.settle, d.s.settleSet = window, true
 	return d
 }
 
 // Timeout returns the step with d as the bound of each of its calls: the
 // context its function gets ends d after the attempt began, and the attempt
-// fails with the context's error then (an unknown outcome). The settle window
-// (Settle, or DefaultSettle) must be at least d: NewOperation refuses a
+// fails with the context's error then (an unknown outcome). The outcome window
+// (Settle, or defaultWindow) must be at least d: NewOperation refuses a
 // shorter one, since a request that timed out may still land after it. Zero,
 // the default, sets no bound (the function's own client bounds its calls).
 func (d ExternalStepDef[In, S]) Timeout(timeout time.Duration) ExternalStepDef[In, S] {
@@ -176,10 +176,10 @@ func (d ExternalStepDef[In, S]) Timeout(timeout time.Duration) ExternalStepDef[I
 	return d
 }
 
-// window is the step's settle window, the default when Settle was not called.
+// window is the step's outcome window, the default when Settle was not called.
 func (s *stepSpec[In, S]) window() time.Duration {
 	if !s.settleSet {
-		return DefaultSettle
+		return defaultWindow
 	}
 	return s.settle
 }
@@ -238,7 +238,7 @@ type stepDef struct {
 	lookup     func(ctx context.Context, at Attempt, in, state any) (bool, error)
 	compensate func(ctx context.Context, tx Tx, at Attempt, in, state any) error
 	retry      RetryPolicy
-	// settle is an external step's settle window (see ExternalStepDef.Settle).
+	// settle is an external step's outcome window (see ExternalStepDef.Window).
 	settle time.Duration
 	// timeout bounds each call (ExternalStepDef.Timeout); zero: no bound.
 	timeout time.Duration

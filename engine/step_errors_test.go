@@ -38,7 +38,7 @@ func TestPanicsContained(t *testing.T) {
 		}}
 		op := f.op(t, "panic_tx")
 		gate := newFSGate(fsAt("book", faults.PointBefore, 2))
-		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease, Test: faults.Config{Hook: gate.hook}}, op)
+		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease, Faults: engine.Faults{Hook: gate.hook}}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
 		gate.wait(t)
@@ -83,7 +83,7 @@ func TestPanicsContained(t *testing.T) {
 		}
 		gate := newFSGate(fsAt("book", faults.PointBefore, 3))
 		// The backoff (5ms) is longer than InlineRetryMax: a River job runs each retry.
-		e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease, InlineRetryMax: time.Millisecond, Test: faults.Config{Hook: fsHooks(trace, gate.hook)}}, op)
+		e := idemflowtest.Engine(t, pool, &engine.Config{Lease: defaultLease, InlineRetryMax: time.Millisecond, Faults: engine.Faults{Hook: fsHooks(trace, gate.hook)}}, op)
 		fsHurry(t, pool)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
@@ -125,7 +125,7 @@ func TestPanicsContained(t *testing.T) {
 		}
 		op := f.op(t, "panic_lookup")
 		gate := newFSGate(fsAt("pay", faults.PointBefore, 3))
-		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease, Test: faults.Config{Hook: gate.hook}}, op)
+		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease, Faults: engine.Faults{Hook: gate.hook}}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
 		gate.wait(t)
@@ -154,7 +154,7 @@ func TestPanicsContained(t *testing.T) {
 		}}
 		op := f.op(t, "panic_cancel_lookup")
 		id := fsCrashAt(t, pool, op, "pay", faults.PointBefore)
-		b := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+		b := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op)
 		_, err := b.Cancel(ctx, id, "customer withdrew")
 		require.ErrorContains(t, err, "kaboom-cancel-lookup", "a lookup that cannot answer stops the cancel")
 		info := fsGet(t, b, id)
@@ -184,7 +184,7 @@ func TestPanicsContained(t *testing.T) {
 			},
 		}
 		op := f.op(t, "panic_undo")
-		e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+		e := idemflowtest.Engine(t, pool, &engine.Config{Lease: defaultLease}, op)
 		fsHurry(t, pool)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
@@ -203,7 +203,7 @@ func TestPanicsContained(t *testing.T) {
 		f := &fsFlow{pool: pool, lookup: true, undoablePay: true, retry: retry,
 			resultFault: func() error { panic("kaboom-result") }}
 		op := f.op(t, "panic_result")
-		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+		e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
 		done := fsWait(t, e, s.ID)
@@ -230,7 +230,7 @@ func TestPanicsContained(t *testing.T) {
 			return nil
 		}}
 		op := f.op(t, "panic_result_pivot")
-		e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+		e := idemflowtest.Engine(t, pool, &engine.Config{Lease: defaultLease}, op)
 		s, err := engine.Start(ctx, e, op, "c", "k", in, nil)
 		require.NoError(t, err)
 		info := fsAwait(t, e, s.ID, "parked", fsParked)
@@ -267,7 +267,7 @@ func TestClientFacingTexts(t *testing.T) {
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, MaxAttempts: 2}})
 	require.NoError(t, err)
 	gate := newFSGate(fsAt("write", faults.PointBefore, 2))
-	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: engine.DefaultLease, Test: faults.Config{Hook: gate.hook}}, op)
+	e := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease, Faults: engine.Faults{Hook: gate.hook}}, op)
 	internals := []string{"duplicate key", "fs_text_pkey", "23505", insert, "http://10.0.0.1/x", "10.0.0.1", "/etc/passwd"}
 	clean := func(t *testing.T, client, operator string) {
 		t.Helper()
@@ -348,7 +348,7 @@ func TestHaltParks(t *testing.T) {
 			}, func(in int, _ *int) (int, error) { return in, nil },
 				&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, MaxAttempts: 5}})
 			require.NoError(t, err)
-			e := idemflowtest.Engine(t, pool, &engine.Config{Lease: engine.DefaultLease}, op)
+			e := idemflowtest.Engine(t, pool, &engine.Config{Lease: defaultLease}, op)
 
 			s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
 			require.NoError(t, err)

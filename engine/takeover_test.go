@@ -58,7 +58,7 @@ func TestTakeoverChild(t *testing.T) {
 	e, err := engine.New(pool, &engine.Config{
 		Operations: []engine.Definition{op},
 		Lease:      lease,
-		Test: faults.Config{Hook: func(ctx context.Context, ev faults.Event) error {
+		Faults: engine.Faults{Hook: func(ctx context.Context, ev faults.Event) error {
 			if ev.Step == "payout" && ev.Point == faults.PointAfterEffect {
 				if reached.Add(1) == int32(n) {
 					fmt.Println(takeoverReached)
@@ -185,7 +185,7 @@ func BenchmarkTakeover(b *testing.B) {
 		e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, PollInterval: 20 * time.Millisecond})
 		require.NoError(b, err)
 		require.NoError(b, e.StartWorkers(ctx))
-		child := startTakeoverChild(b, url, engine.DefaultLease, perRun)
+		child := startTakeoverChild(b, url, defaultLease, perRun)
 		var ids []uuid.UUID
 		for i := range perRun {
 			info, err := e.GetByKey(ctx, crashScope, takeoverKey(i))

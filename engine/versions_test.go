@@ -61,7 +61,7 @@ func startAndAbandon(t *testing.T, pool *pgxpool.Pool, op *engine.Operation[int,
 	reached := make(chan struct{})
 	var once sync.Once
 	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Lease: time.Second,
-		Test: faults.Config{Hook: func(ctx context.Context, ev faults.Event) error {
+		Faults: engine.Faults{Hook: func(ctx context.Context, ev faults.Event) error {
 			if ev.Step == step && ev.Point == faults.PointBefore && !ev.Resumed {
 				once.Do(func() { close(reached) })
 				<-ctx.Done()

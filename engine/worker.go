@@ -66,7 +66,7 @@ func (w *resumeWorker) Work(ctx context.Context, job *river.Job[resumeArgs]) err
 // on: at once, or at at when it is not zero. Every resume job the engine
 // makes outside a sweep (handToWorkers batches those) is made here.
 func (e *Engine) enqueueResume(ctx context.Context, tx pgx.Tx, args resumeArgs, at time.Time) error {
-	_, err := e.river.InsertTx(ctx, tx, args, &river.InsertOpts{Queue: e.cfg.Queue, ScheduledAt: at})
+	_, err := e.river.InsertTx(ctx, tx, args, &river.InsertOpts{Queue: e.cfg.River.Queue, ScheduledAt: at})
 	return err
 }
 
@@ -177,7 +177,7 @@ func (e *Engine) handToWorkers(ctx context.Context, resumes []handedResume, why 
 			return err
 		}
 		if ok {
-			jobs = append(jobs, river.InsertManyParams{Args: r.args, InsertOpts: &river.InsertOpts{Queue: e.cfg.Queue}})
+			jobs = append(jobs, river.InsertManyParams{Args: r.args, InsertOpts: &river.InsertOpts{Queue: e.cfg.River.Queue}})
 		}
 	}
 	if len(jobs) == 0 {

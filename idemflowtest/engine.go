@@ -30,7 +30,7 @@ const stopTimeout = 30 * time.Second
 // resumes after a crash happen within the test; a nil Logger logs warnings and
 // errors only (the environment variable IDEMFLOWTEST_LOG sets another level);
 // the rest is the engine's defaults. defs are added to its Operations. A test
-// that sets the engine's fault hooks (cfg.Test) uses HookEvent and the Point
+// that sets the engine's fault hooks (cfg.Faults) uses HookEvent and the Point
 // constants.
 //
 //	func TestRefund(t *testing.T) {

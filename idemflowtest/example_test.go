@@ -3,6 +3,7 @@ package idemflowtest_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -39,7 +40,7 @@ func ExampleEngine() {
 // retries an operation until the test says so.
 func ExampleNewEngine() {
 	testSweep := func(t *testing.T) {
-		e := idemflowtest.NewEngine(t, idemflowtest.Pool(t, nil), &engine.Config{Lease: engine.DefaultLease})
+		e := idemflowtest.NewEngine(t, idemflowtest.Pool(t, nil), &engine.Config{Lease: 15 * time.Second})
 		// ... start an operation, make its lease expire ...
 		require.NoError(t, e.Sweep(t.Context()))
 		require.NoError(t, e.StartWorkers(t.Context()))

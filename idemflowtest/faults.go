@@ -3,7 +3,7 @@ package idemflowtest
 import "github.com/idemflow/idemflow/internal/faults"
 
 // Point names a moment in a step's attempt, or in its compensation's, at which
-// the engine calls its fault hook (engine.Config.Test.Hook): where a Matrix
+// the engine calls its fault hook (engine.Config.Faults.Hook): where a Matrix
 // run injects its crash or fault (Run.Point).
 type Point = faults.Point
 
@@ -21,7 +21,7 @@ const (
 	// and before it commits.
 	PointAfterCompensation = faults.PointAfterCompensation
 	// PointLookup: an external step's lookup has answered
-	// (engine.Config.Test.Lookup only).
+	// (engine.Config.Faults.Lookup only).
 	PointLookup = faults.PointLookup
 )
 
@@ -29,7 +29,7 @@ const (
 // the operation, the step, the Point and the attempt. A test that injects
 // faults of its own sets the hooks with it:
 //
-//	cfg.Test.Hook = func(ctx context.Context, ev idemflowtest.HookEvent) error {
+//	cfg.Faults.Hook = func(ctx context.Context, ev idemflowtest.HookEvent) error {
 //		if ev.Step == "charge" && ev.Point == idemflowtest.PointAfterEffect {
 //			return errors.New("injected: the answer is lost")
 //		}

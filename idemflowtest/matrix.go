@@ -498,8 +498,8 @@ func (m Matrix[In, S, Out]) engineWith(t *testing.T, pool *pgxpool.Pool, run *Ru
 	}
 	cfg := m.config()
 	cfg.Operations = []engine.Definition{op}
-	cfg.Test.Hook = hook
-	cfg.Test.Lookup = lookup
+	cfg.Faults.Hook = hook
+	cfg.Faults.Lookup = lookup
 	if obs != nil {
 		cfg.Observer = engine.Observers(cfg.Observer, obs)
 	}
@@ -697,7 +697,7 @@ func (m Matrix[In, S, Out]) child(t *testing.T, p point) {
 		_ = os.Stdout.Sync()
 		time.Sleep(time.Hour) // until SIGKILL
 	}
-	cfg.Test.Hook = func(_ context.Context, ev faults.Event) error {
+	cfg.Faults.Hook = func(_ context.Context, ev faults.Event) error {
 		if ev.Step == p.Step && ev.Point == p.Point {
 			crash()
 		}

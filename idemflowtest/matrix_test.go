@@ -142,7 +142,7 @@ func payoutOp(pool *pgxpool.Pool, bankURL string, f flaw) (*engine.Operation[pay
 	}
 	bankStep := engine.ExternalStep("bank", pay).Lookup(find)
 	if f == noSettle {
-		bankStep = bankStep.Settle(0)
+		bankStep = bankStep.Window(0)
 	}
 	return engine.NewOperation("payout", []engine.Step[payIn, payState]{
 		engine.TxStep("debit", debit).Compensate(credit),

@@ -127,7 +127,7 @@ func topUpOp(base string, f topUpFlaw) (*engine.Operation[topUpIn, topUpState, t
 			},
 			NotFoundFunc: httpstep.HasCode("not_found"),
 		},
-	}).Settle(window).Retries(engine.RetryPolicy{Base: 100 * time.Millisecond})
+	}).Window(window).Retries(engine.RetryPolicy{Base: 100 * time.Millisecond})
 	steps := []engine.Step[topUpIn, topUpState]{capture, credit}
 	if f == creditBeforeCapture {
 		steps = []engine.Step[topUpIn, topUpState]{credit, capture}

@@ -126,7 +126,7 @@ func setup(t *testing.T, opts harnessOpts) *harness {
 		engine.TxStep("record", h.record),
 		// The lookup finds nothing: no settle call ever goes through when it
 		// fails, nor lands later (no settle window).
-		engine.ExternalStep("settle", h.settle).Lookup(func(context.Context, engine.Attempt, chargeIn, *chargeState) (bool, error) { return false, nil }).Settle(0),
+		engine.ExternalStep("settle", h.settle).Lookup(func(context.Context, engine.Attempt, chargeIn, *chargeState) (bool, error) { return false, nil }).Window(0),
 	}, func(in chargeIn, s *chargeState) (chargeOut, error) {
 		return chargeOut{ChargeID: s.ChargeID, Account: in.Account, Amount: in.Amount}, nil
 	}, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: 10 * time.Millisecond, MaxAttempts: cmp.Or(opts.maxAttempts, 3)}})

@@ -173,7 +173,7 @@ func setup(t *testing.T) *bundle {
 	}
 	op, err := engine.NewOperation("payment", []engine.Step[payIn, payState]{
 		engine.TxStep("reserve", reserve).Compensate(release),
-		engine.ExternalStep("charge", charge).Lookup(lookup).Settle(0), // the card network answers for good or never
+		engine.ExternalStep("charge", charge).Lookup(lookup).Window(0), // the card network answers for good or never
 		engine.TxStep("record", record),
 	}, func(_ payIn, s *payState) (bool, error) { return s.Charged, nil },
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond, MaxAttempts: 2}})

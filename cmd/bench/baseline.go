@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -13,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/cmd/bench/internal/benchdb"
-	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/internal/pguuid"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
@@ -56,7 +56,7 @@ func (b *baseline) refund(ctx context.Context, scope, key, orderID string, amoun
 	batch := &pgx.Batch{}
 	bq := batchQueue{batch}
 	_, _ = b.q.OperationReserve(ctx, bq, benchdb.OperationReserveParams{
-		ID: opID, Scope: scope, Key: key, Input: input, RunID: &runID, Lease: engine.DefaultLease,
+		ID: opID, Scope: scope, Key: key, Input: input, RunID: &runID, Lease: 15 * time.Second, // the engine's default
 	})
 	_, _ = b.q.RefundRecordReserved(ctx, bq, benchdb.RefundRecordReservedParams{
 		ID: refundID, Client: scope, OrderID: orderID, Amount: amount, OperationID: opID,

@@ -201,13 +201,11 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		Operations: wf.Operations(),
 		Observer:   engine.Observers(metrics.Observer(), idemflowotel.Observer(tp, nil)),
 
-		Logger: logger,
-		Lease:  cfg.lease,
-		// A crashed process's operations wait a lease, then at most a sweep.
-		SweepInterval:     min(engine.DefaultSweepInterval, cfg.lease/3),
+		Logger:            logger,
+		Lease:             cfg.lease,
 		Retention:         cfg.retention,
 		RetentionInterval: min(cfg.retention, time.Minute),
-		Test:              faults.Config{Hook: faultHook(cfg)},
+		Faults:            engine.Faults{Hook: faultHook(cfg)},
 		ControlPool:       control,
 		// Through a pooler: River polls, and the liveness lock is held on the
 		// direct connection, if any.
@@ -361,7 +359,7 @@ func providerHTTP(cfg *config) *http.Client {
 func retryPolicy(cfg *config) engine.RetryPolicy {
 	return engine.RetryPolicy{
 		Base:        cfg.retryBackoff,
-		Cap:         min(10*cfg.retryBackoff, engine.DefaultRetryCap),
+		Cap:         min(10*cfg.retryBackoff, 5*time.Minute), // the engine's default cap
 		MaxAttempts: cfg.maxAttempts,
 	}
 }

@@ -255,12 +255,10 @@ func withheld(err error) error {
 }
 
 // actorFlag takes -actor NAME (or -actor=NAME) out of the flags: who the audit
-// trail names. It defaults to the USER variable, else engine.DefaultActor.
+// trail names. It defaults to the USER variable, else (empty) to the
+// engine's default actor, "operator".
 func actorFlag(args []string, getenv func(string) string) (string, []string, error) {
 	actor := getenv("USER")
-	if actor == "" {
-		actor = engine.DefaultActor
-	}
 	var rest []string
 	for i := 0; i < len(args); i++ {
 		a := args[i]

@@ -431,7 +431,7 @@ func TestObserverPending(t *testing.T) {
 	op, err := engine.NewOperation("pend", []engine.Step[int, int]{
 		engine.ExternalStep("bank", func(context.Context, engine.Attempt, int, *int) error {
 			return engine.Pending("accepted; final status later")
-		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return true, nil }).Settle(time.Hour),
+		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return true, nil }).Window(time.Hour),
 	}, func(in int, _ *int) (int, error) { return in, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond}})
 	require.NoError(t, err)
 	e := idemflowtest.Engine(t, idemflowtest.Pool(t, nil), &engine.Config{Observer: idemflowotel.Observer(rec.tp, nil)}, op)

@@ -96,7 +96,7 @@ func TestMetricsPending(t *testing.T) {
 			return engine.Pending("accepted; final status later")
 		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) {
 			return false, engine.Pending("still processing")
-		}).Settle(time.Hour),
+		}).Window(time.Hour),
 		// The lookup is asked again only an hour later: the operation waits.
 	}, func(in int, _ *int) (int, error) { return in, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Hour}})
 	require.NoError(t, err)

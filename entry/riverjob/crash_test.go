@@ -76,7 +76,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 	require.Equal(t, rivertype.JobStateRunning, j.State)
 	require.Equal(t, 1, j.Attempt)
 	require.Zero(t, count(t, pool, "SELECT count(*) FROM idemflow_operation"), "the reservation rolled back")
-	require.Zero(t, count(t, pool, "SELECT count(*) FROM river_job WHERE queue = $1", engine.DefaultQueue), "no run enqueued")
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM river_job WHERE queue = $1", "idemflow"), "no run enqueued")
 	require.Zero(t, count(t, pool, "SELECT count(*) FROM receipt"))
 	require.Zero(t, bookings(t, pool, msg.MessageID))
 

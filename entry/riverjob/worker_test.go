@@ -90,7 +90,7 @@ func TestDuplicates(t *testing.T) {
 			require.Equal(t, 1, bookings(t, b.pool, msg.MessageID), "one effect")
 			require.Equal(t, 1, count(t, b.pool, "SELECT count(*) FROM idemflow_operation"), "one operation")
 			require.Equal(t, 1, count(t, b.pool, "SELECT count(*) FROM river_job WHERE queue = $1 AND strpos(args::text, $2) > 0",
-				engine.DefaultQueue, info.ID.String()), "one run enqueued: a duplicate enqueues nothing")
+				"idemflow", info.ID.String()), "one run enqueued: a duplicate enqueues nothing")
 			require.Equal(t, len(ids), count(t, b.pool, "SELECT count(*) FROM receipt WHERE operation_id = $1", info.ID),
 				"every delivery found the operation")
 			require.Equal(t, 1, count(t, b.pool, "SELECT count(*) FROM receipt WHERE created"), "one delivery started it")
@@ -217,7 +217,7 @@ func TestRollbackBeforeCommit(t *testing.T) {
 	require.Equal(t, 2, j.Attempt)
 	info := b.finished(t, "msg-1")
 	require.Equal(t, 1, count(t, b.pool, "SELECT count(*) FROM river_job WHERE queue = $1 AND strpos(args::text, $2) > 0",
-		engine.DefaultQueue, info.ID.String()), "one run enqueued: the first attempt's rolled back")
+		"idemflow", info.ID.String()), "one run enqueued: the first attempt's rolled back")
 	require.Equal(t, 1, count(t, b.pool, "SELECT count(*) FROM idemflow_operation"))
 	require.Equal(t, 1, bookings(t, b.pool, "msg-1"))
 	require.Equal(t, 1, count(t, b.pool, "SELECT count(*) FROM receipt WHERE created AND attempt = 2"),

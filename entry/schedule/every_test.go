@@ -181,7 +181,7 @@ func TestEvery(t *testing.T) {
 		r := b.hourly(t, quiet)
 		// Its operations may be gone (the engine keeps them 24 hours), so
 		// that a firing could run it again.
-		old := schedule.Slot(time.Now().Add(-engine.DefaultRetention), time.Hour)
+		old := schedule.Slot(time.Now().Add(-24*time.Hour), time.Hour)
 		require.ErrorIs(t, r.FireSlot(t.Context(), old), schedule.ErrSlotExpired)
 		require.Empty(t, b.charges(t))
 		require.Zero(t, b.operations(t))

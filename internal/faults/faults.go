@@ -11,7 +11,7 @@ import (
 )
 
 // Point names a moment in a step's attempt, or in its compensation's, at which
-// the engine's Config.Test.Hook is called.
+// the engine's Config.Faults.Hook is called.
 type Point string
 
 // Event describes the moment at which a Hook is called.

@@ -93,7 +93,7 @@ func TestOutbox(t *testing.T) {
 			require.NoError(t, err)
 			e, err := engine.New(pool, &engine.Config{
 				Operations: []engine.Definition{op},
-				Test: faults.Config{Hook: func(_ context.Context, ev faults.Event) error {
+				Faults: engine.Faults{Hook: func(_ context.Context, ev faults.Event) error {
 					if ev.Step == tt.failing && ev.Point == faults.PointAfterEffect && ev.Attempt == 1 {
 						return errors.New("injected failure after the effect")
 					}

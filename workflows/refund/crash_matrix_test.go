@@ -36,7 +36,7 @@ const (
 
 // matrixConfig is the refund's configuration in the matrices: version 2,
 // retries 100ms apart, and provider calls that time out after two seconds
-// with a settle window of four, so that the kit's timeout (held until the
+// with a outcome window of four, so that the kit's timeout (held until the
 // call gives up) and late landing (just inside the window) take seconds, not
 // the defaults' minutes. The timeout leaves room for a loaded machine: a call
 // that timed out for no fault of the kit's may be asked again, and a second

@@ -340,7 +340,7 @@ func TestProviderStep(t *testing.T) {
 			info = got
 			return gets >= 4
 		}, 30*time.Second, 20*time.Millisecond)
-		require.Nil(t, info.Attention, "within its settle window")
+		require.Nil(t, info.Attention, "within its outcome window")
 		require.Equal(t, engine.StatusInProgress, info.Status)
 		posts, _ := p.counts()
 		require.Equal(t, 1, posts, "the lookup's error is no \"not made\": the refund was not asked again")

@@ -119,8 +119,9 @@ type Config struct {
 	RefundVersions []int
 	// ProviderSettle is the provider's longest processing time: a refund
 	// request that got no definite answer may still be carried out up to this
-	// long after it was sent (the provider step's settle window, see
-	// engine.ExternalStepDef.Settle). Zero means engine.DefaultSettle.
+	// long after it was sent (the provider step's outcome window, see
+	// engine.ExternalStepDef.Window). Zero takes the
+	// engine's default, 5 minutes.
 	ProviderSettle time.Duration
 	// ProviderTimeout bounds each call of the provider step
 	// (engine.ExternalStepDef.Timeout): New refuses a ProviderSettle shorter
@@ -189,6 +190,10 @@ func (w *Workflows) Bind(e *engine.Engine) {
 
 // New declares the order and refund operations, with refunds asked of provider.
 // cfg may be nil.
+// defaultProviderSettle is the engine's default outcome window (see
+// engine.ExternalStepDef.Window).
+const defaultProviderSettle = 5 * time.Minute
+
 func New(provider Provider, cfg *Config) (*Workflows, error) {
 	if provider == nil {
 		return nil, errors.New("refund: provider is nil")
@@ -220,7 +225,7 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 	}
 	settle := cfg.ProviderSettle
 	if settle <= 0 {
-		settle = engine.DefaultSettle
+		settle = defaultProviderSettle
 	}
 	approval, err := cfg.approvalPolicy()
 	if err != nil {
@@ -230,7 +235,7 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 	for _, v := range versions {
 		steps := []engine.Step[RefundInput, RefundState]{
 			engine.TxStep(StepLedger, w.ledger).Compensate(w.reverseLedger),
-			engine.ExternalStep(StepProvider, w.callProvider).Lookup(w.lookupProvider).Settle(settle).Timeout(cfg.ProviderTimeout).
+			engine.ExternalStep(StepProvider, w.callProvider).Lookup(w.lookupProvider).Window(settle).Timeout(cfg.ProviderTimeout).
 				Resolve(resolveProvider).Reconcile(reconcileProvider).Records(ProviderSource, providerReference),
 			engine.TxStep(StepFinalize, w.finalize),
 		}

@@ -101,11 +101,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.Usage = func() { fmt.Fprintln(stderr, usage) }
 	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "the service's database (DATABASE_URL)")
 	wait := fs.Duration("wait", 30*time.Second, "how long retry, cancel and resolve wait for a live process to carry them out")
-	defaultActor := getenv("USER")
-	if defaultActor == "" {
-		defaultActor = engine.DefaultActor
-	}
-	actor := fs.String("actor", defaultActor, "who the audit trail names for retry, cancel and resolve (default $USER)")
+	// Without $USER, the engine names its default actor, "operator".
+	actor := fs.String("actor", getenv("USER"), "who the audit trail names for retry, cancel and resolve (default $USER)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}

@@ -52,7 +52,7 @@ func TestCommand(t *testing.T) {
 			}
 			return nil
 		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return false, nil }).
-			Settle(0), // the bank answers for good or never
+			Window(0), // the bank answers for good or never
 	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
 	require.NoError(t, err)
 	// The service's process, on the database the command is given.
