@@ -60,7 +60,7 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 	versions := e.versions[name]
 	if len(versions) == 0 {
 		// Another process may know the type; River retries the job.
-		return nil, fmt.Errorf("engine: run %s: %w: %q", id, ErrNotRegistered, name)
+		return nil, fmt.Errorf("engine: run %s: %w: %q", id, errNotRegistered, name)
 	}
 	if !e.addRun() {
 		return nil, ErrStopped
@@ -296,4 +296,4 @@ var errNotClaimed = errors.New("operation not claimed")
 
 // errVersionNotRun: the operation's version is not registered in this process,
 // which leaves it alone.
-var errVersionNotRun = fmt.Errorf("%w: this process does not run the operation's version", ErrNotRegistered)
+var errVersionNotRun = fmt.Errorf("%w: this process does not run the operation's version", errNotRegistered)

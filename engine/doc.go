@@ -45,7 +45,7 @@
 // and leaves the run to a River worker. A second Start with the key runs
 // nothing: with the same input it returns the existing operation
 // (Started.Existing) and, once finished, its stored answer; with another input
-// it returns a *KeyReusedError naming the top-level fields that differ (a
+// it returns a *ReusedError naming the top-level fields that differ (a
 // Fingerprint, one hash per field, is stored; OperationOpts.Unfingerprinted
 // leaves fields out). Engine.Wait waits by id.
 //
@@ -255,8 +255,8 @@
 // compensation or result function, Permanent) from a business answer (Fail):
 // what an HTTP layer answers 500 for. Errors that callers branch on are
 // sentinels matched with errors.Is (ErrNotFound, ErrKeyReused, ErrOverloaded,
-// ErrUnavailable...), or typed errors with fields (*KeyReusedError,
-// *OutcomeUnknownError, *SignalReusedError) that match their sentinel.
+// ErrUnavailable...), or typed errors with fields (*ReusedError,
+// *OutcomeUnknownError, *ReusedError) that match their sentinel.
 //
 // # Crashes
 //

@@ -94,7 +94,7 @@ func (e *Engine) handedToRiver(ctx context.Context) {
 // have been migrated with Migrate (StartWorkers checks). cfg may be nil only when no operation type
 // is needed (inspection only).
 //
-// It returns an error wrapping ErrDuplicateOperation when two operation types share
+// It returns an error wrapping errDuplicateOperation when two operation types share
 // a name.
 func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if cfg == nil {
@@ -128,12 +128,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	for _, op := range c.Operations {
 		d := op.definition()
 		if _, dup := e.defs[d.key()]; dup {
-			return nil, fmt.Errorf("engine: %w: %q version %d", ErrDuplicateOperation, d.name, d.version)
+			return nil, fmt.Errorf("engine: %w: %q version %d", errDuplicateOperation, d.name, d.version)
 		}
 		for _, v := range e.versions[d.name] {
 			if other := e.defs[defKey{d.name, int(v)}]; slices.Equal(other.names, d.names) {
 				return nil, fmt.Errorf("engine: %w: %q versions %d and %d have the same steps %v; a new version is for a change of steps",
-					ErrDuplicateOperation, d.name, other.version, d.version, d.names)
+					errDuplicateOperation, d.name, other.version, d.version, d.names)
 			}
 		}
 		e.defs[d.key()] = d
@@ -316,7 +316,7 @@ func (e *Engine) Retention(d Definition) time.Duration {
 func (e *Engine) registered(d Definition) (*opDef, error) {
 	def := d.definition()
 	if e.defs[def.key()] != def {
-		return nil, fmt.Errorf("engine: %w: %q version %d", ErrNotRegistered, def.name, def.version)
+		return nil, fmt.Errorf("engine: %w: %q version %d", errNotRegistered, def.name, def.version)
 	}
 	return def, nil
 }

@@ -15,13 +15,15 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
+// Mistakes in the definitions given to NewOperation and New, and a Start of
+// an operation type New was not given.
 var (
-	// ErrDuplicateStep is returned by NewOperation when two steps share a name.
-	ErrDuplicateStep = errors.New("duplicate step name")
-	// ErrDuplicateOperation is returned by New when two operation types share a name.
-	ErrDuplicateOperation = errors.New("duplicate operation name")
-	// ErrNotRegistered is returned when an operation type was not given to New.
-	ErrNotRegistered = errors.New("operation type not registered")
+	errDuplicateStep      = errors.New("duplicate step name")
+	errDuplicateOperation = errors.New("duplicate operation name")
+	errNotRegistered      = errors.New("operation type not registered")
+)
+
+var (
 	// ErrNotFound is returned when an operation does not exist.
 	ErrNotFound = errors.New("operation not found")
 	// ErrNotSucceeded is returned when a result is asked of an operation that did
@@ -48,9 +50,6 @@ var (
 	// return (see the package documentation, "Failure"), or one whose pivot's
 	// outcome nobody can tell: it only goes forward.
 	ErrPastPivot = errors.New("operation is past its point of no return")
-	// ErrKeyReused is matched by the *KeyReusedError of a Start whose key an
-	// operation with another input holds.
-	ErrKeyReused = errors.New("idempotency key reused with a different input")
 	// ErrOverloaded is returned by Start, at once and with nothing reserved,
 	// when Config.MaxInFlight first attempts already run in this process and
 	// the key is free (a start whose key is taken is answered as always).
@@ -67,9 +66,6 @@ var (
 	// ErrOutcomeUnknown is matched by the *OutcomeUnknownError of a Cancel that
 	// would have to guess whether a call went through.
 	ErrOutcomeUnknown = errors.New("the outcome of a call is not known yet")
-	// ErrEventReused is returned by RecordOutcome, changing nothing, when the
-	// inbox holds another outcome under the same key and event id.
-	ErrEventReused = errors.New("event id reused with another outcome")
 	// ErrFinal is returned by Retry, changing nothing, for an operation whose
 	// answer is final: it ended with a business answer (Fail) or an operator's
 	// cancel, or, without RetryOpts.Force, with a server fault.
@@ -117,9 +113,6 @@ var (
 	// ErrInvalidCursor is returned by MismatchList for an After that is not
 	// a Next it gave.
 	ErrInvalidCursor = errors.New("invalid cursor")
-	// ErrSignalReused is matched by a *SignalReusedError: a signal id sent
-	// before to the operation with another name or payload.
-	ErrSignalReused = errors.New("signal id reused with another signal")
 	// ErrWaitOver: a signal, an approval or a rejection came after the
 	// deadline of the step that waited for it (the deadline won), or after
 	// that step was decided.
@@ -266,44 +259,36 @@ func (e *OutcomeUnknownError) Error() string {
 // Is reports whether target is ErrOutcomeUnknown.
 func (e *OutcomeUnknownError) Is(target error) bool { return target == ErrOutcomeUnknown }
 
-// KeyReusedError is the error of a Start whose idempotency key an operation
-// holds that was started with another input. errors.Is(err, ErrKeyReused)
-// matches it.
-type KeyReusedError struct {
-	// ID is the operation that holds the key.
-	ID uuid.UUID
-	// Fields are the names that differ, sorted: top-level fields of the input
-	// (or those of the caller's Fingerprint), and context names (such as an HTTP
-	// request's "method" and "path").
+// ReusedError refuses, changing nothing, an id used again with other
+// content: an idempotency key (Start: another input), an event id
+// (RecordOutcome: another outcome under the same key) or a signal id
+// (Signal: another name or payload). errors.As finds it.
+type ReusedError struct {
+	// What was used again: "key", "event" or "signal".
+	What string
+	// ID is the key or id.
+	ID string
+	// Operation is the operation that holds it, when known.
+	Operation uuid.UUID
+	// Fields are the names that differ, sorted. For a key: top-level fields
+	// of the input (or those of the caller's Fingerprint), and context names
+	// (such as an HTTP request's "method" and "path"). For an event: "amount",
+	// "data", "failure", "reference", "status". For a signal: "name",
+	// "payload".
 	Fields []string
 }
 
 // Error implements error.
-func (e *KeyReusedError) Error() string {
-	return fmt.Sprintf("engine: %s: operation %s holds the key; fields that differ: %s",
-		ErrKeyReused, e.ID, strings.Join(e.Fields, ", "))
+func (e *ReusedError) Error() string {
+	differ := strings.Join(e.Fields, ", ")
+	switch e.What {
+	case "key":
+		return fmt.Sprintf("engine: idempotency key reused with a different input: operation %s holds the key; fields that differ: %s", e.Operation, differ)
+	case "event":
+		return fmt.Sprintf("engine: event id reused with another outcome: event %s; fields that differ: %s", e.ID, differ)
+	}
+	return fmt.Sprintf("engine: %s id reused: %s %s; fields that differ: %s", e.What, e.What, e.ID, differ)
 }
-
-// Is reports whether target is ErrKeyReused.
-func (e *KeyReusedError) Is(target error) bool { return target == ErrKeyReused }
-
-// EventReusedError is the error of a RecordOutcome whose event id the inbox
-// holds, under the same key, with another outcome. It matches ErrEventReused.
-type EventReusedError struct {
-	// EventID is the event's id.
-	EventID string
-	// Fields are the parts of the outcome that differ, sorted: "amount",
-	// "data", "failure", "reference", "status".
-	Fields []string
-}
-
-// Error implements error.
-func (e *EventReusedError) Error() string {
-	return fmt.Sprintf("engine: %s: event %s; fields that differ: %s", ErrEventReused, e.EventID, strings.Join(e.Fields, ", "))
-}
-
-// Is reports whether target is ErrEventReused.
-func (e *EventReusedError) Is(target error) bool { return target == ErrEventReused }
 
 // versionError says why a process cannot run an operation: its definition of the
 // operation's type lacks a step that the operation still needs. The operation

@@ -38,7 +38,7 @@ func TestSmallExports(t *testing.T) {
 	require.True(t, e.Registered(op))
 	require.False(t, e.Registered(other))
 	_, err = engine.Start(ctx, e, other, "c", "k", 1, nil)
-	require.ErrorIs(t, err, engine.ErrNotRegistered)
+	require.ErrorContains(t, err, "operation type not registered")
 	require.NotNil(t, e.River())
 
 	s, err := engine.Start(ctx, e, op, "c", "k", 7, nil)

@@ -84,7 +84,7 @@ func TestStartWhileTheKeysRowIsLocked(t *testing.T) {
 		require.ErrorContains(t, requireLockWait(t), string(engine.RunKeyTaken), "RunEnded hears of a key taken")
 
 		_, err = engine.Start(ctx, e, op, "c", "k1", 2, nil)
-		require.ErrorIs(t, err, engine.ErrKeyReused, "another input is refused as ever")
+		require.ErrorAs(t, err, new(*engine.ReusedError), "another input is refused as ever")
 		require.ErrorContains(t, requireLockWait(t), string(engine.RunKeyTaken))
 	})
 

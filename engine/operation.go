@@ -107,7 +107,7 @@ func NewOperation[In, S, Out any](name string, steps []Step[In, S], result func(
 			// PostgreSQL's text, which records it, holds neither.
 			return nil, fmt.Errorf("engine: operation %q: step %d's name %q is not UTF-8 without NUL", name, i, s.name)
 		case seen[s.name]:
-			return nil, fmt.Errorf("engine: operation %q: %w: %q", name, ErrDuplicateStep, s.name)
+			return nil, fmt.Errorf("engine: operation %q: %w: %q", name, errDuplicateStep, s.name)
 		case s.kind == StepKindTx && s.tx == nil, s.kind == StepKindExternal && s.external == nil, s.kind == StepKindWait && s.wait == nil, s.kind == "":
 			return nil, fmt.Errorf("engine: operation %q: step %q has no function", name, s.name)
 		}

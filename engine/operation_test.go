@@ -60,7 +60,7 @@ func TestDefinition(t *testing.T) {
 		b, err := engine.NewOperation("same", []engine.Step[int, int]{engine.TxStep("b", noop)}, result, nil)
 		require.NoError(t, err)
 		_, err = engine.New(nil, &engine.Config{Operations: []engine.Definition{a, b}})
-		require.ErrorIs(t, err, engine.ErrDuplicateOperation)
+		require.ErrorContains(t, err, "duplicate operation name")
 	})
 }
 

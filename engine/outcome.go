@@ -65,7 +65,7 @@ func (e *Engine) RecordOutcome(ctx context.Context, tx pgx.Tx, o Outcome) (bool,
 	}
 	if !added {
 		if fields := outcomeDiff(kept, &so); len(fields) > 0 {
-			return false, &EventReusedError{EventID: o.EventID, Fields: fields}
+			return false, &ReusedError{What: "event", ID: o.EventID, Fields: fields}
 		}
 		return false, nil
 	}

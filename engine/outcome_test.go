@@ -74,8 +74,8 @@ func TestRecordOutcome(t *testing.T) {
 		other := succeededOutcome("evt_1", key, "another")
 		other.Record.Amount = 2
 		_, err := recordOutcome(t, e, pool, other)
-		require.ErrorIs(t, err, engine.ErrEventReused)
-		var reused *engine.EventReusedError
+		require.ErrorAs(t, err, new(*engine.ReusedError))
+		var reused *engine.ReusedError
 		require.ErrorAs(t, err, &reused)
 		require.Equal(t, []string{"amount", "reference"}, reused.Fields)
 		info := fsWait(t, e, s.ID)

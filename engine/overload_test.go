@@ -46,7 +46,7 @@ func TestMaxInFlight(t *testing.T) {
 	require.False(t, again.Created)
 	require.Equal(t, first.ID, again.ID)
 	_, err = engine.Start(ctx, e, op, "c", "k1", 3, nil)
-	require.ErrorIs(t, err, engine.ErrKeyReused)
+	require.ErrorAs(t, err, new(*engine.ReusedError))
 
 	close(release)
 	_, err = first.Wait(ctx)

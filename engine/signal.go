@@ -23,23 +23,6 @@ type SignalTo struct {
 	Key         string
 }
 
-// SignalReusedError is Signal's refusal of a signal id that the operation
-// keeps with another name or payload. It matches ErrSignalReused.
-type SignalReusedError struct {
-	// ID is the signal's id.
-	ID string
-	// Fields are the parts that differ, sorted: "name", "payload".
-	Fields []string
-}
-
-// Error implements error.
-func (e *SignalReusedError) Error() string {
-	return fmt.Sprintf("engine: %s: signal %s; fields that differ: %s", ErrSignalReused, e.ID, strings.Join(e.Fields, ", "))
-}
-
-// Is reports whether target is ErrSignalReused.
-func (e *SignalReusedError) Is(target error) bool { return target == ErrSignalReused }
-
 // Signal sends sig to the operation to names, durably and once per sig.ID:
 // in tx, the caller's, when it is not nil (the signal commits with the
 // caller's writes), else in a transaction of its own. The operation keeps it
@@ -51,7 +34,7 @@ func (e *SignalReusedError) Is(target error) bool { return target == ErrSignalRe
 // It returns true when the signal is new, false when the operation keeps it
 // already (a signal sent twice), and errors: ErrNotFound for no such
 // operation (or another client's), ErrFinished for an operation that ended,
-// a *SignalReusedError for an id kept with another name or payload, and
+// a *ReusedError for an id kept with another name or payload, and
 // ErrWaitOver when the deadline of the step that waits for it passed first
 // (the step then times out, if it has not yet: the operation is made due,
 // unless tx is the caller's: its timer does it) or another signal decided
@@ -107,7 +90,7 @@ func (e *Engine) signal(ctx context.Context, tx pgx.Tx, to SignalTo, sig Signal)
 			fields = append(fields, "payload")
 		}
 		if len(fields) > 0 {
-			return false, nil, &SignalReusedError{ID: sig.ID, Fields: fields}
+			return false, nil, &ReusedError{What: "signal", ID: sig.ID, Operation: rec.ID, Fields: fields}
 		}
 		return false, nil, nil
 	case !errors.Is(err, store.ErrNotFound):

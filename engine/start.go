@@ -77,7 +77,7 @@ type reservation struct {
 // atomically and returns once the reservation has committed, or found the key
 // taken: by an operation started with the same input, which it returns (Created
 // false, with the operation in Existing), or with another input, which it
-// refuses with a *KeyReusedError naming the fields that differ (errors.Is
+// refuses with a *ReusedError naming the fields that differ (errors.Is
 // ErrKeyReused). The input's fingerprint is a hash of each top-level field of
 // its JSON, but those in OperationOpts.Unfingerprinted; StartOpts.Fingerprint
 // replaces it. The first attempt runs at once in this process, and goes on
@@ -272,7 +272,7 @@ func (e *Engine) prepare(op Definition, scope, key string, in any, opts *StartOp
 	return def, p, nil
 }
 
-// sameStart returns a *KeyReusedError when the operation rec, which holds a
+// sameStart returns a *ReusedError when the operation rec, which holds a
 // key, was started with another input than the start fingerprinted fp, whose
 // input encodes as raw. An operation stored without a readable fingerprint
 // (started by Start before the engine fingerprinted, or with a caller's own
@@ -294,7 +294,7 @@ func (e *Engine) sameStart(rec *store.Operation, def *opDef, fp *Fingerprint, ra
 		diff = []string{"operation"}
 	}
 	if len(diff) > 0 {
-		return &KeyReusedError{ID: rec.ID, Fields: diff}
+		return &ReusedError{What: "key", ID: rec.Key, Operation: rec.ID, Fields: diff}
 	}
 	return nil
 }

@@ -46,7 +46,7 @@ func TestExistingOutlivesTheRunsContext(t *testing.T) {
 	_, p, err = e.prepare(op, "c", "k", 2, nil)
 	require.NoError(t, err)
 	r.fp, r.insert = p.fp, p.insert(uuid.Must(uuid.NewV7()), newKeySecret(), e.cfg.Lease)
-	require.ErrorIs(t, r.existing(runCtx, nil).err, ErrKeyReused)
+	require.ErrorAs(t, r.existing(runCtx, nil).err, new(*ReusedError))
 
 	// Deleted since (as the retention job does): the key is free again, and a
 	// retry reserves it.

@@ -120,7 +120,7 @@ func TestStart(t *testing.T) {
 		e, _, b := setup(t, setupOpts{})
 		other := b.transferOp(t, engine.RetryPolicy{})
 		_, err := engine.Start(ctx, e, other, "c", "k", transferIn{Amount: 1}, nil)
-		require.ErrorIs(t, err, engine.ErrNotRegistered)
+		require.ErrorContains(t, err, "operation type not registered")
 	})
 }
 
@@ -134,7 +134,7 @@ type fsOrder struct {
 }
 
 // TestKeyReuse: a start under a held key with another input is refused with
-// a *KeyReusedError that names exactly the top-level fields that differ, but
+// a *ReusedError that names exactly the top-level fields that differ, but
 // the unfingerprinted ones; the same input (up to those) gets the existing
 // operation. Start and StartTx alike.
 func TestKeyReuse(t *testing.T) {
@@ -168,10 +168,10 @@ func TestKeyReuse(t *testing.T) {
 
 	refused := func(t *testing.T, err error, id uuid.UUID, fields ...string) {
 		t.Helper()
-		require.ErrorIs(t, err, engine.ErrKeyReused)
-		var kre *engine.KeyReusedError
+		require.ErrorAs(t, err, new(*engine.ReusedError))
+		var kre *engine.ReusedError
 		require.ErrorAs(t, err, &kre)
-		require.Equal(t, id, kre.ID)
+		require.Equal(t, id, kre.Operation)
 		require.Equal(t, fields, kre.Fields)
 	}
 	with := func(change func(*fsOrder)) fsOrder {
@@ -277,7 +277,7 @@ func TestFingerprintOfAnEarlierVersion(t *testing.T) {
 	require.Equal(t, s.ID, again.ID)
 
 	_, err = engine.Start(ctx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: 2}, nil)
-	var reused *engine.KeyReusedError
+	var reused *engine.ReusedError
 	require.ErrorAs(t, err, &reused)
 	require.Equal(t, []string{"amount"}, reused.Fields)
 }
@@ -304,7 +304,7 @@ func TestStoredWithoutFingerprint(t *testing.T) {
 	require.False(t, again.Created)
 	require.Equal(t, s.ID, again.ID)
 	_, err = engine.Start(ctx, e, op, "c", "k", fsIn{Account: "acct", Amount: 101}, nil)
-	var reused *engine.KeyReusedError
+	var reused *engine.ReusedError
 	require.ErrorAs(t, err, &reused)
 	require.Equal(t, []string{"amount"}, reused.Fields)
 }

@@ -178,7 +178,7 @@ func TestSignalStep(t *testing.T) {
 	require.False(t, added)
 	_, err = e.Signal(ctx, nil, engine.SignalTo{OperationID: id},
 		engine.Signal{ID: "sig-1", Name: "confirmed", Payload: json.RawMessage(`{"By": "bob"}`)})
-	var reused *engine.SignalReusedError
+	var reused *engine.ReusedError
 	require.ErrorAs(t, err, &reused)
 	require.Equal(t, []string{"payload"}, reused.Fields)
 	// A new signal to a finished operation.

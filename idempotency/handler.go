@@ -233,7 +233,7 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 	rctx, cancel := context.WithTimeout(ctx, ep.cfg.ReserveTimeout)
 	started, err := engine.Start(rctx, ep.cfg.Engine, ep.op, scope, key, in, &engine.StartOpts{Fingerprint: fp})
 	cancel()
-	var reused *engine.KeyReusedError
+	var reused *engine.ReusedError
 	switch {
 	case ctx.Err() != nil:
 		return // the client has gone
@@ -246,7 +246,7 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 	case WriteStartError(w, err, ep.cfg.RetryAfter, "retry with the same key"):
 		return
 	case errors.As(err, &reused):
-		w.Header().Set(HeaderOperationID, reused.ID.String())
+		w.Header().Set(HeaderOperationID, reused.Operation.String())
 		WriteError(w, http.StatusUnprocessableEntity, CodeKeyReused,
 			"this idempotency key was used for a different request; use a new key for a new request",
 			map[string]any{"mismatchedFields": reused.Fields})

@@ -60,7 +60,7 @@
 //
 // A message whose id holds an operation started with another input (a
 // producer bug, or two producers sharing ids in one scope) is refused by the
-// engine with a *engine.KeyReusedError naming the fields that differ; an empty
+// engine with a *engine.ReusedError naming the fields that differ; an empty
 // id with engine.ErrInvalidKey. No retry can mend either, so Work rejects the
 // message: in the job's transaction it calls Config.RejectedFunc (the
 // application records "rejected"), stores a Rejection as the job's output,

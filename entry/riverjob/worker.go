@@ -49,7 +49,7 @@ type Config[A river.JobArgs, In any] struct {
 	StartedFunc func(ctx context.Context, tx pgx.Tx, job *river.Job[A], started *engine.Started) error
 	// RejectedFunc, when set, runs in the job's transaction when the engine
 	// refuses the message for good: its id holds an operation started with
-	// another input (a *engine.KeyReusedError, errors.Is engine.ErrKeyReused,
+	// another input (a *engine.ReusedError, errors.Is engine.ReusedError,
 	// naming the fields that differ), or the id is empty (errors.Is
 	// engine.ErrInvalidKey). What it writes in tx (the application's record of
 	// the rejection) commits with the job's cancellation, once. An error rolls
@@ -87,7 +87,7 @@ func New[A river.JobArgs, In, S, Out any](e *engine.Engine, pool *pgxpool.Pool, 
 	case cfg == nil || cfg.MessageFunc == nil:
 		return nil, fmt.Errorf("riverjob: worker of %q: a message function is required", op.Name())
 	case !e.Registered(op):
-		return nil, fmt.Errorf("riverjob: worker of %q: %w", op.Name(), engine.ErrNotRegistered)
+		return nil, fmt.Errorf("riverjob: worker of %q: operation type not registered", op.Name())
 	}
 	c := *cfg
 	if c.Logger == nil {
@@ -115,7 +115,7 @@ func (w *Worker[A, In, S, Out]) Work(ctx context.Context, job *river.Job[A]) err
 
 	started, err := engine.StartTx(ctx, tx, w.e, w.op, msg.Scope, msg.ID, msg.Input, nil)
 	switch {
-	case errors.Is(err, engine.ErrKeyReused), errors.Is(err, engine.ErrInvalidKey):
+	case errors.As(err, new(*engine.ReusedError)), errors.Is(err, engine.ErrInvalidKey):
 		return w.reject(ctx, tx, job, msg, err)
 	case err != nil:
 		return fmt.Errorf("riverjob: start %q for message %q: %w", w.op.Name(), msg.ID, err)
@@ -151,9 +151,9 @@ func (w *Worker[A, In, S, Out]) reject(ctx context.Context, tx pgx.Tx, job *rive
 		return fmt.Errorf("riverjob: cancel job %d: %w", job.ID, err)
 	}
 	out := Rejection{Scope: msg.Scope, MessageID: msg.ID, Error: cause.Error()}
-	var reused *engine.KeyReusedError
+	var reused *engine.ReusedError
 	if errors.As(cause, &reused) {
-		out.OperationID, out.Fields = reused.ID.String(), reused.Fields
+		out.OperationID, out.Fields = reused.Operation.String(), reused.Fields
 	}
 	if _, err := client.JobUpdateTx(ctx, tx, job.ID, &river.JobUpdateParams{Output: out}); err != nil {
 		return fmt.Errorf("riverjob: record the rejection of job %d: %w", job.ID, err)

@@ -119,7 +119,7 @@ func TestRejected(t *testing.T) {
 		require.Equal(t, []string{"amount"}, out.Fields)
 		require.Equal(t, first.MessageID, out.MessageID)
 		require.Equal(t, scope, out.Scope)
-		require.Contains(t, out.Error, engine.ErrKeyReused.Error())
+		require.Contains(t, out.Error, "idempotency key reused with a different input")
 
 		info := b.finished(t, first.MessageID)
 		result, err := b.op.Result(info)
@@ -250,7 +250,7 @@ func TestNew(t *testing.T) {
 			_, err := riverjob.New(e, pool, op, &riverjob.Config[payArgs, payIn]{})
 			return err
 		}, "a message function is required"},
-		{"not registered", func() error { _, err := riverjob.New(e, pool, other, config()); return err }, engine.ErrNotRegistered.Error()},
+		{"not registered", func() error { _, err := riverjob.New(e, pool, other, config()); return err }, "operation type not registered"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

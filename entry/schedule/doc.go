@@ -28,7 +28,7 @@
 //
 // A slot's input must be derived from the scope and the slot only, so that
 // every process builds the same: a firing with another input is refused with
-// the engine's *engine.KeyReusedError, which names the fields that differ,
+// the engine's *engine.ReusedError, which names the fields that differ,
 // and logged. What changes from firer to firer (a balance, the time of the
 // firing) belongs in a step, which reads it once.
 //

@@ -46,7 +46,7 @@ type Config[In any] struct {
 	// InputFunc builds the operation's input for scope and slot. It must use
 	// nothing but them (and constants): every process builds the input of a
 	// slot, and a firing whose input differs from the first one's is refused
-	// with a *engine.KeyReusedError (see Fire). Nil gives the zero In.
+	// with a *engine.ReusedError (see Fire). Nil gives the zero In.
 	InputFunc func(scope string, slot time.Time) In
 	// Jitter, when positive, delays each process's firing of a slot by a
 	// random duration below it, so that processes do not all fire at the same
@@ -141,14 +141,14 @@ type Runner[In, S, Out any] struct {
 // runs once per scope however many processes fire it (see Fire).
 //
 // It returns an error when cfg is invalid (see Config), and when op was not
-// given to e (engine.ErrNotRegistered).
+// given to e.
 func Every[In, S, Out any](e *engine.Engine, op *engine.Operation[In, S, Out], cfg Config[In]) (*Runner[In, S, Out], error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("schedule: %q: %w", op.Name(), err)
 	}
 	if !e.Registered(op) {
-		return nil, fmt.Errorf("schedule: %q: %w", op.Name(), engine.ErrNotRegistered)
+		return nil, fmt.Errorf("schedule: %q: operation type not registered", op.Name())
 	}
 	if err := checkRetention(cfg.Period, e.Retention(op)); err != nil {
 		return nil, fmt.Errorf("schedule: %q: %w", op.Name(), err)
@@ -165,7 +165,7 @@ func Every[In, S, Out any](e *engine.Engine, op *engine.Operation[In, S, Out], c
 // reason that may pass (the database unreachable, the engine overloaded,
 // ScopesFunc's error) is fired again with a backoff from 1 second to 1
 // minute, until the next slot begins; one whose firing cannot succeed (a
-// *engine.KeyReusedError) is logged as an error and left. A slot that began
+// *engine.ReusedError) is logged as an error and left. A slot that began
 // while this process was not running, or was busy past its end, is not fired
 // by Run (a warning says how many were skipped): another process fired it, or
 // FireSlot fires it.
@@ -358,7 +358,7 @@ func (r *Runner[In, S, Out]) record(ctx context.Context, res *fired, scope strin
 		res.stopped = err
 	case ctx.Err() != nil:
 		res.errs = append(res.errs, err)
-	case errors.Is(err, engine.ErrKeyReused), errors.Is(err, engine.ErrNotRegistered),
+	case errors.As(err, new(*engine.ReusedError)),
 		errors.Is(err, engine.ErrInvalidKey), errors.As(err, new(*panicError)):
 		res.errs = append(res.errs, err)
 		log.ErrorContext(ctx, "schedule: the slot cannot be fired for the scope; not trying again",

@@ -200,7 +200,7 @@ func TestEvery(t *testing.T) {
 		logs := &logRecorder{}
 		r := b.hourly(t, slog.New(logs))
 		err = r.FireSlot(t.Context(), slot0)
-		require.ErrorIs(t, err, engine.ErrKeyReused)
+		require.ErrorAs(t, err, new(*engine.ReusedError))
 		require.Equal(t, []string{"schedule: the slot cannot be fired for the scope; not trying again"}, logs.messages())
 		var scopesCharged []string
 		for _, scope := range scopes {
@@ -254,7 +254,7 @@ func TestEveryRefuses(t *testing.T) {
 		{"a retention shorter than two periods", b.fee, schedule.Config[feeIn]{Period: 13 * time.Hour, ScopesFunc: scopesFunc},
 			"a period of 13h0m0s needs the operations kept at least 26h0m0s, and the engine keeps them 24h0m0s"},
 		{"an operation the engine does not run", unregistered, schedule.Config[feeIn]{Period: time.Hour, ScopesFunc: scopesFunc},
-			engine.ErrNotRegistered.Error()},
+			"operation type not registered"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -134,10 +134,10 @@ func TestFire(t *testing.T) {
 
 		// A firer that read something other than the slot.
 		_, err = schedule.Fire(t.Context(), b.engines[1], b.fee, "client-a", slot0, feeIn{Slot: slot0, Fee: 2})
-		var reused *engine.KeyReusedError
+		var reused *engine.ReusedError
 		require.ErrorAs(t, err, &reused)
-		require.ErrorIs(t, err, engine.ErrKeyReused)
-		require.Equal(t, first.ID, reused.ID)
+		require.ErrorAs(t, err, new(*engine.ReusedError))
+		require.Equal(t, first.ID, reused.Operation)
 		require.Equal(t, []string{"fee"}, reused.Fields)
 
 		b.finished(t, b.fee, "client-a", slot0)

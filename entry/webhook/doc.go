@@ -77,11 +77,11 @@
 //     anything.
 //   - 413 request_too_large for a body over OutcomeConfig.MaxBodyBytes (1 MiB).
 //   - 422 idempotency_key_reused when the inbox holds another outcome under
-//     the event's id and key (engine.ErrEventReused), with
+//     the event's id and key (engine.ReusedError), with
 //     error.mismatchedFields naming the parts of the outcome that differ
-//     (engine.EventReusedError): providers never do this, and the first
+//     (engine.ReusedError): providers never do this, and the first
 //     outcome stands. The same answer, with its fields, when TxFunc returns
-//     an *engine.EventReusedError: its own check of the event id, for a
+//     an *engine.ReusedError: its own check of the event id, for a
 //     delivery that the inbox, keyed by the event's id and key, cannot tell
 //     from a new event (the id came before under another key, or with
 //     another body than the outcome carries); nothing of it is kept.

@@ -50,7 +50,7 @@ type OutcomeConfig struct {
 	// TxFunc refuses a delivery that the inbox cannot tell from another one
 	// (an event id that came before with another body, under another key, or
 	// with a part the outcome does not carry) by returning an
-	// *engine.EventReusedError whose Fields name what differs: the endpoint
+	// *engine.ReusedError whose Fields name what differs: the endpoint
 	// rolls everything back and answers 422 idempotency_key_reused with those
 	// fields as error.mismatchedFields. When the inbox finds the event id
 	// reused first, TxFunc is asked too (added false, in a transaction that
@@ -200,11 +200,11 @@ func (ep *outcomes) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case err == nil:
 	case ctx.Err() != nil:
 		return // the provider has gone; it delivers again
-	case errors.Is(err, engine.ErrEventReused):
+	case errors.As(err, new(*engine.ReusedError)):
 		// Providers never do this; whatever it is, the first outcome stands.
 		log.WarnContext(ctx, "an event id came again with another outcome", slog.Any("error", err))
 		var extra map[string]any
-		if reused := (*engine.EventReusedError)(nil); errors.As(err, &reused) {
+		if reused := (*engine.ReusedError)(nil); errors.As(err, &reused) {
 			extra = map[string]any{"mismatchedFields": reused.Fields}
 		}
 		idempotency.WriteError(w, http.StatusUnprocessableEntity, idempotency.CodeKeyReused,
@@ -271,7 +271,7 @@ func (ep *outcomes) recordOnce(ctx context.Context, o engine.Outcome) (bool, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }() // after a commit, a no-op
 	added, err := ep.e.RecordOutcome(ctx, tx, o)
-	if reused := (*engine.EventReusedError)(nil); errors.As(err, &reused) && ep.cfg.TxFunc != nil {
+	if reused := (*engine.ReusedError)(nil); errors.As(err, &reused) && ep.cfg.TxFunc != nil {
 		// The application knows its event better than the outcome does: a
 		// refusal of its own names the fields of its body that differ. The
 		// transaction is rolled back either way.

@@ -389,7 +389,7 @@ func TestOutcomesNotStored(t *testing.T) {
 			if err := recordEvent(ctx, tx, o, added); err != nil {
 				return err
 			}
-			return &engine.EventReusedError{EventID: o.EventID, Fields: []string{"data"}}
+			return &engine.ReusedError{What: "event", ID: o.EventID, Fields: []string{"data"}}
 		}
 		srv := outcomesServer(t, h.e, h.pool, cfg)
 		body := refundEvent("evt_txreused", "refund.succeeded", "idf3_txreused", 100)

@@ -112,7 +112,7 @@ func Handler[In, S, Out any](e *engine.Engine, op *engine.Operation[In, S, Out],
 	case cfg == nil:
 		return nil, errors.New("webhook: a config is required")
 	case !e.Registered(op):
-		return nil, fmt.Errorf("webhook: %w: %q", engine.ErrNotRegistered, op.Name())
+		return nil, fmt.Errorf("webhook: operation type not registered: %q", op.Name())
 	}
 	c := *cfg
 	if err := c.validate(); err != nil {
@@ -211,7 +211,7 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 	rctx, cancel := context.WithTimeout(ctx, ep.cfg.ReserveTimeout)
 	started, err := engine.Start(rctx, ep.e, ep.op, ep.cfg.Scope, ev.ID, in, nil)
 	cancel()
-	var reused *engine.KeyReusedError
+	var reused *engine.ReusedError
 	switch {
 	case ctx.Err() != nil:
 		return // the provider has gone; it delivers again
@@ -224,8 +224,8 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 	case errors.As(err, &reused):
 		// Providers never do this; whatever it is, the event does not run twice.
 		log.WarnContext(ctx, "an event id came again with another event",
-			slog.String("operation_id", reused.ID.String()), slog.Any("fields", reused.Fields))
-		w.Header().Set(idempotency.HeaderOperationID, reused.ID.String())
+			slog.String("operation_id", reused.Operation.String()), slog.Any("fields", reused.Fields))
+		w.Header().Set(idempotency.HeaderOperationID, reused.Operation.String())
 		idempotency.WriteError(w, http.StatusUnprocessableEntity, idempotency.CodeKeyReused,
 			"this event id was delivered before with a different event",
 			map[string]any{"mismatchedFields": reused.Fields})

@@ -739,5 +739,5 @@ func TestHandlerConfig(t *testing.T) {
 	_, err = webhook.Handler(e, op, nil)
 	require.Error(t, err)
 	_, err = webhook.Handler(e, newPaymentOp(t, "other"), config())
-	require.ErrorIs(t, err, engine.ErrNotRegistered)
+	require.ErrorContains(t, err, "operation type not registered")
 }

@@ -76,7 +76,7 @@
 // none is; it passes once. A release date in the past, or none, passes at
 // once. The date is part of the input, and so of its fingerprint: a client's
 // retry with another date is another payout, refused under the same key
-// (engine.ErrKeyReused).
+// (engine.ReusedError).
 //
 // # Decline, and other failures
 //

@@ -107,7 +107,7 @@ func EventOutcome(in ProviderEventInput) engine.Outcome {
 // has not got there yet (see the package documentation, "Webhooks").
 //
 // An event id recorded before with another body is refused with an
-// *engine.EventReusedError naming the top-level fields that differ, whatever
+// *engine.ReusedError naming the top-level fields that differ, whatever
 // key it names (the inbox is keyed by the key and the id): the caller rolls tx
 // back. A new event is checked against the books, as a reconciliation run
 // would (see checkRecord).
@@ -144,7 +144,7 @@ func (w *Workflows) RecordProviderEvent(ctx context.Context, tx pgx.Tx, ev Provi
 			return fmt.Errorf("refund: read provider event %s: %w", in.ID, err)
 		}
 		if differ := differingFields(kept, ev.BodyFields); len(differ) > 0 {
-			return &engine.EventReusedError{EventID: in.ID, Fields: differ}
+			return &engine.ReusedError{What: "event", ID: in.ID, Fields: differ}
 		}
 	}
 	if !added {

@@ -216,7 +216,7 @@ func TestRecordProviderEvent(t *testing.T) {
 		otherType.Type = EventRefundFailed
 		for in, fields := range map[*ProviderEventInput][]string{&otherKey: {"data"}, &otherType: {"type"}} {
 			err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return record(b, ctx, tx, *in) })
-			var reused *engine.EventReusedError
+			var reused *engine.ReusedError
 			require.ErrorAs(t, err, &reused)
 			require.Equal(t, fields, reused.Fields)
 		}

@@ -89,8 +89,8 @@ func (w *Workflows) OrderConsumer() *riverjob.Config[QueueOrderArgs, OrderInput]
 			p := refunddb.QueueMessageRejectedParams{
 				Error: "the message id is empty", Client: job.Args.Client, MessageID: job.Args.MessageID,
 			}
-			if kr := (*engine.KeyReusedError)(nil); errors.As(reason, &kr) {
-				id := pguuid.UUID(kr.ID)
+			if kr := (*engine.ReusedError)(nil); errors.As(reason, &kr) {
+				id := pguuid.UUID(kr.Operation)
 				p.OperationID = &id
 				p.Error = fmt.Sprintf("the message id was used before with another body; fields that differ: %s", strings.Join(kr.Fields, ", "))
 			}
