@@ -144,7 +144,7 @@ func (a *Admin) Check(ctx context.Context) ([]Unrunnable, error) {
 // Retry asks the live processes to retry the operation id, as Engine.Retry
 // does, waits until one has, and returns what Engine.Retry returns there: the
 // operation, or the refusal (ErrFinal, ErrNotFailed, ...). When ctx ends first
-// it returns an error matching ErrPending: the request stays, and is carried
+// it returns an error matching ErrNotCarriedOut: the request stays, and is carried
 // out when a process that runs the operation's definition comes. opts may be
 // nil.
 func (a *Admin) Retry(ctx context.Context, id uuid.UUID, opts *RetryOpts) (*Info, error) {
@@ -233,13 +233,13 @@ func (a *Admin) request(ctx context.Context, r store.OperatorRequest) (*Info, er
 			case "done":
 				return a.reader.Get(context.WithoutCancel(ctx), id)
 			case "refused":
-				return nil, refused(done.Code, done.Message)
+				return nil, refused(id, done.Code, done.Message)
 			}
 			return nil, fmt.Errorf("engine: %s %s: the process that carried it out failed: %s", r.Action, id, done.Message)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("engine: %s %s: request %d: %w", r.Action, id, reqID, ErrPending)
+			return nil, fmt.Errorf("engine: %s %s: request %d: %w", r.Action, id, reqID, ErrNotCarriedOut)
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 500*time.Millisecond)

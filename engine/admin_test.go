@@ -64,7 +64,7 @@ func TestAdmin(t *testing.T) {
 	shortCtx, cancelShort := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancelShort()
 	_, err = admin.Cancel(shortCtx, waitingV2, "operator says no")
-	require.ErrorIs(t, err, engine.ErrPending)
+	require.ErrorIs(t, err, engine.ErrNotCarriedOut)
 
 	// A process with version 2 arrives: it finishes the operation (the sweeper
 	// is faster than the pending request), then refuses the stale cancel.

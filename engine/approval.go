@@ -81,7 +81,7 @@ func (e *Engine) Reject(ctx context.Context, id uuid.UUID, reason string) (*Info
 // decide carries out an approval or a rejection, and audits it.
 func (e *Engine) decide(ctx context.Context, id uuid.UUID, action Action, reason string) (*Info, error) {
 	detail, over, err := e.approval(ctx, id, action, reason)
-	e.audit(ctx, store.OperatorRequest{OperationID: id, Action: string(action), Reason: reason}, detail, err)
+	err = e.audit(ctx, store.OperatorRequest{OperationID: id, Action: string(action), Reason: reason}, detail, err)
 	if over != nil {
 		e.wakeOver(ctx, over)
 	}

@@ -73,10 +73,12 @@ func actorOf(ctx context.Context) string {
 // audit records an operator's request on operation id and how it ended (err:
 // nil when done), unless ctx's request is recorded already or there is no
 // such operation. A request that could not be recorded is logged; the
-// action stands.
-func (e *Engine) audit(ctx context.Context, req store.OperatorRequest, detail string, err error) {
+// action stands. It returns err as the request returns it: a refusal as a
+// *RefusedError.
+func (e *Engine) audit(ctx context.Context, req store.OperatorRequest, detail string, err error) error {
+	err = refusedOf(req.OperationID, err)
 	if errors.Is(err, ErrNotFound) {
-		return
+		return err
 	}
 	req.Actor = actorOf(ctx)
 	req.Outcome, req.Message = "done", detail
@@ -88,7 +90,7 @@ func (e *Engine) audit(ctx context.Context, req store.OperatorRequest, detail st
 	}
 	e.observeOperator(ctx, Action(req.Action), req.Outcome)
 	if ctx.Value(auditedKey{}) != nil {
-		return // an Admin request: its own row is the entry
+		return err // an Admin request: its own row is the entry
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), existingReadTimeout)
 	defer cancel()
@@ -97,6 +99,7 @@ func (e *Engine) audit(ctx context.Context, req store.OperatorRequest, detail st
 			slog.String("operation_id", req.OperationID.String()), slog.String("action", req.Action),
 			slog.String("actor", req.Actor), slog.String("outcome", req.Outcome), slog.Any("error", rerr))
 	}
+	return err
 }
 
 // observeOperator tells the observer of an operator's request carried out

@@ -11,9 +11,6 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// errCannotCancel: Cancel would need the input or state of an operation whose
-// input or state does not decode.
-var errCannotCancel = errors.New("operation cannot be cancelled")
 
 // mayCancel returns ErrPastPivot when the operation may not be compensated: a
 // pivot has succeeded, or the first unfinished step calls out and its call may
@@ -52,7 +49,7 @@ func (r *run) mayCancel(ctx context.Context) error {
 		}
 		w := r.waits[name]
 		if r.status[name] == store.StepWaiting && w != nil && w.pending {
-			return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name, Pending: true,
+			return fmt.Errorf("engine: cancel %s: %w", r.id, &RefusedError{Refusal: ErrOutcomeUnknown, Step: name, Accepted: true,
 				Reason: "the outside service accepted the call and has not settled it"})
 		}
 		if st.lookup == nil {
@@ -73,7 +70,7 @@ func (r *run) mayCancel(ctx context.Context) error {
 		answer, _, halt := readLookup(found, err)
 		switch answer {
 		case answerPending:
-			return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name, Pending: true,
+			return fmt.Errorf("engine: cancel %s: %w", r.id, &RefusedError{Refusal: ErrOutcomeUnknown, Step: name, Accepted: true,
 				Reason: "the outside service is still processing the call"})
 		case answerFailed:
 			r.refuseNotMade(st, false)
@@ -84,7 +81,7 @@ func (r *run) mayCancel(ctx context.Context) error {
 			return fmt.Errorf("engine: cancel %s: %w: step %s's lookup finds a call under its key that is not the one asked for (%s: %s); "+
 				"an operator may accept it as made, naming its reference (Resolve)", r.id, ErrPastPivot, name, halt.Code, halt.Message)
 		case answerNone:
-			return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name,
+			return fmt.Errorf("engine: cancel %s: %w", r.id, &RefusedError{Refusal: ErrOutcomeUnknown, Step: name,
 				Reason: "its lookup cannot answer: " + err.Error()})
 		case answerNothing:
 			end, left, err := r.settleLeft(ctx, st)
@@ -92,7 +89,7 @@ func (r *run) mayCancel(ctx context.Context) error {
 				return err
 			}
 			if left > 0 {
-				return fmt.Errorf("engine: cancel %s: %w", r.id, &OutcomeUnknownError{Step: name, KnownAt: end,
+				return fmt.Errorf("engine: cancel %s: %w", r.id, &RefusedError{Refusal: ErrOutcomeUnknown, Step: name, KnownAt: end,
 					Reason: "its last request may still land at the outside service"})
 			}
 			r.refuseNotMade(st, true)
@@ -144,7 +141,7 @@ func operatorClaim(rec *store.Operation) *cancelling {
 // finished, and ErrPastPivot, changing nothing, when a step that cannot be
 // undone has succeeded or may have: the first unfinished step's lookup is
 // asked, by derived key, before anything is undone. Silence is no answer: an
-// *OutcomeUnknownError (ErrOutcomeUnknown), changing nothing, refuses an
+// *RefusedError (ErrOutcomeUnknown), changing nothing, refuses an
 // operation whose external step's last request may still land (its settle
 // window has not passed since it was sent, or since the lease of a run that
 // may have been sending it), whose call the outside service has pending, or
@@ -160,8 +157,7 @@ func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 	if reason == "" {
 		reason = defaultCancelReason
 	}
-	e.audit(ctx, store.OperatorRequest{OperationID: id, Action: string(ActionCancel), Reason: reason}, detail, err)
-	return info, err
+	return info, e.audit(ctx, store.OperatorRequest{OperationID: id, Action: string(ActionCancel), Reason: reason}, detail, err)
 }
 
 func (e *Engine) cancel(ctx context.Context, id uuid.UUID, reason string) (*Info, error) {
@@ -203,7 +199,7 @@ func (e *Engine) cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 		return nil, fmt.Errorf("engine: cancel %s: %w: the outside service reported the call succeeded: %w", id, ErrPastPivot, err)
 	}
 	if open := (*store.SettleOpenError)(nil); errors.As(err, &open) {
-		return nil, fmt.Errorf("engine: cancel %s: %w", id, &OutcomeUnknownError{KnownAt: open.Until,
+		return nil, fmt.Errorf("engine: cancel %s: %w", id, &RefusedError{Refusal: ErrOutcomeUnknown, KnownAt: open.Until,
 			Reason: "its last request may still land at the outside service"})
 	}
 	if err != nil {

@@ -77,7 +77,7 @@ func TestCancelPastPivot(t *testing.T) {
 
 		b := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op)
 		before := fsGet(t, b, id)
-		require.Equal(t, []engine.StepStatus{engine.StepStatusSucceeded, engine.StepStatusPending, engine.StepStatusPending}, fsStatuses(before),
+		require.Equal(t, []engine.StepStatus{engine.StepStatusSucceeded, engine.StepStatusNotStarted, engine.StepStatusNotStarted}, fsStatuses(before),
 			"the rows must not know that the call went through")
 		_, err := b.Cancel(ctx, id, "customer withdrew")
 		require.ErrorIs(t, err, engine.ErrPastPivot)

@@ -118,11 +118,11 @@
 // backoff (at most ten times its Base) and once more just after the window.
 // Found: the operation goes forward. Nothing found once the window has
 // passed: the call was not made, and the operation fails and compensates. A
-// pending call (Pending, or PendingAs with the service's reference) waits
+// pending call (Accepted, with the service's reference when it gave one) waits
 // until its lookup finds it final (found; or Fail: it ended without effect,
 // and the operation compensates with that answer), or the outside service's
 // word arrives by another door, or an operator decides. A lookup answers
-// "still processing" with Pending. A step that waits past its window needs
+// "still processing" with Accepted. A step that waits past its window needs
 // attention (CodeOutcomeOverdue) and goes on waiting; one without a lookup
 // whose outcome is unknown is parked.
 //
@@ -195,7 +195,7 @@
 // delivered outcome, and an operator (Resolve, refused while the lookup says
 // otherwise; a made call's reference goes to ExternalStepDef.Resolve); never
 // the engine on a guess. Cancel refuses an operation whose call may still land
-// or is pending (*OutcomeUnknownError, with when it will be known). Told
+// or is pending (*RefusedError, with when it will be known). Told
 // answers are final: Retry refuses (ErrFinal) an operation that ended with a
 // business answer or a cancel, and reopens one that failed with a server fault
 // only with RetryOpts.Force, its old answer kept as Info.PriorError until it
@@ -254,9 +254,12 @@
 // ServerFault tells a server fault (a step out of attempts, a failed
 // compensation or result function, Permanent) from a business answer (Fail):
 // what an HTTP layer answers 500 for. Errors that callers branch on are
-// sentinels matched with errors.Is (ErrNotFound, ErrKeyReused, ErrOverloaded,
-// ErrUnavailable...), or typed errors with fields (*ReusedError,
-// *OutcomeUnknownError, *ReusedError) that match their sentinel.
+// sentinels matched with errors.Is (ErrOverloaded, ErrScopeBusy...); an
+// operator's request refused returns a *RefusedError whose typed Refusal
+// (ErrNotFound, ErrFinal, ErrPastPivot...) errors.Is matches and a switch
+// reads; an id used again with other content, a *ReusedError naming the
+// fields that differ. IsUnavailable tells an error of the database's
+// absence, which a retry may cure.
 //
 // # Crashes
 //

@@ -24,8 +24,6 @@ var (
 )
 
 var (
-	// ErrNotFound is returned when an operation does not exist.
-	ErrNotFound = errors.New("operation not found")
 	// ErrNotSucceeded is returned when a result is asked of an operation that did
 	// not succeed.
 	ErrNotSucceeded = errors.New("operation did not succeed")
@@ -33,23 +31,6 @@ var (
 	ErrInvalidKey = errors.New("invalid idempotency key")
 	// ErrStopped is returned by Start once the engine is stopping.
 	ErrStopped = errors.New("engine stopped")
-	// ErrRunning is returned by Cancel and Retry for an operation that a live
-	// run holds.
-	ErrRunning = errors.New("operation is running")
-	// ErrNotFailed is returned by Retry for an operation that has neither failed
-	// nor been parked.
-	ErrNotFailed = errors.New("operation has not failed and is not parked")
-	// ErrCompensated is returned by Retry, changing nothing, for an operation
-	// that would go forward although a step of it that calls out was
-	// compensated: its call, made again under the same derived key, would be
-	// answered with the one that was undone.
-	ErrCompensated = errors.New("a step that calls out was compensated")
-	// ErrFinished is returned by Cancel for an operation that has finished.
-	ErrFinished = errors.New("operation has finished")
-	// ErrPastPivot is returned by Cancel for an operation past its point of no
-	// return (see the package documentation, "Failure"), or one whose pivot's
-	// outcome nobody can tell: it only goes forward.
-	ErrPastPivot = errors.New("operation is past its point of no return")
 	// ErrOverloaded is returned by Start, at once and with nothing reserved,
 	// when Config.MaxInFlight first attempts already run in this process and
 	// the key is free (a start whose key is taken is answered as always).
@@ -59,17 +40,10 @@ var (
 	// process: the client is over its share, the others are not; it may retry
 	// the same key later.
 	ErrScopeBusy = errors.New("too many operations of this scope in flight")
-	// ErrOutcomePending is matched by the error of Pending: an external call that the
+	// errAccepted is matched by the error of Pending: an external call that the
 	// outside service accepted, with its final outcome to come, or a lookup
 	// that found the call still being processed.
-	ErrOutcomePending = errors.New("outcome pending")
-	// ErrOutcomeUnknown is matched by the *OutcomeUnknownError of a Cancel that
-	// would have to guess whether a call went through.
-	ErrOutcomeUnknown = errors.New("the outcome of a call is not known yet")
-	// ErrFinal is returned by Retry, changing nothing, for an operation whose
-	// answer is final: it ended with a business answer (Fail) or an operator's
-	// cancel, or, without RetryOpts.Force, with a server fault.
-	ErrFinal = errors.New("the operation's answer is final")
+	errAccepted = errors.New("outcome pending")
 	// ErrUnavailable is matched by the error of a Start that could not reach the
 	// database, or got no answer in time: nothing was reserved, or (when the
 	// answer was lost) the key's operation runs and a retry finds it. It is
@@ -87,42 +61,167 @@ var (
 	// IsUnavailable is true of it: another process, of the newer build, can
 	// serve.
 	ErrIncompatibleSchema = errors.New("the database's schema is newer than this build's, and this build's statements fail on it")
-	// ErrPending is matched by the error of an Admin request that no live process
+	// ErrNotCarriedOut is matched by the error of an Admin request that no live process
 	// has carried out before ctx ended: it stays recorded, and a process that runs
 	// the operation's definition carries it out when it comes.
-	ErrPending = errors.New("the request is recorded; no process has carried it out yet")
+	ErrNotCarriedOut = errors.New("the request is recorded; no process has carried it out yet")
+	// ErrOwnedTx is returned by Commit and Rollback on the pgx.Tx that PgxTx gives:
+	// the engine ends a step's transaction, with the step's checkpoint.
+	ErrOwnedTx = errors.New("engine: a step's transaction is committed or rolled back by the engine")
+)
+
+// Refusal is why the engine refused a request, changing nothing: a typed
+// code, the one the audit trail keeps (AuditEntry) and that opsweb and the
+// CLI answer with. Each Refusal is an error; what an operator's request
+// returns for one is a *RefusedError, which errors.Is matches against its
+// Refusal. Switch on it with errors.As:
+//
+//	var r engine.Refusal
+//	if errors.As(err, &r) { switch r { ... } }
+type Refusal string
+
+// Error implements error.
+func (r Refusal) Error() string {
+	if text, ok := refusalTexts[r]; ok {
+		return text
+	}
+	return string(r)
+}
+
+// The refusals.
+const (
+	// ErrNotFound is returned when an operation does not exist.
+	ErrNotFound Refusal = "not_found"
+	// ErrReasonRequired: an approval or a rejection without a reason.
+	ErrReasonRequired Refusal = "reason_required"
+	// ErrInvalidResolution is matched by the error of a Resolve whose Resolution
+	// lacks what it needs (a reason; a reference for a step that records one).
+	ErrInvalidResolution Refusal = "invalid_resolution"
+	// ErrPastPivot is returned by Cancel for an operation past its point of no
+	// return (see the package documentation, "Failure"), or one whose pivot's
+	// outcome nobody can tell: it only goes forward.
+	ErrPastPivot Refusal = "past_point_of_no_return"
+	// ErrOutcomeUnknown is matched by the *RefusedError of a Cancel that
+	// would have to guess whether a call went through.
+	ErrOutcomeUnknown Refusal = "outcome_unknown"
+	// ErrFinal is returned by Retry, changing nothing, for an operation whose
+	// answer is final: it ended with a business answer (Fail) or an operator's
+	// cancel, or, without RetryOpts.Force, with a server fault.
+	ErrFinal Refusal = "operation_final"
+	// ErrFinished is returned by Cancel for an operation that has finished.
+	ErrFinished Refusal = "operation_finished"
+	// ErrWaitOver: a signal, an approval or a rejection came after the
+	// deadline of the step that waited for it (the deadline won), or after
+	// that step was decided.
+	ErrWaitOver Refusal = "wait_over"
+	// ErrNotAwaitingApproval: an approval or a rejection of an operation in
+	// progress that does not wait for approval.
+	ErrNotAwaitingApproval Refusal = "not_awaiting_approval"
+	// ErrNotFailed is returned by Retry for an operation that has neither failed
+	// nor been parked.
+	ErrNotFailed Refusal = "operation_not_failed"
+	// ErrCompensated is returned by Retry, changing nothing, for an operation
+	// that would go forward although a step of it that calls out was
+	// compensated: its call, made again under the same derived key, would be
+	// answered with the one that was undone.
+	ErrCompensated Refusal = "operation_compensated"
+	// ErrRunning is returned by Cancel and Retry for an operation that a live
+	// run holds.
+	ErrRunning Refusal = "held_by_live_process"
 	// ErrNotResolvable is returned by Resolve, changing nothing, for an operation
 	// that is not waiting on an external step's outcome an operator may decide:
 	// finished, running, compensating, or stopped at a step that does not call
 	// out.
-	ErrNotResolvable = errors.New("operation is not resolvable")
+	ErrNotResolvable Refusal = "not_resolvable"
 	// ErrResolutionContradicts is matched by the error of a Resolve, which
 	// changed nothing, whose word the step's lookup contradicts: "made" while the
 	// service has nothing under the key, another reference or a pending call;
 	// "not made" while it has the call.
-	ErrResolutionContradicts = errors.New("the resolution contradicts the outside service")
-	// ErrInvalidResolution is matched by the error of a Resolve whose Resolution
-	// lacks what it needs (a reason; a reference for a step that records one).
-	ErrInvalidResolution = errors.New("invalid resolution")
-	// ErrOwnedTx is returned by Commit and Rollback on the pgx.Tx that PgxTx gives:
-	// the engine ends a step's transaction, with the step's checkpoint.
-	ErrOwnedTx = errors.New("engine: a step's transaction is committed or rolled back by the engine")
+	ErrResolutionContradicts Refusal = "resolution_contradicts_provider"
 	// ErrUnknownSource is returned for a source name that Config.Reconcile does
 	// not have.
-	ErrUnknownSource = errors.New("no such reconciliation source")
+	ErrUnknownSource Refusal = "unknown_source"
 	// ErrInvalidCursor is returned by MismatchList for an After that is not
 	// a Next it gave.
-	ErrInvalidCursor = errors.New("invalid cursor")
-	// ErrWaitOver: a signal, an approval or a rejection came after the
-	// deadline of the step that waited for it (the deadline won), or after
-	// that step was decided.
-	ErrWaitOver = errors.New("the wait is over")
-	// ErrNotAwaitingApproval: an approval or a rejection of an operation in
-	// progress that does not wait for approval.
-	ErrNotAwaitingApproval = errors.New("the operation does not wait for approval")
-	// ErrReasonRequired: an approval or a rejection without a reason.
-	ErrReasonRequired = errors.New("a reason is required")
+	ErrInvalidCursor Refusal = "invalid_cursor"
+	// errCannotCancel: Cancel would need the input or state of an operation
+	// whose stored state does not decode.
+	errCannotCancel Refusal = "cannot_cancel"
 )
+
+var refusalTexts = map[Refusal]string{
+	ErrNotFound: "operation not found",
+	ErrReasonRequired: "a reason is required",
+	ErrInvalidResolution: "invalid resolution",
+	ErrPastPivot: "operation is past its point of no return",
+	ErrOutcomeUnknown: "the outcome of a call is not known yet",
+	ErrFinal: "the operation's answer is final",
+	ErrFinished: "operation has finished",
+	ErrWaitOver: "the wait is over",
+	ErrNotAwaitingApproval: "the operation does not wait for approval",
+	ErrNotFailed: "operation has not failed and is not parked",
+	ErrCompensated: "a step that calls out was compensated",
+	ErrRunning: "operation is running",
+	ErrNotResolvable: "operation is not resolvable",
+	ErrResolutionContradicts: "the resolution contradicts the outside service",
+	ErrUnknownSource: "no such reconciliation source",
+	ErrInvalidCursor: "invalid cursor",
+	errCannotCancel: "operation cannot be cancelled",
+}
+
+// RefusedError is an operator's request refused (Retry, Cancel, Resolve,
+// Approve, Reject; Engine's and Admin's alike), changing nothing. It matches
+// its Refusal with errors.Is.
+type RefusedError struct {
+	// Refusal is why.
+	Refusal Refusal
+	// Operation is the operation the request named.
+	Operation uuid.UUID
+	// Step, for ErrOutcomeUnknown, is the external step whose outcome is not
+	// known yet; Accepted is true when the outside service accepted its call
+	// and has not settled it; KnownAt is when its outcome will be known at
+	// the latest (the end of its outcome window), zero when that cannot be
+	// said.
+	Step    string
+	Accepted bool
+	KnownAt time.Time
+	// Reason says why, for operators.
+	Reason string
+}
+
+// Error implements error.
+func (e *RefusedError) Error() string {
+	text := "engine: " + e.Reason
+	switch {
+	case e.Step != "":
+		text = fmt.Sprintf("engine: the outcome of step %s is not known yet: %s", e.Step, e.Reason)
+	case e.Reason == "":
+		text = "engine: " + e.Refusal.Error()
+	}
+	if !e.KnownAt.IsZero() {
+		text += "; it will be known by " + e.KnownAt.UTC().Format(time.RFC3339)
+	}
+	return text
+}
+
+// Unwrap returns the Refusal, which errors.Is and errors.As find.
+func (e *RefusedError) Unwrap() error { return e.Refusal }
+
+// refusedOf is err as an operator's request returns it: a *RefusedError for
+// a refusal, naming operation id, with err's text; err itself otherwise.
+func refusedOf(id uuid.UUID, err error) error {
+	var r Refusal
+	if err == nil || !errors.As(err, &r) {
+		return err
+	}
+	if re := (*RefusedError)(nil); errors.As(err, &re) {
+		if re.Operation == uuid.Nil {
+			re.Operation = id
+		}
+		return re
+	}
+	return &RefusedError{Refusal: r, Operation: id, Reason: strings.TrimPrefix(err.Error(), "engine: ")}
+}
 
 // IsUnavailable reports whether err says that the database could not be
 // reached or did not answer in time (a refused or lost connection, a timeout,
@@ -201,7 +300,7 @@ const (
 	// nothing is compensated.
 	CodeOutcomeUnknown = "outcome_unknown"
 	// CodeOutcomeOverdue (attention): an external step that waits for its
-	// outcome (see Pending and ExternalStepDef.Window) has none past its
+	// outcome (see Accepted and ExternalStepDef.Window) has none past its
 	// outcome window: the call is still pending, or its lookup cannot answer.
 	// The operation goes on waiting; an operator may settle it.
 	CodeOutcomeOverdue = "outcome_overdue"
@@ -230,34 +329,6 @@ const (
 	// for a step out of attempts).
 	CodeResolvedNotMade = "resolved_not_made"
 )
-
-// OutcomeUnknownError is Cancel's refusal of an operation whose external step
-// may still have an effect: its last request may still land, or the outside
-// service has it pending, or its lookup cannot tell.
-type OutcomeUnknownError struct {
-	// Step is the external step whose outcome is not known.
-	Step string
-	// Pending is true when the outside service accepted the call and has not
-	// settled it.
-	Pending bool
-	// KnownAt is when the outcome will be known at the latest (the end of the
-	// step's outcome window), zero when that cannot be said.
-	KnownAt time.Time
-	// Reason says why, for operators.
-	Reason string
-}
-
-// Error implements error.
-func (e *OutcomeUnknownError) Error() string {
-	text := fmt.Sprintf("the outcome of step %s is not known yet: %s", e.Step, e.Reason)
-	if !e.KnownAt.IsZero() {
-		text += "; it will be known by " + e.KnownAt.UTC().Format(time.RFC3339)
-	}
-	return text
-}
-
-// Is reports whether target is ErrOutcomeUnknown.
-func (e *OutcomeUnknownError) Is(target error) bool { return target == ErrOutcomeUnknown }
 
 // ReusedError refuses, changing nothing, an id used again with other
 // content: an idempotency key (Start: another input), an event id
@@ -316,57 +387,20 @@ func lockNotAvailable(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
-// refusals are the operators' requests' refusals by rule, which change
-// nothing, each with the code that a request carried out for an Admin keeps
-// (idemflow_operator_request.code), so that the Admin returns the error the
-// process's own call returned. The first that matches names an error.
-var refusals = []struct {
-	err  error
-	code string
-}{
-	{ErrNotFound, "not_found"},
-	{ErrReasonRequired, "reason_required"},
-	{ErrInvalidResolution, "invalid_resolution"},
-	{ErrPastPivot, "past_point_of_no_return"},
-	{ErrOutcomeUnknown, "outcome_unknown"},
-	{ErrFinal, "operation_final"},
-	{ErrFinished, "operation_finished"},
-	{ErrWaitOver, "wait_over"},
-	{ErrNotAwaitingApproval, "not_awaiting_approval"},
-	{ErrNotFailed, "operation_not_failed"},
-	{ErrCompensated, "operation_compensated"},
-	{ErrRunning, "held_by_live_process"},
-	{ErrNotResolvable, "not_resolvable"},
-	{ErrResolutionContradicts, "resolution_contradicts_provider"},
-	{errCannotCancel, "cannot_cancel"},
-}
-
 // refusalCode is err's refusal code; "" for an error that is no refusal.
 func refusalCode(err error) string {
-	for _, r := range refusals {
-		if errors.Is(err, r.err) {
-			return r.code
-		}
+	var r Refusal
+	if errors.As(err, &r) {
+		return string(r)
 	}
 	return ""
 }
 
-// refusedError is a refusal as a request carried out elsewhere kept it: its
-// text, and the sentinel of its code, which it matches.
-type refusedError struct {
-	sentinel error
-	text     string
-}
-
-func (e *refusedError) Error() string { return e.text }
-func (e *refusedError) Unwrap() error { return e.sentinel }
-
-// refused rebuilds the refusal kept with code and text.
-func refused(code, text string) error {
-	for _, r := range refusals {
-		if r.code == code {
-			return &refusedError{sentinel: r.err, text: text}
-		}
+// refused rebuilds the refusal kept with code and text by a request carried
+// out elsewhere.
+func refused(id uuid.UUID, code, text string) error {
+	if _, ok := refusalTexts[Refusal(code)]; !ok {
+		return errors.New(text)
 	}
-	return errors.New(text)
+	return &RefusedError{Refusal: Refusal(code), Operation: id, Reason: strings.TrimPrefix(text, "engine: ")}
 }

@@ -156,12 +156,12 @@ func ExampleEngine_Cancel() {
 	// The first attempt holds the operation until it has handed the retry to
 	// River: until then Cancel answers ErrRunning, and is asked again. Then,
 	// until the charge's outcome window has passed, the request it sent may
-	// still land: Cancel answers an *OutcomeUnknownError saying when it will
+	// still land: Cancel answers an *RefusedError saying when it will
 	// be known, and undoes nothing.
 	info, err := e.Cancel(ctx, started.ID, "the customer gave up")
 	for errors.Is(err, engine.ErrRunning) || errors.Is(err, engine.ErrOutcomeUnknown) {
 		pause := 10 * time.Millisecond
-		if ou := (*engine.OutcomeUnknownError)(nil); errors.As(err, &ou) && !ou.KnownAt.IsZero() {
+		if ou := (*engine.RefusedError)(nil); errors.As(err, &ou) && !ou.KnownAt.IsZero() {
 			pause = time.Until(ou.KnownAt)
 		}
 		time.Sleep(pause)

@@ -27,8 +27,8 @@ type StepStatus string
 
 // The states of a step.
 const (
-	// StepStatusPending: the step has not run yet.
-	StepStatusPending StepStatus = "pending"
+	// StepStatusNotStarted: the step has not run yet.
+	StepStatusNotStarted StepStatus = "pending"
 	// StepStatusRunning: the step is being attempted, or waits for its next attempt after
 	// a transient failure (Attempts and LastError tell which).
 	StepStatusRunning StepStatus = "running"
@@ -155,11 +155,11 @@ type StepInfo struct {
 	ResolvedBy ResolvedBy
 	StartedAt  *time.Time
 	FinishedAt *time.Time
-	// Pending is true for a waiting step whose call the outside service
+	// Accepted is true for a waiting step whose call the outside service
 	// accepted, with its final outcome to come; WaitingSince is when a waiting
 	// step began waiting; SentAt is when an external step's last request that
 	// failed was sent at the latest, from which its outcome window runs.
-	Pending      bool
+	Accepted     bool
 	WaitingSince *time.Time
 	SentAt       *time.Time
 	// Window is an external step's outcome window in this process's
@@ -172,7 +172,7 @@ type StepInfo struct {
 	// no request that failed.
 	SettleBy *time.Time
 	// Reference is the outside service's reference of a call it accepted as
-	// pending (PendingAs); empty when none was told.
+	// pending (Accepted); empty when none was told.
 	Reference string
 	// LastError is the last failure's message for the client: it names nothing
 	// internal (no SQL, URL or Go error text). LastCause is the same failure for
@@ -251,7 +251,7 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 	held := rec.State == store.OperationInProgress && rec.LockedBy != nil && rec.LockedUntil.After(time.Now())
 	sawUnfinished := false
 	for _, name := range rec.Steps {
-		si := StepInfo{Name: name, Status: StepStatusPending}
+		si := StepInfo{Name: name, Status: StepStatusNotStarted}
 		if def != nil {
 			if i, ok := def.index[name]; ok {
 				si.Kind = def.steps[i].kind
@@ -279,7 +279,7 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 			switch s.State {
 			case store.StepWaiting:
 				si.Status = StepStatusWaiting
-				si.Pending = s.Pending
+				si.Accepted = s.Pending
 				si.WaitingSince = s.WaitingSince
 				if si.Wait, err = e.waitInfo(ctx, rec, s); err != nil {
 					return nil, err
@@ -287,7 +287,7 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 				if rec.State != store.OperationInProgress {
 					// Its operation ended without it (an operator's cancel
 					// once its window had passed): its calls took no effect.
-					si.Status, si.Pending, si.WaitingSince, si.Wait = StepStatusFailed, false, nil, nil
+					si.Status, si.Accepted, si.WaitingSince, si.Wait = StepStatusFailed, false, nil, nil
 				}
 			case store.StepSucceeded:
 				si.Status = StepStatusSucceeded
@@ -299,7 +299,7 @@ func (e *Engine) infoWithSteps(ctx context.Context, rec *store.Operation) (*Info
 				si.Status = StepStatusRunning
 			}
 		}
-		if si.Status == StepStatusPending || si.Status == StepStatusRunning {
+		if si.Status == StepStatusNotStarted || si.Status == StepStatusRunning {
 			switch {
 			case rec.State != store.OperationInProgress:
 				si.Status = StepStatusSkipped

@@ -234,25 +234,25 @@ type OperationEvent struct {
 	Version int
 }
 
-// StepOutcome is how a step's attempt ended.
-type StepOutcome string
+// AttemptEnd is how a step's attempt ended.
+type AttemptEnd string
 
 // The outcomes of a step's attempt.
 const (
-	// StepSucceeded: the attempt succeeded (by its own call, or found by a
+	// AttemptSucceeded: the attempt succeeded (by its own call, or found by a
 	// lookup).
-	StepSucceeded StepOutcome = "succeeded"
-	// StepRetried: it failed transiently; another attempt follows.
-	StepRetried StepOutcome = "retried"
-	// StepPending: the outside service accepted the call (or its lookup found
+	AttemptSucceeded AttemptEnd = "succeeded"
+	// AttemptRetried: it failed transiently; another attempt follows.
+	AttemptRetried AttemptEnd = "retried"
+	// AttemptAccepted: the outside service accepted the call (or its lookup found
 	// it still being processed) and gives its outcome later: the step waits
 	// for it. Not a failure: a healthy service may answer pending for a
 	// while.
-	StepPending StepOutcome = "pending"
-	// StepFailed: it failed for good (the operation fails, or is parked).
-	StepFailed StepOutcome = "failed"
-	// StepPanicked: it panicked (and is retried as a transient failure).
-	StepPanicked StepOutcome = "panicked"
+	AttemptAccepted AttemptEnd = "pending"
+	// AttemptFailed: it failed for good (the operation fails, or is parked).
+	AttemptFailed AttemptEnd = "failed"
+	// AttemptPanicked: it panicked (and is retried as a transient failure).
+	AttemptPanicked AttemptEnd = "panicked"
 )
 
 // StepEvent describes an attempt of a step.
@@ -265,7 +265,7 @@ type StepEvent struct {
 	Key string
 	// Outcome and Duration are set for StepAttempted, and Err, for an attempt
 	// that did not succeed, is why (for operators: it may name internals).
-	Outcome  StepOutcome
+	Outcome  AttemptEnd
 	Duration time.Duration
 	Err      error
 }
@@ -275,14 +275,14 @@ func (r *run) opEvent() OperationEvent {
 }
 
 // observeStep tells the observer that an attempt of st, begun at started,
-// ended with outcome (StepPanicked instead when err is a panic).
-func (r *run) observeStep(ctx context.Context, st *stepDef, attempt int, started time.Time, outcome StepOutcome, err error) {
+// ended with outcome (AttemptPanicked instead when err is a panic).
+func (r *run) observeStep(ctx context.Context, st *stepDef, attempt int, started time.Time, outcome AttemptEnd, err error) {
 	obs := r.e.cfg.Observer
 	if obs == nil || obs.StepAttempted == nil {
 		return
 	}
 	if pan := (*panicError)(nil); errors.As(err, &pan) {
-		outcome = StepPanicked
+		outcome = AttemptPanicked
 	}
 	ev := StepEvent{Operation: r.opEvent(), Step: st.name, Attempt: attempt, Key: r.attempt(st, attempt).Key,
 		Outcome: outcome, Duration: time.Since(started), Err: err}

@@ -140,7 +140,7 @@ func TestObserver(t *testing.T) {
 }
 
 // TestObserverPending: a call answered Pending is counted as its own outcome,
-// StepPending, never StepRetried: the step waits for its outcome, it did not
+// AttemptAccepted, never AttemptRetried: the step waits for its outcome, it did not
 // fail. The lookup that finds it made ends the wait.
 func TestObserverPending(t *testing.T) {
 	t.Parallel()
@@ -149,7 +149,7 @@ func TestObserverPending(t *testing.T) {
 	op, err := engine.NewOperation("pend", []engine.Step[int, int]{
 		engine.ExternalStep("call", func(context.Context, engine.Attempt, int, *int) error {
 			calls.Add(1)
-			return engine.Pending("accepted; final status later")
+			return engine.Accepted("", "accepted; final status later")
 		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return true, nil }).Window(time.Hour),
 	}, func(in int, _ *int) (int, error) { return in, nil },
 		&engine.OperationOpts{Retry: engine.RetryPolicy{Base: 5 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: 3}})

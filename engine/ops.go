@@ -54,7 +54,7 @@ func (e *Engine) Retry(ctx context.Context, id uuid.UUID, opts *RetryOpts) (*Inf
 		o = *opts
 	}
 	err := e.reopen(ctx, id, o.Force)
-	e.audit(ctx, store.OperatorRequest{OperationID: id, Action: string(ActionRetry), Reason: o.Reason, Force: o.Force}, "reopened; it runs again", err)
+	err = e.audit(ctx, store.OperatorRequest{OperationID: id, Action: string(ActionRetry), Reason: o.Reason, Force: o.Force}, "reopened; it runs again", err)
 	if err != nil {
 		return nil, err
 	}

@@ -57,8 +57,7 @@ func (e *Engine) Resolve(ctx context.Context, id uuid.UUID, res Resolution) (*In
 			detail += " under reference " + res.Reference
 		}
 	}
-	e.audit(ctx, store.OperatorRequest{OperationID: id, Action: string(ActionResolve), Reason: res.Reason, Made: &made, Reference: res.Reference}, detail, err)
-	return info, err
+	return info, e.audit(ctx, store.OperatorRequest{OperationID: id, Action: string(ActionResolve), Reason: res.Reason, Made: &made, Reference: res.Reference}, detail, err)
 }
 
 func (e *Engine) resolve(ctx context.Context, id uuid.UUID, res Resolution) (*Info, error) {

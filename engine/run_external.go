@@ -90,7 +90,7 @@ func (r *run) runExternalStep(ctx context.Context, i int, st *stepDef, last bool
 	if err == nil {
 		err = protect(func() error { return r.hook(ctx, st, faults.PointAfterEffect, attempt) })
 	}
-	if err != nil && errors.Is(err, ErrOutcomePending) && context.Cause(ctx) == nil {
+	if err != nil && errors.Is(err, errAccepted) && context.Cause(ctx) == nil {
 		return r.pendingOutcome(ctx, i, st, attempt, started, err)
 	}
 	if err != nil {
@@ -105,7 +105,7 @@ func (r *run) externalSucceeded(ctx context.Context, i int, st *stepDef, attempt
 	if err := r.succeeded(i, st, attempt, started, resolvedBy); err != nil {
 		return r.parkUndecodable(ctx, err)
 	}
-	r.observeStep(ctx, st, attempt, started, StepSucceeded, nil)
+	r.observeStep(ctx, st, attempt, started, AttemptSucceeded, nil)
 	if !last {
 		// Checkpointed with the next transaction, so that a first attempt commits
 		// once before its call and once after.

@@ -36,7 +36,7 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 	var halt *HaltError
 	if errors.As(stepErr, &halt) {
 		log.WarnContext(ctx, "step halted the operation; it needs an operator", slog.String("code", halt.Code), slog.String("reason", halt.Message))
-		r.observeStep(ctx, st, attempt, started, StepFailed, stepErr)
+		r.observeStep(ctx, st, attempt, started, AttemptFailed, stepErr)
 		return r.park(ctx, failure, halt.Code, fmt.Sprintf("step %s: %s", st.name, halt.Message))
 	}
 	var pe *PermanentError
@@ -46,7 +46,7 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 		// The database did not answer: nothing says the step is at fault, and
 		// nothing left the process. The attempt is retried without counting.
 		log.WarnContext(ctx, "step could not reach the database; retrying later without counting the attempt", slog.Any("error", stepErr))
-		r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
+		r.observeStep(ctx, st, attempt, started, AttemptRetried, stepErr)
 		failure.Attempts = attempt - 1
 		if r.failingSince == nil {
 			r.failingSince = make(map[string]time.Time)
@@ -67,17 +67,17 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 	if r.pastPivot() {
 		if permanent {
 			log.ErrorContext(ctx, "step failed for good after the point of no return; parking the operation", slog.String("error", stepErr.Error()))
-			r.observeStep(ctx, st, attempt, started, StepFailed, stepErr)
+			r.observeStep(ctx, st, attempt, started, AttemptFailed, stepErr)
 			return r.park(ctx, failure, CodeFailedPastPivot,
 				fmt.Sprintf("step %s failed for good after the point of no return: %s", st.name, pe.Error()))
 		}
 		if attempt < policy.MaxAttempts {
 			log.InfoContext(ctx, "step failed; retrying later", slog.Any("error", stepErr))
-			r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
+			r.observeStep(ctx, st, attempt, started, AttemptRetried, stepErr)
 			return r.retryLater(ctx, failure, backoff(policy, attempt, stepErr), nil)
 		}
 		log.WarnContext(ctx, "step keeps failing after the point of no return; retrying at the cap", slog.Any("error", stepErr))
-		r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
+		r.observeStep(ctx, st, attempt, started, AttemptRetried, stepErr)
 		return r.retryLater(ctx, failure, policy.Cap, &attention{CodeRetryingPastPivot,
 			fmt.Sprintf("step %s has failed %d times after the point of no return; retried every %s until it succeeds", st.name, attempt, policy.Cap)})
 	}
@@ -87,7 +87,7 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 		// (Fail) says it did not, a server fault or a run of failures does
 		// not. It is called no more; only its lookup, by the derived key,
 		// can tell, and "not found" counts only once no request can land.
-		r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
+		r.observeStep(ctx, st, attempt, started, AttemptRetried, stepErr)
 		if st.lookup == nil {
 			log.ErrorContext(ctx, "external step out of attempts, and no lookup can tell whether its call went through; parking the operation")
 			now, window := time.Now(), st.settle
@@ -109,7 +109,7 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 	if !permanent {
 		delay := backoff(policy, attempt, stepErr)
 		log.InfoContext(ctx, "step failed; retrying later", slog.Any("error", stepErr), slog.Duration("backoff", delay))
-		r.observeStep(ctx, st, attempt, started, StepRetried, stepErr)
+		r.observeStep(ctx, st, attempt, started, AttemptRetried, stepErr)
 		if st.kind == StepKindExternal {
 			now, window := time.Now(), st.settle
 			failure.SentAt, failure.SettleWindow = &now, &window
@@ -119,7 +119,7 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 	}
 	pe = &PermanentError{Code: pe.Code, Message: pe.Message, Cause: pe.Cause, Details: pe.Details, Step: st.name, Fault: pe.ServerFault()}
 	log.InfoContext(ctx, "step failed permanently", slog.String("code", pe.Code), slog.String("error", pe.Error()))
-	r.observeStep(ctx, st, attempt, started, StepFailed, stepErr)
+	r.observeStep(ctx, st, attempt, started, AttemptFailed, stepErr)
 	r.failure = pe
 	r.tries[st.name] = attempt
 	r.status[st.name] = store.StepFailed

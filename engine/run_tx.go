@@ -82,7 +82,7 @@ func (r *run) commitStep(ctx context.Context, tx *txn, i int, st *stepDef, attem
 		return r.resultFailed(ctx, re.err)
 	}
 	if err == nil {
-		r.observeStep(ctx, st, attempt, started, StepSucceeded, nil)
+		r.observeStep(ctx, st, attempt, started, AttemptSucceeded, nil)
 	}
 	return info, err
 }

@@ -62,7 +62,7 @@ func readLookup(found bool, err error) (lookupAnswer, *PermanentError, *HaltErro
 		return answerNothing, nil, nil
 	case errors.As(err, &halt):
 		return answerHalted, nil, halt
-	case errors.Is(err, ErrOutcomePending):
+	case errors.Is(err, errAccepted):
 		return answerPending, nil, nil
 	case errors.As(err, &pe) && !pe.ServerFault():
 		return answerFailed, pe, nil
@@ -129,7 +129,7 @@ func (r *run) settleLeft(ctx context.Context, st *stepDef) (time.Time, time.Dura
 // being processed): the attempt counts as a call, and the operation is handed
 // back until the lookup is asked again, or an event or an operator settles it.
 func (r *run) pendingOutcome(ctx context.Context, i int, st *stepDef, attempt int, started time.Time, cause error) (*Info, error) {
-	r.observeStep(ctx, st, attempt, started, StepPending, cause)
+	r.observeStep(ctx, st, attempt, started, AttemptAccepted, cause)
 	r.logger().InfoContext(ctx, "external step's outcome is pending; waiting for it",
 		slog.String("step", st.name), slog.Int("attempt", attempt), slog.Any("reason", cause))
 	r.tries[st.name] = attempt

@@ -76,10 +76,10 @@ func (p *lateProvider) call(ctx context.Context, at engine.Attempt, _ int, s *la
 		return errTimeout
 	case "pending":
 		p.pending[at.Key] = true
-		return engine.Pending("accepted; final status later")
+		return engine.Accepted("", "accepted; final status later")
 	case "pending-ref":
 		p.pending[at.Key] = true
-		return engine.PendingAs("ref:"+at.Key[:8], "accepted under a reference; final status later")
+		return engine.Accepted("ref:"+at.Key[:8], "accepted under a reference; final status later")
 	}
 	p.made[at.Key] = true
 	s.Ref = "made:" + at.Key[:8]
@@ -130,7 +130,7 @@ func (p *lateProvider) lookup(ctx context.Context, at engine.Attempt, _ int, s *
 	defer p.mu.Unlock()
 	switch {
 	case p.pending[at.Key]:
-		return false, engine.Pending("still pending")
+		return false, engine.Accepted("", "still pending")
 	case p.failed[at.Key]:
 		return false, engine.Fail("payment_failed", "the provider failed the payment")
 	case p.made[at.Key]:
@@ -220,7 +220,7 @@ func TestUnknownOutcome(t *testing.T) {
 		e, _ := lateEngine(t, op)
 		s, waiting := startWaiting(t, e, op)
 		require.Equal(t, engine.StatusInProgress, waiting.Status)
-		require.False(t, waiting.Steps[1].Pending)
+		require.False(t, waiting.Steps[1].Accepted)
 		require.NotNil(t, waiting.Steps[1].SentAt)
 		require.NotNil(t, waiting.Steps[1].WaitingSince)
 		require.Zero(t, p.undos.Load())
@@ -288,7 +288,7 @@ func TestUnknownOutcome(t *testing.T) {
 
 		other := idemflowtest.NewEngine(t, pool, &engine.Config{Lease: defaultLease}, op)
 		_, err = other.Cancel(ctx, s.ID, "customer gave up")
-		var ou *engine.OutcomeUnknownError
+		var ou *engine.RefusedError
 		require.ErrorAs(t, err, &ou)
 		require.WithinDuration(t, stopped.Add(settle), ou.KnownAt, 5*time.Second)
 		require.Zero(t, p.undos.Load())
@@ -308,7 +308,7 @@ func TestUnknownOutcome(t *testing.T) {
 			return !errors.Is(cancelErr, engine.ErrRunning)
 		}, fsTimeout, 10*time.Millisecond)
 		require.ErrorIs(t, cancelErr, engine.ErrOutcomeUnknown)
-		var ou *engine.OutcomeUnknownError
+		var ou *engine.RefusedError
 		require.ErrorAs(t, cancelErr, &ou)
 		require.Equal(t, "pay", ou.Step)
 		require.WithinDuration(t, waiting.Steps[1].SentAt.Add(settle), ou.KnownAt, time.Second)
@@ -330,7 +330,7 @@ func TestPendingOutcome(t *testing.T) {
 		op := lateOp(t, p, "pending_lookup", time.Hour, 3)
 		e, _ := lateEngine(t, op)
 		s, waiting := startWaiting(t, e, op)
-		require.True(t, waiting.Steps[1].Pending)
+		require.True(t, waiting.Steps[1].Accepted)
 		require.False(t, waiting.NeedsAttention())
 		seen := p.lookups.Load()
 		require.Eventually(t, func() bool { return p.lookups.Load() > seen+1 }, fsTimeout, 10*time.Millisecond)
@@ -352,9 +352,9 @@ func TestPendingOutcome(t *testing.T) {
 			_, cancelErr = e.Cancel(ctx, s.ID, "")
 			return !errors.Is(cancelErr, engine.ErrRunning)
 		}, fsTimeout, 10*time.Millisecond)
-		var ou *engine.OutcomeUnknownError
+		var ou *engine.RefusedError
 		require.ErrorAs(t, cancelErr, &ou)
-		require.True(t, ou.Pending)
+		require.True(t, ou.Accepted)
 
 		p.settle(waiting.Steps[1].DerivedKey, false)
 		info := fsWait(t, e, s.ID)

@@ -226,7 +226,7 @@ func (r *run) failWait(ctx context.Context, tx *txn, i int, st *stepDef, attempt
 	pe.Step = st.name
 	r.failure = pe
 	r.status[st.name] = store.StepFailed
-	r.observeStep(ctx, st, attempt, started, StepFailed, pe)
+	r.observeStep(ctx, st, attempt, started, AttemptFailed, pe)
 	return r.compensateWith(ctx, &store.StepRecordFailureParams{
 		OperationID: r.id, Name: st.name, Position: i, State: store.StepFailed, Attempts: attempt,
 		LastError: pe.Message, LastCause: pe.Error(), StartedAt: started,

@@ -125,7 +125,7 @@ func (d ExternalStepDef[In, S]) Name() string { return d.s.name }
 // fn fills state as the step would have and returns true: the step is
 // checkpointed without a new call. False with a nil error means that the
 // service has nothing under the key. Two errors are answers too: one that
-// matches ErrOutcomePending (see Pending) says that the service has the call
+// matches errAccepted (see Accepted) says that the service has the call
 // but no final outcome yet (it is still processing, or accepted it as
 // pending), and a *PermanentError from Fail says that the call ended without
 // effect (a pending payout that failed): the step fails with it. Any other

@@ -82,27 +82,24 @@ func Permanent(err error) error {
 	return &PermanentError{Code: CodePermanent, Message: serverFaultMessage, Cause: err.Error(), Fault: true, err: err}
 }
 
-// Pending returns an error that says an external call has no final outcome
-// yet, matched by ErrOutcomePending. An external step returns it when the outside
-// service accepted the call and settles it later (a pending refund, an ACH
-// payout): the step waits, and the operation with it, with no run holding it,
-// until its lookup finds the outcome final, the outside service's word arrives
-// (Engine.RecordOutcome) or an operator decides. A lookup returns it
-// when the service has the call but is still processing it. reason is for
-// operators.
-func Pending(reason string) error {
-	return fmt.Errorf("%w: %s", ErrOutcomePending, reason)
+// Accepted returns an error that says an external call has no final outcome
+// yet. An external step returns it when the outside service accepted the call
+// and settles it later (a pending refund, an ACH payout): the step waits, and
+// the operation with it, with no run holding it, until its lookup finds the
+// outcome final, the outside service's word arrives (Engine.RecordOutcome) or
+// an operator decides. reference, when not empty, is the service's id of what
+// it will carry out: the step keeps it, and an outcome that names another
+// reference is not the step's. A lookup returns it (reference empty) when the
+// service has the call but is still processing it. reason is for operators.
+func Accepted(reference, reason string) error {
+	err := fmt.Errorf("%w: %s", errAccepted, reason)
+	if reference == "" {
+		return err
+	}
+	return &pendingError{reference: reference, err: err}
 }
 
-// PendingAs is Pending for a call that the outside service accepted under
-// reference (its id of what it will carry out): the step keeps it, and an
-// outcome that names another reference is not the step's (see
-// Engine.RecordOutcome).
-func PendingAs(reference, reason string) error {
-	return &pendingError{reference: reference, err: Pending(reason)}
-}
-
-// pendingError is PendingAs's error.
+// pendingError is Accepted's error.
 type pendingError struct {
 	reference string
 	err       error
@@ -111,7 +108,7 @@ type pendingError struct {
 func (e *pendingError) Error() string { return e.err.Error() }
 func (e *pendingError) Unwrap() error { return e.err }
 
-// pendingReference is the reference that err, from PendingAs, names.
+// pendingReference is the reference that err, from Accepted, names.
 func pendingReference(err error) string {
 	var pe *pendingError
 	if errors.As(err, &pe) {

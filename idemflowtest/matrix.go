@@ -139,7 +139,7 @@ const (
 	// FaultPending: the first call takes effect and is answered "pending" in
 	// the service's words; its lookup answers "pending" until PendingFor has
 	// passed and it said so once, then the service's own answer: pending
-	// then succeeded. (Without Services: engine.Pending, at the engine.)
+	// then succeeded. (Without Services: engine.Accepted, at the engine.)
 	FaultPending Fault = "pending"
 	// FaultPendingFailed: the first call is answered "pending" and takes no
 	// effect; the lookup answers "pending", then the service's failure
@@ -708,7 +708,7 @@ func (m Matrix[In, S, Out]) child(t *testing.T, p point) {
 		// not committed: the Observer hears of it first.
 		cfg.Observer = engine.Observers(cfg.Observer, &engine.Observer{
 			StepAttempted: func(_ context.Context, ev engine.StepEvent) {
-				if ev.Step == p.Step && ev.Outcome != engine.StepSucceeded {
+				if ev.Step == p.Step && ev.Outcome != engine.AttemptSucceeded {
 					crash()
 				}
 			},
@@ -770,7 +770,7 @@ func (m Matrix[In, S, Out]) withFault(t *testing.T, step string, fault Fault) Re
 		case fault == FaultLateLanding && ev.Point == faults.PointAfterEffect:
 			err = engine.Permanent(fmt.Errorf("idemflowtest: injected timeout of a call that lands later: %w", context.DeadlineExceeded))
 		case fault == FaultPending && ev.Point == faults.PointAfterEffect:
-			err = engine.Pending("idemflowtest: injected: the service accepted the call as pending")
+			err = engine.Accepted("", "idemflowtest: injected: the service accepted the call as pending")
 		}
 		if err != nil {
 			injected := false
@@ -794,7 +794,7 @@ func (m Matrix[In, S, Out]) withFault(t *testing.T, step string, fault Fault) Re
 		case fault == FaultLateLanding:
 			return false, nil // not landed yet
 		case fault == FaultPending:
-			return false, engine.Pending("idemflowtest: injected: still pending")
+			return false, engine.Accepted("", "idemflowtest: injected: still pending")
 		}
 		return found, err
 	}

@@ -98,7 +98,7 @@ func topUpOp(base string, f topUpFlaw) (*engine.Operation[topUpIn, topUpState, t
 		case c.Status == "pending" && f == creditOnPending:
 			// The flaw: a charge accepted is not a charge made.
 		case c.Status == "pending":
-			return engine.PendingAs(c.ID, "the card service accepted the charge; its outcome comes later")
+			return engine.Accepted(c.ID, "the card service accepted the charge; its outcome comes later")
 		case c.Status == "failed":
 			return engine.Fail(c.Code, "the card service failed the charge")
 		}

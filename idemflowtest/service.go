@@ -358,7 +358,7 @@ func (p *proxy) land(r *http.Request, body []byte, timeout time.Duration) {
 				pl.problem(fmt.Errorf("idemflowtest: step %s's settle window (%s) is shorter than its call's timeout (about %s): a request the service takes as long to carry out as the step waits for its answer lands after the window, and its lookup takes it for not made",
 					pl.step, s.Window, timeout.Round(time.Millisecond)))
 			}
-			if s.Status == engine.StepStatusRunning || s.Status == engine.StepStatusPending {
+			if s.Status == engine.StepStatusRunning || s.Status == engine.StepStatusNotStarted {
 				break // still calling: its window is not fixed yet
 			}
 			// Out of calls (waiting), or ended: the window is the one the

@@ -380,37 +380,21 @@ func (h *handler) act(r *http.Request, id uuid.UUID, req request) (*engine.Info,
 		_, err = h.e.Reject(ctx, id, reason)
 	}
 	var ref *refusal
+	var why engine.Refusal
 	switch {
 	case err == nil:
 		h.cfg.Logger.InfoContext(ctx, "operator action", slog.String("action", string(a)), slog.String("operation_id", id.String()),
 			slog.String("reason", reason), slog.String("remote_addr", r.RemoteAddr))
-	case errors.Is(err, engine.ErrNotFound):
+	case !errors.As(err, &why):
+		return nil, nil, err
+	case why == engine.ErrNotFound:
 		ref = &refusal{Status: http.StatusNotFound, Code: "operation_not_found", Message: "no such operation"}
 	case a.decides():
-		if ref = decisionRefusal(a, err); ref == nil {
-			return nil, nil, err
-		}
-	case errors.Is(err, engine.ErrNotFailed):
-		ref = &refusal{Status: http.StatusConflict, Code: "operation_not_failed", Message: "only a failed or parked operation can be retried: this one has neither failed nor been parked"}
-	case errors.Is(err, engine.ErrCompensated):
-		ref = &refusal{Status: http.StatusConflict, Code: "operation_compensated", Message: "a step of the operation that calls out was compensated: run again under the same derived key, its call would be answered with the one that was undone, so it cannot be retried; start a new operation under a new key"}
-	case errors.Is(err, engine.ErrFinished):
-		ref = &refusal{Status: http.StatusConflict, Code: "operation_finished", Message: "the operation has finished: there is nothing to cancel"}
-	case errors.Is(err, engine.ErrRunning):
-		ref = &refusal{Status: http.StatusConflict, Code: "held_by_live_process", Message: "a live process holds the operation (a step or a lookup runs): try again in a moment"}
-	case errors.Is(err, engine.ErrNotResolvable):
-		ref = &refusal{Status: http.StatusConflict, Code: "not_resolvable", Message: "only an operation in progress whose call out waits past its settle window, or that is parked at one, can be resolved: " + err.Error()}
-	case errors.Is(err, engine.ErrResolutionContradicts):
-		ref = &refusal{Status: http.StatusConflict, Code: "resolution_contradicts_provider", Message: "the outside service, asked by the step's derived key, says otherwise: " + err.Error()}
-	case errors.Is(err, engine.ErrInvalidResolution):
-		ref = &refusal{Status: http.StatusBadRequest, Code: "invalid_request", Message: err.Error()}
-	case errors.Is(err, engine.ErrFinal):
-		ref = &refusal{Status: http.StatusConflict, Code: "operation_final", Message: "the operation's answer is final: it ended with a business answer or an operator's cancel, which its key keeps; one that failed with a server fault is reopened only when forced"}
-	case errors.Is(err, engine.ErrOutcomeUnknown):
-		ref = &refusal{Status: http.StatusConflict, Code: "outcome_unknown", Message: outcomeUnknownMessage(err)}
-	case errors.Is(err, engine.ErrPastPivot):
-		ref = &refusal{Status: http.StatusConflict, Code: "past_point_of_no_return", Message: "the operation is past its point of no return (a step that cannot be undone has succeeded, or may have): it only goes forward, so it cannot be cancelled"}
+		ref = decisionRefusal(a, why, err)
 	default:
+		ref = operatorRefusal(why, err)
+	}
+	if err != nil && ref == nil {
 		return nil, nil, err
 	}
 	if ref != nil {
@@ -542,21 +526,49 @@ func (h *handler) requestFromBody(a action, body map[string]json.RawMessage) (re
 	return req, "", ""
 }
 
+// operatorRefusal is the answer to a retry, a cancel or a resolve that the
+// engine refused with why, nil for a refusal it has no answer for.
+func operatorRefusal(why engine.Refusal, err error) *refusal {
+	switch why {
+	case engine.ErrNotFailed:
+		return &refusal{Status: http.StatusConflict, Code: "operation_not_failed", Message: "only a failed or parked operation can be retried: this one has neither failed nor been parked"}
+	case engine.ErrCompensated:
+		return &refusal{Status: http.StatusConflict, Code: "operation_compensated", Message: "a step of the operation that calls out was compensated: run again under the same derived key, its call would be answered with the one that was undone, so it cannot be retried; start a new operation under a new key"}
+	case engine.ErrFinished:
+		return &refusal{Status: http.StatusConflict, Code: "operation_finished", Message: "the operation has finished: there is nothing to cancel"}
+	case engine.ErrRunning:
+		return &refusal{Status: http.StatusConflict, Code: "held_by_live_process", Message: "a live process holds the operation (a step or a lookup runs): try again in a moment"}
+	case engine.ErrNotResolvable:
+		return &refusal{Status: http.StatusConflict, Code: "not_resolvable", Message: "only an operation in progress whose call out waits past its settle window, or that is parked at one, can be resolved: " + err.Error()}
+	case engine.ErrResolutionContradicts:
+		return &refusal{Status: http.StatusConflict, Code: "resolution_contradicts_provider", Message: "the outside service, asked by the step's derived key, says otherwise: " + err.Error()}
+	case engine.ErrInvalidResolution:
+		return &refusal{Status: http.StatusBadRequest, Code: "invalid_request", Message: err.Error()}
+	case engine.ErrFinal:
+		return &refusal{Status: http.StatusConflict, Code: "operation_final", Message: "the operation's answer is final: it ended with a business answer or an operator's cancel, which its key keeps; one that failed with a server fault is reopened only when forced"}
+	case engine.ErrOutcomeUnknown:
+		return &refusal{Status: http.StatusConflict, Code: "outcome_unknown", Message: outcomeUnknownMessage(err)}
+	case engine.ErrPastPivot:
+		return &refusal{Status: http.StatusConflict, Code: "past_point_of_no_return", Message: "the operation is past its point of no return (a step that cannot be undone has succeeded, or may have): it only goes forward, so it cannot be cancelled"}
+	}
+	return nil
+}
+
 // decisionRefusal is the answer to an approval or a rejection that the
 // engine refused, nil for an error that is no refusal.
-func decisionRefusal(a action, err error) *refusal {
-	switch {
-	case errors.Is(err, engine.ErrReasonRequired):
+func decisionRefusal(a action, why engine.Refusal, err error) *refusal {
+	switch why {
+	case engine.ErrReasonRequired:
 		what := "an approval"
 		if a == actionReject {
 			what = "a rejection"
 		}
 		return &refusal{Status: http.StatusBadRequest, Code: "invalid_request", Message: what + " needs a reason", Param: "reason"}
-	case errors.Is(err, engine.ErrFinished):
+	case engine.ErrFinished:
 		return &refusal{Status: http.StatusConflict, Code: "operation_final", Message: "the operation has ended: its answer is final, there is nothing to " + string(a)}
-	case errors.Is(err, engine.ErrWaitOver):
+	case engine.ErrWaitOver:
 		return &refusal{Status: http.StatusConflict, Code: "operation_final", Message: "the operation's wait for approval has expired: it fails as expired, whatever is decided now"}
-	case errors.Is(err, engine.ErrNotAwaitingApproval):
+	case engine.ErrNotAwaitingApproval:
 		msg := "the operation is in progress and does not wait for approval: not yet, or no more (approved or rejected already)"
 		if _, why, ok := strings.Cut(err.Error(), engine.ErrNotAwaitingApproval.Error()+": "); ok {
 			msg += ": " + why
@@ -570,10 +582,10 @@ func decisionRefusal(a action, err error) *refusal {
 // is known.
 func outcomeUnknownMessage(err error) string {
 	msg := "the outcome of the operation's call to the outside service is not known yet, so nothing can be undone"
-	var ou *engine.OutcomeUnknownError
+	var ou *engine.RefusedError
 	if errors.As(err, &ou) {
 		switch {
-		case ou.Pending:
+		case ou.Accepted:
 			msg += ": the outside service has it pending"
 		case !ou.KnownAt.IsZero():
 			msg += "; it will be known by " + ou.KnownAt.UTC().Format(time.RFC3339)

@@ -195,7 +195,7 @@ func (t *tracer) stepAttempted(ctx context.Context, s engine.StepEvent) {
 	st.span.SetAttributes(attrStepOutcome.String(string(s.Outcome)))
 	// A pending answer is no failure: the call was accepted, and its outcome
 	// comes later.
-	if s.Outcome != engine.StepSucceeded && s.Outcome != engine.StepPending {
+	if s.Outcome != engine.AttemptSucceeded && s.Outcome != engine.AttemptAccepted {
 		desc := "attempt " + string(s.Outcome)
 		if s.Err != nil {
 			// For operators, as traces are: it may name internals.

@@ -430,7 +430,7 @@ func TestObserverPending(t *testing.T) {
 	rec := newRecorder(t)
 	op, err := engine.NewOperation("pend", []engine.Step[int, int]{
 		engine.ExternalStep("bank", func(context.Context, engine.Attempt, int, *int) error {
-			return engine.Pending("accepted; final status later")
+			return engine.Accepted("", "accepted; final status later")
 		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) { return true, nil }).Window(time.Hour),
 	}, func(in int, _ *int) (int, error) { return in, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Millisecond}})
 	require.NoError(t, err)

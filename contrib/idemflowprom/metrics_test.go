@@ -93,9 +93,9 @@ func TestMetricsPending(t *testing.T) {
 
 	op, err := engine.NewOperation("payout", []engine.Step[int, int]{
 		engine.ExternalStep("bank", func(context.Context, engine.Attempt, int, *int) error {
-			return engine.Pending("accepted; final status later")
+			return engine.Accepted("", "accepted; final status later")
 		}).Lookup(func(context.Context, engine.Attempt, int, *int) (bool, error) {
-			return false, engine.Pending("still processing")
+			return false, engine.Accepted("", "still processing")
 		}).Window(time.Hour),
 		// The lookup is asked again only an hour later: the operation waits.
 	}, func(in int, _ *int) (int, error) { return in, nil }, &engine.OperationOpts{Retry: engine.RetryPolicy{Base: time.Hour}})

@@ -28,7 +28,7 @@
 // # Outcomes
 //
 // An external step whose call the provider accepted as pending
-// (engine.PendingAs), or whose answer was lost, waits; the provider tells the
+// (engine.Accepted), or whose answer was lost, waits; the provider tells the
 // outcome later, by an event that names the idempotency key it was called
 // with: the step's derived key. OutcomeConfig.OutcomeFunc, the application's
 // mapping, reads such an event into an engine.Outcome:

@@ -49,10 +49,10 @@ func ExampleOutcomes() {
 			case asked <- at.Key:
 			default:
 			}
-			return engine.PendingAs("pr_1", "the provider accepted the refund")
+			return engine.Accepted("pr_1", "the provider accepted the refund")
 		}).
 			Lookup(func(context.Context, engine.Attempt, refundRequest, *refundResult) (bool, error) {
-				return false, engine.Pending("the provider is still processing the refund")
+				return false, engine.Accepted("", "the provider is still processing the refund")
 			}).
 			Resolve(func(_ refundRequest, s *refundResult, ref string) error { s.ProviderRefundID = ref; return nil }).
 			Reconcile(func(in refundRequest, rec reconcile.Record) reconcile.Kind {

@@ -42,7 +42,7 @@ func newRefundOp(t *testing.T) *engine.Operation[refundIn, refundState, string] 
 	t.Helper()
 	op, err := engine.NewOperation("refund", []engine.Step[refundIn, refundState]{
 		engine.ExternalStep("provider", func(_ context.Context, at engine.Attempt, _ refundIn, _ *refundState) error {
-			return engine.PendingAs(providerRef(at.Key), "the provider accepted the refund; final status later")
+			return engine.Accepted(providerRef(at.Key), "the provider accepted the refund; final status later")
 		}).Window(time.Hour).
 			Resolve(func(_ refundIn, s *refundState, ref string) error { s.Ref = ref; return nil }).
 			Reconcile(func(in refundIn, rec reconcile.Record) reconcile.Kind {

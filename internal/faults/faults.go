@@ -60,6 +60,6 @@ type Config struct {
 	// Lookup, when set, is given every answer of an external step's lookup
 	// (ev.Point is PointLookup) and returns the answer the engine acts on: to
 	// make a call land late (found, hidden until later) or stay pending for a
-	// while (an error matching ErrOutcomePending).
+	// while (an error matching errAccepted).
 	Lookup func(ctx context.Context, ev Event, found bool, err error) (bool, error)
 }

@@ -229,7 +229,7 @@ func (b *bundle) requireParked(t *testing.T, info *engine.Info, code string) {
 	steps := b.stepsOf(t, info)
 	require.Equal(t, engine.StepStatusSucceeded, steps[refund.StepLedger].Status, "not undone on a guess")
 	require.NotEqual(t, engine.StepStatusSucceeded, steps[refund.StepProvider].Status)
-	require.Equal(t, engine.StepStatusPending, steps[refund.StepFinalize].Status)
+	require.Equal(t, engine.StepStatusNotStarted, steps[refund.StepFinalize].Status)
 	require.Equal(t, map[string]int64{"customer:cus_1": -4000, "merchant": 4000}, b.balances(t, "merchant-a"))
 	o := b.getOrder(t, "merchant-a", "A-1")
 	require.Len(t, o.Refunds, 1)

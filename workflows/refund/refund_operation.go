@@ -177,7 +177,7 @@ func decodeRefund(_ engine.Attempt, in RefundInput, s *RefundState, a httpstep.A
 }
 
 // recordRefund puts the provider's refund ref in the state, once it is the
-// refund asked for and final: a pending refund is engine.Pending (the step
+// refund asked for and final: a pending refund is engine.Accepted (the step
 // waits for the provider's word), a failed one a business answer (it paid
 // nothing, and the ledger move is reversed).
 func recordRefund(ref *ProviderRefund, in RefundInput, s *RefundState) error {
@@ -190,7 +190,7 @@ func recordRefund(ref *ProviderRefund, in RefundInput, s *RefundState) error {
 	switch ref.Status {
 	case ProviderStatusSucceeded, "":
 	case ProviderStatusPending:
-		return engine.PendingAs(ref.ID, fmt.Sprintf("the provider's refund %s is pending", ref.ID))
+		return engine.Accepted(ref.ID, fmt.Sprintf("the provider's refund %s is pending", ref.ID))
 	case ProviderStatusFailed:
 		return refundFailed()
 	default:

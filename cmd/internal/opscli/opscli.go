@@ -400,7 +400,7 @@ func (c *commands) request(ctx context.Context, action string, args []string) in
 		info, err = c.admin.Cancel(ctx, id, strings.Join(args[1:], " "))
 	}
 	switch {
-	case errors.Is(err, engine.ErrPending):
+	case errors.Is(err, engine.ErrNotCarriedOut):
 		fmt.Fprintf(c.stderr, "idemflow: %s: no live process carried it out within %s; it will be when a process that runs the operation's definition does (idemflow processes)\n",
 			redact.Addresses(err.Error()), c.wait)
 		return exitPending
