@@ -11,7 +11,6 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-
 // mayCancel returns ErrPastPivot when the operation may not be compensated: a
 // pivot has succeeded, or the first unfinished step calls out and its call may
 // have gone through (its checkpoint rides with the next transaction, so after a

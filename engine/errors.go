@@ -150,23 +150,23 @@ const (
 )
 
 var refusalTexts = map[Refusal]string{
-	ErrNotFound: "operation not found",
-	ErrReasonRequired: "a reason is required",
-	ErrInvalidResolution: "invalid resolution",
-	ErrPastPivot: "operation is past its point of no return",
-	ErrOutcomeUnknown: "the outcome of a call is not known yet",
-	ErrFinal: "the operation's answer is final",
-	ErrFinished: "operation has finished",
-	ErrWaitOver: "the wait is over",
-	ErrNotAwaitingApproval: "the operation does not wait for approval",
-	ErrNotFailed: "operation has not failed and is not parked",
-	ErrCompensated: "a step that calls out was compensated",
-	ErrRunning: "operation is running",
-	ErrNotResolvable: "operation is not resolvable",
+	ErrNotFound:              "operation not found",
+	ErrReasonRequired:        "a reason is required",
+	ErrInvalidResolution:     "invalid resolution",
+	ErrPastPivot:             "operation is past its point of no return",
+	ErrOutcomeUnknown:        "the outcome of a call is not known yet",
+	ErrFinal:                 "the operation's answer is final",
+	ErrFinished:              "operation has finished",
+	ErrWaitOver:              "the wait is over",
+	ErrNotAwaitingApproval:   "the operation does not wait for approval",
+	ErrNotFailed:             "operation has not failed and is not parked",
+	ErrCompensated:           "a step that calls out was compensated",
+	ErrRunning:               "operation is running",
+	ErrNotResolvable:         "operation is not resolvable",
 	ErrResolutionContradicts: "the resolution contradicts the outside service",
-	ErrUnknownSource: "no such reconciliation source",
-	ErrInvalidCursor: "invalid cursor",
-	errCannotCancel: "operation cannot be cancelled",
+	ErrUnknownSource:         "no such reconciliation source",
+	ErrInvalidCursor:         "invalid cursor",
+	errCannotCancel:          "operation cannot be cancelled",
 }
 
 // RefusedError is an operator's request refused (Retry, Cancel, Resolve,
@@ -182,9 +182,9 @@ type RefusedError struct {
 	// and has not settled it; KnownAt is when its outcome will be known at
 	// the latest (the end of its outcome window), zero when that cannot be
 	// said.
-	Step    string
+	Step     string
 	Accepted bool
-	KnownAt time.Time
+	KnownAt  time.Time
 	// Reason says why, for operators.
 	Reason string
 }
