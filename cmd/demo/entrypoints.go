@@ -178,7 +178,7 @@ func startEntryPoints(ctx context.Context, cfg *config, e *engine.Engine, wf *re
 	for i, c := range cfg.clients {
 		clients[i] = c.name
 	}
-	runner, err := schedule.Every(e, wf.Settlement, schedule.Config[refund.SettlementInput]{
+	runner, err := schedule.New(e, wf.Settlement, &schedule.Config[refund.SettlementInput]{
 		Period:     cfg.entry.settlementInterval,
 		ScopesFunc: func(context.Context, time.Time) ([]string, error) { return clients, nil },
 		InputFunc: func(client string, slot time.Time) refund.SettlementInput {
