@@ -299,6 +299,12 @@ func (e *Engine) Stop(ctx context.Context) error {
 // that wants to enqueue jobs of its own in the same transactions.
 func (e *Engine) River() *river.Client[pgx.Tx] { return e.river }
 
+// Pool returns the pool the engine was made with (New's pool, not
+// Config.ControlPool): the database of its operations, where an application
+// begins the transactions that start them (StartTx) or record outcomes
+// (RecordOutcome) with writes of its own, as the entry points do.
+func (e *Engine) Pool() *pgxpool.Pool { return e.pool }
+
 // Registered reports whether op was given to New, so that Start accepts it.
 func (e *Engine) Registered(op Definition) bool {
 	_, err := e.registered(op)

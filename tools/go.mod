@@ -1,6 +1,7 @@
-// The tools' module file: the project's own requirements (kept as in ../go.mod)
-// and its tools, sqlc and staticcheck, which the module that users import does
-// not carry. From the repository's root:
+// The tools' module file: the project's own requirements (kept as in ../go.mod,
+// at its versions: internal/layout's TestModuleVersions checks) and its tools,
+// sqlc and staticcheck, which the module that users import does not carry.
+// From the repository's root:
 //
 //	go tool -modfile=tools/go.mod sqlc generate
 //	go tool -modfile=tools/go.mod staticcheck ./...
@@ -60,7 +61,7 @@ require (
 	github.com/tetratelabs/wazero v1.11.0 // indirect
 	github.com/tidwall/gjson v1.20.0 // indirect
 	github.com/tidwall/match v1.2.0 // indirect
-	github.com/tidwall/pretty v1.2.1 // indirect
+	github.com/tidwall/pretty v1.2.2 // indirect
 	github.com/tidwall/sjson v1.2.5 // indirect
 	github.com/wasilibs/go-pgquery v0.0.0-20250409022910-10ac41983c07 // indirect
 	github.com/wasilibs/wazero-helpers v0.0.0-20240620070341-3dff1577cd52 // indirect

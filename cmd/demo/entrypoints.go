@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
 	"github.com/idemflow/idemflow/cmd/internal/demoapi"
@@ -159,7 +158,7 @@ func runWebhooks(ctx context.Context, p *fakeprovider.Server) (stop func()) {
 
 // startEntryPoints starts what the entry points run in the background, and
 // returns the API's part of them and a function that stops the rest.
-func startEntryPoints(ctx context.Context, cfg *config, _ *pgxpool.Pool, e *engine.Engine, wf *refund.Workflows, logger *slog.Logger) (*demoapi.EntryPoints, func(), error) {
+func startEntryPoints(ctx context.Context, cfg *config, e *engine.Engine, wf *refund.Workflows, logger *slog.Logger) (*demoapi.EntryPoints, func(), error) {
 	ep := &demoapi.EntryPoints{
 		WebhookSecrets:  cfg.entry.webhookSecrets,
 		Queue:           e.River(),
@@ -179,7 +178,7 @@ func startEntryPoints(ctx context.Context, cfg *config, _ *pgxpool.Pool, e *engi
 	for i, c := range cfg.clients {
 		clients[i] = c.name
 	}
-	runner, err := schedule.Every(e, wf.Settlement, schedule.Config[refund.SettlementInput]{
+	runner, err := schedule.New(e, wf.Settlement, &schedule.Config[refund.SettlementInput]{
 		Period:     cfg.entry.settlementInterval,
 		ScopesFunc: func(context.Context, time.Time) ([]string, error) { return clients, nil },
 		InputFunc: func(client string, slot time.Time) refund.SettlementInput {
@@ -204,19 +203,18 @@ func startEntryPoints(ctx context.Context, cfg *config, _ *pgxpool.Pool, e *engi
 // that River's leader, whichever process it is, knows the jobs' kind and
 // retries a stuck one rather than discard it.
 type orderConsumer struct {
-	cfg  *config
-	wf   *refund.Workflows
-	pool *pgxpool.Pool
+	cfg *config
+	wf  *refund.Workflows
 }
 
-func newOrderConsumer(cfg *config, wf *refund.Workflows, pool *pgxpool.Pool) *orderConsumer {
-	return &orderConsumer{cfg: cfg, wf: wf, pool: pool}
+func newOrderConsumer(cfg *config, wf *refund.Workflows) *orderConsumer {
+	return &orderConsumer{cfg: cfg, wf: wf}
 }
 
 // addWorker is engine.RiverConfig.Workers: riverjob's worker, made on the
 // engine being made.
 func (c *orderConsumer) addWorker(e *engine.Engine, workers *river.Workers) error {
-	w, err := riverjob.New(e, c.pool, c.wf.Order, c.config())
+	w, err := riverjob.New(e, c.wf.Order, c.config())
 	if err != nil {
 		return fmt.Errorf("the queue's consumer: %w", err)
 	}

@@ -196,7 +196,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		return err
 	}
 	metrics.Declare(wf.Operations()...)
-	consumer := newOrderConsumer(cfg, wf, pool)
+	consumer := newOrderConsumer(cfg, wf)
 	e, err := engine.New(pool, &engine.Config{
 		Operations: wf.Operations(),
 		Observer:   engine.Observers(metrics.Observer(), idemflowotel.Observer(tp, nil)),
@@ -237,7 +237,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 	gaugeCtx, stopGauges := context.WithCancel(ctx)
 	defer stopGauges()
 	go metrics.Run(gaugeCtx, e)
-	entry, stopEntry, err := startEntryPoints(ctx, cfg, pool, e, wf, logger)
+	entry, stopEntry, err := startEntryPoints(ctx, cfg, e, wf, logger)
 	if err != nil {
 		return err
 	}

@@ -100,7 +100,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 		defer cancel()
 		require.NoError(t, e.Stop(sctx))
 	})
-	w, err := riverjob.New(e, pool, op, config())
+	w, err := riverjob.New(e, op, config())
 	require.NoError(t, err)
 	// The consumer's client first, alone: River's leader, whose rescuer runs
 	// at once, and knows the job's kind (see TestStuckJobRescue for a leader
@@ -144,7 +144,7 @@ func crashChild(t *testing.T, url string) {
 		_ = os.Stdout.Sync()
 		return syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	}
-	w, err := riverjob.New(e, pool, op, cfg)
+	w, err := riverjob.New(e, op, cfg)
 	require.NoError(t, err)
 	rc := clientConfig(w)
 	rc.LeaderElectionDisabled = true // the test process's client leads, once this one is dead
@@ -218,7 +218,7 @@ func TestStuckJobRescue(t *testing.T) {
 		op, err := newOperation()
 		require.NoError(t, err)
 		e := idemflowtest.Engine(t, pool, nil, op) // leads the engine's schema
-		w, err := riverjob.New(e, pool, op, config())
+		w, err := riverjob.New(e, op, config())
 		require.NoError(t, err)
 		rc := clientConfig(w)
 		rc.Schema = consumerSchema

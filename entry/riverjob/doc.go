@@ -7,7 +7,7 @@
 // The message's id, the same on every delivery, is the operation's idempotency
 // key, and it is recorded in the same transaction as the job's completion:
 //
-//	w, err := riverjob.New(e, pool, op, &riverjob.Config[PaymentArgs, PayIn]{
+//	w, err := riverjob.New(e, op, &riverjob.Config[PaymentArgs, PayIn]{
 //		MessageFunc: func(job *river.Job[PaymentArgs]) (riverjob.Message[PayIn], error) {
 //			return riverjob.Message[PayIn]{Scope: "payments-topic", ID: job.Args.MessageID,
 //				Input: PayIn{Account: job.Args.Account, Amount: job.Args.Amount}}, nil
@@ -18,7 +18,7 @@
 //
 // # The guarantee
 //
-// Work begins a transaction on the pool, calls engine.StartTx with the
+// Work begins a transaction on the engine's pool, calls engine.StartTx with the
 // message's scope and id, runs Config.StartedFunc if set, completes the job
 // (river.JobCompleteTx) and commits. So there is one operation per (scope,
 // message id), however often and however concurrently the message is
@@ -84,7 +84,7 @@
 //
 //	e, err := engine.New(pool, &engine.Config{Operations: ops, River: engine.RiverConfig{
 //		Workers: func(e *engine.Engine, workers *river.Workers) error {
-//			w, err := riverjob.New(e, pool, op, cfg)
+//			w, err := riverjob.New(e, op, cfg)
 //			if err != nil {
 //				return err
 //			}

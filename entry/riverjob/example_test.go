@@ -73,7 +73,7 @@ func ExampleNew() {
 	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Logger: quiet,
 		River: engine.RiverConfig{
 			Workers: func(e *engine.Engine, workers *river.Workers) error {
-				w, err := riverjob.New(e, pool, op, consumer)
+				w, err := riverjob.New(e, op, consumer)
 				if err != nil {
 					return err
 				}

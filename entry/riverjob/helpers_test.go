@@ -150,7 +150,7 @@ func setup(t *testing.T, mod func(pool *pgxpool.Pool, cfg *riverjob.Config[payAr
 	if mod != nil {
 		mod(pool, cfg)
 	}
-	w, err := riverjob.New(e, pool, op, cfg)
+	w, err := riverjob.New(e, op, cfg)
 	require.NoError(t, err)
 	return &bundle{pool: pool, e: e, op: op, client: startClient(t, pool, clientConfig(w))}
 }

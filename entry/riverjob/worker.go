@@ -73,27 +73,31 @@ type Worker[A river.JobArgs, In, S, Out any] struct {
 	cfg  Config[A, In]
 }
 
-// New returns a Worker that starts operations of type op on e, in transactions
-// on pool: the database of e and of the River client that the worker is
-// registered on. op must be registered with e.
-func New[A river.JobArgs, In, S, Out any](e *engine.Engine, pool *pgxpool.Pool, op *engine.Operation[In, S, Out], cfg *Config[A, In]) (*Worker[A, In, S, Out], error) {
+// New returns a Worker that starts operations of type op on e, in
+// transactions on e's pool (engine.Engine.Pool): register it on a River
+// client of the same database, the engine's own (engine.RiverConfig.Workers)
+// or the application's. cfg is copied; its MessageFunc is required.
+//
+// It returns an error when e, op or cfg is nil, when cfg is invalid, and when
+// op was not given to e.
+func New[A river.JobArgs, In, S, Out any](e *engine.Engine, op *engine.Operation[In, S, Out], cfg *Config[A, In]) (*Worker[A, In, S, Out], error) {
 	switch {
 	case e == nil:
 		return nil, errors.New("riverjob: an engine is required")
-	case pool == nil:
-		return nil, errors.New("riverjob: a pool is required")
 	case op == nil:
 		return nil, errors.New("riverjob: an operation type is required")
-	case cfg == nil || cfg.MessageFunc == nil:
-		return nil, fmt.Errorf("riverjob: worker of %q: a message function is required", op.Name())
+	case cfg == nil:
+		return nil, errors.New("riverjob: a config is required")
 	case !e.Registered(op):
-		return nil, fmt.Errorf("riverjob: worker of %q: operation type not registered", op.Name())
+		return nil, fmt.Errorf("riverjob: operation type not registered: %q", op.Name())
+	case cfg.MessageFunc == nil:
+		return nil, fmt.Errorf("riverjob: worker of %q: a message function is required", op.Name())
 	}
 	c := *cfg
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return &Worker[A, In, S, Out]{e: e, pool: pool, op: op, cfg: c}, nil
+	return &Worker[A, In, S, Out]{e: e, pool: e.Pool(), op: op, cfg: c}, nil
 }
 
 // Work starts the job's operation and completes the job, in one transaction:

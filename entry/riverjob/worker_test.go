@@ -239,18 +239,17 @@ func TestNew(t *testing.T) {
 		new  func() error
 		want string
 	}{
-		{"no engine", func() error { _, err := riverjob.New(nil, pool, op, config()); return err }, "an engine is required"},
-		{"no pool", func() error { _, err := riverjob.New(e, nil, op, config()); return err }, "a pool is required"},
+		{"no engine", func() error { _, err := riverjob.New(nil, op, config()); return err }, "an engine is required"},
 		{"no operation", func() error {
-			_, err := riverjob.New[payArgs, payIn, payState, int64](e, pool, nil, config())
+			_, err := riverjob.New[payArgs, payIn, payState, int64](e, nil, config())
 			return err
 		}, "an operation type is required"},
-		{"no config", func() error { _, err := riverjob.New[payArgs](e, pool, op, nil); return err }, "a message function is required"},
+		{"no config", func() error { _, err := riverjob.New[payArgs](e, op, nil); return err }, "a config is required"},
 		{"no message function", func() error {
-			_, err := riverjob.New(e, pool, op, &riverjob.Config[payArgs, payIn]{})
+			_, err := riverjob.New(e, op, &riverjob.Config[payArgs, payIn]{})
 			return err
 		}, "a message function is required"},
-		{"not registered", func() error { _, err := riverjob.New(e, pool, other, config()); return err }, "operation type not registered"},
+		{"not registered", func() error { _, err := riverjob.New(e, other, config()); return err }, "operation type not registered"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -258,7 +257,7 @@ func TestNew(t *testing.T) {
 			require.ErrorContains(t, tt.new(), tt.want)
 		})
 	}
-	_, err = riverjob.New(e, pool, op, config())
+	_, err = riverjob.New(e, op, config())
 	require.NoError(t, err)
 }
 

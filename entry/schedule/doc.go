@@ -2,7 +2,7 @@
 // client) and slot (the start of a period), fired by every process and run
 // once, because the slot is the operation's idempotency key.
 //
-//	r, err := schedule.Every(e, statement, schedule.Config[StatementIn]{
+//	r, err := schedule.New(e, statement, &schedule.Config[StatementIn]{
 //		Period:     time.Hour,
 //		ScopesFunc: listClients, // func(ctx, slot) ([]string, error)
 //		InputFunc:  func(client string, slot time.Time) StatementIn { return StatementIn{Slot: slot} },
@@ -102,7 +102,7 @@
 // processes: at least MinRetentionPeriods (2) periods. The engine's default
 // of 24 hours is not enough for a daily schedule.
 //
-// Every asks the engine for the operation type's retention (Engine.Retention)
+// New asks the engine for the operation type's retention (Engine.Retention)
 // and refuses a period longer than half of it. Runner.FireSlot refuses a slot
 // whose start is a retention ago (less a margin for the clocks' skew) with
 // ErrSlotExpired. Fire has no such guard: it fires what it is given. For

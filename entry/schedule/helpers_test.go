@@ -257,7 +257,7 @@ func (r *logRecorder) messages() []string {
 // scope, logging to logger.
 func (b *bundle) hourly(t *testing.T, logger *slog.Logger) *schedule.Runner[feeIn, feeState, feeOut] {
 	t.Helper()
-	r, err := schedule.Every(b.engines[0], b.fee, schedule.Config[feeIn]{
+	r, err := schedule.New(b.engines[0], b.fee, &schedule.Config[feeIn]{
 		Period:     time.Hour,
 		ScopesFunc: func(context.Context, time.Time) ([]string, error) { return scopes, nil },
 		InputFunc:  func(_ string, slot time.Time) feeIn { return feeFor(slot) },

@@ -13,7 +13,7 @@
 // delivers it (providers retry until they get a 2xx, and sometimes deliver
 // twice anyway).
 //
-//	outcomes, err := webhook.Outcomes(e, pool, &webhook.OutcomeConfig{
+//	outcomes, err := webhook.Outcomes(e, &webhook.OutcomeConfig{
 //		Secrets:     [][]byte{secret},
 //		OutcomeFunc: refundOutcome, // the provider's event as an engine.Outcome
 //	})

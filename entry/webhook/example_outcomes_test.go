@@ -76,7 +76,7 @@ func ExampleOutcomes() {
 	defer e.Stop(ctx)
 
 	secret := []byte("whsec_example")
-	h, err := webhook.Outcomes(e, pool, &webhook.OutcomeConfig{
+	h, err := webhook.Outcomes(e, &webhook.OutcomeConfig{
 		Secrets: [][]byte{secret},
 		// The provider's event, in the engine's terms.
 		OutcomeFunc: func(_ *http.Request, body []byte) (engine.Outcome, error) {

@@ -134,19 +134,18 @@ func (c OutcomeConfig) withDefaults() OutcomeConfig {
 // the provider's events say of the calls the service made: for each event,
 // the outcome that cfg.OutcomeFunc reads from it goes to e's inbox
 // (Engine.RecordOutcome) under the call's derived key, in a transaction on
-// pool, the database of e, with what cfg.TxFunc writes. The external step that
+// e's pool (Engine.Pool), with what cfg.TxFunc writes. The external step that
 // made the call applies it whenever it waits, whatever its state when the
 // event comes, and whichever process runs it. It answers 2xx only once the
 // outcome has committed. See the package documentation, "Outcomes", for what
 // it answers when. It serves whatever method and path it is mounted on.
 //
-// It returns an error when e, pool or cfg is nil, or cfg is invalid.
-func Outcomes(e *engine.Engine, pool *pgxpool.Pool, cfg *OutcomeConfig) (http.Handler, error) {
+// It takes no operation type: an outcome is about a call, whichever operation
+// made it. It returns an error when e or cfg is nil, or cfg is invalid.
+func Outcomes(e *engine.Engine, cfg *OutcomeConfig) (http.Handler, error) {
 	switch {
 	case e == nil:
 		return nil, errors.New("webhook: an engine is required")
-	case pool == nil:
-		return nil, errors.New("webhook: a pool is required")
 	case cfg == nil:
 		return nil, errors.New("webhook: a config is required")
 	}
@@ -156,7 +155,7 @@ func Outcomes(e *engine.Engine, pool *pgxpool.Pool, cfg *OutcomeConfig) (http.Ha
 	}
 	c = c.withDefaults()
 	rc := receiver{sign: c.signing().withDefaults(), maxBody: c.MaxBodyBytes, retryAfter: c.RetryAfter, now: c.Test.NowFunc}
-	return &outcomes{e: e, pool: pool, cfg: c, rc: rc}, nil
+	return &outcomes{e: e, pool: e.Pool(), cfg: c, rc: rc}, nil
 }
 
 type outcomes struct {

@@ -121,7 +121,7 @@ func setupOutcomes(t *testing.T) *outcomeHarness {
 	op := newRefundOp(t)
 	e := idemflowtest.Engine(t, pool, &engine.Config{Logger: quiet}, op)
 	h := &outcomeHarness{pool: pool, e: e, op: op}
-	h.srv = outcomesServer(t, e, pool, outcomeConfig())
+	h.srv = outcomesServer(t, e, outcomeConfig())
 	return h
 }
 
@@ -136,9 +136,9 @@ func outcomeConfig() *webhook.OutcomeConfig {
 	}
 }
 
-func outcomesServer(t *testing.T, e *engine.Engine, pool *pgxpool.Pool, cfg *webhook.OutcomeConfig) *httptest.Server {
+func outcomesServer(t *testing.T, e *engine.Engine, cfg *webhook.OutcomeConfig) *httptest.Server {
 	t.Helper()
-	h, err := webhook.Outcomes(e, pool, cfg)
+	h, err := webhook.Outcomes(e, cfg)
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
@@ -368,7 +368,7 @@ func TestOutcomesNotStored(t *testing.T) {
 			}
 			return errors.New("the ledger is closed")
 		}
-		srv := outcomesServer(t, h.e, h.pool, cfg)
+		srv := outcomesServer(t, h.e, cfg)
 		body := refundEvent("evt_txfunc", "refund.succeeded", "idf3_txfunc", 100)
 		a := deliver(t, srv, body, webhook.Sign(secretOld, clock, body))
 		require.Equal(t, http.StatusInternalServerError, a.status, a.raw)
@@ -391,7 +391,7 @@ func TestOutcomesNotStored(t *testing.T) {
 			}
 			return &engine.ReusedError{What: "event", ID: o.EventID, Fields: []string{"data"}}
 		}
-		srv := outcomesServer(t, h.e, h.pool, cfg)
+		srv := outcomesServer(t, h.e, cfg)
 		body := refundEvent("evt_txreused", "refund.succeeded", "idf3_txreused", 100)
 		a := deliver(t, srv, body, webhook.Sign(secretOld, clock, body))
 		require.Equal(t, http.StatusUnprocessableEntity, a.status, a.raw)
@@ -412,7 +412,12 @@ func TestOutcomesNotStored(t *testing.T) {
 		short, err := pgxpool.NewWithConfig(ctx, pc)
 		require.NoError(t, err)
 		t.Cleanup(short.Close)
-		srv := outcomesServer(t, h.e, short, outcomeConfig())
+		// An engine of its own on that pool: the endpoint records on its
+		// engine's pool. No workers: recording needs none.
+		e, err := engine.New(short, &engine.Config{Operations: []engine.Definition{newRefundOp(t)}, Logger: quiet})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = e.Stop(context.Background()) })
+		srv := outcomesServer(t, e, outcomeConfig())
 
 		holder, err := h.pool.Begin(ctx)
 		require.NoError(t, err)
@@ -441,7 +446,7 @@ func TestOutcomesNotStored(t *testing.T) {
 			_, err := tx.Exec(ctx, `SELECT pg_sleep(10)`)
 			return err
 		}
-		srv := outcomesServer(t, h.e, h.pool, cfg)
+		srv := outcomesServer(t, h.e, cfg)
 		body := refundEvent("evt_slow", "refund.succeeded", "idf3_slow", 100)
 		a := deliver(t, srv, body, webhook.Sign(secretOld, clock, body))
 		require.Equal(t, http.StatusServiceUnavailable, a.status, a.raw)
@@ -463,7 +468,7 @@ func TestOutcomesNotStored(t *testing.T) {
 			_, err := tx.Exec(ctx, `INSERT INTO webhook_deferred VALUES ($1), ($1)`, o.EventID)
 			return err
 		}
-		srv := outcomesServer(t, h.e, h.pool, cfg)
+		srv := outcomesServer(t, h.e, cfg)
 		body := refundEvent("evt_commit", "refund.succeeded", "idf3_commit", 100)
 		a := deliver(t, srv, body, webhook.Sign(secretOld, clock, body))
 		require.Equal(t, http.StatusServiceUnavailable, a.status, a.raw)
@@ -484,7 +489,7 @@ func TestOutcomesNotStored(t *testing.T) {
 		t.Cleanup(func() { _ = e.Stop(context.Background()) })
 		cfg := outcomeConfig()
 		cfg.Logger = silent
-		srv := outcomesServer(t, e, pool, cfg)
+		srv := outcomesServer(t, e, cfg)
 		body := refundEvent("evt_nodb", "refund.succeeded", "idf3_nodb", 100)
 		a := deliver(t, srv, body, webhook.Sign(secretOld, clock, body))
 		require.Equal(t, http.StatusServiceUnavailable, a.status, a.raw)
@@ -527,7 +532,7 @@ func TestOutcomesConfig(t *testing.T) {
 			t.Parallel()
 			cfg := outcomeConfig()
 			tt.change(cfg)
-			h, err := webhook.Outcomes(e, pool, cfg)
+			h, err := webhook.Outcomes(e, cfg)
 			if tt.want == "" {
 				require.NoError(t, err)
 				require.NotNil(t, h)
@@ -537,10 +542,8 @@ func TestOutcomesConfig(t *testing.T) {
 		})
 	}
 
-	_, err = webhook.Outcomes(e, pool, nil)
-	require.Error(t, err)
-	_, err = webhook.Outcomes(e, nil, outcomeConfig())
-	require.ErrorContains(t, err, "a pool is required")
-	_, err = webhook.Outcomes(nil, pool, outcomeConfig())
+	_, err = webhook.Outcomes(e, nil)
+	require.ErrorContains(t, err, "a config is required")
+	_, err = webhook.Outcomes(nil, outcomeConfig())
 	require.ErrorContains(t, err, "an engine is required")
 }

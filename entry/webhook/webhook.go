@@ -102,7 +102,8 @@ type TestConfig struct {
 // however often the provider delivers it. See the package documentation for
 // what it answers when. It serves whatever method and path it is mounted on.
 //
-// It returns an error when cfg is nil or invalid, or op is not registered with e.
+// It returns an error when e, op or cfg is nil, when cfg is invalid, and when
+// op was not given to e.
 func Handler[In, S, Out any](e *engine.Engine, op *engine.Operation[In, S, Out], cfg *Config[In]) (http.Handler, error) {
 	switch {
 	case e == nil:

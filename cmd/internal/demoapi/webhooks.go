@@ -23,7 +23,7 @@ import (
 // however often the provider delivers it.
 func (s *server) webhooks(ep *EntryPoints) (http.Handler, error) {
 	wf, hook := s.cfg.Workflows, ep.WebhookHook
-	h, err := webhook.Outcomes(s.cfg.Engine, s.cfg.Pool, &webhook.OutcomeConfig{
+	h, err := webhook.Outcomes(s.cfg.Engine, &webhook.OutcomeConfig{
 		OutcomeFunc: func(r *http.Request, body []byte) (engine.Outcome, error) {
 			ev, err := decodeProviderEvent(body)
 			if err != nil {

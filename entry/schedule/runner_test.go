@@ -20,7 +20,7 @@ import (
 
 var scopes = []string{"client-a", "client-b", "client-c"}
 
-func TestEvery(t *testing.T) {
+func TestRunner(t *testing.T) {
 	t.Parallel()
 	// The runners start 30 seconds into the slot0 slot of a minute's period
 	// and run 3 more periods, the clocks moving 10 seconds at a time: each
@@ -59,7 +59,7 @@ func TestEvery(t *testing.T) {
 			var asked [2]atomic.Int64
 			runs := make(chan error, 2)
 			for i := range 2 {
-				r, err := schedule.Every(b.engines[i], b.fee, schedule.Config[feeIn]{
+				r, err := schedule.New(b.engines[i], b.fee, &schedule.Config[feeIn]{
 					Period: time.Minute,
 					ScopesFunc: func(_ context.Context, slot time.Time) ([]string, error) {
 						if asked[i].Add(1) == 1 && tc.failFirst {
@@ -134,7 +134,7 @@ func TestEvery(t *testing.T) {
 		clock := newFakeClock(start)
 		var mu sync.Mutex
 		var fired []time.Time
-		r, err := schedule.Every(b.engines[0], b.fee, schedule.Config[feeIn]{
+		r, err := schedule.New(b.engines[0], b.fee, &schedule.Config[feeIn]{
 			Period: time.Minute,
 			ScopesFunc: func(_ context.Context, slot time.Time) ([]string, error) {
 				mu.Lock()
@@ -215,7 +215,7 @@ func TestEvery(t *testing.T) {
 	t.Run("Run ends once the engine stops", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		r, err := schedule.Every(b.engines[1], b.fee, schedule.Config[feeIn]{
+		r, err := schedule.New(b.engines[1], b.fee, &schedule.Config[feeIn]{
 			Period:     time.Hour,
 			ScopesFunc: func(context.Context, time.Time) ([]string, error) { return scopes, nil },
 			InputFunc:  func(_ string, slot time.Time) feeIn { return feeFor(slot) },
@@ -229,7 +229,7 @@ func TestEvery(t *testing.T) {
 	})
 }
 
-func TestEveryRefuses(t *testing.T) {
+func TestNewRefuses(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	unregistered := newFee(t, "unregistered")
@@ -238,38 +238,48 @@ func TestEveryRefuses(t *testing.T) {
 	cases := []struct {
 		name    string
 		op      *engine.Operation[feeIn, feeState, feeOut]
-		cfg     schedule.Config[feeIn]
+		cfg     *schedule.Config[feeIn]
 		wantErr string
 	}{
-		{"no period", b.fee, schedule.Config[feeIn]{ScopesFunc: scopesFunc},
+		{"no period", b.fee, &schedule.Config[feeIn]{ScopesFunc: scopesFunc},
 			"the period must be a positive whole number of seconds, not 0s"},
-		{"a fraction of a second", b.fee, schedule.Config[feeIn]{Period: 1500 * time.Millisecond, ScopesFunc: scopesFunc},
+		{"a fraction of a second", b.fee, &schedule.Config[feeIn]{Period: 1500 * time.Millisecond, ScopesFunc: scopesFunc},
 			"the period must be a positive whole number of seconds, not 1.5s"},
-		{"no scopes function", b.fee, schedule.Config[feeIn]{Period: time.Hour},
+		{"no scopes function", b.fee, &schedule.Config[feeIn]{Period: time.Hour},
 			"a scopes function is required"},
-		{"a jitter as long as the period", b.fee, schedule.Config[feeIn]{Period: time.Hour, Jitter: time.Hour, ScopesFunc: scopesFunc},
+		{"a jitter as long as the period", b.fee, &schedule.Config[feeIn]{Period: time.Hour, Jitter: time.Hour, ScopesFunc: scopesFunc},
 			"the jitter (1h0m0s) must be at least zero and shorter than the period (1h0m0s)"},
-		{"a daily schedule with the engine's default retention", b.fee, schedule.Config[feeIn]{Period: 24 * time.Hour, ScopesFunc: scopesFunc},
+		{"a daily schedule with the engine's default retention", b.fee, &schedule.Config[feeIn]{Period: 24 * time.Hour, ScopesFunc: scopesFunc},
 			"a period of 24h0m0s needs the operations kept at least 48h0m0s, and the engine keeps them 24h0m0s"},
-		{"a retention shorter than two periods", b.fee, schedule.Config[feeIn]{Period: 13 * time.Hour, ScopesFunc: scopesFunc},
+		{"a retention shorter than two periods", b.fee, &schedule.Config[feeIn]{Period: 13 * time.Hour, ScopesFunc: scopesFunc},
 			"a period of 13h0m0s needs the operations kept at least 26h0m0s, and the engine keeps them 24h0m0s"},
-		{"an operation the engine does not run", unregistered, schedule.Config[feeIn]{Period: time.Hour, ScopesFunc: scopesFunc},
+		{"an operation the engine does not run", unregistered, &schedule.Config[feeIn]{Period: time.Hour, ScopesFunc: scopesFunc},
 			"operation type not registered"},
+		{"no config", b.fee, nil, "a config is required"},
+		{"no operation type", nil, &schedule.Config[feeIn]{Period: time.Hour, ScopesFunc: scopesFunc},
+			"an operation type is required"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			r, err := schedule.Every(b.engines[0], tc.op, tc.cfg)
+			r, err := schedule.New(b.engines[0], tc.op, tc.cfg)
 			require.Nil(t, r)
 			require.ErrorContains(t, err, tc.wantErr)
 		})
 	}
 
+	t.Run("no engine", func(t *testing.T) {
+		t.Parallel()
+		r, err := schedule.New(nil, b.fee, &schedule.Config[feeIn]{Period: time.Hour, ScopesFunc: scopesFunc})
+		require.Nil(t, r)
+		require.ErrorContains(t, err, "an engine is required")
+	})
+
 	t.Run("a daily schedule whose operations are kept 48 hours", func(t *testing.T) {
 		t.Parallel()
 		daily := newFeeKept(t, "daily", 48*time.Hour)
 		e := idemflowtest.Engine(t, b.pool, &engine.Config{Logger: quiet}, daily)
-		_, err := schedule.Every(e, daily, schedule.Config[feeIn]{Period: 24 * time.Hour, ScopesFunc: scopesFunc})
+		_, err := schedule.New(e, daily, &schedule.Config[feeIn]{Period: 24 * time.Hour, ScopesFunc: scopesFunc})
 		require.NoError(t, err)
 	})
 }

@@ -19,9 +19,9 @@ const (
 )
 
 // MinRetentionPeriods is how many periods the retention of a scheduled
-// operation must cover at least: Every refuses a Config whose Retention is
-// shorter than MinRetentionPeriods * Period (see the package documentation,
-// "Retention").
+// operation must cover at least: New refuses an operation type whose
+// retention (engine.Engine.Retention) is shorter than MinRetentionPeriods *
+// Config.Period (see the package documentation, "Retention").
 const MinRetentionPeriods = 2
 
 // The backoff of a slot's firing that failed for some scopes: the first retry
@@ -128,7 +128,7 @@ func checkRetention(period, retention time.Duration) error {
 }
 
 // Runner fires the slots of one operation type for a set of scopes, as they
-// begin. Make one with Every; it is safe for concurrent use, and so is running
+// begin. Make one with New; it is safe for concurrent use, and so is running
 // it in every process.
 type Runner[In, S, Out any] struct {
 	e   *engine.Engine
@@ -136,24 +136,33 @@ type Runner[In, S, Out any] struct {
 	cfg Config[In]
 }
 
-// Every returns a Runner that fires op's slot for each scope of
+// New returns a Runner that fires op's slot for each scope of
 // cfg.ScopesFunc every cfg.Period, on e. Run it in every process: each slot
-// runs once per scope however many processes fire it (see Fire).
+// runs once per scope however many processes fire it (see Fire). cfg is
+// copied; its Period and ScopesFunc are required.
 //
-// It returns an error when cfg is invalid (see Config), and when op was not
-// given to e.
-func Every[In, S, Out any](e *engine.Engine, op *engine.Operation[In, S, Out], cfg Config[In]) (*Runner[In, S, Out], error) {
-	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
+// It returns an error when e, op or cfg is nil, when cfg is invalid (see
+// Config), when op was not given to e, and when e
+// keeps op's operations less than MinRetentionPeriods periods.
+func New[In, S, Out any](e *engine.Engine, op *engine.Operation[In, S, Out], cfg *Config[In]) (*Runner[In, S, Out], error) {
+	switch {
+	case e == nil:
+		return nil, errors.New("schedule: an engine is required")
+	case op == nil:
+		return nil, errors.New("schedule: an operation type is required")
+	case cfg == nil:
+		return nil, errors.New("schedule: a config is required")
+	case !e.Registered(op):
+		return nil, fmt.Errorf("schedule: operation type not registered: %q", op.Name())
+	}
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("schedule: %q: %w", op.Name(), err)
 	}
-	if !e.Registered(op) {
-		return nil, fmt.Errorf("schedule: %q: operation type not registered", op.Name())
-	}
-	if err := checkRetention(cfg.Period, e.Retention(op)); err != nil {
+	if err := checkRetention(c.Period, e.Retention(op)); err != nil {
 		return nil, fmt.Errorf("schedule: %q: %w", op.Name(), err)
 	}
-	return &Runner[In, S, Out]{e: e, op: op, cfg: cfg}, nil
+	return &Runner[In, S, Out]{e: e, op: op, cfg: c}, nil
 }
 
 // Run fires the current slot at once, then each slot as it begins (after a
