@@ -1,7 +1,7 @@
 package main
 
-// The demo's ways in beyond the clients' keyed requests (docs/guide.md's "Beyond
-// HTTP"): the provider's webhooks, the queue of orders, and settlements, each
+// The demo's ways in beyond the clients' keyed requests (docs/guide/define.md's
+// "Beyond HTTP"): the provider's webhooks, the queue of orders, and settlements, each
 // on its entry package (entry/webhook, entry/riverjob, entry/schedule).
 
 import (

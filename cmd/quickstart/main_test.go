@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowtest"
+	"github.com/idemflow/idemflow/internal/doccheck"
 )
 
 // TestQuickstart runs the README's service against a real PostgreSQL and a
@@ -134,6 +135,27 @@ func TestQuickstart(t *testing.T) {
 	require.Contains(t, string(apiBody), `"status":"succeeded"`)
 	_, body = do(http.MethodGet, "/metrics", "", "")
 	require.Contains(t, body, `idemflow_operations_started_total{operation="payout"} 2`)
+
+	// Every path that README.md and the guide say the quick start serves
+	// (internal/doccheck's Paths) is routed here, with its method.
+	for _, p := range doccheck.ServedBy(doccheck.Quickstart) {
+		method, path := doccheck.Request(p, res.Header.Get("Operation-Id"))
+		var body io.Reader
+		if method != http.MethodGet {
+			body = strings.NewReader(`{}`)
+		}
+		req, err := http.NewRequest(method, base+path, body)
+		require.NoError(t, err)
+		req.Header.Set("X-Client", "shop-1")
+		req.Header.Set("Idempotency-Key", "doc-paths")
+		req.SetBasicAuth("ann", "admin-secret")
+		got, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		b, err := io.ReadAll(got.Body)
+		require.NoError(t, err)
+		_ = got.Body.Close()
+		require.False(t, doccheck.NotServed(got.StatusCode, b), "%s, documented: %d %s", p, got.StatusCode, b)
+	}
 }
 
 // TestReadmeQuickstart: the README's quick start is this command's main.go,

@@ -14,7 +14,8 @@ import (
 const RequireAllEnv = "IDEMFLOW_REQUIRE_ALL"
 
 // SkipMissing skips tb for a program that is not installed, saying which and
-// why; under RequireAllEnv or CI it fails tb instead.
+// why (the README's test command, go run ./internal/testrun, lists every skip
+// and its reason at its end); under RequireAllEnv or CI it fails tb instead.
 func SkipMissing(tb testing.TB, format string, args ...any) {
 	tb.Helper()
 	msg := fmt.Sprintf(format, args...)
