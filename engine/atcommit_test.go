@@ -23,7 +23,7 @@ CREATE TABLE test_attempt (step text NOT NULL);
 // AtCommit write violates a CHECK while fail says so.
 func atCommitOp(t *testing.T, plain bool, fail map[string]*atomic.Int32, calls *atomic.Int32) *engine.Operation[int, int, int] {
 	t.Helper()
-	write := func(name string) engine.TxFunc[int, int] {
+	write := func(name string) func(context.Context, engine.Tx, engine.Attempt, int, *int) error {
 		return func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in int, s *int) error {
 			// A plain write, sent at once: it must not outlive a failed attempt.
 			if plain {

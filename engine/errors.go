@@ -44,13 +44,13 @@ var (
 	// outside service accepted, with its final outcome to come, or a lookup
 	// that found the call still being processed.
 	errAccepted = errors.New("outcome pending")
-	// ErrUnavailable is matched by the error of a Start that could not reach the
+	// errUnavailable is matched by the error of a Start that could not reach the
 	// database, or got no answer in time: nothing was reserved, or (when the
 	// answer was lost) the key's operation runs and a retry finds it. It is
 	// also the error of a Start whose reservation waited out lock_timeout on
 	// another start's reservation of the key, not yet committed: a retry finds
 	// whichever way it ended.
-	ErrUnavailable = errors.New("database unavailable")
+	errUnavailable = errors.New("database unavailable")
 	// ErrNotMigrated is matched by the error of NewAdmin and StartWorkers for a
 	// database without idemflow's tables, or with an older version of them.
 	ErrNotMigrated = store.ErrNotMigrated
@@ -233,7 +233,7 @@ func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrIncompatibleSchema) || errors.Is(err, errLeaseExpiring) || errors.Is(err, context.DeadlineExceeded) ||
+	if errors.Is(err, errUnavailable) || errors.Is(err, ErrIncompatibleSchema) || errors.Is(err, errLeaseExpiring) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
 		return true
 	}

@@ -20,7 +20,7 @@ func TestIsUnavailable(t *testing.T) {
 		want bool
 	}{
 		{"Nil", nil, false},
-		{"ErrUnavailable", fmt.Errorf("start: %w", ErrUnavailable), true},
+		{"errUnavailable", fmt.Errorf("start: %w", errUnavailable), true},
 		{"LeaseExpiring", errLeaseExpiring, true},
 		{"Deadline", context.DeadlineExceeded, true},
 		{"EOF", io.ErrUnexpectedEOF, true},

@@ -2,7 +2,6 @@ package engine_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -69,7 +68,7 @@ func TestFailover(t *testing.T) {
 			deadline := time.Now().Add(90 * time.Second)
 			for time.Now().Before(deadline) {
 				s, err := engine.Start(ctx, e, op, "client", key, transferIn{From: "a", To: "b", Amount: int64(i + 1)}, nil)
-				if errors.Is(err, engine.ErrUnavailable) || engine.IsUnavailable(err) {
+				if engine.IsUnavailable(err) {
 					unavailable.Add(1)
 					time.Sleep(100 * time.Millisecond) // the client's pause before it retries
 					continue

@@ -104,7 +104,7 @@ func TestFenceByRun(t *testing.T) {
 
 // fsFencedOp is the operation of the fence tests: prep, whose compensation
 // writes "undo" to fs_fence and counts in undos, work, and finish.
-func fsFencedOp(t *testing.T, undos *atomic.Int32, work engine.TxFunc[int, int]) *engine.Operation[int, int, int] {
+func fsFencedOp(t *testing.T, undos *atomic.Int32, work func(context.Context, engine.Tx, engine.Attempt, int, *int) error) *engine.Operation[int, int, int] {
 	t.Helper()
 	op, err := engine.NewOperation("fenced", []engine.Step[int, int]{
 		engine.TxStep("prep", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }).Compensate(func(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ int, _ *int) error {
@@ -143,7 +143,7 @@ func TestFenceByRunWhileNewHolderWorks(t *testing.T) {
 	_, err := pool.Exec(ctx, `CREATE TABLE fs_fence (run text NOT NULL)`)
 	require.NoError(t, err)
 	var undos atomic.Int32
-	write := func(run string) engine.TxFunc[int, int] {
+	write := func(run string) func(context.Context, engine.Tx, engine.Attempt, int, *int) error {
 		return func(ctx context.Context, tx engine.Tx, _ engine.Attempt, _ int, _ *int) error {
 			_, err := tx.Exec(ctx, `INSERT INTO fs_fence (run) VALUES ($1)`, run)
 			return err

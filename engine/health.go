@@ -64,7 +64,7 @@ type schemaVerdict struct {
 // naming the migrations that this build lacks. A database moved back to this
 // build's version clears it. The error matches
 // ErrNotMigrated when the database lacks this build's migrations, and
-// ErrUnavailable when the database does not answer within ctx.
+// errUnavailable when the database does not answer within ctx.
 //
 // It reads one row (the schema's version) on Config.ControlPool. Only while
 // the database is ahead of this build does it check this build's statements
@@ -76,7 +76,7 @@ func (e *Engine) Health(ctx context.Context) error {
 	database, build, err := store.SchemaVersions(ctx, e.control)
 	switch {
 	case err != nil && IsUnavailable(err):
-		return fmt.Errorf("engine: %w: %w", ErrUnavailable, err)
+		return fmt.Errorf("engine: %w: %w", errUnavailable, err)
 	case err != nil:
 		return fmt.Errorf("engine: %w", err)
 	case database <= build:
@@ -99,7 +99,7 @@ func (e *Engine) Health(ctx context.Context) error {
 	case store.IsSchemaError(err):
 		return e.incompatible(ctx, database, build, err)
 	case err != nil && IsUnavailable(err):
-		return fmt.Errorf("engine: %w: %w", ErrUnavailable, err)
+		return fmt.Errorf("engine: %w: %w", errUnavailable, err)
 	case err != nil:
 		return fmt.Errorf("engine: %w", err)
 	}

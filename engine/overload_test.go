@@ -14,7 +14,7 @@ import (
 
 // TestMaxInFlight: beyond Config.MaxInFlight a Start with a free key answers
 // ErrOverloaded at once and reserves nothing; one whose key is taken is
-// answered as always, with the operation or ErrKeyReused.
+// answered as always, with the operation or ReusedError.
 func TestMaxInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

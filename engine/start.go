@@ -77,8 +77,7 @@ type reservation struct {
 // atomically and returns once the reservation has committed, or found the key
 // taken: by an operation started with the same input, which it returns (Created
 // false, with the operation in Existing), or with another input, which it
-// refuses with a *ReusedError naming the fields that differ (errors.Is
-// ErrKeyReused). The input's fingerprint is a hash of each top-level field of
+// refuses with a *ReusedError naming the fields that differ. The input's fingerprint is a hash of each top-level field of
 // its JSON, but those in OperationOpts.Unfingerprinted; StartOpts.Fingerprint
 // replaces it. The first attempt runs at once in this process, and goes on
 // after ctx ends; retries and resumes are River jobs. Use Started.Wait for the
@@ -150,11 +149,11 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 		if fault := e.schemaFault(ctx, res.err); fault != nil {
 			return nil, fmt.Errorf("engine: start %q: %w", def.name, fault)
 		}
-		if res.err != nil && errors.Is(res.err, ErrUnavailable) {
+		if res.err != nil && errors.Is(res.err, errUnavailable) {
 			return nil, fmt.Errorf("engine: start %q: %w", def.name, res.err)
 		}
 		if res.err != nil && IsUnavailable(res.err) {
-			return nil, fmt.Errorf("engine: start %q: %w: %w", def.name, ErrUnavailable, res.err)
+			return nil, fmt.Errorf("engine: start %q: %w: %w", def.name, errUnavailable, res.err)
 		}
 		if res.err != nil {
 			return nil, res.err
@@ -183,7 +182,7 @@ func (e *Engine) startWithoutRoom(ctx context.Context, def *opDef, p *prepared, 
 		if fault := e.schemaFault(ctx, err); fault != nil {
 			return nil, fmt.Errorf("engine: start %q: %w", def.name, fault)
 		}
-		return nil, fmt.Errorf("engine: start %q: %w: %w", def.name, ErrUnavailable, err)
+		return nil, fmt.Errorf("engine: start %q: %w: %w", def.name, errUnavailable, err)
 	}
 	return nil, fmt.Errorf("engine: start %q: %w", def.name, why)
 }
@@ -311,15 +310,15 @@ const existingReadTimeout = 2 * time.Second
 // holds the operation records a step, say) or had inserted and not committed
 // (another start's reservation). The row as last committed answers as a taken
 // key's would; with none, or when it cannot be read, the start is unavailable
-// for now (ErrUnavailable, errKeyRowLocked), and a retry finds how that
+// for now (errUnavailable, errKeyRowLocked), and a retry finds how that
 // transaction ended.
 // Without waited, a row gone since the reservation found the key taken (the
-// retention job deleted it) is ErrUnavailable too: a retry reserves the key.
+// retention job deleted it) is errUnavailable too: a retry reserves the key.
 //
 // The read does not end with the run's context, which ends when the
 // reservation took too long (errLeaseExpiring): the starter still waits for
 // its answer (Start reports a read that fails for want of the database as
-// ErrUnavailable).
+// errUnavailable).
 func (r *run) existing(ctx context.Context, waited error) reservation {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), existingReadTimeout)
 	defer cancel()
@@ -327,12 +326,12 @@ func (r *run) existing(ctx context.Context, waited error) reservation {
 	switch {
 	case err == nil:
 	case waited != nil && errors.Is(err, store.ErrNotFound):
-		return reservation{err: fmt.Errorf("%w: %w: %w", ErrUnavailable, errKeyRowLocked, waited)}
+		return reservation{err: fmt.Errorf("%w: %w: %w", errUnavailable, errKeyRowLocked, waited)}
 	case waited != nil:
-		return reservation{err: fmt.Errorf("%w: %w: %w; reading the key: %w", ErrUnavailable, errKeyRowLocked, waited, err)}
+		return reservation{err: fmt.Errorf("%w: %w: %w; reading the key: %w", errUnavailable, errKeyRowLocked, waited, err)}
 	case errors.Is(err, store.ErrNotFound):
 		// Deleted since (by the retention job): the key is free again.
-		return reservation{err: fmt.Errorf("engine: the operation that held the key is gone; a retry reserves it: %w: %w", ErrUnavailable, err)}
+		return reservation{err: fmt.Errorf("engine: the operation that held the key is gone; a retry reserves it: %w: %w", errUnavailable, err)}
 	default:
 		return reservation{err: fmt.Errorf("engine: read existing operation: %w", err)}
 	}

@@ -14,7 +14,7 @@ import (
 // the key taken just as its run's context ended (its reservation had not
 // committed within the lease, errLeaseExpiring) still reads the operation that
 // holds the key for its starter, rather than answer the context's end (which
-// an HTTP layer answered 500); one deleted since is ErrUnavailable.
+// an HTTP layer answered 500); one deleted since is errUnavailable.
 func TestExistingOutlivesTheRunsContext(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -53,6 +53,6 @@ func TestExistingOutlivesTheRunsContext(t *testing.T) {
 	_, err = e.pool.Exec(ctx, `DELETE FROM idemflow_operation WHERE id = $1`, first.ID)
 	require.NoError(t, err)
 	err = r.existing(runCtx, nil).err
-	require.ErrorIs(t, err, ErrUnavailable)
+	require.ErrorIs(t, err, errUnavailable)
 	require.True(t, IsUnavailable(err))
 }

@@ -12,13 +12,13 @@ import (
 // StepKind tells how the engine runs a step and checkpoints it.
 type StepKind string
 
-// TxFunc is the body of a transactional step. It reads the operation's input and
+// txFunc is the body of a transactional step. It reads the operation's input and
 // may change its state; its writes go through tx and commit with the checkpoint.
-type TxFunc[In, S any] func(ctx context.Context, tx Tx, at Attempt, in In, state *S) error
+type txFunc[In, S any] func(ctx context.Context, tx Tx, at Attempt, in In, state *S) error
 
-// ExternalFunc is the body of an external step. It must pass at.Key to the
+// externalFunc is the body of an external step. It must pass at.Key to the
 // outside service as the idempotency key of its request.
-type ExternalFunc[In, S any] func(ctx context.Context, at Attempt, in In, state *S) error
+type externalFunc[In, S any] func(ctx context.Context, at Attempt, in In, state *S) error
 
 // Attempt describes one attempt of a step, of any kind, or of its compensation or
 // lookup.
@@ -53,8 +53,8 @@ type Step[In, S any] interface {
 type stepSpec[In, S any] struct {
 	name       string
 	kind       StepKind
-	tx         TxFunc[In, S]
-	external   ExternalFunc[In, S]
+	tx         txFunc[In, S]
+	external   externalFunc[In, S]
 	lookup     func(ctx context.Context, at Attempt, in In, state *S) (bool, error)
 	compensate func(ctx context.Context, tx Tx, at Attempt, in In, state *S) error
 	retry      RetryPolicy
@@ -79,7 +79,7 @@ type stepSpec[In, S any] struct {
 type TxStepDef[In, S any] struct{ s stepSpec[In, S] }
 
 // TxStep declares a transactional step named name that runs fn.
-func TxStep[In, S any](name string, fn TxFunc[In, S]) TxStepDef[In, S] {
+func TxStep[In, S any](name string, fn func(ctx context.Context, tx Tx, at Attempt, in In, state *S) error) TxStepDef[In, S] {
 	return TxStepDef[In, S]{stepSpec[In, S]{name: name, kind: StepKindTx, tx: fn}}
 }
 
@@ -109,7 +109,7 @@ func (d TxStepDef[In, S]) spec() *stepSpec[In, S] { return &d.s }
 type ExternalStepDef[In, S any] struct{ s stepSpec[In, S] }
 
 // ExternalStep declares an external step named name that runs fn.
-func ExternalStep[In, S any](name string, fn ExternalFunc[In, S]) ExternalStepDef[In, S] {
+func ExternalStep[In, S any](name string, fn func(ctx context.Context, at Attempt, in In, state *S) error) ExternalStepDef[In, S] {
 	return ExternalStepDef[In, S]{stepSpec[In, S]{name: name, kind: StepKindExternal, external: fn}}
 }
 

@@ -52,9 +52,9 @@ type Signal struct {
 	ReceivedAt time.Time
 }
 
-// SignalFunc applies a signal to an operation: it runs in the transaction
-// that checkpoints its step, as a TxFunc does.
-type SignalFunc[In, S any] func(ctx context.Context, tx Tx, at Attempt, in In, state *S, sig Signal) error
+// signalFunc applies a signal to an operation: it runs in the transaction
+// that checkpoints its step, as a transactional step does.
+type signalFunc[In, S any] func(ctx context.Context, tx Tx, at Attempt, in In, state *S, sig Signal) error
 
 // ApprovalPolicy is what an ApprovalStep asks of an operation: how many
 // distinct actors must approve it (zero: none, the step passes at once), and
@@ -95,8 +95,8 @@ type waitSpec[In, S any] struct {
 	signal   string
 	until    func(in In, state *S) Deadline
 	policy   func(in In, state *S) ApprovalPolicy
-	apply    SignalFunc[In, S]
-	timeout  TxFunc[In, S]
+	apply    signalFunc[In, S]
+	timeout  txFunc[In, S]
 	rejected string
 	expired  string
 }
@@ -137,7 +137,7 @@ type SignalStepDef[In, S any] struct{ s stepSpec[In, S] }
 // job busy meanwhile, and applies the first one with fn, in the transaction
 // that checkpoints the step. A signal sent before the step is reached waits
 // for it. An error from fn fails the attempt as a TxStep's does.
-func SignalStep[In, S any](name, signal string, fn SignalFunc[In, S]) SignalStepDef[In, S] {
+func SignalStep[In, S any](name, signal string, fn func(ctx context.Context, tx Tx, at Attempt, in In, state *S, sig Signal) error) SignalStepDef[In, S] {
 	return SignalStepDef[In, S]{stepSpec[In, S]{name: name, kind: StepKindWait,
 		wait: &waitSpec[In, S]{reason: WaitSignal, signal: signal, apply: fn}}}
 }
@@ -152,7 +152,7 @@ func (d SignalStepDef[In, S]) Name() string { return d.s.name }
 // A nil onTimeout fails the step, and the operation, with CodeSignalTimeout.
 // A signal that comes after the deadline is refused (ErrWaitOver): the first
 // to commit, the signal or the deadline, wins.
-func (d SignalStepDef[In, S]) Deadline(when func(in In, state *S) Deadline, onTimeout TxFunc[In, S]) SignalStepDef[In, S] {
+func (d SignalStepDef[In, S]) Deadline(when func(in In, state *S) Deadline, onTimeout func(ctx context.Context, tx Tx, at Attempt, in In, state *S) error) SignalStepDef[In, S] {
 	w := *d.s.wait
 	w.until, w.timeout = when, onTimeout
 	d.s.wait = &w

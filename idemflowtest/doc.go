@@ -27,7 +27,7 @@
 // Engine returns an engine with its workers started and short timings
 // (TestLease), stopped when the test ends; NewEngine one without workers.
 // A test that injects faults of its own sets the engine's fault hooks
-// (engine.Config.Test) with HookEvent and the Point constants.
+// (engine.Config.Faults) with HookEvent and the Point constants.
 //
 // # The crash matrix
 //
@@ -147,7 +147,7 @@
 // answered pending ("<step>/after-pending"): the answer read, its checkpoint
 // not committed. The resume must come to the same books.
 //
-// Without Services, the fault matrix injects at the engine (engine.Config.Test),
+// Without Services, the fault matrix injects at the engine (engine.Config.Faults),
 // as it did before: the step's function or lookup is made to return an error
 // it never wrote, the call lands LateLanding after it, and FaultDeclined and
 // FaultPendingFailed are not tried. It shows that the engine keeps its word;

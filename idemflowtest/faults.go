@@ -25,7 +25,7 @@ const (
 	PointLookup = faults.PointLookup
 )
 
-// HookEvent is what the engine's fault hooks (engine.Config.Test) are told:
+// HookEvent is what the engine's fault hooks (engine.Config.Faults) are told:
 // the operation, the step, the Point and the attempt. A test that injects
 // faults of its own sets the hooks with it:
 //

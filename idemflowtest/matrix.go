@@ -108,7 +108,7 @@ type Result struct {
 // operation reads a dropped connection, a timeout of its own client, or the
 // service's own words for a decline or a pending call (Service), and decodes
 // them itself. Without, the fault matrix injects the first five at the engine
-// (engine.Config.Test) as before: the step's function, or its lookup, is made
+// (engine.Config.Faults) as before: the step's function, or its lookup, is made
 // to return an error it never wrote, so the operation's reading of the
 // service's answers goes untested; FaultDeclined and FaultPendingFailed need
 // Services.

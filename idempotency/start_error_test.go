@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,7 +29,7 @@ func TestWriteStartError(t *testing.T) {
 		{"Overloaded", engine.ErrOverloaded, http.StatusServiceUnavailable, idempotency.CodeOverloaded},
 		{"ScopeBusy", engine.ErrScopeBusy, http.StatusTooManyRequests, idempotency.CodeTooManyRequests},
 		{"Stopped", engine.ErrStopped, http.StatusServiceUnavailable, idempotency.CodeServiceUnavailable},
-		{"Unavailable", engine.ErrUnavailable, http.StatusServiceUnavailable, idempotency.CodeServiceUnavailable},
+		{"Unavailable", context.DeadlineExceeded, http.StatusServiceUnavailable, idempotency.CodeServiceUnavailable},
 		{"IncompatibleSchema", engine.ErrIncompatibleSchema, http.StatusServiceUnavailable, idempotency.CodeServiceUnavailable},
 		{"Other", errors.New("boom"), 0, ""},
 	} {

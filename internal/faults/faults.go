@@ -1,7 +1,7 @@
 // Package faults is the engine's point of fault injection, for tests and the
 // demo: the moments of a step's attempt at which a hook is called (Point),
 // what the hook is told (Event), and the hooks (Config, the engine's
-// Config.Test). Package idemflowtest gives these names to a service's tests.
+// Config.Faults). Package idemflowtest gives these names to a service's tests.
 package faults
 
 import (
@@ -52,7 +52,7 @@ const (
 	PointLookup Point = "lookup"
 )
 
-// Config holds the engine's hooks (its Config.Test).
+// Config holds the engine's hooks (its Config.Faults).
 type Config struct {
 	// Hook, when set, is called at each Point of every step attempt: to crash
 	// the process there, or to make the attempt fail or panic.

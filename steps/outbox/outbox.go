@@ -58,7 +58,7 @@ func Step[In, S any](name string, client *river.Client[pgx.Tx], jobs JobsFunc[In
 // With returns fn followed, in its transaction, by the insert of the jobs that
 // jobs builds from the state fn left: the jobs commit with fn's writes or not at
 // all. A nil fn writes nothing itself.
-func With[In, S any](fn engine.TxFunc[In, S], client *river.Client[pgx.Tx], jobs JobsFunc[In, S]) engine.TxFunc[In, S] {
+func With[In, S any](fn func(ctx context.Context, tx engine.Tx, at engine.Attempt, in In, state *S) error, client *river.Client[pgx.Tx], jobs JobsFunc[In, S]) func(ctx context.Context, tx engine.Tx, at engine.Attempt, in In, state *S) error {
 	return func(ctx context.Context, tx engine.Tx, at engine.Attempt, in In, state *S) error {
 		if fn != nil {
 			if err := fn(ctx, tx, at, in, state); err != nil {

@@ -2,7 +2,6 @@ package demoapi
 
 import (
 	"encoding/json"
-	"errors"
 	"net/http"
 	"time"
 
@@ -70,7 +69,7 @@ func (s *server) runReconciliation(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) writeReconciliation(w http.ResponseWriter, r *http.Request, rep *engine.ReconcileReport, err error) {
-	if errors.Is(err, engine.ErrUnavailable) {
+	if engine.IsUnavailable(err) {
 		w.Header().Set("Retry-After", "1")
 		idempotency.WriteError(w, http.StatusServiceUnavailable, "service_unavailable", "the database is unavailable; try again", nil)
 		return
