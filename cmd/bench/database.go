@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/cmd/bench/internal/benchdb"
+	"github.com/idemflow/idemflow/cmd/internal/fakeprovider"
 	"github.com/idemflow/idemflow/engine"
-	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/internal/pgcluster"
 	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/workflows/refund"

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemflow/idemflow/cmd/internal/fakeprovider"
 	"github.com/idemflow/idemflow/engine"
-	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 

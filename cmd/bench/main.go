@@ -6,7 +6,7 @@
 //	go run ./cmd/bench [-n 2000] [-c 32] [-mode all] [-json] [-history 0] [-rounds 1]
 //
 // It runs refunds of the demo's refund workflow (workflows/refund) with the demo's
-// fake payment provider (internal/fakeprovider) in this process, in four modes:
+// fake payment provider (cmd/internal/fakeprovider) in this process, in four modes:
 //
 //   - engine: engine.Start and Started.Wait, no HTTP;
 //   - http: POST /refunds through the idempotency package's handler, served on

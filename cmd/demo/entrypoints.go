@@ -20,10 +20,10 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/idemflow/idemflow/cmd/internal/demoapi"
+	"github.com/idemflow/idemflow/cmd/internal/fakeprovider"
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/entry/riverjob"
 	"github.com/idemflow/idemflow/entry/schedule"
-	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 

@@ -8,15 +8,37 @@ import (
 
 const module = "github.com/idemflow/idemflow"
 
-// imports lists, for each package that pattern names, the packages it
-// imports (not its tests'), or with deps every package it depends on.
-func imports(t *testing.T, deps bool, pattern string) map[string][]string {
+// imports lists, for each package that pattern names, the packages in the
+// lists that fields name (go list's Imports, TestImports, Deps...). In the
+// workspace (go.work), pattern names the packages of every module under the
+// library's path: the library's, and those of cmd/ and contrib/.
+func imports(t *testing.T, pattern string, fields ...string) map[string][]string {
 	t.Helper()
-	field := "Imports"
-	if deps {
-		field = "Deps"
+	format := "{{.ImportPath}}"
+	for _, f := range fields {
+		format += "{{range ." + f + "}} {{.}}{{end}}"
 	}
-	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .`+field+`}} {{.}}{{end}}`, module+"/"+pattern).Output()
+	return list(t, format, pattern)
+}
+
+// library returns the packages of the library's module: those that pattern
+// names and that are in no other module (cmd/, contrib/).
+func library(t *testing.T, pattern string) map[string]bool {
+	t.Helper()
+	lib := make(map[string]bool)
+	for p, mod := range list(t, "{{.ImportPath}} {{with .Module}}{{.Path}}{{end}}", pattern) {
+		if len(mod) == 1 && mod[0] == module {
+			lib[p] = true
+		}
+	}
+	return lib
+}
+
+// list runs go list with format on the packages that pattern names, and
+// returns each line's first field, the package, with the others.
+func list(t *testing.T, format, pattern string) map[string][]string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-f", format, module+"/"+pattern).Output()
 	if err != nil {
 		t.Fatalf("go list %s: %v", pattern, err)
 	}
@@ -30,16 +52,11 @@ func imports(t *testing.T, deps bool, pattern string) map[string][]string {
 	return m
 }
 
-// demo reports whether p is one of the demo's packages: its commands and
-// HTTP server under cmd/, and the fake provider it (and the refund
-// workflow's tests) run.
+// demo reports whether p is one of the demo's packages: its commands, its HTTP
+// server (cmd/internal/demoapi) and its fake provider
+// (cmd/internal/fakeprovider), all in the module of cmd/.
 func demo(p string) bool {
-	for _, d := range []string{module + "/cmd/", module + "/internal/fakeprovider"} {
-		if strings.HasPrefix(p, d) {
-			return true
-		}
-	}
-	return false
+	return p == module+"/cmd" || strings.HasPrefix(p, module+"/cmd/")
 }
 
 // TestImports: the rules that keep the library's parts apart.
@@ -48,7 +65,7 @@ func TestImports(t *testing.T) {
 		t.Skip("go list is not run with -short")
 	}
 	t.Parallel()
-	for p, deps := range imports(t, true, "store") {
+	for p, deps := range imports(t, "store", "Deps") {
 		for _, d := range deps {
 			if strings.HasPrefix(d, "github.com/riverqueue/") {
 				t.Errorf("%s depends on %s: store knows nothing of River (its schema is the engine's, internal/riverschema)", p, d)
@@ -56,7 +73,7 @@ func TestImports(t *testing.T) {
 		}
 	}
 	for _, pattern := range []string{"steps/...", "workflows/..."} {
-		for p, list := range imports(t, false, pattern) {
+		for p, list := range imports(t, pattern, "Imports") {
 			for _, d := range list {
 				if d == module+"/store" || strings.HasPrefix(d, module+"/store/") {
 					t.Errorf("%s imports %s: steps and workflows use the engine's API, never its store", p, d)
@@ -64,13 +81,20 @@ func TestImports(t *testing.T) {
 			}
 		}
 	}
-	for p, list := range imports(t, false, "...") {
-		if demo(p) {
+	// The library's module holds none of the demo's packages, and neither the
+	// library nor its tests import one: the refund workflow's tests serve a
+	// provider of their own.
+	lib := library(t, "...")
+	for p, list := range imports(t, "...", "Imports", "TestImports", "XTestImports") {
+		if !lib[p] {
 			continue
+		}
+		if demo(p) {
+			t.Errorf("%s is in the library's module: the demo's packages are in cmd/'s", p)
 		}
 		for _, d := range list {
 			if demo(d) {
-				t.Errorf("%s imports %s: the library never imports the demo's packages", p, d)
+				t.Errorf("%s (or its tests) imports %s: the library never imports the demo's packages", p, d)
 			}
 		}
 	}

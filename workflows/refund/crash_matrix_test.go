@@ -7,10 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -20,13 +17,8 @@ import (
 
 	"github.com/idemflow/idemflow/engine"
 	"github.com/idemflow/idemflow/idemflowtest"
-	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
-
-// quiet keeps the fake provider's line per refund out of the matrices'
-// output, so that their tables and broken invariants stand out.
-var quiet = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
 // The order that every matrix refunds from: paid 5,000 by cus_1.
 const (
@@ -52,25 +44,21 @@ func matrixConfig() *refund.Config {
 
 // refundMatrix is the crash and fault matrix of a refund of version 2 of
 // amount from an order of 5,000 (declined by the provider when orderID
-// starts with fakeprovider.DeclinePrefix). The provider is served by the
-// test process, on the run's database, so it outlives a killed child; the
+// starts with declinePrefix). The provider (providerAPI) is served by the
+// test process, so it outlives a killed child; the
 // kit's proxy stands in front of it (Run.Services, providerWords), so that
 // the refund's own client, classifyRefund, decodeRefund and lookup read
 // every fault, a decline and a pending refund included, as the provider
 // words them.
 func refundMatrix(orderID string, amount int64) idemflowtest.Matrix[refund.RefundInput, refund.RefundState, refund.Refund] {
-	declines := strings.HasPrefix(orderID, fakeprovider.DeclinePrefix)
+	declines := strings.HasPrefix(orderID, declinePrefix)
 	return idemflowtest.Matrix[refund.RefundInput, refund.RefundState, refund.Refund]{
 		Setup: func(t *testing.T, pool *pgxpool.Pool) *idemflowtest.Run {
 			ctx := t.Context()
 			require.NoError(t, refund.Migrate(ctx, pool))
-			require.NoError(t, fakeprovider.Migrate(ctx, pool))
-			srv, err := fakeprovider.New(pool, &fakeprovider.Config{Logger: quiet})
-			require.NoError(t, err)
-			ts := httptest.NewServer(srv.Handler())
-			t.Cleanup(ts.Close)
+			provider, providerURL := serveProvider(t)
 
-			wf, err := refund.New(&refund.ProviderClient{BaseURL: ts.URL}, nil)
+			wf, err := refund.New(&refund.ProviderClient{BaseURL: providerURL}, nil)
 			require.NoError(t, err)
 			e := idemflowtest.Engine(t, pool, nil, wf.Order)
 			s, err := engine.Start(ctx, e, wf.Order, "c", "order", refund.OrderInput{Client: "c", OrderID: orderID, CustomerID: matrixCustomer, Amount: matrixOrderAmount}, nil)
@@ -78,10 +66,10 @@ func refundMatrix(orderID string, amount int64) idemflowtest.Matrix[refund.Refun
 			require.Equal(t, engine.StatusSucceeded, idemflowtest.Wait(t, e, s).Status)
 
 			return &idemflowtest.Run{
-				Env:      map[string]string{"provider": ts.URL},
-				Services: map[string]idemflowtest.Service{"provider": providerWords(ctx, ts.URL, orderID, amount, declines)},
+				Env:      map[string]string{"provider": providerURL},
+				Services: map[string]idemflowtest.Service{"provider": providerWords(ctx, providerURL, orderID, amount, declines)},
 				Check: func(ctx context.Context, info *engine.Info) error {
-					return refundBooks(ctx, pool, info, orderID, amount, declines)
+					return refundBooks(ctx, pool, provider, info, orderID, amount, declines)
 				},
 			}
 		},
@@ -96,7 +84,7 @@ func refundMatrix(orderID string, amount int64) idemflowtest.Matrix[refund.Refun
 	}
 }
 
-// providerWords is how the demo's provider (internal/fakeprovider) words a
+// providerWords is how the provider (providerAPI, as the demo's) words a
 // decline and a pending refund, for the kit's proxy to answer in its name to
 // the refund of amount from orderID: a decline is 402 {"error": {"code":
 // "declined"}}; a pending refund is a refund POST answered 200 {"id":
@@ -116,7 +104,7 @@ func providerWords(ctx context.Context, base, orderID string, amount int64, decl
 			return ref.ID
 		}
 		sum := sha256.Sum256([]byte(key))
-		return fakeprovider.IDPrefix + base32.StdEncoding.EncodeToString(sum[:])[:26]
+		return providerIDPrefix + base32.StdEncoding.EncodeToString(sum[:])[:26]
 	}
 	answer := func(status int, v any) idemflowtest.Answer {
 		b, err := json.Marshal(v)
@@ -143,10 +131,10 @@ func providerWords(ctx context.Context, base, orderID string, amount int64, decl
 		return svc
 	}
 	svc.Pending = func(key string) idemflowtest.Answer {
-		return answer(http.StatusOK, map[string]any{"id": id(key), "status": fakeprovider.StatusPending, "orderId": orderID, "amount": amount})
+		return answer(http.StatusOK, map[string]any{"id": id(key), "status": providerPending, "orderId": orderID, "amount": amount})
 	}
-	svc.LookupPending = func(key string) idemflowtest.Answer { return record(key, fakeprovider.StatusPending) }
-	svc.LookupFailed = func(key string) idemflowtest.Answer { return record(key, fakeprovider.StatusFailed) }
+	svc.LookupPending = func(key string) idemflowtest.Answer { return record(key, providerPending) }
+	svc.LookupFailed = func(key string) idemflowtest.Answer { return record(key, providerFailed) }
 	return svc
 }
 
@@ -160,28 +148,8 @@ func providerWords(ctx context.Context, base, orderID string, amount int64, decl
 // provider paid or may still pay; the order's refund failed, and its ledger
 // move was reversed. A refund of an order that the provider declines fails;
 // any other end (in progress, parked) breaks the books.
-func refundBooks(ctx context.Context, pool *pgxpool.Pool, info *engine.Info, orderID string, amount int64, declines bool) error {
-	type providerRefund struct {
-		id, status string
-		requests   int
-	}
-	rows, err := pool.Query(ctx, "SELECT id, status, requests FROM provider.refund ORDER BY created_at")
-	if err != nil {
-		return err
-	}
-	var provider []providerRefund
-	for rows.Next() {
-		var r providerRefund
-		if err := rows.Scan(&r.id, &r.status, &r.requests); err != nil {
-			rows.Close()
-			return err
-		}
-		provider = append(provider, r)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
+func refundBooks(ctx context.Context, pool *pgxpool.Pool, api *providerAPI, info *engine.Info, orderID string, amount int64, declines bool) error {
+	provider := api.list()
 	order, err := refund.GetOrder(ctx, pool, "c", orderID)
 	if err != nil {
 		return err
@@ -202,15 +170,15 @@ func refundBooks(ctx context.Context, pool *pgxpool.Pool, info *engine.Info, ord
 	switch {
 	case info.Status == engine.StatusSucceeded && !declines:
 		refunded = amount
-		if len(provider) != 1 || provider[0].status != fakeprovider.StatusSucceeded || provider[0].requests != 1 {
+		if len(provider) != 1 || provider[0].Status != providerSucceeded || provider[0].Requests != 1 {
 			brokenf("the provider has refunds %+v, want one succeeded, asked by one request", provider)
 		}
 		if len(order.Refunds) != 1 || order.Refunds[0].Status != refund.StatusSucceeded {
 			brokenf("the order's refunds are %+v, want one succeeded", order.Refunds)
 			break
 		}
-		if got := order.Refunds[0].ProviderRefundID; len(provider) == 1 && (got == nil || *got != provider[0].id) {
-			brokenf("the refund's provider refund id is %v, the provider's refund is %s", got, provider[0].id)
+		if got := order.Refunds[0].ProviderRefundID; len(provider) == 1 && (got == nil || *got != provider[0].ID) {
+			brokenf("the refund's provider refund id is %v, the provider's refund is %s", got, provider[0].ID)
 		}
 		if r, err := refund.GetRefund(ctx, pool, "c", order.Refunds[0].RefundID); err != nil || r.Receipt == nil {
 			brokenf("the refund has no receipt (%v)", err)
@@ -224,8 +192,8 @@ func refundBooks(ctx context.Context, pool *pgxpool.Pool, info *engine.Info, ord
 			brokenf("the refund failed with %s (%s), not on the provider's word", info.Error.Code, info.Error.Message)
 		}
 		for _, r := range provider {
-			if r.status != fakeprovider.StatusFailed {
-				brokenf("the refund failed, and the provider has its refund %s %s", r.id, r.status)
+			if r.Status != providerFailed {
+				brokenf("the refund failed, and the provider has its refund %s %s", r.ID, r.Status)
 			}
 		}
 		if len(order.Refunds) != 1 || order.Refunds[0].Status != refund.StatusFailed {
@@ -259,7 +227,7 @@ func TestRefundCrashMatrix(t *testing.T) {
 // TestDeclinedRefundCrashMatrix reaches the ledger's compensation.
 func TestDeclinedRefundCrashMatrix(t *testing.T) {
 	t.Parallel()
-	refundMatrix(fakeprovider.DeclinePrefix+"1", 1499).Crashes(t)
+	refundMatrix(declinePrefix+"1", 1499).Crashes(t)
 }
 
 // TestRefundFaultMatrix injects every fault at the provider's transport: a

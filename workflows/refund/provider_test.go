@@ -16,22 +16,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
-	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/internal/testdb"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 
-// setupProvider serves the fake provider on a database of its own and returns a
-// client of it.
+// setupProvider serves a provider (providerAPI) and returns a client of it.
 func setupProvider(t *testing.T) *refund.ProviderClient {
 	t.Helper()
-	pool := testdb.Pool(t)
-	require.NoError(t, fakeprovider.Migrate(t.Context(), pool))
-	srv, err := fakeprovider.New(pool, nil)
-	require.NoError(t, err)
-	ts := httptest.NewServer(srv.Handler())
-	t.Cleanup(ts.Close)
-	return &refund.ProviderClient{BaseURL: ts.URL + "/"}
+	_, url := serveProvider(t)
+	return &refund.ProviderClient{BaseURL: url + "/"}
 }
 
 func TestProviderClient(t *testing.T) {
@@ -60,7 +53,7 @@ func TestProviderClient(t *testing.T) {
 	t.Run("DeclineMatchesErrProviderDeclined", func(t *testing.T) {
 		t.Parallel()
 		c := setupProvider(t)
-		_, err := c.Refund(t.Context(), "key-1", refund.ProviderRequest{OrderID: fakeprovider.DeclinePrefix + "1", Amount: 100})
+		_, err := c.Refund(t.Context(), "key-1", refund.ProviderRequest{OrderID: declinePrefix + "1", Amount: 100})
 		require.ErrorIs(t, err, refund.ErrProviderDeclined)
 		var pe *refund.ProviderError
 		require.ErrorAs(t, err, &pe)
@@ -136,7 +129,7 @@ func TestProviderClient(t *testing.T) {
 }
 
 // setupWithProvider is setup with the refund operation's provider step calling
-// p instead of the fake provider, and retry as the steps' retry policy.
+// p instead of a providerAPI, and retry as the steps' retry policy.
 func setupWithProvider(t *testing.T, p refund.Provider, retry engine.RetryPolicy) *bundle {
 	t.Helper()
 	ctx := t.Context()
@@ -407,7 +400,7 @@ func (p *memProvider) Refund(_ context.Context, key string, req refund.ProviderR
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls++
-	if strings.HasPrefix(req.OrderID, fakeprovider.DeclinePrefix) {
+	if strings.HasPrefix(req.OrderID, declinePrefix) {
 		return nil, fmt.Errorf("declined: %w", refund.ErrProviderDeclined)
 	}
 	ref := p.byKey[key]
@@ -454,7 +447,7 @@ func TestOtherProvider(t *testing.T) {
 	t.Run("Decline", func(t *testing.T) {
 		t.Parallel()
 		b := setupWithProvider(t, &memProvider{byKey: map[string]*refund.ProviderRefund{}}, fast)
-		orderID := fakeprovider.DeclinePrefix + "1"
+		orderID := declinePrefix + "1"
 		b.mustOrder(t, "merchant-a", orderID, "cus_1", 5000)
 		requireFailed(t, b.refund(t, "merchant-a", "key-1", orderID, 1000), refund.CodeProviderDeclined, refund.StepProvider)
 		require.Equal(t, map[string]int64{"customer:cus_1": -5000, "merchant": 5000}, b.balances(t, "merchant-a"))

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -16,13 +15,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
-	"github.com/idemflow/idemflow/internal/fakeprovider"
 	"github.com/idemflow/idemflow/internal/testdb"
 	"github.com/idemflow/idemflow/workflows/refund"
 )
 
 // bundle is what setup hands a test: an engine running the demo's operations on a
-// database of its own, against the fake provider served over HTTP.
+// database of its own, against a provider served over HTTP (providerAPI).
 type bundle struct {
 	pool        *pgxpool.Pool
 	e           *engine.Engine
@@ -39,8 +37,8 @@ type setupOpts struct {
 	config *refund.Config
 }
 
-// setup migrates a new database for the demo's tables and the provider's, serves
-// the provider, and starts an engine with River workers and a 10ms retry base.
+// setup migrates a new database for the demo's tables, serves a provider, and
+// starts an engine with River workers and a 10ms retry base.
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	return setupWith(t, setupOpts{})
@@ -51,14 +49,9 @@ func setupWith(t *testing.T, opts setupOpts) *bundle {
 	ctx := t.Context()
 	pool := testdb.Pool(t)
 	require.NoError(t, refund.Migrate(ctx, pool))
-	require.NoError(t, fakeprovider.Migrate(ctx, pool))
+	_, providerURL := serveProvider(t)
 
-	srv, err := fakeprovider.New(pool, nil)
-	require.NoError(t, err)
-	ts := httptest.NewServer(srv.Handler())
-	t.Cleanup(ts.Close)
-
-	client := &refund.ProviderClient{BaseURL: ts.URL}
+	client := &refund.ProviderClient{BaseURL: providerURL}
 	if opts.providerTimeout != 0 {
 		client.HTTP = &http.Client{Timeout: opts.providerTimeout}
 	}
@@ -81,7 +74,7 @@ func setupWith(t *testing.T, opts setupOpts) *bundle {
 		defer cancel()
 		require.NoError(t, e.Stop(stopCtx))
 	})
-	return &bundle{pool: pool, e: e, wf: wf, providerURL: ts.URL}
+	return &bundle{pool: pool, e: e, wf: wf, providerURL: providerURL}
 }
 
 func wait(t *testing.T, s *engine.Started) *engine.Info {
@@ -302,7 +295,7 @@ func TestRefund(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, strings.HasPrefix(out.RefundID, refund.RefundIDPrefix), out.RefundID)
 		require.NotNil(t, out.ProviderRefundID)
-		require.True(t, strings.HasPrefix(*out.ProviderRefundID, fakeprovider.IDPrefix), *out.ProviderRefundID)
+		require.True(t, strings.HasPrefix(*out.ProviderRefundID, providerIDPrefix), *out.ProviderRefundID)
 		require.JSONEq(t, fmt.Sprintf(`{"refundId": %q, "orderId": "A-1042", "amount": 1499, "status": "succeeded", "providerRefundId": %q}`,
 			out.RefundID, *out.ProviderRefundID), string(info.Result))
 
@@ -419,7 +412,7 @@ func TestRefund(t *testing.T) {
 	t.Run("DeclineReversesTheLedger", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		orderID := fakeprovider.DeclinePrefix + "1"
+		orderID := declinePrefix + "1"
 		b.mustOrder(t, "merchant-a", orderID, "cus_1", 5000)
 		info := b.refund(t, "merchant-a", "key-1", orderID, 1000)
 		requireFailed(t, info, refund.CodeProviderDeclined, refund.StepProvider)
@@ -582,7 +575,7 @@ func TestRefund(t *testing.T) {
 	t.Run("ConcurrentDeclinesGiveTheAmountBack", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		orderID := fakeprovider.DeclinePrefix + "1"
+		orderID := declinePrefix + "1"
 		b.mustOrder(t, "merchant-a", orderID, "cus_1", 1000)
 		amounts := []int64{400, 400, 400, 400, 400, 400, 400, 400, 400, 400}
 		declined := 0

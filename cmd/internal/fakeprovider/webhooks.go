@@ -15,8 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemflow/idemflow/cmd/internal/fakeprovider/internal/providerdb"
 	"github.com/idemflow/idemflow/entry/webhook"
-	"github.com/idemflow/idemflow/internal/fakeprovider/internal/providerdb"
 )
 
 // The types of the webhook events: EventRefundSucceeded for a refund that

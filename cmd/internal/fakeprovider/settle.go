@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemflow/idemflow/internal/fakeprovider/internal/providerdb"
+	"github.com/idemflow/idemflow/cmd/internal/fakeprovider/internal/providerdb"
 )
 
 const (

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/fakeprovider"
+	"github.com/idemflow/idemflow/cmd/internal/fakeprovider"
 	"github.com/idemflow/idemflow/internal/testdb"
 )
 

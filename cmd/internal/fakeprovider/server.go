@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemflow/idemflow/internal/fakeprovider/internal/providerdb"
+	"github.com/idemflow/idemflow/cmd/internal/fakeprovider/internal/providerdb"
 )
 
 // The modes of an injected fault. See the package documentation. All but

@@ -14,8 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/cmd/internal/fakeprovider"
 	"github.com/idemflow/idemflow/entry/webhook"
-	"github.com/idemflow/idemflow/internal/fakeprovider"
 )
 
 // settleWithin bounds the waits for what happens in the background: a refund
