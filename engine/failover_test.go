@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -18,10 +19,14 @@ import (
 )
 
 // TestFailover: a primary with a synchronous standby, the engine connected to
-// both by a multi-host URL that wants the one that accepts writes. Under
-// transfers, the primary is killed (SIGKILL) and the standby promoted: the
-// engine serves again by itself, a start told "unavailable" is retried with
-// its key, and every transfer finishes exactly once, with the books right.
+// both by a multi-host URL that wants the one that accepts writes, with the
+// default lease. Under transfers, the primary is killed (SIGKILL) and the
+// standby promoted 6 s later: the engine serves again by itself, a start told
+// "unavailable" is retried with its key, and every transfer finishes exactly
+// once, with the books right. No transfer in flight at the kill waits out its
+// lease: the process, alive, resumes its own runs as soon as the new primary
+// accepts writes (stranded.go), so each finishes within a few seconds of the
+// promotion, not a lease after it.
 func TestFailover(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -29,7 +34,7 @@ func TestFailover(t *testing.T) {
 
 	cfg, err := pgxpool.ParseConfig(pgcluster.MultiHostURL(primary, standby, "postgres"))
 	require.NoError(t, err)
-	engine.BoundPool(cfg, &engine.PoolOpts{Lease: 2 * time.Second})
+	engine.BoundPool(cfg, nil)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -40,8 +45,7 @@ func TestFailover(t *testing.T) {
 	b := &bundle{pool: pool}
 	op := b.transferOp(t, engine.RetryPolicy{Base: 50 * time.Millisecond, Cap: time.Second, MaxAttempts: 1000})
 	e, err := engine.New(pool, &engine.Config{
-		Operations: []engine.Definition{op}, Lease: 2 * time.Second, PollInterval: 20 * time.Millisecond,
-		SweepInterval: 200 * time.Millisecond,
+		Operations: []engine.Definition{op}, PollInterval: 20 * time.Millisecond,
 	})
 	require.NoError(t, err)
 	require.NoError(t, e.StartWorkers(ctx))
@@ -58,6 +62,9 @@ func TestFailover(t *testing.T) {
 	var wg sync.WaitGroup
 	results := make([]*engine.Info, clients)
 	errs := make([]error, clients)
+	// sent is when each client first asked for its transfer; finished, when
+	// it saw it finished.
+	sent, finished := make([]time.Time, clients), make([]time.Time, clients)
 	killAfter := make(chan struct{})
 	var started atomic.Int32
 	for i := range clients {
@@ -65,6 +72,7 @@ func TestFailover(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			key := fmt.Sprintf("failover-%d", i)
+			sent[i] = time.Now()
 			deadline := time.Now().Add(90 * time.Second)
 			for time.Now().Before(deadline) {
 				s, err := engine.Start(ctx, e, op, "client", key, transferIn{From: "a", To: "b", Amount: int64(i + 1)}, nil)
@@ -86,6 +94,7 @@ func TestFailover(t *testing.T) {
 				if errs[i] != nil && engine.IsUnavailable(errs[i]) {
 					continue // reading the operation failed with the primary: ask again
 				}
+				finished[i] = time.Now()
 				return
 			}
 			errs[i] = fmt.Errorf("key %s: not finished in time", key)
@@ -98,15 +107,34 @@ func TestFailover(t *testing.T) {
 	}
 	require.NoError(t, primary.Kill(ctx))
 	killed := time.Now()
+	// A failover manager takes a while to promote (Patroni: two of its
+	// loops, or its ttl when the node is lost): longer than the engine looks
+	// for a reservation whose answer was lost (5 s), and long enough for
+	// every run that was working to stop without the database.
+	time.Sleep(6 * time.Second)
 	require.NoError(t, standby.Promote(ctx))
-	t.Logf("primary killed; standby promoted after %s", time.Since(killed).Round(time.Millisecond))
+	promoted := time.Now()
+	t.Logf("primary killed; standby promoted after %s", promoted.Sub(killed).Round(time.Millisecond))
 	wg.Wait()
 	t.Logf("starts answered unavailable meanwhile: %d", unavailable.Load())
 
+	// In flight at the kill: asked for before it, not finished by then.
+	var after []time.Duration
 	for i := range clients {
 		require.NoError(t, errs[i], "client %d", i)
 		require.Equal(t, engine.StatusSucceeded, results[i].Status, "client %d", i)
+		if sent[i].Before(killed) && finished[i].After(killed) {
+			after = append(after, finished[i].Sub(promoted))
+		}
 	}
+	require.NotEmpty(t, after, "no transfer was in flight at the kill")
+	slices.Sort(after)
+	pick := func(q float64) time.Duration { return after[int(q*float64(len(after)-1))].Round(time.Millisecond) }
+	t.Logf("transfers in flight at the kill: %d; finished after the promotion: median %s, p90 %s, slowest %s (lease %s)",
+		len(after), pick(0.5), pick(0.9), pick(1), defaultLease)
+	// A bound on the takeover, not a speed: a transfer that waited out its
+	// lease would finish about 15 s after the kill.
+	require.Less(t, after[len(after)-1], 5*time.Second, "a transfer in flight at the kill waited for its lease")
 	got := readBooks(t, pool)
 	require.Equal(t, 2*clients, got.ledgerRows, "one ledger move per transfer")
 	require.Zero(t, got.reversals)

@@ -75,13 +75,38 @@ var readyForQueryIdle = []byte("Z\x00\x00\x00\x05I")
 
 // lossyProxy forwards TCP to PostgreSQL. The first client write that contains
 // marker is forwarded, but no answer goes back: the connection is cut once the
-// server has answered it, so ran and committed the batch.
+// server has answered it, so ran and committed the batch. With down, the
+// database then goes away for that long, as in a failover: every connection
+// is cut, and new ones are refused until back.
 type lossyProxy struct {
 	ln      net.Listener
 	target  string
 	network string
 	marker  []byte
+	down    time.Duration
 	fired   atomic.Bool
+
+	mu    sync.Mutex
+	conns []net.Conn
+	back  time.Time // while in the future, connections are refused
+}
+
+// goAway cuts every connection and refuses new ones for p.down.
+func (p *lossyProxy) goAway() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.back = time.Now().Add(p.down)
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// backAt is when the database answers again after it went away.
+func (p *lossyProxy) backAt() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.back
 }
 
 func (p *lossyProxy) serve() {
@@ -90,11 +115,18 @@ func (p *lossyProxy) serve() {
 		if err != nil {
 			return
 		}
+		if time.Now().Before(p.backAt()) {
+			c.Close()
+			continue
+		}
 		s, err := net.Dial(p.network, p.target)
 		if err != nil {
 			c.Close()
 			continue
 		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
 		var drop atomic.Bool
 		// committed is closed once the server has answered the dropped batch
 		// with ReadyForQuery, idle: it ran, and its transaction (an implicit
@@ -134,6 +166,9 @@ func (p *lossyProxy) serve() {
 						case <-committed:
 						case <-time.After(30 * time.Second):
 						}
+						if p.down > 0 {
+							p.goAway()
+						}
 						c.Close()
 						s.Close()
 						return
@@ -152,12 +187,13 @@ func (p *lossyProxy) serve() {
 }
 
 // lossyPool is a pool on a database of its own, through a lossyProxy that
-// loses the answer to the first batch that carries marker.
-func lossyPool(t *testing.T, marker string) (*pgxpool.Pool, *lossyProxy) {
+// loses the answer to the first batch that carries marker, and then keeps
+// the database away for down.
+func lossyPool(t *testing.T, marker string, down time.Duration) (*pgxpool.Pool, *lossyProxy) {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
 	require.NoError(t, err)
-	p := &lossyProxy{marker: []byte(marker)}
+	p := &lossyProxy{marker: []byte(marker), down: down}
 	if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
 		p.network, p.target = "unix", fmt.Sprintf("%s/.s.PGSQL.%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
 	} else {
@@ -185,7 +221,7 @@ func lossyPool(t *testing.T, marker string) (*pgxpool.Pool, *lossyProxy) {
 func TestLostReservationAnswer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, p := lossyPool(t, "LOSE-THE-RESERVATION")
+	pool, p := lossyPool(t, "LOSE-THE-RESERVATION", 0)
 	_, err := pool.Exec(ctx, `CREATE TABLE lost_reservation (note text NOT NULL)`)
 	require.NoError(t, err)
 	op, err := engine.NewOperation("lost_reservation", []engine.Step[string, int]{
@@ -212,6 +248,48 @@ func TestLostReservationAnswer(t *testing.T) {
 	require.False(t, again.Created)
 }
 
+// TestLostReservationAnswerDatabaseAway: when the answer to a first
+// attempt's reservation is lost after it committed and the database then
+// stays away for longer than the engine looks for the reservation (a
+// failover that takes a while), the starter is told the database was
+// unavailable; the operation, which did commit, resumes as soon as the
+// database answers again, not when its 15 s lease ends, and the starter's
+// retry of the key finds it.
+func TestLostReservationAnswerDatabaseAway(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, p := lossyPool(t, "LOSE-THE-RESERVATION", 6*time.Second)
+	op, err := engine.NewOperation("lost_reservation", []engine.Step[string, int]{
+		engine.TxStep("write", func(ctx context.Context, tx engine.Tx, _ engine.Attempt, in string, _ *int) error {
+			_, err := engine.AtCommit(tx).Exec(ctx, `SELECT $1::text`, in)
+			return err
+		}),
+		engine.TxStep("done", func(context.Context, engine.Tx, engine.Attempt, string, *int) error { return nil }),
+	}, func(string, *int) (int, error) { return 1, nil }, nil)
+	require.NoError(t, err)
+	// No takeover: its own process resumes it, whichever comes first of its
+	// liveness lock, back under the same key, and another's look for dead
+	// processes' operations.
+	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: 15 * time.Second, Takeover: engine.TakeoverConfig{Interval: -1}}, op)
+
+	_, err = engine.Start(ctx, e, op, "c", "k", "LOSE-THE-RESERVATION", nil)
+	require.True(t, p.fired.Load(), "the proxy never saw the marker")
+	require.True(t, engine.IsUnavailable(err), "the reservation was confirmed with the database away: %v", err)
+	// The starter retries its key until the database answers.
+	var started *engine.Started
+	require.Eventually(t, func() bool {
+		started, err = engine.Start(ctx, e, op, "c", "k", "LOSE-THE-RESERVATION", nil)
+		return !engine.IsUnavailable(err)
+	}, 30*time.Second, 100*time.Millisecond)
+	require.NoError(t, err)
+	require.False(t, started.Created, "the key's first reservation had committed")
+	info := waitDone(t, e, started)
+	require.Equal(t, engine.StatusSucceeded, info.Status)
+	took := time.Since(p.backAt())
+	t.Logf("finished %s after the database answered again (lease 15 s)", took.Round(time.Millisecond))
+	require.Less(t, took, 5*time.Second, "the operation waited out its lease")
+}
+
 // TestLostCommitAnswerIsNotAStepFailure: when the answer to a batch that
 // carried COMMIT (here an implicit one) is lost, the step's AtCommit statement
 // may have committed; that is not a failure of the step. Taken for one, on the
@@ -220,7 +298,7 @@ func TestLostReservationAnswer(t *testing.T) {
 func TestLostCommitAnswerIsNotAStepFailure(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, p := lossyPool(t, "bob-LOSE-MARKER")
+	pool, p := lossyPool(t, "bob-LOSE-MARKER", 0)
 	_, err := pool.Exec(ctx, `CREATE TABLE lost_ledger (account text NOT NULL, amount bigint NOT NULL)`)
 	require.NoError(t, err)
 

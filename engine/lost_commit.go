@@ -20,7 +20,10 @@ const reservationConfirmTimeout = 5 * time.Second
 // by id, on a connection of the pool (the new primary's, after a failover),
 // until it finds it, learns that it is not there, or reservationConfirmTimeout
 // passes. Found, the operation is handed to a River job at once: this run has
-// stopped, and the operation's lease would keep it waiting.
+// stopped, and the operation's lease would keep it waiting. Not told in time
+// (the failover takes longer), the run is stranded: should the reservation
+// have committed, this process hands the operation to a River job as soon as
+// the database answers (rescueLoop), rather than leave it to its lease.
 func (r *run) reservedAfterAll(ctx context.Context) bool {
 	ctx = context.WithoutCancel(ctx)
 	deadline := time.Now().Add(reservationConfirmTimeout)
@@ -36,6 +39,7 @@ func (r *run) reservedAfterAll(ctx context.Context) bool {
 		case errors.Is(err, store.ErrNotFound):
 			return false
 		case time.Now().After(deadline):
+			r.e.strand(r, false)
 			return false
 		}
 		time.Sleep(100 * time.Millisecond)

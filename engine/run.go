@@ -171,7 +171,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 			if errors.Is(context.Cause(ctx), errLeaseExpiring) {
 				// The database did not answer in time: the operation resumes
 				// as soon as it does.
-				r.e.strand(r)
+				r.e.strand(r, true)
 				r.logger().WarnContext(ctx, "run stopped: the database did not answer; the operation resumes as soon as it does", slog.Any("error", rerr))
 				break
 			}
@@ -186,7 +186,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		r.e.logger.WarnContext(ctx, "the key's reservation was not confirmed; the start is refused",
 			slog.String("operation", r.def.name), slog.String("key", r.key), slog.Any("error", err))
 	case IsUnavailable(err):
-		r.e.strand(r)
+		r.e.strand(r, true)
 		r.logger().WarnContext(ctx, "run stopped: the database did not answer; the operation resumes as soon as it does", slog.Any("error", err))
 	default:
 		r.logger().ErrorContext(ctx, "run stopped; the operation resumes once its lease expires", slog.Any("error", err))

@@ -24,17 +24,23 @@ type stranded struct {
 type strandedRun struct {
 	runID uuid.UUID
 	args  resumeArgs
+	// interrupted says that the run may have stopped in the middle of a call
+	// out (calls_until); not a first attempt whose reservation was not
+	// confirmed, which had called nothing.
+	interrupted bool
 }
 
 // strand notes that r stopped with the database away, holding its
-// operation's lease.
-func (e *Engine) strand(r *run) {
+// operation's lease (or maybe holding it: a first attempt whose
+// reservation's answer was lost, interrupted false).
+func (e *Engine) strand(r *run, interrupted bool) {
 	e.stranded.mu.Lock()
 	defer e.stranded.mu.Unlock()
 	if e.stranded.runs == nil {
 		e.stranded.runs = make(map[uuid.UUID]strandedRun)
 	}
-	e.stranded.runs[r.id] = strandedRun{runID: r.runID, args: resumeArgs{OperationID: r.id, Operation: r.def.name, Scope: r.scope}}
+	e.stranded.runs[r.id] = strandedRun{runID: r.runID, args: resumeArgs{OperationID: r.id, Operation: r.def.name, Scope: r.scope},
+		interrupted: interrupted}
 }
 
 // rescueInterval is how often the stranded runs are handed back while the
@@ -73,13 +79,14 @@ func (e *Engine) rescueLoop(ctx context.Context) {
 
 // rescue hands the operation that a stranded run holds back to a resume job,
 // in one transaction, unless the run no longer holds it (another took it
-// over, or it ended): like a run stopped with the engine, it may have been
-// calling out until then (calls_until).
+// over, or it ended, or its reservation never committed): like a run stopped
+// with the engine, it may have been calling out until then (calls_until),
+// unless it was not interrupted.
 func (e *Engine) rescue(ctx context.Context, id uuid.UUID, s strandedRun) error {
 	ctx, cancel := context.WithTimeout(ctx, max(e.cfg.Lease/3, time.Second))
 	defer cancel()
 	return pgx.BeginFunc(ctx, e.control, func(tx pgx.Tx) error {
-		_, ok, err := e.store.OperationRelease(ctx, tx, id, s.runID, 0, e.cfg.Lease, true)
+		_, ok, err := e.store.OperationRelease(ctx, tx, id, s.runID, 0, e.cfg.Lease, s.interrupted)
 		if err != nil || !ok {
 			return err
 		}

@@ -54,8 +54,12 @@ type result struct {
 	key              string
 	status           int           // 0: no final answer within -patience
 	providerRefundID string        // of a 201
+	sent             time.Time     // the first request
 	took             time.Duration // from the first request to the final answer
 }
+
+// final is when r got its final answer.
+func (r result) final() time.Time { return r.sent.Add(r.took) }
 
 var client = &http.Client{Timeout: 30 * time.Second}
 
@@ -93,6 +97,7 @@ func run() error {
 			for n := 0; !stop.Load(); n++ {
 				r := result{key: fmt.Sprintf("patroni-refund-%d-%d", w, n)}
 				start := time.Now()
+				r.sent = start
 				deadline := start.Add(*patience)
 				for time.Now().Before(deadline) {
 					st, body, err := post("/refunds", r.key, map[string]any{"orderId": orderID(w), "amount": 1})
@@ -176,6 +181,20 @@ func run() error {
 	}
 	fmt.Printf("kill -> first success of a key first sent after the kill: %.2f s\n", first.Sub(now).Seconds())
 	fmt.Printf("answers 503 meanwhile (retried with their keys): %d\n", unavailable.Load())
+	// In flight at the kill: first sent before it, its final answer after.
+	inFlight, slowest := 0, result{}
+	for _, r := range results {
+		if r.status != 0 && r.sent.Before(now) && r.final().After(now) {
+			inFlight++
+			if r.final().After(slowest.final()) {
+				slowest = r
+			}
+		}
+	}
+	if inFlight > 0 && !promotion.IsZero() {
+		fmt.Printf("keys in flight at the kill: %d; the last final (%s) %.2f s after Patroni's promotion\n",
+			inFlight, slowest.key, slowest.final().Sub(promotion).Seconds())
+	}
 	return check(results)
 }
 
