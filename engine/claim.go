@@ -278,7 +278,7 @@ func (r *run) waitForDefinition(ctx context.Context, rec *store.Operation, missi
 	}
 	tx := r.begin(ctx)
 	defer tx.end(ctx)
-	ok, err := r.e.store.OperationSetAttention(ctx, tx, r.id, r.runID, CodeDefinitionChanged, verr.Error())
+	ok, err := r.e.store.OperationSetAttention(ctx, tx, r.id, r.runID, string(CodeDefinitionChanged), verr.Error())
 	if err != nil {
 		return runError(err)
 	}

@@ -254,80 +254,91 @@ func IsUnavailable(err error) bool {
 	return errors.As(err, &connectErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err)
 }
 
-// The codes that the engine itself gives the failures of operations and the
-// reasons an operation needs attention. Codes that steps give (engine.Fail)
-// are theirs.
+// FailureCode is the code of an operation's failure (PermanentError.Code):
+// the engine's own, below, or one a step gives (Fail, Halt's code when it
+// parks). It is stored with the answer, and served.
+type FailureCode string
+
+// The codes that the engine itself gives the failures of operations. Codes
+// that steps give (engine.Fail) are theirs.
 const (
 	// CodeAttemptsExhausted: a step failed transiently more often than its retry
 	// policy allows. A server fault.
-	CodeAttemptsExhausted = "attempts_exhausted"
+	CodeAttemptsExhausted FailureCode = "attempts_exhausted"
+	// CodeResultFailed: the operation's result function returned an error. A
+	// server fault.
+	CodeResultFailed FailureCode = "result_failed"
+	// CodePermanent: a step returned an error marked with Permanent. A server
+	// fault.
+	CodePermanent FailureCode = "permanent"
+	// CodeCancelled: an operator cancelled the operation (Engine.Cancel).
+	CodeCancelled FailureCode = "cancelled"
+	// CodeRejected: an operator rejected the operation at its ApprovalStep
+	// (Engine.Reject). A business failure (ApprovalStepDef.Codes may name
+	// it otherwise).
+	CodeRejected FailureCode = "rejected"
+	// CodeApprovalExpired: an ApprovalStep's wait expired before enough
+	// operators approved. A business failure (ApprovalStepDef.Codes may
+	// name it otherwise).
+	CodeApprovalExpired FailureCode = "approval_expired"
+	// CodeSignalTimeout: a SignalStep's deadline passed with no signal, and
+	// it has no timeout function. A business failure.
+	CodeSignalTimeout FailureCode = "signal_timeout"
+	// CodeUnreadableError: the stored error could not be decoded. A server fault.
+	CodeUnreadableError FailureCode = "unreadable_error"
+	// CodeResolvedNotMade is the error of an operation whose external step an
+	// operator resolved as not made: a server fault (its client is answered as
+	// for a step out of attempts).
+	CodeResolvedNotMade FailureCode = "resolved_not_made"
+)
+
+// AttentionCode says why an operation needs an operator (Attention.Code): one
+// of the engine's, below, or the code of a step's Halt.
+type AttentionCode string
+
+// The reasons the engine gives an operation's need of attention.
+const (
 	// CodeCompensationFailed: a compensation failed for good, and the
 	// operation, half undone, is parked for an operator (whose retry goes on
 	// compensating). Operations that ended failed with it before version 0.2
 	// keep it as their error's code, a server fault.
-	CodeCompensationFailed = "compensation_failed"
-	// CodeResultFailed: the operation's result function returned an error. A
-	// server fault.
-	CodeResultFailed = "result_failed"
-	// CodePermanent: a step returned an error marked with Permanent. A server
-	// fault.
-	CodePermanent = "permanent"
-	// CodeCancelled: an operator cancelled the operation (Engine.Cancel).
-	CodeCancelled = "cancelled"
-	// CodeRejected: an operator rejected the operation at its ApprovalStep
-	// (Engine.Reject). A business failure (ApprovalStepDef.Codes may name
-	// it otherwise).
-	CodeRejected = "rejected"
-	// CodeApprovalExpired: an ApprovalStep's wait expired before enough
-	// operators approved. A business failure (ApprovalStepDef.Codes may
-	// name it otherwise).
-	CodeApprovalExpired = "approval_expired"
-	// CodeSignalTimeout: a SignalStep's deadline passed with no signal, and
-	// it has no timeout function. A business failure.
-	CodeSignalTimeout = "signal_timeout"
-	// CodeUnreadableError: the stored error could not be decoded. A server fault.
-	CodeUnreadableError = "unreadable_error"
-
+	CodeCompensationFailed AttentionCode = "compensation_failed"
 	// CodeRetryingPastPivot (attention): a step after the point of no return
 	// keeps failing; it is retried at its policy's cap until it succeeds.
-	CodeRetryingPastPivot = "retrying_past_pivot"
+	CodeRetryingPastPivot AttentionCode = "retrying_past_pivot"
 	// CodeFailedPastPivot (attention, parked): a step after the point of no
 	// return failed for good, or the result function failed there: the
 	// operation can go neither forward nor back without an operator.
-	CodeFailedPastPivot = "failed_past_pivot"
+	CodeFailedPastPivot AttentionCode = "failed_past_pivot"
 	// CodeOutcomeUnknown (attention, parked): an external step without a lookup
 	// ran out of attempts; whether its call went through cannot be told, so
 	// nothing is compensated.
-	CodeOutcomeUnknown = "outcome_unknown"
+	CodeOutcomeUnknown AttentionCode = "outcome_unknown"
 	// CodeOutcomeOverdue (attention): an external step that waits for its
 	// outcome (see Accepted and ExternalStepDef.Window) has none past its
 	// outcome window: the call is still pending, or its lookup cannot answer.
 	// The operation goes on waiting; an operator may settle it.
-	CodeOutcomeOverdue = "outcome_overdue"
+	CodeOutcomeOverdue AttentionCode = "outcome_overdue"
 	// CodeDatabaseUnavailable (attention): a transactional step has not
 	// reached the database (lock or statement timeouts, lost connections) for
 	// longer than its retry policy's cap (at least a minute); it is retried
 	// without using up its attempts meanwhile.
-	CodeDatabaseUnavailable = "database_unavailable"
+	CodeDatabaseUnavailable AttentionCode = "database_unavailable"
 	// CodeUndecodableState (attention, parked): the operation's stored input or
 	// state does not decode into this process's types.
-	CodeUndecodableState = "undecodable_state"
+	CodeUndecodableState AttentionCode = "undecodable_state"
 	// CodeDefinitionChanged (attention): this process's definition lacks a step
 	// that the operation still needs; it waits for a process that has it.
-	CodeDefinitionChanged = "definition_changed"
+	CodeDefinitionChanged AttentionCode = "definition_changed"
 	// CodeVersionNotRun (attention, never stored): the operation is in
 	// progress on a version that no live process runs (none that runs
 	// workers has it), while one runs another version of its name: a deploy
 	// moved on without it. It waits for a process that runs its version.
-	CodeVersionNotRun = "version_not_run"
+	CodeVersionNotRun AttentionCode = "version_not_run"
 	// CodeReconciliationMismatch (attention, never stored; finished
 	// operations too): a reconciliation mismatch names the operation (see
 	// Engine.Reconcile, Info.Mismatches).
-	CodeReconciliationMismatch = "reconciliation_mismatch"
-	// CodeResolvedNotMade is the error of an operation whose external step an
-	// operator resolved as not made: a server fault (its client is answered as
-	// for a step out of attempts).
-	CodeResolvedNotMade = "resolved_not_made"
+	CodeReconciliationMismatch AttentionCode = "reconciliation_mismatch"
 )
 
 // ReusedError refuses, changing nothing, an id used again with other

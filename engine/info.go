@@ -106,7 +106,7 @@ type Attention struct {
 	// Code is one of the engine's attention codes (CodeRetryingPastPivot,
 	// CodeFailedPastPivot, CodeOutcomeUnknown, CodeUndecodableState,
 	// CodeDefinitionChanged) or a step's HaltError code.
-	Code string
+	Code AttentionCode
 	// Reason is for operators.
 	Reason string
 }
@@ -381,7 +381,7 @@ func infoFromRecord(rec *store.Operation) *Info {
 		FinishedAt:  rec.FinishedAt,
 	}
 	if rec.AttentionCode != "" {
-		info.Attention = &Attention{Code: rec.AttentionCode, Reason: rec.Attention}
+		info.Attention = &Attention{Code: AttentionCode(rec.AttentionCode), Reason: rec.Attention}
 	}
 	if rec.VersionWaiting && info.Attention == nil {
 		info.Attention = versionNotRun(rec.Name, rec.Version)

@@ -37,7 +37,7 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 	if errors.As(stepErr, &halt) {
 		log.WarnContext(ctx, "step halted the operation; it needs an operator", slog.String("code", halt.Code), slog.String("reason", halt.Message))
 		r.observeStep(ctx, st, attempt, started, AttemptFailed, stepErr)
-		return r.park(ctx, failure, halt.Code, fmt.Sprintf("step %s: %s", st.name, halt.Message))
+		return r.park(ctx, failure, AttentionCode(halt.Code), fmt.Sprintf("step %s: %s", st.name, halt.Message))
 	}
 	var pe *PermanentError
 	permanent := errors.As(stepErr, &pe)
@@ -118,7 +118,7 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 		return r.retryLater(ctx, failure, delay, nil)
 	}
 	pe = &PermanentError{Code: pe.Code, Message: pe.Message, Cause: pe.Cause, Details: pe.Details, Step: st.name, Fault: pe.ServerFault()}
-	log.InfoContext(ctx, "step failed permanently", slog.String("code", pe.Code), slog.String("error", pe.Error()))
+	log.InfoContext(ctx, "step failed permanently", slog.String("code", string(pe.Code)), slog.String("error", pe.Error()))
 	r.observeStep(ctx, st, attempt, started, AttemptFailed, stepErr)
 	r.failure = pe
 	r.tries[st.name] = attempt
@@ -133,7 +133,8 @@ func (r *run) stepFailed(ctx context.Context, i int, st *stepDef, attempt int, s
 
 // attention is why an operation needs an operator.
 type attention struct {
-	code, reason string
+	code   AttentionCode
+	reason string
 }
 
 // retryLater records a failed attempt and tries the step again after delay:
@@ -146,7 +147,7 @@ func (r *run) retryLater(ctx context.Context, failure *store.StepRecordFailurePa
 		return nil, runError(err)
 	}
 	if need != nil {
-		ok, err := r.e.store.OperationSetAttention(ctx, tx, r.id, r.runID, need.code, need.reason)
+		ok, err := r.e.store.OperationSetAttention(ctx, tx, r.id, r.runID, string(need.code), need.reason)
 		if err != nil {
 			return nil, runError(err)
 		}
@@ -177,7 +178,7 @@ func (r *run) retryLater(ctx context.Context, failure *store.StepRecordFailurePa
 // park records the failed attempt (failure, when not nil), parks the operation
 // needing attention for code and reason, and commits with the pending
 // checkpoints: nothing runs again until an operator retries or cancels it.
-func (r *run) park(ctx context.Context, failure *store.StepRecordFailureParams, code, reason string) (*Info, error) {
+func (r *run) park(ctx context.Context, failure *store.StepRecordFailureParams, code AttentionCode, reason string) (*Info, error) {
 	tx := r.begin(ctx)
 	defer tx.end(ctx)
 	if failure != nil {
@@ -192,8 +193,8 @@ func (r *run) park(ctx context.Context, failure *store.StepRecordFailureParams, 
 
 // parkIn parks the operation in tx, for code and reason, and commits tx with
 // the pending checkpoints.
-func (r *run) parkIn(ctx context.Context, tx *txn, code, reason string) (*Info, error) {
-	ok, err := r.e.store.OperationPark(ctx, tx, r.id, r.runID, code, reason)
+func (r *run) parkIn(ctx context.Context, tx *txn, code AttentionCode, reason string) (*Info, error) {
+	ok, err := r.e.store.OperationPark(ctx, tx, r.id, r.runID, string(code), reason)
 	if err != nil {
 		return nil, runError(err)
 	}
@@ -203,7 +204,7 @@ func (r *run) parkIn(ctx context.Context, tx *txn, code, reason string) (*Info, 
 	if err := r.commit(ctx, tx); err != nil {
 		return nil, err
 	}
-	r.logger().WarnContext(ctx, "operation parked; it needs an operator (retry or cancel)", slog.String("code", code), slog.String("reason", reason))
+	r.logger().WarnContext(ctx, "operation parked; it needs an operator (retry or cancel)", slog.String("code", string(code)), slog.String("reason", reason))
 	return nil, errParked
 }
 

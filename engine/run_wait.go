@@ -193,7 +193,7 @@ func (r *run) awaitOutcome(ctx context.Context, i int, st *stepDef, started time
 	case answer == answerHalted:
 		rec := r.waitRecord(i, st, started, err.Error())
 		rec.LastError = publicText(name, err)
-		return r.park(ctx, rec, halt.Code, fmt.Sprintf("step %s: %s", name, halt.Message))
+		return r.park(ctx, rec, AttentionCode(halt.Code), fmt.Sprintf("step %s: %s", name, halt.Message))
 	case answer == answerFound:
 		return r.externalSucceeded(ctx, i, st, attempt, started, ResolvedByLookup, last)
 	case answer == answerPending:
@@ -206,7 +206,7 @@ func (r *run) awaitOutcome(ctx context.Context, i int, st *stepDef, started time
 		return r.waitOn(ctx, i, st, started, false)
 	case answer == answerFailed:
 		// The call ended without effect: the step failed, with that answer.
-		log.InfoContext(ctx, "lookup found the call's final outcome: it failed", slog.String("code", pe.Code))
+		log.InfoContext(ctx, "lookup found the call's final outcome: it failed", slog.String("code", string(pe.Code)))
 		return r.waitFailed(ctx, i, st, started, pe, false)
 	case answer == answerNone:
 		// A failure reported meanwhile is weighed again at the next lookup.
@@ -374,7 +374,7 @@ func (r *run) waitOn(ctx context.Context, i int, st *stepDef, started time.Time,
 	w.unrecorded = false
 	r.markRowed(st.name)
 	if need != nil {
-		ok, err := r.e.store.OperationSetAttention(ctx, tx, r.id, r.runID, need.code, need.reason)
+		ok, err := r.e.store.OperationSetAttention(ctx, tx, r.id, r.runID, string(need.code), need.reason)
 		if err != nil {
 			return nil, runError(err)
 		}

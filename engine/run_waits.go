@@ -106,7 +106,7 @@ func (r *run) runWaitStep(ctx context.Context, i int, st *stepDef, last bool) (*
 		switch {
 		case rejection != nil:
 			log.InfoContext(ctx, "the operation was rejected", slog.String("actor", rejection.Actor))
-			return r.failWait(ctx, tx, i, st, attempt, started, reached, &PermanentError{Code: w.rejected,
+			return r.failWait(ctx, tx, i, st, attempt, started, reached, &PermanentError{Code: FailureCode(w.rejected),
 				Message: "the operation was rejected by an operator",
 				Cause:   fmt.Sprintf("rejected by %s: %s", rejection.Actor, rejection.Reason)})
 		case len(approvers) >= reached.Need:
@@ -114,7 +114,7 @@ func (r *run) runWaitStep(ctx context.Context, i int, st *stepDef, last bool) (*
 			return r.waitSucceeded(ctx, tx, i, st, attempt, started, last, reached)
 		case expired:
 			log.InfoContext(ctx, "the wait for approval expired", slog.Int("approvals", len(approvers)), slog.Int("needed", reached.Need))
-			return r.failWait(ctx, tx, i, st, attempt, started, reached, &PermanentError{Code: w.expired,
+			return r.failWait(ctx, tx, i, st, attempt, started, reached, &PermanentError{Code: FailureCode(w.expired),
 				Message: "the operation was not approved in time",
 				Cause: fmt.Sprintf("%d of %d approvals by %s", len(approvers), reached.Need,
 					reached.Until.UTC().Format(time.RFC3339))})

@@ -75,7 +75,7 @@ func TestWaitAfterDeadlineDecided(t *testing.T) {
 				_, err := e.Approve(engine.WithActor(ctx, "ann"), id, "just in time")
 				return err
 			},
-			code: engine.CodeApprovalExpired,
+			code: string(engine.CodeApprovalExpired),
 		},
 		{
 			name: "Signal",
@@ -87,7 +87,7 @@ func TestWaitAfterDeadlineDecided(t *testing.T) {
 				_, err := e.Signal(ctx, nil, engine.SignalTo{OperationID: id}, engine.Signal{ID: "s1", Name: "confirmed"})
 				return err
 			},
-			code: engine.CodeSignalTimeout,
+			code: string(engine.CodeSignalTimeout),
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

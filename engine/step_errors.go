@@ -26,7 +26,7 @@ const serverFaultMessage = "the operation failed because of a server fault"
 // operators.
 type PermanentError struct {
 	// Code is a short machine-readable reason, such as "amount_exceeds_refundable".
-	Code string `json:"code"`
+	Code FailureCode `json:"code"`
 	// Message is for the client: it names nothing internal.
 	Message string `json:"message"`
 	// Cause is for operators: what broke, with whatever internal detail (an SQL
@@ -52,7 +52,7 @@ type PermanentError struct {
 // the engine turns into Fail(code, message) when the step returns the error, or
 // when the statement was sent with AtCommit.
 func Fail(code, message string) *PermanentError {
-	return &PermanentError{Code: code, Message: message}
+	return &PermanentError{Code: FailureCode(code), Message: message}
 }
 
 // failCode is the SQLSTATE that idemflow_fail raises.
@@ -63,7 +63,7 @@ const failCode = "IF002"
 func fromSQL(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == failCode {
-		return &PermanentError{Code: pgErr.Detail, Message: pgErr.Message, err: err}
+		return &PermanentError{Code: FailureCode(pgErr.Detail), Message: pgErr.Message, err: err}
 	}
 	return err
 }
@@ -154,7 +154,7 @@ func backoff(policy RetryPolicy, attempt int, err error) time.Duration {
 }
 
 // fault returns a server fault with the engine's code and the operator's cause.
-func fault(code, step, cause string) *PermanentError {
+func fault(code FailureCode, step, cause string) *PermanentError {
 	return &PermanentError{Code: code, Message: serverFaultMessage, Cause: cause, Step: step, Fault: true}
 }
 
@@ -162,7 +162,7 @@ func fault(code, step, cause string) *PermanentError {
 // store.Text), to be marshalled into the operation's row.
 func (e *PermanentError) stored() *PermanentError {
 	c := *e
-	c.Code, c.Message, c.Cause, c.Step = store.Text(e.Code), store.Text(e.Message), store.Text(e.Cause), store.Text(e.Step)
+	c.Code, c.Message, c.Cause, c.Step = FailureCode(store.Text(string(e.Code))), store.Text(e.Message), store.Text(e.Cause), store.Text(e.Step)
 	c.err = nil // not stored
 	return &c
 }
@@ -176,7 +176,7 @@ func (e *PermanentError) Error() string {
 	if e.Step != "" {
 		return fmt.Sprintf("step %s: %s: %s", e.Step, e.Code, text)
 	}
-	return e.Code + ": " + text
+	return string(e.Code) + ": " + text
 }
 
 // ServerFault reports whether the error is a server fault rather than a
@@ -187,9 +187,9 @@ func (e *PermanentError) ServerFault() bool {
 	}
 	// An error stored without Fault (by a build before it existed) is judged
 	// by the engine's codes.
-	switch e.Code {
-	case CodeAttemptsExhausted, CodeCompensationFailed, CodeResultFailed, CodePermanent,
-		CodeUnreadableError, CodeDefinitionChanged, codeStepFailed, "":
+	switch string(e.Code) {
+	case string(CodeAttemptsExhausted), string(CodeCompensationFailed), string(CodeResultFailed), string(CodePermanent),
+		string(CodeUnreadableError), string(CodeDefinitionChanged), codeStepFailed, "":
 		return true
 	}
 	return false

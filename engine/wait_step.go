@@ -210,7 +210,7 @@ type ApprovalStepDef[In, S any] struct{ s stepSpec[In, S] }
 func ApprovalStep[In, S any](name string, policy func(in In, state *S) ApprovalPolicy) ApprovalStepDef[In, S] {
 	return ApprovalStepDef[In, S]{stepSpec[In, S]{name: name, kind: StepKindWait,
 		wait: &waitSpec[In, S]{reason: WaitApproval, signal: signalApprove, policy: policy,
-			rejected: CodeRejected, expired: CodeApprovalExpired}}}
+			rejected: string(CodeRejected), expired: string(CodeApprovalExpired)}}}
 }
 
 // Name returns the step's name.

@@ -390,12 +390,12 @@ func (ep *endpoint[In, S, Out]) answerFinished(w http.ResponseWriter, info *engi
 	}
 	status := 0
 	if ep.opts.ErrorStatusFunc != nil {
-		status = ep.opts.ErrorStatusFunc(pe.Code)
+		status = ep.opts.ErrorStatusFunc(string(pe.Code))
 	}
 	if status == 0 {
 		status = DefaultErrorStatus
 	}
-	writeJSON(w, status, errorBody(pe.Code, pe.Message, detailMembers(pe.Details)))
+	writeJSON(w, status, errorBody(string(pe.Code), pe.Message, detailMembers(pe.Details)))
 }
 
 // detailMembers returns the members that a business error's details add to the

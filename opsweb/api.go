@@ -139,14 +139,14 @@ func operationOf(info *engine.Info) operationBody {
 		body.Audit = append(body.Audit, auditBody{At: a.At, Action: string(a.Action), Actor: a.Actor, Reason: a.Reason, Result: a.Result, Detail: redact.Addresses(a.Detail)})
 	}
 	if a := info.Attention; a != nil {
-		body.Attention = &attentionBody{Code: a.Code, Reason: a.Reason}
+		body.Attention = &attentionBody{Code: string(a.Code), Reason: a.Reason}
 	}
 	f := info.Error
 	if f == nil {
 		f = info.Compensating // the failure it is undoing, parked or not
 	}
 	if f != nil {
-		body.Failure = &failureBody{Code: f.Code, Message: f.Message, Cause: f.Cause, Step: f.Step, ServerFault: f.ServerFault()}
+		body.Failure = &failureBody{Code: string(f.Code), Message: f.Message, Cause: f.Cause, Step: f.Step, ServerFault: f.ServerFault()}
 	}
 	for i, st := range idempotency.NewOperationJSON(info).Steps {
 		sb := stepBody{StepJSON: st, Kind: string(info.Steps[i].Kind), Wait: waitOf(&info.Steps[i])}
@@ -405,7 +405,7 @@ func (h *handler) act(r *http.Request, id uuid.UUID, req request) (*engine.Info,
 		ref.Message = redact.Addresses(ref.Message)
 		if ref.Code != "operation_not_found" {
 			if info, gerr := h.e.Get(ctx, id); gerr == nil && info.NeedsAttention() {
-				ref.Message += "; the operation needs attention (" + info.Attention.Code + "), see " + runbookURL(h.cfg.RunbookURL, info.Attention.Code)
+				ref.Message += "; the operation needs attention (" + string(info.Attention.Code) + "), see " + runbookURL(h.cfg.RunbookURL, string(info.Attention.Code))
 			}
 		}
 		return nil, ref, nil

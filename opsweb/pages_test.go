@@ -225,9 +225,9 @@ func TestRunbookSections(t *testing.T) {
 		headings[m[1]] = true
 	}
 	codes := []string{
-		engine.CodeRetryingPastPivot, engine.CodeFailedPastPivot, engine.CodeOutcomeUnknown, engine.CodeOutcomeOverdue,
-		engine.CodeDatabaseUnavailable, engine.CodeUndecodableState, engine.CodeDefinitionChanged, engine.CodeVersionNotRun,
-		engine.CodeReconciliationMismatch, engine.CodeCompensationFailed,
+		string(engine.CodeRetryingPastPivot), string(engine.CodeFailedPastPivot), string(engine.CodeOutcomeUnknown), string(engine.CodeOutcomeOverdue),
+		string(engine.CodeDatabaseUnavailable), string(engine.CodeUndecodableState), string(engine.CodeDefinitionChanged), string(engine.CodeVersionNotRun),
+		string(engine.CodeReconciliationMismatch), string(engine.CodeCompensationFailed),
 		"provider_mismatch", // workflows/refund's CodeProviderMismatch
 	}
 	for _, k := range reconcile.Kinds {

@@ -140,7 +140,7 @@ func ops(ctx context.Context, cfg *config, args []string, stdout io.Writer, logg
 				line += "  " + info.Error.Error()
 			}
 			if info.NeedsAttention() {
-				line += "  needs attention: " + info.Attention.Code + ": " + info.Attention.Reason
+				line += "  needs attention: " + string(info.Attention.Code) + ": " + info.Attention.Reason
 				if info.Parked {
 					line += " (parked: retry or cancel it)"
 				}

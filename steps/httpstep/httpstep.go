@@ -242,7 +242,7 @@ func (c Call[In, S]) Run(ctx context.Context, at engine.Attempt, in In, s *S) er
 			// went through, and without a lookup nothing can tell: a refusal
 			// now (the account drained by that call, say) is no proof that
 			// nothing was done, so nothing may be undone on it.
-			return engine.Halt(pe.Code, "the service refused a repeated attempt, and without a lookup nothing tells whether an earlier one went through: "+pe.Message)
+			return engine.Halt(string(pe.Code), "the service refused a repeated attempt, and without a lookup nothing tells whether an earlier one went through: "+pe.Message)
 		}
 		return err
 	}

@@ -187,7 +187,7 @@ func checkDeclined(ctx context.Context, pool *pgxpool.Pool, bank *fakeservice.Se
 // (debited and credited back once), the payout row reversed.
 func checkCredited(ctx context.Context, pool *pgxpool.Pool, bank *fakeservice.Service, info *engine.Info, codes ...string) error {
 	var errs []error
-	if info.Status != engine.StatusFailed || info.Error == nil || !slices.Contains(codes, info.Error.Code) {
+	if info.Status != engine.StatusFailed || info.Error == nil || !slices.Contains(codes, string(info.Error.Code)) {
 		errs = append(errs, fmt.Errorf("the payout is %s (parked %t, error %+v), not failed with %v", info.Status, info.Parked, info.Error, codes))
 	}
 	if n := bank.Effects(); n != 0 {
@@ -339,7 +339,7 @@ func TestCrashMatrixWaits(t *testing.T) {
 // nothing.
 func TestCrashMatrixRejected(t *testing.T) {
 	t.Parallel()
-	m := matrixWith(matrixOpts{payout: payout.Config{ApprovalThreshold: amount}, check: outcomeCheck(engine.CodeRejected)})
+	m := matrixWith(matrixOpts{payout: payout.Config{ApprovalThreshold: amount}, check: outcomeCheck(string(engine.CodeRejected))})
 	m.WaitFunc = func(ctx context.Context, e *engine.Engine, info *engine.Info, step engine.StepInfo) error {
 		if step.Wait.Reason != engine.WaitApproval {
 			return idemflowtest.SatisfyWait(ctx, e, info, step)
@@ -359,7 +359,7 @@ func TestExpiryRaces(t *testing.T) {
 	t.Parallel()
 	matrixWith(matrixOpts{
 		payout: payout.Config{ApprovalThreshold: amount, ApprovalExpires: time.Second},
-		check:  outcomeCheck(engine.CodeApprovalExpired),
+		check:  outcomeCheck(string(engine.CodeApprovalExpired)),
 	}).ExpiryRaces(t)
 }
 
@@ -635,7 +635,7 @@ func TestApproval(t *testing.T) {
 		_, err = b.e.Reject(as(t, "bob"), started.ID, "the beneficiary is unknown")
 		require.NoError(t, err)
 		info := idemflowtest.Wait(t, b.e, started)
-		require.NoError(t, checkCredited(t.Context(), b.pool, b.bank, info, engine.CodeRejected))
+		require.NoError(t, checkCredited(t.Context(), b.pool, b.bank, info, string(engine.CodeRejected)))
 		require.False(t, info.Error.ServerFault(), "a business answer")
 		require.Equal(t, engine.StepStatusCompensated, step(t, info, "debit").Status)
 		require.Equal(t, engine.StepStatusFailed, step(t, info, "approval").Status)
@@ -652,7 +652,7 @@ func TestApproval(t *testing.T) {
 		b := setupWith(t, funds, nil, payout.Config{ApprovalThreshold: amount, ApprovalExpires: 300 * time.Millisecond})
 		started := b.start(t, input)
 		info := idemflowtest.Wait(t, b.e, started)
-		require.NoError(t, checkCredited(t.Context(), b.pool, b.bank, info, engine.CodeApprovalExpired))
+		require.NoError(t, checkCredited(t.Context(), b.pool, b.bank, info, string(engine.CodeApprovalExpired)))
 		require.Zero(t, b.bank.Requests())
 		_, err := b.e.Approve(as(t, "ann"), started.ID, "too late")
 		require.ErrorIs(t, err, engine.ErrFinished)

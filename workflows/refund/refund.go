@@ -86,7 +86,7 @@ const (
 	// not approved within Config.ApprovalTimeout. The ledger move was
 	// reversed; the provider was never asked. The engine's
 	// CodeApprovalExpired.
-	CodeApprovalExpired = engine.CodeApprovalExpired
+	CodeApprovalExpired = string(engine.CodeApprovalExpired)
 )
 
 // RefundIDPrefix starts every refund id.

@@ -198,10 +198,10 @@ func (c *commands) list(ctx context.Context, args []string) int {
 func note(i *engine.Info) string {
 	var parts []string
 	if i.Error != nil {
-		parts = append(parts, i.Error.Code+": "+i.Error.Error())
+		parts = append(parts, string(i.Error.Code)+": "+i.Error.Error())
 	}
 	if i.NeedsAttention() {
-		parts = append(parts, "needs attention: "+i.Attention.Code+": "+i.Attention.Reason)
+		parts = append(parts, "needs attention: "+string(i.Attention.Code)+": "+i.Attention.Reason)
 	}
 	if i.Parked {
 		parts = append(parts, "(parked: retry or cancel it)")
@@ -241,7 +241,7 @@ func (c *commands) show(ctx context.Context, args []string) int {
 		fmt.Fprintf(c.stdout, "  %s\n", n)
 	}
 	if i.NeedsAttention() {
-		fmt.Fprintf(c.stdout, "  runbook: %s\n", runbook(i.Attention.Code))
+		fmt.Fprintf(c.stdout, "  runbook: %s\n", runbook(string(i.Attention.Code)))
 	}
 	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "  STEP\tSTATUS\tATTEMPTS\tRESOLVED BY\tDERIVED KEY\tLAST CAUSE")
