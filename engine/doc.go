@@ -193,7 +193,7 @@
 //
 // Who may decide an outcome: the step's answer, its lookup, the application's
 // delivered outcome, and an operator (Resolve, refused while the lookup says
-// otherwise; a made call's reference goes to ExternalStepDef.Resolve); never
+// otherwise; a made call's reference goes to ExternalStepDef.FromReference); never
 // the engine on a guess. Cancel refuses an operation whose call may still land
 // or is pending (*RefusedError, with when it will be known). Told
 // answers are final: Retry refuses (ErrFinal) an operation that ended with a

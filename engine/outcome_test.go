@@ -20,8 +20,8 @@ func eventOp(t *testing.T, p *lateProvider, name string, settle time.Duration, a
 	t.Helper()
 	return lateOpWith(t, p, name, attempts, func(pay engine.ExternalStepDef[int, lateState]) engine.ExternalStepDef[int, lateState] {
 		return pay.Window(settle).
-			Resolve(func(_ int, s *lateState, ref string) error { s.Ref = ref; return nil }).
-			Reconcile(func(in int, rec reconcile.Record) reconcile.Kind {
+			FromReference(func(_ int, s *lateState, ref string) error { s.Ref = ref; return nil }).
+			Compare(func(in int, rec reconcile.Record) reconcile.Kind {
 				if rec.Amount != int64(in) {
 					return reconcile.AmountDiffers
 				}

@@ -142,7 +142,7 @@ func (e *Engine) source(name string) (*reconcile.Source, error) {
 //   - one whose reference is not the one the books hold for its succeeded
 //     step, whoever recorded it (the call, the lookup, an event, an
 //     operator): reconcile.ReferenceDiffers;
-//   - else what the step's reconcile function (ExternalStepDef.Reconcile) says.
+//   - else what the step's reconcile function (ExternalStepDef.Compare) says.
 //
 // Then the other way: the succeeded steps whose records the source lists
 // (ExternalStepDef.Records), of the finished operations created within the

@@ -323,7 +323,7 @@ func (s *reconcileScenario) engine(tb testing.TB) (*Engine, *queryCounter) {
 
 	pay := ExternalStep("pay", func(context.Context, Attempt, reconcileBenchIn, *reconcileBenchState) error {
 		return nil
-	}).Reconcile(func(in reconcileBenchIn, rec reconcile.Record) reconcile.Kind {
+	}).Compare(func(in reconcileBenchIn, rec reconcile.Record) reconcile.Kind {
 		if rec.Amount != in.Amount {
 			return reconcile.AmountDiffers
 		}

@@ -101,7 +101,7 @@ func reconcileEngine(t *testing.T, book *ledgerOf) (*engine.Engine, *engine.Oper
 		book.add(reconcile.Record{Key: at.Key, Amount: in.Amount})
 		s.Ref = at.Key
 		return nil
-	}).Reconcile(func(in payIn, rec reconcile.Record) reconcile.Kind {
+	}).Compare(func(in payIn, rec reconcile.Record) reconcile.Kind {
 		if rec.Amount != in.Amount {
 			return reconcile.AmountDiffers
 		}
@@ -423,7 +423,7 @@ func TestReconcileWrongBothWays(t *testing.T) {
 		book.add(reconcile.Record{Key: at.Key, Reference: "ch_1", Amount: in.Amount})
 		s.Ref = "ch_1"
 		return nil
-	}).Reconcile(func(in payIn, rec reconcile.Record) reconcile.Kind {
+	}).Compare(func(in payIn, rec reconcile.Record) reconcile.Kind {
 		if rec.Amount != in.Amount {
 			return reconcile.AmountDiffers
 		}

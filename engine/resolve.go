@@ -20,7 +20,7 @@ type Resolution struct {
 	// Made says the call went through; false, that it did not.
 	Made bool
 	// Reference is the outside service's reference for what a made call made,
-	// handed to the step's resolve function (ExternalStepDef.Resolve). Required when the step has one.
+	// handed to the step's resolve function (ExternalStepDef.FromReference). Required when the step has one.
 	Reference string
 	// Reason says why, for the audit and the logs. Required.
 	Reason string

@@ -488,7 +488,7 @@ func TestResolve(t *testing.T) {
 				return nil
 			}),
 			engine.ExternalStep("pay", p.call).Lookup(p.lookup).Window(100 * time.Millisecond).
-				Resolve(func(_ int, s *lateState, ref string) error {
+				FromReference(func(_ int, s *lateState, ref string) error {
 					if ref == "" {
 						return errors.New("empty")
 					}

@@ -184,25 +184,25 @@ func (s *stepSpec[In, S]) window() time.Duration {
 	return s.settle
 }
 
-// Resolve returns the step with fn as what records, in the state, a call that
+// FromReference returns the step with fn as what records, in the state, a call that
 // an operator says was made, under the outside service's reference (see
 // Engine.Resolve). Without one, an operator's "made" leaves the state as the
 // step's lookup, or else the step before it, left it. fn records the call as
 // the step itself would have, from the reference for what it made (a
 // provider's refund id); it returns an error for a reference it cannot take (a
 // malformed id), and the resolve is refused.
-func (d ExternalStepDef[In, S]) Resolve(fn func(in In, state *S, reference string) error) ExternalStepDef[In, S] {
+func (d ExternalStepDef[In, S]) FromReference(fn func(in In, state *S, reference string) error) ExternalStepDef[In, S] {
 	d.s.resolve = fn
 	return d
 }
 
-// Reconcile returns the step with fn as what compares a record of the outside
+// Compare returns the step with fn as what compares a record of the outside
 // service under the step's derived key with the operation's input, once the
 // step succeeded (see Engine.Reconcile): an amount or an order that is not
 // what was asked. Without one, reconciliation checks only that the record and
 // the step agree on whether the call was carried out. fn returns the kind of
 // mismatch, or "" when the record and the input agree.
-func (d ExternalStepDef[In, S]) Reconcile(fn func(in In, rec reconcile.Record) reconcile.Kind) ExternalStepDef[In, S] {
+func (d ExternalStepDef[In, S]) Compare(fn func(in In, rec reconcile.Record) reconcile.Kind) ExternalStepDef[In, S] {
 	d.s.reconcile = fn
 	return d
 }
@@ -212,7 +212,7 @@ func (d ExternalStepDef[In, S]) Reconcile(fn func(in In, rec reconcile.Record) r
 // reference as what reads, from the operation's state after the step, the
 // source's reference for what it made (a provider's refund id), whoever
 // recorded it: its call, its lookup, an event or an operator (through
-// Resolve). reference may be nil, and may return "" for a state that holds
+// Engine.Resolve). reference may be nil, and may return "" for a state that holds
 // none.
 //
 // Reconciliation then looks both ways (see Engine.Reconcile): a succeeded
@@ -242,9 +242,9 @@ type stepDef struct {
 	settle time.Duration
 	// timeout bounds each call (ExternalStepDef.Timeout); zero: no bound.
 	timeout time.Duration
-	// resolve records an operator's reference in the state (ExternalStepDef.Resolve).
+	// resolve records an operator's reference in the state (ExternalStepDef.FromReference).
 	resolve func(in, state any, reference string) error
-	// reconcile compares a record with the input (ExternalStepDef.Reconcile).
+	// reconcile compares a record with the input (ExternalStepDef.Compare).
 	reconcile func(in any, rec reconcile.Record) reconcile.Kind
 	// source lists the step's records, and reference reads the reference it
 	// recorded from the state after it (ExternalStepDef.Records).

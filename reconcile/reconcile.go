@@ -21,7 +21,7 @@
 //
 // The package imports nothing of the engine: a provider's adapter implements a
 // Source with it alone. The engine's side (runs, reports, the mismatches it
-// keeps, ExternalStepDef.Reconcile) is in package engine.
+// keeps, ExternalStepDef.Compare) is in package engine.
 package reconcile
 
 import (

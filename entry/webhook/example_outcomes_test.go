@@ -54,8 +54,8 @@ func ExampleOutcomes() {
 			Lookup(func(context.Context, engine.Attempt, refundRequest, *refundResult) (bool, error) {
 				return false, engine.Accepted("", "the provider is still processing the refund")
 			}).
-			Resolve(func(_ refundRequest, s *refundResult, ref string) error { s.ProviderRefundID = ref; return nil }).
-			Reconcile(func(in refundRequest, rec reconcile.Record) reconcile.Kind {
+			FromReference(func(_ refundRequest, s *refundResult, ref string) error { s.ProviderRefundID = ref; return nil }).
+			Compare(func(in refundRequest, rec reconcile.Record) reconcile.Kind {
 				if rec.Amount != in.Amount {
 					return reconcile.AmountDiffers
 				}

@@ -44,8 +44,8 @@ func newRefundOp(t *testing.T) *engine.Operation[refundIn, refundState, string] 
 		engine.ExternalStep("provider", func(_ context.Context, at engine.Attempt, _ refundIn, _ *refundState) error {
 			return engine.Accepted(providerRef(at.Key), "the provider accepted the refund; final status later")
 		}).Window(time.Hour).
-			Resolve(func(_ refundIn, s *refundState, ref string) error { s.Ref = ref; return nil }).
-			Reconcile(func(in refundIn, rec reconcile.Record) reconcile.Kind {
+			FromReference(func(_ refundIn, s *refundState, ref string) error { s.Ref = ref; return nil }).
+			Compare(func(in refundIn, rec reconcile.Record) reconcile.Kind {
 				if rec.Amount != in.Amount {
 					return reconcile.AmountDiffers
 				}

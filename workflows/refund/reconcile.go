@@ -79,7 +79,7 @@ func recordStatus(s string) reconcile.Status {
 	}
 }
 
-// reconcileProvider is the provider step's reconcile function (ExternalStepDef.Reconcile): the provider's
+// reconcileProvider is the provider step's reconcile function (ExternalStepDef.Compare): the provider's
 // refund under the step's key must be for the order and amount asked.
 func reconcileProvider(in RefundInput, rec reconcile.Record) reconcile.Kind {
 	d, ok := rec.Data.(RecordData)

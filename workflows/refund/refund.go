@@ -236,7 +236,7 @@ func New(provider Provider, cfg *Config) (*Workflows, error) {
 		steps := []engine.Step[RefundInput, RefundState]{
 			engine.TxStep(StepLedger, w.ledger).Compensate(w.reverseLedger),
 			engine.ExternalStep(StepProvider, w.callProvider).Lookup(w.lookupProvider).Window(settle).Timeout(cfg.ProviderTimeout).
-				Resolve(resolveProvider).Reconcile(reconcileProvider).Records(ProviderSource, providerReference),
+				FromReference(resolveProvider).Compare(reconcileProvider).Records(ProviderSource, providerReference),
 			engine.TxStep(StepFinalize, w.finalize),
 		}
 		switch v {
