@@ -167,7 +167,7 @@ func TestFailFromSQL(t *testing.T) {
 			require.NoError(t, err)
 			info := waitDone(t, e, started)
 			require.Equal(t, engine.StatusFailed, info.Status)
-			require.Equal(t, "too_big", info.Error.Code)
+			require.EqualValues(t, "too_big", info.Error.Code)
 			require.Equal(t, "11 is more than 10", info.Error.Message)
 			require.Equal(t, "check", info.Error.Step)
 			require.Equal(t, int32(2), calls.Load(), "a permanent failure is not retried")

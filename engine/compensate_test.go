@@ -59,7 +59,7 @@ func TestCompensationRetriesBoundedAcrossRuns(t *testing.T) {
 	require.NoError(t, errOf(e.Retry(ctx, s.ID, nil)), nil)
 	done := fsWait(t, e, s.ID)
 	require.Equal(t, engine.StatusFailed, done.Status)
-	require.Equal(t, "declined", done.Error.Code, "the reopened operation lost its error")
+	require.EqualValues(t, "declined", done.Error.Code, "the reopened operation lost its error")
 	require.Equal(t, int32(1), f.payCalls.Load(), "the reopened operation ran forward")
 	require.Equal(t, fsBooks{debits: 1, reversals: 1}, fsReadBooks(t, pool))
 	require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusFailed, engine.StepStatusSkipped}, fsStatuses(fsGet(t, e, s.ID)))

@@ -443,7 +443,7 @@ func TestCompensateExternalStep(t *testing.T) {
 	require.NoError(t, err)
 	info := waitDone(t, e, started)
 	require.Equal(t, engine.StatusFailed, info.Status)
-	require.Equal(t, "nope", info.Error.Code)
+	require.EqualValues(t, "nope", info.Error.Code)
 	require.Equal(t, []string{"b", "a"}, order)
 	got, err := e.Get(ctx, started.ID)
 	require.NoError(t, err)

@@ -68,7 +68,7 @@ func TestFenceByRun(t *testing.T) {
 			require.NoError(t, err)
 			byB := fsWait(t, b, s.ID)
 			require.Equal(t, engine.StatusFailed, byB.Status)
-			require.Equal(t, "b_refuses", byB.Error.Code)
+			require.EqualValues(t, "b_refuses", byB.Error.Code)
 
 			type stepRow struct {
 				state, lastError, lastCause string
@@ -95,7 +95,7 @@ func TestFenceByRun(t *testing.T) {
 			require.Equal(t, int32(1), undos.Load())
 			got := fsGet(t, b, s.ID)
 			require.Equal(t, engine.StatusFailed, got.Status)
-			require.Equal(t, "b_refuses", got.Error.Code)
+			require.EqualValues(t, "b_refuses", got.Error.Code)
 			require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusFailed, engine.StepStatusSkipped}, fsStatuses(got))
 			require.Equal(t, 2, got.Runs)
 		})

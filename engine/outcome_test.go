@@ -165,7 +165,7 @@ func TestRecordOutcome(t *testing.T) {
 		require.NoError(t, err)
 		info := fsWait(t, e, s.ID)
 		require.Equal(t, engine.StatusFailed, info.Status)
-		require.Equal(t, "payment_failed", info.Error.Code)
+		require.EqualValues(t, "payment_failed", info.Error.Code)
 		require.Equal(t, int32(1), p.undos.Load())
 	})
 

@@ -71,7 +71,7 @@ func TestRetry(t *testing.T) {
 		require.NoError(t, err)
 		info := waitDone(t, e, started)
 		require.Equal(t, engine.StatusFailed, info.Status)
-		require.Equal(t, "attempts_exhausted", info.Error.Code)
+		require.EqualValues(t, "attempts_exhausted", info.Error.Code)
 		require.Equal(t, "payout", info.Error.Step)
 		require.Equal(t, int32(3), b.calls.Load())
 		got, err := e.Get(ctx, started.ID)

@@ -27,13 +27,13 @@ func TestPermanentFailure(t *testing.T) {
 		require.NoError(t, err)
 		info := waitDone(t, e, started)
 		require.Equal(t, engine.StatusFailed, info.Status)
-		require.Equal(t, "declined", info.Error.Code)
+		require.EqualValues(t, "declined", info.Error.Code)
 		require.Equal(t, int32(1), b.calls.Load(), "a permanent error is not retried")
 		require.Equal(t, books{ledgerRows: 2, reversals: 2}, readBooks(t, b.pool))
 
 		again, err := e.GetByKey(ctx, "c", "k")
 		require.NoError(t, err)
-		require.Equal(t, "declined", again.Error.Code)
+		require.EqualValues(t, "declined", again.Error.Code)
 		require.Equal(t, "payout", again.Error.Step)
 	})
 
@@ -45,7 +45,7 @@ func TestPermanentFailure(t *testing.T) {
 		require.True(t, started.Created)
 		info := waitDone(t, e, started)
 		require.Equal(t, engine.StatusFailed, info.Status)
-		require.Equal(t, "invalid_amount", info.Error.Code)
+		require.EqualValues(t, "invalid_amount", info.Error.Code)
 		require.Equal(t, books{}, readBooks(t, b.pool))
 	})
 

@@ -131,7 +131,7 @@ func TestWaitAfterDeadlineDecided(t *testing.T) {
 				require.Equal(t, engine.StatusSucceeded, info.Status, "accepted, and the operation ended with %+v", info.Error)
 			} else {
 				require.ErrorIs(t, gerr, engine.ErrWaitOver)
-				require.Equal(t, tc.code, info.Error.Code)
+				require.EqualValues(t, tc.code, info.Error.Code)
 			}
 			holds, books := waitCounts(t, pool)
 			require.Equal(t, holds, books)

@@ -152,7 +152,7 @@ func TestSQLGuard(t *testing.T) {
 			require.NoError(t, err)
 			info := waitDone(t, e, started)
 			require.Equal(t, engine.StatusFailed, info.Status)
-			require.Equal(t, tc.code, info.Error.Code)
+			require.EqualValues(t, tc.code, info.Error.Code)
 			require.Equal(t, tc.message, info.Error.Message)
 			require.Equal(t, "take", info.Error.Step)
 			require.False(t, info.Error.ServerFault(), "a business answer")

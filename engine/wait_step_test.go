@@ -362,7 +362,7 @@ func TestApprovalStep(t *testing.T) {
 	require.NoError(t, err)
 	info = finished(t, e, id)
 	require.Equal(t, engine.StatusFailed, info.Status)
-	require.Equal(t, "refund_rejected", info.Error.Code)
+	require.EqualValues(t, "refund_rejected", info.Error.Code)
 	require.False(t, info.Error.ServerFault())
 
 	full, err := e.Get(ctx, id)

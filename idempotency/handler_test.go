@@ -278,7 +278,7 @@ func TestHandler(t *testing.T) {
 				switch {
 				case ex.code != "":
 					e := decodeError(t, res.body)
-					require.Equal(t, ex.code, e.Error.Code, "exchange %d", n)
+					require.EqualValues(t, ex.code, e.Error.Code, "exchange %d", n)
 					require.NotEmpty(t, e.Error.Message, "exchange %d", n)
 					require.Equal(t, ex.param, e.Error.Param, "exchange %d", n)
 					require.Equal(t, ex.mismatch, e.Error.MismatchedFields, "exchange %d", n)

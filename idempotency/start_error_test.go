@@ -52,7 +52,7 @@ func TestWriteStartError(t *testing.T) {
 				} `json:"error"`
 			}
 			require.NoError(t, json.Unmarshal(w.Body.Bytes(), &body))
-			require.Equal(t, tc.code, body.Error.Code)
+			require.EqualValues(t, tc.code, body.Error.Code)
 			require.Regexp(t, `; retry with the same key$`, body.Error.Message)
 			require.NotContains(t, body.Error.Message, "refund", "nothing of the error's text")
 		})

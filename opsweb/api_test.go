@@ -308,7 +308,7 @@ func TestCancelAPI(t *testing.T) {
 		op := decode[operation](t, b.admin(http.MethodGet, path, ""))
 		require.Equal(t, "in_progress", op.Status, "nothing changed")
 		require.True(t, op.Parked)
-		require.Equal(t, "ledger_mismatch", op.Attention.Code)
+		require.EqualValues(t, "ledger_mismatch", op.Attention.Code)
 
 		// Resolve: a reason is required, and a step that does not call out
 		// is no call to resolve; every refusal is in the audit trail.
@@ -352,7 +352,7 @@ func TestCancelAPI(t *testing.T) {
 		decode[operation](t, b.admin(http.MethodPost, path+"/retry", `{"reason":"try again"}`))
 		again := b.waitFor(parked.ID.String())
 		require.True(t, again.Parked, "parked again")
-		require.Equal(t, "charge_mismatch", again.Attention.Code)
+		require.EqualValues(t, "charge_mismatch", again.Attention.Code)
 
 		op := decode[operation](t, b.admin(http.MethodGet, path, ""))
 		require.Equal(t, "in_progress", op.Status)

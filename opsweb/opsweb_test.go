@@ -301,7 +301,7 @@ func requireError(t *testing.T, r *response, status int, code string) apiError {
 	}
 	require.NoError(t, json.Unmarshal([]byte(r.body), &body), "body %s", r.body)
 	require.NotNil(t, body.Error, "body %s", r.body)
-	require.Equal(t, code, body.Error.Code, "body %s", r.body)
+	require.EqualValues(t, code, body.Error.Code, "body %s", r.body)
 	require.NotEmpty(t, body.Error.Message)
 	return *body.Error
 }

@@ -177,7 +177,7 @@ func requireAttention(t *testing.T, d *demo, c *apiClient, id string, want bool)
 	require.Equal(t, want, op.NeedsAttention, "the operators' needsAttention")
 	if want {
 		require.NotNil(t, op.Attention)
-		require.Equal(t, "reconciliation_mismatch", op.Attention.Code)
+		require.EqualValues(t, "reconciliation_mismatch", op.Attention.Code)
 	} else if op.Attention != nil {
 		require.NotEqual(t, "reconciliation_mismatch", op.Attention.Code)
 	}

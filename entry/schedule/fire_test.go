@@ -179,7 +179,7 @@ func TestFire(t *testing.T) {
 		require.False(t, again.Created)
 		require.Equal(t, first.ID, again.ID)
 		require.Equal(t, engine.StatusFailed, again.Existing.Status)
-		require.Equal(t, "account_closed", again.Existing.Error.Code)
+		require.EqualValues(t, "account_closed", again.Existing.Error.Code)
 		require.Equal(t, 1, b.operations(t))
 	})
 

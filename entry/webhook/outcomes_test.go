@@ -229,7 +229,7 @@ func TestOutcomes(t *testing.T) {
 		requireStored(t, deliver(t, h.srv, body, webhook.Sign(secretOld, clock, body)), false)
 		info := waitStarted(t, s)
 		require.Equal(t, engine.StatusFailed, info.Status)
-		require.Equal(t, "refund_failed", info.Error.Code)
+		require.EqualValues(t, "refund_failed", info.Error.Code)
 	})
 
 	t.Run("before any step waits", func(t *testing.T) {

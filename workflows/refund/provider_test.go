@@ -218,7 +218,7 @@ func (b *bundle) requireParked(t *testing.T, info *engine.Info, code string) {
 	require.Equal(t, engine.StatusInProgress, info.Status)
 	require.True(t, info.Parked)
 	require.NotNil(t, info.Attention)
-	require.Equal(t, code, info.Attention.Code)
+	require.EqualValues(t, code, info.Attention.Code)
 	steps := b.stepsOf(t, info)
 	require.Equal(t, engine.StepStatusSucceeded, steps[refund.StepLedger].Status, "not undone on a guess")
 	require.NotEqual(t, engine.StepStatusSucceeded, steps[refund.StepProvider].Status)

@@ -118,7 +118,7 @@ func requireFailed(t *testing.T, info *engine.Info, code, step string) {
 	t.Helper()
 	require.Equal(t, engine.StatusFailed, info.Status)
 	require.NotNil(t, info.Error)
-	require.Equal(t, code, info.Error.Code)
+	require.EqualValues(t, code, info.Error.Code)
 	require.Equal(t, step, info.Error.Step)
 	require.NotEmpty(t, info.Error.Message)
 }
@@ -581,7 +581,7 @@ func TestRefund(t *testing.T) {
 		declined := 0
 		for _, info := range b.concurrentRefunds(t, orderID, amounts) {
 			require.Equal(t, engine.StatusFailed, info.Status)
-			require.Contains(t, []string{refund.CodeProviderDeclined, refund.CodeAmountExceedsRefundable}, info.Error.Code)
+			require.Contains(t, []string{refund.CodeProviderDeclined, refund.CodeAmountExceedsRefundable}, string(info.Error.Code))
 			if info.Error.Code == refund.CodeProviderDeclined {
 				declined++
 			}

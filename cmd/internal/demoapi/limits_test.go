@@ -53,7 +53,7 @@ func TestJSONErrors(t *testing.T) {
 			Error struct{ Code, Message string }
 		}
 		require.NoError(t, json.NewDecoder(res.Body).Decode(&body), name)
-		require.Equal(t, c.code, body.Error.Code, name)
+		require.EqualValues(t, c.code, body.Error.Code, name)
 		require.NotEmpty(t, body.Error.Message, name)
 	}
 	res := send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")

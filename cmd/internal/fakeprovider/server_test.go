@@ -270,7 +270,7 @@ func TestRefund(t *testing.T) {
 				} `json:"error"`
 			}
 			require.NoError(t, json.Unmarshal(a.body, &body), "%s", a.body)
-			require.Equal(t, tc.code, body.Error.Code)
+			require.EqualValues(t, tc.code, body.Error.Code)
 		}
 	})
 

@@ -405,9 +405,13 @@ func (c *commands) request(ctx context.Context, action string, args []string) in
 			redact.Addresses(err.Error()), c.wait)
 		return exitPending
 	case err != nil:
-		// The process's refusal, without the addresses its errors name (its
-		// log has them).
-		fmt.Fprintf(c.stderr, "idemflow: %s %s: refused: %s\n", action, id, redact.Addresses(err.Error()))
+		// The process's refusal, with its code when it is one, without the
+		// addresses its errors name (its log has them).
+		what := "refused"
+		if why := engine.Refusal(""); errors.As(err, &why) {
+			what += " (" + string(why) + ")"
+		}
+		fmt.Fprintf(c.stderr, "idemflow: %s %s: %s: %s\n", action, id, what, redact.Addresses(err.Error()))
 		return exitRefused
 	}
 	return c.done(action, id, info)

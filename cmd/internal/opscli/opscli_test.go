@@ -269,11 +269,11 @@ func TestCommandWithholdsAddresses(t *testing.T) {
 	require.NoError(t, err)
 	info := idemflowtest.Wait(t, e, s)
 	require.True(t, info.Parked)
-	require.Equal(t, "payout_mismatch", info.Attention.Code)
+	require.EqualValues(t, "payout_mismatch", info.Attention.Code)
 
 	r := idemflow(t, dbURL, "cancel", s.ID.String(), "customer withdrew")
 	require.Equal(t, 1, r.code, r.stdout+r.stderr)
-	require.Contains(t, r.stderr, ": refused: ")
+	require.Contains(t, r.stderr, ": refused (past_point_of_no_return): ")
 	require.Contains(t, r.stderr, "payout_mismatch")
 	require.Contains(t, r.stderr, "past its point of no return")
 	require.NotContains(t, r.stderr, "10.0.0.7")
