@@ -146,19 +146,18 @@ func TestPooler(t *testing.T) {
 
 	const n = 20
 	b.failPayout.Store(3) // three payouts fail once: retried by River jobs
-	started := make([]*engine.Started, n)
 	for i := range n {
 		wg.Go(func() {
-			s, err := engine.Start(ctx, e, op, "pooler", fmt.Sprintf("key-%d", i), transferIn{From: "a", To: "b", Amount: 10}, nil)
+			_, err := engine.Start(ctx, e, op, "pooler", fmt.Sprintf("key-%d", i), transferIn{From: "a", To: "b", Amount: 10}, nil)
 			require.NoError(t, err)
-			started[i] = s
 		})
 	}
 	wg.Wait()
-	for _, s := range started {
-		require.Equal(t, engine.StatusSucceeded, waitDone(t, e, s).Status)
-	}
-	require.Equal(t, books{ledgerRows: 2 * n, payouts: n, payoutCalls: n, finals: n}, readBooks(t, pool))
+	// Each operation succeeds exactly once, by the books: its row may be gone
+	// by then (a retention of a millisecond), so it is not read back.
+	want := books{ledgerRows: 2 * n, payouts: n, payoutCalls: n, finals: n}
+	require.Eventually(t, func() bool { return readBooks(t, pool) == want }, 30*time.Second, 20*time.Millisecond)
+	require.Equal(t, want, readBooks(t, pool))
 	// River's jobs, fetched by polling, ran the retries (and, when River's
 	// scheduler promoted them after the lease, the sweeper's resumes).
 	require.Eventually(t, func() bool {
