@@ -102,5 +102,5 @@ func TestAdminCancel(t *testing.T) {
 	info, err := admin.Cancel(waitCtx, s.ID, "customer withdrew")
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusFailed, info.Status)
-	require.Equal(t, engine.CodeCancelled, info.Error.Code)
+	require.EqualValues(t, engine.CodeCancelled, info.Error.Code)
 }

@@ -48,7 +48,7 @@ func TestCompensationRetriesBoundedAcrossRuns(t *testing.T) {
 	require.Equal(t, engine.StatusInProgress, info.Status, "a half-undone operation answered (after %d attempts of the compensation, MaxAttempts %d)", f.debitUndos.Load(), maxAttempts)
 	require.True(t, info.Parked)
 	require.True(t, info.NeedsAttention())
-	require.Equal(t, engine.CodeCompensationFailed, info.Attention.Code)
+	require.EqualValues(t, engine.CodeCompensationFailed, info.Attention.Code)
 	require.Contains(t, info.Attention.Reason, "debit")
 	require.Equal(t, int32(maxAttempts), f.debitUndos.Load())
 	require.Equal(t, fsBooks{debits: 1}, fsReadBooks(t, pool), "a failed compensation writes nothing")

@@ -487,7 +487,7 @@ func TestDeferredConstraintAtCommit(t *testing.T) {
 			require.NoError(t, err)
 			info := waitDone(t, e, started)
 			require.Equal(t, engine.StatusFailed, info.Status)
-			require.Equal(t, engine.CodeAttemptsExhausted, info.Error.Code)
+			require.EqualValues(t, engine.CodeAttemptsExhausted, info.Error.Code)
 			require.Contains(t, info.Error.Cause, "deferred_t_n")
 			require.NotContains(t, info.Error.Message, "deferred_t_n")
 			var n int

@@ -57,7 +57,7 @@ func TestStartWhileTheKeysRowIsLocked(t *testing.T) {
 		err := <-ended
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, err, &pgErr, "the run ended on the reservation's lock wait")
-		require.Equal(t, "55P03", pgErr.Code)
+		require.EqualValues(t, "55P03", pgErr.Code)
 		return err
 	}
 

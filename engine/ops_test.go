@@ -20,7 +20,7 @@ func TestOperatorRetry(t *testing.T) {
 	s, err := engine.Start(ctx, e, op, "c", "k", transferIn{From: "a", To: "b", Amount: 5}, nil)
 	require.NoError(t, err)
 	info := waitDone(t, e, s)
-	require.Equal(t, engine.CodeAttemptsExhausted, info.Error.Code)
+	require.EqualValues(t, engine.CodeAttemptsExhausted, info.Error.Code)
 	failed, err := e.List(ctx, &engine.ListOpts{Status: engine.StatusFailed, Max: 10})
 	require.NoError(t, err)
 	require.Len(t, failed, 1)
@@ -57,7 +57,7 @@ func TestReopenRefusesCompensatedCall(t *testing.T) {
 	require.NoError(t, err)
 	failed := fsWait(t, e, s.ID)
 	require.Equal(t, engine.StatusFailed, failed.Status)
-	require.Equal(t, engine.CodePermanent, failed.Error.Code)
+	require.EqualValues(t, engine.CodePermanent, failed.Error.Code)
 	require.Equal(t, int32(1), f.payUndos.Load())
 	before := fsStatuses(fsGet(t, e, s.ID))
 	require.Equal(t, []engine.StepStatus{engine.StepStatusCompensated, engine.StepStatusCompensated, engine.StepStatusFailed}, before)
@@ -70,7 +70,7 @@ func TestReopenRefusesCompensatedCall(t *testing.T) {
 	fsNoMoreRuns(t, e, pool, s.ID)
 	after := fsGet(t, e, s.ID)
 	require.Equal(t, engine.StatusFailed, after.Status)
-	require.Equal(t, engine.CodePermanent, after.Error.Code)
+	require.EqualValues(t, engine.CodePermanent, after.Error.Code)
 	require.Equal(t, before, fsStatuses(after))
 	require.Equal(t, int32(1), f.payCalls.Load())
 	require.Equal(t, fsBooks{debits: 1, reversals: 1, payments: 1, requests: 1}, fsReadBooks(t, pool))
@@ -91,7 +91,7 @@ func TestReopenRefusesAHeldOperation(t *testing.T) {
 	require.NoError(t, err)
 	// Out of attempts with no lookup: parked, its outcome unknown.
 	info := fsAwait(t, e, s.ID, "parked", fsParked)
-	require.Equal(t, engine.CodeOutcomeUnknown, info.Attention.Code)
+	require.EqualValues(t, engine.CodeOutcomeUnknown, info.Attention.Code)
 
 	// As a cancel's claim leaves it while it compensates.
 	_, err = pool.Exec(ctx, `UPDATE idemflow_operation SET locked_by = gen_random_uuid(), locked_until = now() + interval '1 hour' WHERE id = $1`, s.ID)

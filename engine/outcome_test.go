@@ -124,7 +124,7 @@ func TestRecordOutcome(t *testing.T) {
 		require.NoError(t, err)
 		info := fsAwait(t, e, s.ID, "parked", func(i *engine.Info) bool { return i.Parked })
 		require.NotNil(t, info.Attention)
-		require.Equal(t, engine.CodeReconciliationMismatch, info.Attention.Code)
+		require.EqualValues(t, engine.CodeReconciliationMismatch, info.Attention.Code)
 		require.Zero(t, p.undos.Load())
 	})
 

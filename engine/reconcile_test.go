@@ -203,7 +203,7 @@ func TestReconcile(t *testing.T) {
 		got, err := e.Get(ctx, late.ID)
 		require.NoError(t, err)
 		require.True(t, got.NeedsAttention(), "a finished operation named by a mismatch")
-		require.Equal(t, engine.CodeReconciliationMismatch, got.Attention.Code)
+		require.EqualValues(t, engine.CodeReconciliationMismatch, got.Attention.Code)
 		require.Len(t, got.Mismatches, 1)
 		got, err = e.Get(ctx, fine.ID)
 		require.NoError(t, err)

@@ -227,7 +227,7 @@ func TestUnknownOutcome(t *testing.T) {
 
 		info := fsWait(t, e, s.ID)
 		require.Equal(t, engine.StatusFailed, info.Status)
-		require.Equal(t, engine.CodeAttemptsExhausted, info.Error.Code)
+		require.EqualValues(t, engine.CodeAttemptsExhausted, info.Error.Code)
 		require.True(t, info.Error.ServerFault())
 		require.False(t, info.FinishedAt.Before(waiting.Steps[1].SentAt.Add(settle)),
 			"failed at %s, before the window's end %s", info.FinishedAt, waiting.Steps[1].SentAt.Add(settle))
@@ -247,7 +247,7 @@ func TestUnknownOutcome(t *testing.T) {
 		overdue := fsAwait(t, e, s.ID, "it needs attention past its window", func(i *engine.Info) bool {
 			return i.NeedsAttention()
 		})
-		require.Equal(t, engine.CodeOutcomeOverdue, overdue.Attention.Code)
+		require.EqualValues(t, engine.CodeOutcomeOverdue, overdue.Attention.Code)
 		require.Equal(t, engine.StepStatusWaiting, overdue.Steps[1].Status)
 		// (An attempt after the first asks the lookup first, which fails: it
 		// sends nothing either.)
@@ -573,7 +573,7 @@ func TestResolve(t *testing.T) {
 			got = fsWait(t, e, info.ID)
 		}
 		require.Equal(t, engine.StatusFailed, got.Status)
-		require.Equal(t, engine.CodeResolvedNotMade, got.Error.Code)
+		require.EqualValues(t, engine.CodeResolvedNotMade, got.Error.Code)
 		require.True(t, got.Error.ServerFault())
 		require.Equal(t, int32(1), p.undos.Load())
 		_ = op

@@ -179,7 +179,7 @@ func TestSQLGuard(t *testing.T) {
 		info := waitDone(t, e, started)
 		require.Equal(t, engine.StatusInProgress, info.Status)
 		require.True(t, info.Parked)
-		require.Equal(t, engine.CodeFailedPastPivot, info.Attention.Code)
+		require.EqualValues(t, engine.CodeFailedPastPivot, info.Attention.Code)
 		require.Contains(t, info.Attention.Reason, "already_marked: order marked is marked already")
 		require.Nil(t, info.Error)
 		require.Equal(t, [4]int32{1, 1, 1, 0}, [4]int32{counts.takes.Load(), counts.calls.Load(), counts.marks.Load(), counts.undos.Load()},

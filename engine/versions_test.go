@@ -112,7 +112,7 @@ func TestVersionLeftAlone(t *testing.T) {
 	require.Equal(t, before.Runs, after.Runs, "a v1 process claimed a v2 operation")
 	require.Equal(t, []string{"a"}, v.ran(id))
 	require.NotNil(t, after.Attention)
-	require.Equal(t, engine.CodeVersionNotRun, after.Attention.Code)
+	require.EqualValues(t, engine.CodeVersionNotRun, after.Attention.Code)
 	require.Contains(t, after.Attention.Reason, "version 2")
 	stats, err := old.InProgress(ctx)
 	require.NoError(t, err)
@@ -320,7 +320,7 @@ func TestVersioning(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond)
 	require.Equal(t, engine.StatusInProgress, info.Status)
 	require.True(t, info.NeedsAttention())
-	require.Equal(t, engine.CodeDefinitionChanged, info.Attention.Code)
+	require.EqualValues(t, engine.CodeDefinitionChanged, info.Attention.Code)
 	require.Contains(t, info.Attention.Reason, `missing ["payout"]`)
 	require.Equal(t, books{}, readBooks(t, pool), "nothing ran")
 

@@ -438,7 +438,7 @@ func TestStorm(t *testing.T) {
 				require.Equal(t, http.StatusUnprocessableEntity, res.status, "request %d", i)
 				require.Equal(t, []string{"amount"}, decodeError(t, res.body).Error.MismatchedFields)
 			case res.status == http.StatusConflict:
-				require.Equal(t, idempotency.CodeRequestInProgress, decodeError(t, res.body).Error.Code)
+				require.EqualValues(t, idempotency.CodeRequestInProgress, decodeError(t, res.body).Error.Code)
 			default:
 				require.Equal(t, http.StatusCreated, res.status, "request %d", i)
 				require.Equal(t, "true", res.header.Get(idempotency.HeaderReplayed), "request %d", i)

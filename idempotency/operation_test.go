@@ -82,7 +82,7 @@ func TestOperationHandler(t *testing.T) {
 	} {
 		status, _, body := get(c.id, c.token)
 		require.Equal(t, c.status, status, name)
-		require.Equal(t, c.code, decodeError(t, body).Error.Code, name)
+		require.EqualValues(t, c.code, decodeError(t, body).Error.Code, name)
 	}
 
 	_, err = idempotency.OperationHandler(&idempotency.Config{Engine: h.e}, nil)
@@ -100,7 +100,7 @@ func TestScopeBusy(t *testing.T) {
 
 	busy := h.do(t, request{body: `{"account":"acct-1","amount":5}`, keys: []string{"k-2"}})
 	require.Equal(t, http.StatusTooManyRequests, busy.status, string(busy.body))
-	require.Equal(t, idempotency.CodeTooManyRequests, decodeError(t, busy.body).Error.Code)
+	require.EqualValues(t, idempotency.CodeTooManyRequests, decodeError(t, busy.body).Error.Code)
 	require.NotEmpty(t, busy.header.Get("Retry-After"))
 	_, err := h.e.GetByKey(t.Context(), "client-a", "k-2")
 	require.ErrorIs(t, err, engine.ErrNotFound, "no key consumed")

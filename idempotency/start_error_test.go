@@ -43,7 +43,7 @@ func TestWriteStartError(t *testing.T) {
 				return
 			}
 			require.True(t, written)
-			require.Equal(t, tc.status, w.Code)
+			require.EqualValues(t, tc.status, w.Code)
 			require.Equal(t, "2", w.Header().Get("Retry-After"))
 			var body struct {
 				Error struct {

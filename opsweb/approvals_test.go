@@ -129,7 +129,7 @@ func TestApprovalsAPI(t *testing.T) {
 		decode[operation](t, b.admin(http.MethodPost, path(one, "reject"), `{"reason":"not this one","actor":"dan"}`))
 		info := b.waitFor(one.String())
 		require.Equal(t, engine.StatusFailed, info.Status)
-		require.Equal(t, engine.CodeRejected, info.Error.Code)
+		require.EqualValues(t, engine.CodeRejected, info.Error.Code)
 		require.False(t, info.Error.ServerFault(), "a business answer")
 		require.Equal(t, engine.StepStatusCompensated, info.Steps[0].Status)
 		requireError(t, b.admin(http.MethodPost, path(one, "approve"), `{"reason":"changed my mind"}`), http.StatusConflict, "operation_final")
@@ -144,7 +144,7 @@ func TestApprovalsAPI(t *testing.T) {
 	t.Run("Expired", func(t *testing.T) {
 		expiring := b.startPayout("client-a", "k-expiring", payoutIn{Need: 1, Expires: 200 * time.Millisecond})
 		info := b.waitFor(expiring.String())
-		require.Equal(t, engine.CodeApprovalExpired, info.Error.Code)
+		require.EqualValues(t, engine.CodeApprovalExpired, info.Error.Code)
 		requireError(t, b.admin(http.MethodPost, path(expiring, "approve"), `{"reason":"too late"}`), http.StatusConflict, "operation_final")
 	})
 	t.Run("NoSuchOperation", func(t *testing.T) {
@@ -262,7 +262,7 @@ func TestApprovalsPage(t *testing.T) {
 		require.Equal(t, http.StatusSeeOther, r.status, r.body)
 		require.Equal(t, "/ops/approvals?done=rejected&operation="+other.String(), r.header.Get("Location"))
 		info := b.waitFor(other.String())
-		require.Equal(t, engine.CodeRejected, info.Error.Code)
+		require.EqualValues(t, engine.CodeRejected, info.Error.Code)
 		r = b.browserAs("dan", http.MethodGet, r.header.Get("Location"), nil)
 		requirePage(t, r, http.StatusOK)
 		require.Contains(t, r.body, "Rejected: it failed.")

@@ -209,7 +209,7 @@ func TestRunbookLinks(t *testing.T) {
 	req.Header.Set("Accept", "text/html")
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
-	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	require.EqualValues(t, http.StatusOK, rec.Code, rec.Body.String())
 	require.Contains(t, rec.Body.String(), `href="/docs/runbook.html#limit_unknown"`)
 }
 

@@ -48,7 +48,7 @@ func TestOperationMismatches(t *testing.T) {
 		require.Equal(t, "succeeded", op.Status)
 		require.True(t, op.NeedsAttention, "a finished operation that a mismatch names needs attention")
 		require.NotNil(t, op.Attention)
-		require.Equal(t, engine.CodeReconciliationMismatch, op.Attention.Code)
+		require.EqualValues(t, engine.CodeReconciliationMismatch, op.Attention.Code)
 		require.Len(t, op.Mismatches, 1)
 		m := op.Mismatches[0]
 		require.Equal(t, "provider", m.Source)

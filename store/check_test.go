@@ -49,7 +49,7 @@ func TestCheck(t *testing.T) {
 			var got bool
 			err := pool.QueryRow(ctx, `SELECT idemflow_check(`+ok+`::boolean, 'too_big', '11 is more than 10')`).Scan(&got)
 			pgErr := pgError(t, err)
-			require.Equal(t, "IF002", pgErr.Code)
+			require.EqualValues(t, "IF002", pgErr.Code)
 			require.Equal(t, "too_big", pgErr.Detail)
 			require.Equal(t, "11 is more than 10", pgErr.Message)
 
@@ -239,7 +239,7 @@ func TestCheaperWritesMigrationDown(t *testing.T) {
 	refused := func(state string, finished bool) {
 		t.Helper()
 		pgErr := pgError(t, insert(state, finished))
-		require.Equal(t, "23514", pgErr.Code, "%s, finished %v", state, finished)
+		require.EqualValues(t, "23514", pgErr.Code, "%s, finished %v", state, finished)
 	}
 	checkRows := func() {
 		t.Helper()

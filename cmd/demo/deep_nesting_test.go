@@ -34,7 +34,7 @@ func TestDeepNestingIsCheap(t *testing.T) {
 	rec := serveInProcess(h, req)
 	runtime.ReadMemStats(&after)
 
-	require.Equal(t, http.StatusBadRequest, rec.Code, "body %s", rec.Body)
+	require.EqualValues(t, http.StatusBadRequest, rec.Code, "body %s", rec.Body)
 	allocated := after.TotalAlloc - before.TotalAlloc
 	t.Logf("a body of %d bytes nested %d deep allocated %d MB", len(body), depth, allocated>>20)
 	require.Less(t, allocated, uint64(1000*len(body)), "bytes allocated to refuse one body of %d bytes", len(body))

@@ -450,7 +450,7 @@ func requireError(t *testing.T, r *response, status int, code string) apiError {
 	require.Equal(t, status, r.status, "body %s", r.body)
 	require.Equal(t, "application/json", r.header.Get("Content-Type"))
 	e := errorOf(t, r)
-	require.Equal(t, code, e.Code, "body %s", r.body)
+	require.EqualValues(t, code, e.Code, "body %s", r.body)
 	require.NotEmpty(t, e.Message, "body %s", r.body)
 	return e
 }

@@ -195,7 +195,7 @@ func TestOperators(t *testing.T) {
 		var op adminOperation
 		require.NoError(t, json.Unmarshal(r.body, &op))
 		require.Equal(t, "merchant-b", op.Client)
-		require.Equal(t, "attempts_exhausted", op.Failure.Code)
+		require.EqualValues(t, "attempts_exhausted", op.Failure.Code)
 		require.Len(t, op.Steps, 3)
 		prov := op.Steps[1]
 		require.Equal(t, "provider", prov.Name)

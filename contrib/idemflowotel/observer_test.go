@@ -209,7 +209,7 @@ func TestObserver(t *testing.T) {
 			"idemflow.operation.status":  "succeeded",
 		})
 		requireNoAttr(t, run, "idemflow.run.end_reason")
-		require.Equal(t, codes.Unset, run.Status.Code)
+		require.EqualValues(t, codes.Unset, run.Status.Code)
 
 		debit := named(spans, "idemflow.step/debit")
 		require.Len(t, debit, 1)
@@ -223,7 +223,7 @@ func TestObserver(t *testing.T) {
 			"idemflow.operation.name": "pay", "idemflow.operation.id": s.ID.String(),
 			"idemflow.step.name": "debit", "idemflow.step.attempt": int64(1), "idemflow.step.outcome": "succeeded",
 		})
-		require.Equal(t, codes.Unset, debit[0].Status.Code)
+		require.EqualValues(t, codes.Unset, debit[0].Status.Code)
 
 		full, err := b.e.Get(t.Context(), s.ID)
 		require.NoError(t, err)
@@ -233,14 +233,14 @@ func TestObserver(t *testing.T) {
 			"idemflow.step.name": "bank", "idemflow.step.attempt": int64(1), "idemflow.step.outcome": "retried",
 			"idemflow.step.derived_key": key,
 		})
-		require.Equal(t, codes.Error, bank[0].Status.Code)
+		require.EqualValues(t, codes.Error, bank[0].Status.Code)
 		require.Equal(t, "attempt retried: answer lost", bank[0].Status.Description)
 		require.Len(t, bank[0].Events, 1, "the error, recorded")
 		requireAttrs(t, bank[1], map[string]any{
 			"idemflow.step.name": "bank", "idemflow.step.attempt": int64(2), "idemflow.step.outcome": "succeeded",
 			"idemflow.step.derived_key": key,
 		})
-		require.Equal(t, codes.Unset, bank[1].Status.Code)
+		require.EqualValues(t, codes.Unset, bank[1].Status.Code)
 
 		// The first attempt's error is recorded; the second asked the lookup first.
 		require.Equal(t, "exception", bank[0].Events[0].Name)
@@ -285,10 +285,10 @@ func TestObserver(t *testing.T) {
 		first, second := runs[0], runs[1]
 		requireAttrs(t, first, map[string]any{"idemflow.run.resumed": false, "idemflow.run.end_reason": string(engine.RunHandedOff)})
 		requireNoAttr(t, first, "idemflow.operation.status")
-		require.Equal(t, codes.Unset, first.Status.Code, "a hand-off is no failure")
+		require.EqualValues(t, codes.Unset, first.Status.Code, "a hand-off is no failure")
 		requireAttrs(t, second, map[string]any{"idemflow.run.resumed": true, "idemflow.operation.status": "succeeded"})
 		requireNoAttr(t, second, "idemflow.run.end_reason")
-		require.Equal(t, codes.Unset, second.Status.Code)
+		require.EqualValues(t, codes.Unset, second.Status.Code)
 
 		bank := named(spans, "idemflow.step/bank")
 		require.Len(t, bank, 2)
@@ -363,10 +363,10 @@ func TestRunEndReasons(t *testing.T) {
 		spans := rec.awaitRuns(t, 1)
 		run := named(spans, "idemflow.run/halt")[0]
 		requireAttrs(t, run, map[string]any{"idemflow.run.end_reason": string(engine.RunParked)})
-		require.Equal(t, codes.Unset, run.Status.Code)
+		require.EqualValues(t, codes.Unset, run.Status.Code)
 		step := named(spans, "idemflow.step/bank")[0]
 		requireAttrs(t, step, map[string]any{"idemflow.step.outcome": "failed"})
-		require.Equal(t, codes.Error, step.Status.Code)
+		require.EqualValues(t, codes.Error, step.Status.Code)
 	})
 
 	t.Run("KeyTaken", func(t *testing.T) {
@@ -385,7 +385,7 @@ func TestRunEndReasons(t *testing.T) {
 		run := runs[1]
 		requireAttrs(t, run, map[string]any{"idemflow.run.end_reason": string(engine.RunKeyTaken)})
 		requireNoAttr(t, run, "idemflow.operation.status")
-		require.Equal(t, codes.Unset, run.Status.Code)
+		require.EqualValues(t, codes.Unset, run.Status.Code)
 		// The attempt whose transaction carried the refused reservation
 		// ended with the run.
 		debit := named(spans, "idemflow.step/debit")
@@ -393,7 +393,7 @@ func TestRunEndReasons(t *testing.T) {
 		require.Equal(t, run.SpanContext, debit[1].Parent)
 		requireAttrs(t, debit[1], map[string]any{"idemflow.run.end_reason": string(engine.RunKeyTaken)})
 		requireNoAttr(t, debit[1], "idemflow.step.outcome")
-		require.Equal(t, codes.Unset, debit[1].Status.Code)
+		require.EqualValues(t, codes.Unset, debit[1].Status.Code)
 	})
 
 	t.Run("FailedOperation", func(t *testing.T) {
@@ -414,10 +414,10 @@ func TestRunEndReasons(t *testing.T) {
 		run := named(spans, "idemflow.run/refuse")[0]
 		requireAttrs(t, run, map[string]any{"idemflow.operation.status": "failed"})
 		requireNoAttr(t, run, "idemflow.run.end_reason")
-		require.Equal(t, codes.Unset, run.Status.Code, "the run did its work: the operation's answer is a failure")
+		require.EqualValues(t, codes.Unset, run.Status.Code, "the run did its work: the operation's answer is a failure")
 		step := named(spans, "idemflow.step/check")[0]
 		requireAttrs(t, step, map[string]any{"idemflow.step.outcome": "failed"})
-		require.Equal(t, codes.Error, step.Status.Code)
+		require.EqualValues(t, codes.Error, step.Status.Code)
 		requireNoAttr(t, step, "idemflow.step.derived_key") // Opts.OmitDerivedKey
 	})
 }
@@ -442,12 +442,12 @@ func TestObserverPending(t *testing.T) {
 	runs := named(spans, "idemflow.run/pend")
 	require.Len(t, runs, 2, "%v", names(spans))
 	requireAttrs(t, runs[0], map[string]any{"idemflow.run.end_reason": string(engine.RunHandedOff)})
-	require.Equal(t, codes.Unset, runs[0].Status.Code)
+	require.EqualValues(t, codes.Unset, runs[0].Status.Code)
 	requireAttrs(t, runs[1], map[string]any{"idemflow.operation.status": "succeeded"})
 	bank := named(spans, "idemflow.step/bank")
 	require.NotEmpty(t, bank)
 	requireAttrs(t, bank[0], map[string]any{"idemflow.step.outcome": "pending"})
-	require.Equal(t, codes.Unset, bank[0].Status.Code, "pending is no failure")
+	require.EqualValues(t, codes.Unset, bank[0].Status.Code, "pending is no failure")
 	require.Empty(t, bank[0].Events, "no error recorded")
 }
 

@@ -81,7 +81,7 @@ func TestClassify(t *testing.T) {
 			case tc.want.permanent:
 				var pe *engine.PermanentError
 				require.ErrorAs(t, err, &pe)
-				require.Equal(t, tc.want.code, pe.Code)
+				require.EqualValues(t, tc.want.code, pe.Code)
 				require.Equal(t, tc.want.message, pe.Message)
 				require.False(t, pe.ServerFault(), "a business answer")
 				require.Contains(t, pe.Cause, "POST http://pay.test/payments answered", "the operators' text names the request")
@@ -163,6 +163,6 @@ func TestClassifyKeyReused(t *testing.T) {
 		err := httpstep.Classify(httpstep.Answer{StatusCode: 422, Body: []byte(body)})
 		var halt *engine.HaltError
 		require.ErrorAs(t, err, &halt, body)
-		require.Equal(t, httpstep.CodeKeyReused, halt.Code)
+		require.EqualValues(t, httpstep.CodeKeyReused, halt.Code)
 	}
 }

@@ -570,7 +570,7 @@ func TestRun(t *testing.T) {
 		}
 		var halt *engine.HaltError
 		require.ErrorAs(t, c.Run(t.Context(), at, payIn{}, &payState{}), &halt)
-		require.Equal(t, httpstep.CodeMismatch, halt.Code)
+		require.EqualValues(t, httpstep.CodeMismatch, halt.Code)
 		require.Contains(t, halt.Message, "amount 2, asked 1")
 	})
 }
@@ -636,7 +636,7 @@ func TestFind(t *testing.T) {
 			case tc.halt != "":
 				var halt *engine.HaltError
 				require.ErrorAs(t, err, &halt)
-				require.Equal(t, tc.halt, halt.Code)
+				require.EqualValues(t, tc.halt, halt.Code)
 			case tc.transient:
 				require.Error(t, err)
 				var pe *engine.PermanentError
@@ -743,10 +743,10 @@ func TestRunRefusedAfterAnEarlierAttempt(t *testing.T) {
 			var pe *engine.PermanentError
 			if tt.halt {
 				require.ErrorAs(t, err, &halt)
-				require.Equal(t, "insufficient_funds", halt.Code)
+				require.EqualValues(t, "insufficient_funds", halt.Code)
 			} else {
 				require.ErrorAs(t, err, &pe)
-				require.Equal(t, "insufficient_funds", pe.Code)
+				require.EqualValues(t, "insufficient_funds", pe.Code)
 			}
 		})
 	}

@@ -60,7 +60,7 @@ func TestProviderClient(t *testing.T) {
 		var pe *refund.ProviderError
 		require.ErrorAs(t, err, &pe)
 		require.Equal(t, http.StatusPaymentRequired, pe.StatusCode)
-		require.Equal(t, "declined", pe.Code)
+		require.EqualValues(t, "declined", pe.Code)
 	})
 
 	t.Run("ErrorAnswersAreNotDeclines", func(t *testing.T) {
@@ -77,7 +77,7 @@ func TestProviderClient(t *testing.T) {
 		_, err = c.Refund(t.Context(), "", refund.ProviderRequest{OrderID: "A-1", Amount: 100})
 		require.ErrorAs(t, err, &pe)
 		require.Equal(t, http.StatusBadRequest, pe.StatusCode)
-		require.Equal(t, "idempotency_key_missing", pe.Code)
+		require.EqualValues(t, "idempotency_key_missing", pe.Code)
 		require.False(t, errors.Is(err, refund.ErrProviderDeclined))
 	})
 }
