@@ -239,15 +239,12 @@ func (e *Engine) StartWorkers(ctx context.Context) error {
 	if err := e.heartbeat(ctx); err != nil {
 		e.logger.WarnContext(ctx, "could not record this process for operators", slog.Any("error", err))
 	}
-	e.sweeps.Add(3)
+	e.sweeps.Add(2)
 	go func() {
 		defer e.sweeps.Done()
 		e.sweepLoop(e.baseCtx)
 	}()
-	go func() {
-		defer e.sweeps.Done()
-		e.rescueLoop(e.baseCtx)
-	}()
+	e.startRescue(true)
 	go func() {
 		defer e.sweeps.Done()
 		if e.waits() {

@@ -18,6 +18,9 @@ import (
 type stranded struct {
 	mu   sync.Mutex
 	runs map[uuid.UUID]strandedRun
+	// loop starts rescueLoop once: with the workers, or, in a process that
+	// runs none (one that only starts operations), at its first stranded run.
+	loop sync.Once
 }
 
 // strandedRun is a run that stopped with the database away.
@@ -41,6 +44,25 @@ func (e *Engine) strand(r *run, interrupted bool) {
 	}
 	e.stranded.runs[r.id] = strandedRun{runID: r.runID, args: resumeArgs{OperationID: r.id, Operation: r.def.name, Scope: r.scope},
 		interrupted: interrupted}
+	e.startRescue(false)
+}
+
+// startRescue starts rescueLoop, once, until the engine stops. StartWorkers
+// starts it with the sweeps, which Stop waits for (wait true); a process
+// without workers starts it at its first stranded run, and Stop ends it
+// with the engine's context.
+func (e *Engine) startRescue(wait bool) {
+	e.stranded.loop.Do(func() {
+		if wait {
+			e.sweeps.Add(1)
+		}
+		go func() {
+			if wait {
+				defer e.sweeps.Done()
+			}
+			e.rescueLoop(e.baseCtx)
+		}()
+	})
 }
 
 // rescueInterval is how often the stranded runs are handed back while the

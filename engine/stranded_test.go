@@ -67,7 +67,13 @@ func (p *cutProxy) mend() { p.cut.Store(false) }
 
 func cutPool(t *testing.T) (*pgxpool.Pool, *cutProxy) {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	return cutPoolOn(t, testdb.URL(t))
+}
+
+// cutPoolOn is cutPool on the database at url.
+func cutPoolOn(t *testing.T, url string) (*pgxpool.Pool, *cutProxy) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
 	p := &cutProxy{}
 	if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
@@ -97,8 +103,24 @@ func cutPool(t *testing.T) (*pgxpool.Pool, *cutProxy) {
 // when the process's liveness lock came back under another key).
 func TestStrandedRunResumes(t *testing.T) {
 	t.Parallel()
+	for _, workers := range []bool{true, false} {
+		name := "WithWorkers"
+		if !workers {
+			// A process that only starts operations (an API's) hands its
+			// stranded runs back too; another process's workers run them.
+			name = "WithoutWorkers"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testStrandedRunResumes(t, workers)
+		})
+	}
+}
+
+func testStrandedRunResumes(t *testing.T, workers bool) {
 	ctx := context.Background()
-	pool, p := cutPool(t)
+	url := testdb.URL(t)
+	pool, p := cutPoolOn(t, url)
 	entered, release := make(chan struct{}), make(chan struct{})
 	var calls atomic.Int32
 	op, err := engine.NewOperation("stranded", []engine.Step[int, int]{
@@ -112,9 +134,22 @@ func TestStrandedRunResumes(t *testing.T) {
 		engine.TxStep("book", func(context.Context, engine.Tx, engine.Attempt, int, *int) error { return nil }),
 	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
 	require.NoError(t, err)
-	e := idemflowtest.Engine(t, pool, &engine.Config{Lease: 15 * time.Second, SweepInterval: time.Second}, op)
+	cfg := &engine.Config{Lease: 15 * time.Second, SweepInterval: time.Second}
+	e := idemflowtest.Engine(t, pool, cfg, op)
+	starter := e
+	if !workers {
+		// The starter runs no workers, and holds no liveness lock: without
+		// its rescue, only the lease's end would free the operation.
+		starter, err = engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, Lease: cfg.Lease})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = starter.Stop(context.Background()) })
+		direct, err := pgxpool.New(ctx, url)
+		require.NoError(t, err)
+		t.Cleanup(direct.Close)
+		e = idemflowtest.Engine(t, direct, cfg, op)
+	}
 
-	s, err := engine.Start(ctx, e, op, "c", "k", 1, nil)
+	s, err := engine.Start(ctx, starter, op, "c", "k", 1, nil)
 	require.NoError(t, err)
 	<-entered
 	p.cutOff()
