@@ -65,9 +65,9 @@ var (
 	// has carried out before ctx ended: it stays recorded, and a process that runs
 	// the operation's definition carries it out when it comes.
 	ErrNotCarriedOut = errors.New("the request is recorded; no process has carried it out yet")
-	// ErrOwnedTx is returned by Commit and Rollback on the pgx.Tx that PgxTx gives:
+	// errOwnedTx is returned by Commit and Rollback on the pgx.Tx that PgxTx gives:
 	// the engine ends a step's transaction, with the step's checkpoint.
-	ErrOwnedTx = errors.New("engine: a step's transaction is committed or rolled back by the engine")
+	errOwnedTx = errors.New("engine: a step's transaction is committed or rolled back by the engine")
 )
 
 // Refusal is why the engine refused a request, changing nothing: a typed

@@ -51,8 +51,8 @@ func TestPgxTx(t *testing.T) {
 	info, err := started.Wait(ctx)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, info.Status)
-	require.ErrorIs(t, commitErr, engine.ErrOwnedTx)
-	require.ErrorIs(t, rollbackErr, engine.ErrOwnedTx)
+	require.ErrorContains(t, commitErr, "committed or rolled back by the engine")
+	require.ErrorContains(t, rollbackErr, "committed or rolled back by the engine")
 	require.Error(t, atCommitErr)
 	require.True(t, sameTx)
 	var n int

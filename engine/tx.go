@@ -51,7 +51,7 @@ func AtCommit(tx Tx) Tx {
 
 // PgxTx returns the step's transaction as a pgx.Tx, for a library that takes one
 // (River's InsertTx, to enqueue a job that commits with the step's writes and
-// checkpoint, or not at all). Its Commit and Rollback return ErrOwnedTx.
+// checkpoint, or not at all). Its Commit and Rollback return an error.
 //
 // It costs the step its deferred BEGIN: BEGIN, and on a first attempt the key's
 // reservation, are sent at once in a round trip of their own rather than with
@@ -81,5 +81,5 @@ func PgxTx(ctx context.Context, tx Tx) (pgx.Tx, error) {
 // ownedTx is a step's transaction as a pgx.Tx that the step cannot end.
 type ownedTx struct{ pgx.Tx }
 
-func (ownedTx) Commit(context.Context) error   { return ErrOwnedTx }
-func (ownedTx) Rollback(context.Context) error { return ErrOwnedTx }
+func (ownedTx) Commit(context.Context) error   { return errOwnedTx }
+func (ownedTx) Rollback(context.Context) error { return errOwnedTx }
