@@ -21,7 +21,7 @@ import (
 const maxConsumerModules = 35
 
 // consumerMain is a service of its own, outside this module: the public API
-// only, as docs/guide.md shows it.
+// only, as docs/guide/define.md shows it.
 const consumerMain = `package main
 
 import (
