@@ -159,7 +159,7 @@ func (a *Admin) Retry(ctx context.Context, id uuid.UUID, opts *RetryOpts) (*Info
 // Engine.Resolve does, and returns as Retry does.
 func (a *Admin) Resolve(ctx context.Context, id uuid.UUID, res Resolution) (*Info, error) {
 	if res.Reason == "" {
-		return nil, fmt.Errorf("engine: resolve %s: %w: a reason is required", id, ErrInvalidResolution)
+		return nil, refusedOf(id, fmt.Errorf("engine: resolve %s: %w: a reason is required", id, ErrInvalidResolution))
 	}
 	made := res.Made
 	return a.request(ctx, store.OperatorRequest{OperationID: id, Action: string(ActionResolve), Reason: res.Reason, Made: &made, Reference: res.Reference})
@@ -215,7 +215,7 @@ func (a *Admin) Reconcile(ctx context.Context, source string) (*ReconcileReport,
 func (a *Admin) request(ctx context.Context, r store.OperatorRequest) (*Info, error) {
 	id := r.OperationID
 	if _, err := a.store.OperationGet(ctx, a.pool, id); err != nil {
-		return nil, mapNotFound(err)
+		return nil, refusedOf(id, mapNotFound(err))
 	}
 	r.Actor = actorOf(ctx)
 	reqID, err := a.store.OperatorRequestInsert(ctx, a.pool, r)

@@ -244,7 +244,9 @@ func (e *Engine) StartWorkers(ctx context.Context) error {
 		defer e.sweeps.Done()
 		e.sweepLoop(e.baseCtx)
 	}()
-	e.startRescue(true)
+	e.stranded.mu.Lock()
+	e.startRescue()
+	e.stranded.mu.Unlock()
 	go func() {
 		defer e.sweeps.Done()
 		if e.waits() {
@@ -277,6 +279,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 	}
 	e.cancelBase()
 	e.sweeps.Wait()
+	e.stopRescue()
 	if e.workers.Load() {
 		forgetCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		if err := e.store.ProcessDelete(forgetCtx, e.control, e.processID); err != nil {

@@ -187,6 +187,9 @@ type RefusedError struct {
 	KnownAt  time.Time
 	// Reason says why, for operators.
 	Reason string
+	// err is the error the refusal was found in, which errors.Is and
+	// errors.As see through too.
+	err error
 }
 
 // Error implements error.
@@ -204,8 +207,14 @@ func (e *RefusedError) Error() string {
 	return text
 }
 
-// Unwrap returns the Refusal, which errors.Is and errors.As find.
-func (e *RefusedError) Unwrap() error { return e.Refusal }
+// Unwrap returns the Refusal, which errors.Is and errors.As find, and the
+// error the refusal was found in, if any.
+func (e *RefusedError) Unwrap() []error {
+	if e.err == nil {
+		return []error{e.Refusal}
+	}
+	return []error{e.Refusal, e.err}
+}
 
 // refusedOf is err as an operator's request returns it: a *RefusedError for
 // a refusal, naming operation id, with err's text; err itself otherwise.
@@ -214,13 +223,21 @@ func refusedOf(id uuid.UUID, err error) error {
 	if err == nil || !errors.As(err, &r) {
 		return err
 	}
-	if re := (*RefusedError)(nil); errors.As(err, &re) {
+	if inner := (*RefusedError)(nil); errors.As(err, &inner) {
+		if inner == err {
+			if inner.Operation == uuid.Nil {
+				inner.Operation = id
+			}
+			return inner
+		}
+		re := *inner
 		if re.Operation == uuid.Nil {
 			re.Operation = id
 		}
-		return re
+		re.err = err
+		return &re
 	}
-	return &RefusedError{Refusal: r, Operation: id, Reason: strings.TrimPrefix(err.Error(), "engine: ")}
+	return &RefusedError{Refusal: r, Operation: id, Reason: strings.TrimPrefix(err.Error(), "engine: "), err: err}
 }
 
 // IsUnavailable reports whether err says that the database could not be

@@ -232,9 +232,15 @@ func (e *Engine) Reconcile(ctx context.Context, source string) (*ReconcileReport
 	return report, nil
 }
 
+// reconcileWindow is how far back a run reads the source: Config.Reconcile's
+// Window, else the shortest retention, else (retention off) the default
+// retention's day, which the runs before it read already.
 func (e *Engine) reconcileWindow() time.Duration {
 	if w := e.cfg.Reconcile.Window; w > 0 {
 		return w
 	}
-	return e.shortestRetention()
+	if r := e.shortestRetention(); r != forever {
+		return r
+	}
+	return defaultRetention
 }

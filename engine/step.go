@@ -125,7 +125,7 @@ func (d ExternalStepDef[In, S]) Name() string { return d.s.name }
 // fn fills state as the step would have and returns true: the step is
 // checkpointed without a new call. False with a nil error means that the
 // service has nothing under the key. Two errors are answers too: one that
-// matches errAccepted (see Accepted) says that the service has the call
+// of Accepted says that the service has the call
 // but no final outcome yet (it is still processing, or accepted it as
 // pending), and a *PermanentError from Fail says that the call ended without
 // effect (a pending payout that failed): the step fails with it. Any other
@@ -168,7 +168,7 @@ func (d ExternalStepDef[In, S]) Window(window time.Duration) ExternalStepDef[In,
 // Timeout returns the step with d as the bound of each of its calls: the
 // context its function gets ends d after the attempt began, and the attempt
 // fails with the context's error then (an unknown outcome). The outcome window
-// (Settle, or defaultWindow) must be at least d: NewOperation refuses a
+// (Window, or its default of 5 minutes) must be at least d: NewOperation refuses a
 // shorter one, since a request that timed out may still land after it. Zero,
 // the default, sets no bound (the function's own client bounds its calls).
 func (d ExternalStepDef[In, S]) Timeout(timeout time.Duration) ExternalStepDef[In, S] {
@@ -176,7 +176,7 @@ func (d ExternalStepDef[In, S]) Timeout(timeout time.Duration) ExternalStepDef[I
 	return d
 }
 
-// window is the step's outcome window, the default when Settle was not called.
+// window is the step's outcome window, the default when Window was not called.
 func (s *stepSpec[In, S]) window() time.Duration {
 	if !s.settleSet {
 		return defaultWindow

@@ -18,9 +18,11 @@ import (
 type stranded struct {
 	mu   sync.Mutex
 	runs map[uuid.UUID]strandedRun
-	// loop starts rescueLoop once: with the workers, or, in a process that
-	// runs none (one that only starts operations), at its first stranded run.
-	loop sync.Once
+	// started says rescueLoop runs (startRescue), and stopped that the
+	// engine stops: no loop starts any more. loop is the running one, which
+	// Stop waits for.
+	started, stopped bool
+	loop             sync.WaitGroup
 }
 
 // strandedRun is a run that stopped with the database away.
@@ -44,25 +46,31 @@ func (e *Engine) strand(r *run, interrupted bool) {
 	}
 	e.stranded.runs[r.id] = strandedRun{runID: r.runID, args: resumeArgs{OperationID: r.id, Operation: r.def.name, Scope: r.scope},
 		interrupted: interrupted}
-	e.startRescue(false)
+	e.startRescue()
 }
 
-// startRescue starts rescueLoop, once, until the engine stops. StartWorkers
-// starts it with the sweeps, which Stop waits for (wait true); a process
-// without workers starts it at its first stranded run, and Stop ends it
-// with the engine's context.
-func (e *Engine) startRescue(wait bool) {
-	e.stranded.loop.Do(func() {
-		if wait {
-			e.sweeps.Add(1)
-		}
-		go func() {
-			if wait {
-				defer e.sweeps.Done()
-			}
-			e.rescueLoop(e.baseCtx)
-		}()
-	})
+// startRescue starts rescueLoop, once, unless the engine stops, with
+// e.stranded.mu held: StartWorkers starts it, and a process without workers
+// (one that only starts operations) at its first stranded run.
+func (e *Engine) startRescue() {
+	if e.stranded.started || e.stranded.stopped {
+		return
+	}
+	e.stranded.started = true
+	e.stranded.loop.Add(1)
+	go func() {
+		defer e.stranded.loop.Done()
+		e.rescueLoop(e.baseCtx)
+	}()
+}
+
+// stopRescue waits for rescueLoop to end (the engine's context ended), and
+// keeps another from starting.
+func (e *Engine) stopRescue() {
+	e.stranded.mu.Lock()
+	e.stranded.stopped = true
+	e.stranded.mu.Unlock()
+	e.stranded.loop.Wait()
 }
 
 // rescueInterval is how often the stranded runs are handed back while the

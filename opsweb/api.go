@@ -548,6 +548,8 @@ func operatorRefusal(why engine.Refusal, err error) *refusal {
 		return &refusal{Status: http.StatusConflict, Code: "operation_final", Message: "the operation's answer is final: it ended with a business answer or an operator's cancel, which its key keeps; one that failed with a server fault is reopened only when forced"}
 	case engine.ErrOutcomeUnknown:
 		return &refusal{Status: http.StatusConflict, Code: "outcome_unknown", Message: outcomeUnknownMessage(err)}
+	case engine.Refusal("cannot_cancel"):
+		return &refusal{Status: http.StatusConflict, Code: "cannot_cancel", Message: "the operation cannot be cancelled: a step to undo needs its stored input or state, which this build cannot read: " + err.Error()}
 	case engine.ErrPastPivot:
 		return &refusal{Status: http.StatusConflict, Code: "past_point_of_no_return", Message: "the operation is past its point of no return (a step that cannot be undone has succeeded, or may have): it only goes forward, so it cannot be cancelled"}
 	}

@@ -135,7 +135,8 @@ type Config struct {
 	// Window is how far back a run reads records. Defaults to, and may not
 	// exceed, the shortest retention of the engine's operation types that
 	// call out: an operation deleted by the retention job would leave its
-	// records looking unknown.
+	// records looking unknown. With retention off (engine.Off), it defaults
+	// to a day, which the runs before read already.
 	Window time.Duration
 }
 

@@ -49,7 +49,7 @@ type Config[A river.JobArgs, In any] struct {
 	StartedFunc func(ctx context.Context, tx pgx.Tx, job *river.Job[A], started *engine.Started) error
 	// RejectedFunc, when set, runs in the job's transaction when the engine
 	// refuses the message for good: its id holds an operation started with
-	// another input (a *engine.ReusedError, errors.Is engine.ReusedError,
+	// another input (a *engine.ReusedError, found with errors.As,
 	// naming the fields that differ), or the id is empty (errors.Is
 	// engine.ErrInvalidKey). What it writes in tx (the application's record of
 	// the rejection) commits with the job's cancellation, once. An error rolls

@@ -20,7 +20,7 @@ import (
 // in must be derived from scope and slot only, so that every firer, in every
 // process, builds the same input: a firing whose input differs from the one
 // the slot's operation was started with is refused with the engine's
-// *engine.ReusedError (errors.Is engine.ReusedError), naming the fields
+// *engine.ReusedError (errors.As finds it), naming the fields
 // that differ. What changes from firer to firer (a balance, the time of the
 // firing) belongs in a step, which reads it once, in the run that holds the
 // operation.

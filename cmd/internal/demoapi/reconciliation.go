@@ -70,8 +70,10 @@ func (s *server) runReconciliation(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) writeReconciliation(w http.ResponseWriter, r *http.Request, rep *engine.ReconcileReport, err error) {
 	if engine.IsUnavailable(err) {
+		// The database, or the provider whose records are read, did not
+		// answer: a run later may.
 		w.Header().Set("Retry-After", "1")
-		idempotency.WriteError(w, http.StatusServiceUnavailable, "service_unavailable", "the database is unavailable; try again", nil)
+		idempotency.WriteError(w, http.StatusServiceUnavailable, "service_unavailable", "the database or the provider did not answer; try again", nil)
 		return
 	}
 	if err != nil {
