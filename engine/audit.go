@@ -46,6 +46,9 @@ type AuditEntry struct {
 	// could not be carried out, the database did not answer, say) or
 	// "pending" (an Admin request no process has carried out yet).
 	Result string
+	// Refusal, for a refused request, is why: the code its caller was
+	// answered with (a *RefusedError's).
+	Refusal Refusal
 	// Detail says what happened, or why it was refused.
 	Detail string
 }
@@ -127,7 +130,7 @@ func (e *Engine) auditOf(ctx context.Context, id uuid.UUID) ([]AuditEntry, error
 	for i, r := range reqs {
 		a := AuditEntry{At: r.RequestedAt, Action: Action(r.Action), Actor: r.Actor, Reason: r.Reason, Result: "pending", Detail: r.Message}
 		if r.DoneAt != nil {
-			a.At, a.Result = *r.DoneAt, r.Outcome
+			a.At, a.Result, a.Refusal = *r.DoneAt, r.Outcome, Refusal(r.Code)
 		}
 		out[i] = a
 	}

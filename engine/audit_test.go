@@ -34,7 +34,7 @@ func TestAuditKeptAsLongAsTheOperation(t *testing.T) {
 	audit := fsGet(t, e, s.ID).Audit
 	require.Len(t, audit, 1)
 	require.Equal(t, engine.AuditEntry{At: audit[0].At, Action: engine.ActionRetry, Actor: "gina", Reason: "try again",
-		Result: "refused", Detail: audit[0].Detail}, audit[0])
+		Result: "refused", Refusal: engine.ErrFinal, Detail: audit[0].Detail}, audit[0])
 	require.Contains(t, audit[0].Detail, "final")
 
 	later := time.Now().Add(defaultRetention + time.Hour)
