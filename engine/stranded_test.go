@@ -65,12 +65,8 @@ func (p *cutProxy) cutOff() {
 
 func (p *cutProxy) mend() { p.cut.Store(false) }
 
-func cutPool(t *testing.T) (*pgxpool.Pool, *cutProxy) {
-	t.Helper()
-	return cutPoolOn(t, testdb.URL(t))
-}
-
-// cutPoolOn is cutPool on the database at url.
+// cutPoolOn opens a pool on the database at url through a proxy that the
+// test can cut off (its database "goes away") and mend.
 func cutPoolOn(t *testing.T, url string) (*pgxpool.Pool, *cutProxy) {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
