@@ -394,9 +394,6 @@ func (h *handler) act(r *http.Request, id uuid.UUID, req request) (*engine.Info,
 	default:
 		ref = operatorRefusal(why, err)
 	}
-	if err != nil && ref == nil {
-		return nil, nil, err
-	}
 	if ref != nil {
 		h.cfg.Logger.InfoContext(ctx, "operator action refused", slog.String("action", string(a)), slog.String("operation_id", id.String()),
 			slog.String("code", ref.Code), slog.String("error", err.Error()))
@@ -527,7 +524,7 @@ func (h *handler) requestFromBody(a action, body map[string]json.RawMessage) (re
 }
 
 // operatorRefusal is the answer to a retry, a cancel or a resolve that the
-// engine refused with why, nil for a refusal it has no answer for.
+// engine refused with why.
 func operatorRefusal(why engine.Refusal, err error) *refusal {
 	switch why {
 	case engine.ErrNotFailed:
@@ -548,16 +545,14 @@ func operatorRefusal(why engine.Refusal, err error) *refusal {
 		return &refusal{Status: http.StatusConflict, Code: "operation_final", Message: "the operation's answer is final: it ended with a business answer or an operator's cancel, which its key keeps; one that failed with a server fault is reopened only when forced"}
 	case engine.ErrOutcomeUnknown:
 		return &refusal{Status: http.StatusConflict, Code: "outcome_unknown", Message: outcomeUnknownMessage(err)}
-	case engine.Refusal("cannot_cancel"):
-		return &refusal{Status: http.StatusConflict, Code: "cannot_cancel", Message: "the operation cannot be cancelled: a step to undo needs its stored input or state, which this build cannot read: " + err.Error()}
 	case engine.ErrPastPivot:
 		return &refusal{Status: http.StatusConflict, Code: "past_point_of_no_return", Message: "the operation is past its point of no return (a step that cannot be undone has succeeded, or may have): it only goes forward, so it cannot be cancelled"}
 	}
-	return nil
+	return otherRefusal(why, err)
 }
 
 // decisionRefusal is the answer to an approval or a rejection that the
-// engine refused, nil for an error that is no refusal.
+// engine refused with why.
 func decisionRefusal(a action, why engine.Refusal, err error) *refusal {
 	switch why {
 	case engine.ErrReasonRequired:
@@ -577,7 +572,13 @@ func decisionRefusal(a action, why engine.Refusal, err error) *refusal {
 		}
 		return &refusal{Status: http.StatusConflict, Code: "not_awaiting_approval", Message: msg}
 	}
-	return nil
+	return otherRefusal(why, err)
+}
+
+// otherRefusal answers a refusal that has no answer of its own (cannot_cancel,
+// say): a refusal changes nothing, so it is a 409 with the engine's code.
+func otherRefusal(why engine.Refusal, err error) *refusal {
+	return &refusal{Status: http.StatusConflict, Code: string(why), Message: err.Error()}
 }
 
 // outcomeUnknownMessage says why a cancel must wait, and until when when that
