@@ -67,6 +67,13 @@ type Config struct {
 	// reservation: the Start, unavailable, see IsUnavailable) rather than wait
 	// for ever. Defaults to 5 seconds; Off: no bound.
 	AcquireTimeout time.Duration
+	// GroupCommit bounds the transactions whose commits the engine shares in
+	// one round trip and one commit when they are ready at the same moment
+	// (a group: see docs/architecture.md). Only a transaction that sent
+	// nothing before its commit joins one, and only when the engine's
+	// senders are all busy: nothing waits for a group to fill. Defaults to
+	// 16; Off commits each transaction alone.
+	GroupCommit int
 	// PollInterval bounds how long Wait sleeps between reads of an operation that
 	// runs in another process. Defaults to 500 milliseconds.
 	PollInterval time.Duration
@@ -161,6 +168,10 @@ const (
 	defaultRetentionInterval = time.Minute
 	defaultMaxInFlight       = 1000
 	defaultAcquireTimeout    = 5 * time.Second
+	defaultGroupCommit       = 16
+	// groupSenders is how many groups (or lone transactions) the grouper
+	// has in flight at once before it queues.
+	groupSenders = 4
 	// defaultWindow is the outcome window of an external step that sets none.
 	defaultWindow = 5 * time.Minute
 	// defaultTakeoverInterval is how often a process looks for a dead
@@ -216,6 +227,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AcquireTimeout == 0 {
 		c.AcquireTimeout = defaultAcquireTimeout
+	}
+	if c.GroupCommit == 0 {
+		c.GroupCommit = defaultGroupCommit
 	}
 	if c.Takeover.Interval == 0 {
 		c.Takeover.Interval = defaultTakeoverInterval

@@ -27,9 +27,12 @@ type Engine struct {
 	// control is the pool of the engine's own work (Config.ControlPool).
 	control *pgxpool.Pool
 	store   *store.Store
-	river   *river.Client[pgx.Tx]
-	cfg     Config
-	logger  *slog.Logger
+	// group shares the commits of transactions ready at the same moment
+	// (Config.GroupCommit); nil when off.
+	group  *grouper
+	river  *river.Client[pgx.Tx]
+	cfg    Config
+	logger *slog.Logger
 	// defs are the registered definitions by name and version; versions the
 	// versions of each name, ascending.
 	defs     map[defKey]*opDef
@@ -145,6 +148,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	}
 	if err := validateReconcile(&e.cfg.Reconcile, e.shortestRetention()); err != nil {
 		return nil, fmt.Errorf("engine: invalid config: %w", err)
+	}
+	if c.GroupCommit > 1 {
+		e.group = newGrouper(pool, c.AcquireTimeout, c.GroupCommit, groupSenders, e.observeGroup)
 	}
 	e.baseCtx, e.cancelBase = context.WithCancel(context.Background())
 	e.idleRunners = make(chan func())

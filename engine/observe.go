@@ -59,6 +59,11 @@ type Observer struct {
 	// the mismatches of each kind now (as Engine.MismatchCounts), so that a
 	// gauge shows a run's findings at once.
 	Reconciled func(ctx context.Context, source string, counts map[reconcile.Kind]int64)
+	// CommitGrouped: transactions of size runs, ready at the same moment,
+	// were sent in one round trip to commit together (Config.GroupCommit).
+	// split says that one of them failed, so that none committed and each
+	// was sent again alone.
+	CommitGrouped func(ctx context.Context, size int, split bool)
 }
 
 // Observers combines observers into one that tells each, in order; nil ones
@@ -153,7 +158,30 @@ func Observers(obs ...*Observer) *Observer {
 				}
 			}
 		},
+		CommitGrouped: func(ctx context.Context, size int, split bool) {
+			for _, o := range list {
+				if o.CommitGrouped != nil {
+					o.CommitGrouped(ctx, size, split)
+				}
+			}
+		},
 	}
+}
+
+// observeGroup tells the observer of a group commit sent, containing its
+// panic.
+func (e *Engine) observeGroup(size int, split bool) {
+	obs := e.cfg.Observer
+	if obs == nil || obs.CommitGrouped == nil {
+		return
+	}
+	ctx := context.Background()
+	defer func() {
+		if v := recover(); v != nil {
+			e.logger.ErrorContext(ctx, "observer panicked; ignored", slog.String("call", "CommitGrouped"), slog.Any("panic", v))
+		}
+	}()
+	obs.CommitGrouped(ctx, size, split)
 }
 
 // startRun tells the observer that the run begins, and returns its context.

@@ -39,7 +39,7 @@ func (r *run) beginStep(ctx context.Context) *txn {
 // beginLast is begin for a transaction that ends the operation with its
 // result: the statement that does (OperationFinish) is the fence.
 func (r *run) beginLast(ctx context.Context) *txn {
-	tx := newTxn(r.e.pool, r.e.cfg.AcquireTimeout)
+	tx := newTxn(r.e.pool, r.e.cfg.AcquireTimeout, r.e.group)
 	if r.insert != nil {
 		// Only queued: it cannot fail here.
 		_ = r.e.store.OperationReserve(ctx, tx.queue(), *r.insert)

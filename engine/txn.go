@@ -46,12 +46,15 @@ type txn struct {
 	open pgx.BatchResults
 	// atCommit holds the step's statements queued with AtCommit.
 	atCommit pgx.Batch
+	// group, when not nil, may share the commit of a transaction that sent
+	// nothing before it with others'.
+	group *grouper
 }
 
 var _ Tx = (*txn)(nil)
 
-func newTxn(pool *pgxpool.Pool, acquireTimeout time.Duration) *txn {
-	return &txn{pool: pool, acquireTimeout: acquireTimeout, prelude: &pgx.Batch{}}
+func newTxn(pool *pgxpool.Pool, acquireTimeout time.Duration, group *grouper) *txn {
+	return &txn{pool: pool, acquireTimeout: acquireTimeout, prelude: &pgx.Batch{}, group: group}
 }
 
 // acquire takes the transaction's connection from the pool, waiting at most

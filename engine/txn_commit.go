@@ -60,6 +60,16 @@ func (t *txn) commitImplicit(ctx context.Context, last *pgx.Batch) error {
 	if b.Len() == 0 {
 		return nil // nothing to write
 	}
+	if t.group != nil && t.conn == nil {
+		return t.group.commit(ctx, &member{t: t, b: b, prelude: t.prelude.Len(), last: last})
+	}
+	return t.commitAlone(ctx, b, t.prelude.Len(), last)
+}
+
+// commitAlone sends b, the whole of an implicit transaction whose first
+// prelude statements are the prelude's and whose last are last's, in a round
+// trip of its own.
+func (t *txn) commitAlone(ctx context.Context, b *pgx.Batch, prelude int, last *pgx.Batch) error {
 	if t.conn == nil {
 		if err := t.acquire(ctx); err != nil {
 			return err
@@ -67,7 +77,7 @@ func (t *txn) commitImplicit(ctx context.Context, last *pgx.Batch) error {
 	}
 	t.firstSent = time.Now()
 	br := t.conn.SendBatch(ctx, b)
-	if err := t.readCommitted(br, t.prelude.Len(), last); err != nil {
+	if err := t.readCommitted(br, prelude, last); err != nil {
 		return err
 	}
 	if err := br.Close(); err != nil {

@@ -117,7 +117,7 @@ func TestTxnStep(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			pool := txnPool(t)
-			tx := newTxn(pool, 0)
+			tx := newTxn(pool, 0, nil)
 			require.NoError(t, tc.step(ctx, tx))
 			require.NoError(t, tx.commit(ctx, nil))
 			require.Equal(t, tc.want, txnRows(t, pool))
@@ -129,7 +129,7 @@ func TestTxnStep(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 		pool := txnPool(t)
-		tx := newTxn(pool, 0)
+		tx := newTxn(pool, 0, nil)
 		require.NoError(t, insert(ctx, tx, 1))
 		tx.end(ctx)
 		tx.end(ctx)
@@ -141,7 +141,7 @@ func TestTxnStep(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 		pool := txnPool(t)
-		tx := newTxn(pool, 0)
+		tx := newTxn(pool, 0, nil)
 		require.NoError(t, insert(ctx, tx, 1))
 		require.Error(t, insert(ctx, tx, 1), "duplicate key")
 		require.Error(t, tx.commit(ctx, nil), "a transaction with a failed statement commits nothing")
@@ -172,7 +172,7 @@ func TestTxnKeyTaken(t *testing.T) {
 	pool := txnPool(t)
 	p := reserve(t, pool, "k")
 
-	tx := newTxn(pool, 0)
+	tx := newTxn(pool, 0, nil)
 	p.ID = uuid.Must(uuid.NewV7())
 	require.NoError(t, store.New().OperationReserve(ctx, tx.queue(), p))
 	_, err := tx.Exec(ctx, `INSERT INTO txn_test (n) VALUES (1)`)
@@ -236,7 +236,7 @@ func TestTxnFenced(t *testing.T) {
 			p := reserve(t, pool, "k")
 			mine := tc.other(t, pool, p)
 
-			tx := newTxn(pool, 0)
+			tx := newTxn(pool, 0, nil)
 			_, err := tx.Exec(ctx, `INSERT INTO txn_test (n) VALUES (1)`)
 			require.NoError(t, err)
 			last := &pgx.Batch{}
@@ -252,7 +252,7 @@ func TestTxnFenced(t *testing.T) {
 		ctx := context.Background()
 		pool := txnPool(t)
 		p := reserve(t, pool, "k")
-		tx := newTxn(pool, 0)
+		tx := newTxn(pool, 0, nil)
 		_, err := tx.Exec(ctx, `INSERT INTO txn_test (n) VALUES (1)`)
 		require.NoError(t, err)
 		last := &pgx.Batch{}
