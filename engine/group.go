@@ -194,7 +194,13 @@ func (g *grouper) run(ctx context.Context, group []*member) verdict {
 	b := &pgx.Batch{}
 	b.Queue("select set_config('lock_timeout', $1, true)", groupLockTimeout)
 	for _, m := range group {
-		b.QueuedQueries = append(b.QueuedQueries, m.b.QueuedQueries...)
+		for _, q := range m.b.QueuedQueries {
+			// A copy: pgx keeps in a queued statement what it prepared of it
+			// on this connection, which another connection does not have
+			// when the member is sent again alone.
+			c := *q
+			b.QueuedQueries = append(b.QueuedQueries, &c)
+		}
 	}
 	now := time.Now()
 	for _, m := range group {
