@@ -186,8 +186,8 @@ func (g *grouper) run(ctx context.Context, group []*member) verdict {
 	}
 	conn, err := g.pool.Acquire(actx)
 	if err != nil {
-		// Nothing was sent: each member tries for a connection of its own.
-		return verdict{alone: true}
+		// Nothing was sent, and a member alone would have waited as long.
+		return verdict{err: fmt.Errorf("engine: acquire a connection: %w", err)}
 	}
 	defer conn.Release()
 

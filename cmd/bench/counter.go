@@ -39,6 +39,10 @@ type counter struct {
 	commits    atomic.Int64
 	rollbacks  atomic.Int64
 	roundTrips atomic.Int64
+	// groups counts the engine's group commits (engine.Observer's
+	// CommitGrouped), grouped the transactions in them, splits those that
+	// failed and went one by one.
+	groups, grouped, splits atomic.Int64
 
 	// byName counts statements by sqlc query name (or first word), for the
 	// breakdown. Its values are *atomic.Int64.
@@ -67,6 +71,9 @@ type counts struct {
 	commits    int64
 	rollbacks  int64
 	roundTrips int64
+	groups     int64
+	grouped    int64
+	splits     int64
 	byName     map[string]int64
 }
 
@@ -213,6 +220,16 @@ func classify(sql string) (category, string) {
 	return catOther, name
 }
 
+// commitGrouped counts a group commit of the engine's: its
+// engine.Observer.CommitGrouped.
+func (c *counter) commitGrouped(_ context.Context, size int, split bool) {
+	c.groups.Add(1)
+	c.grouped.Add(int64(size))
+	if split {
+		c.splits.Add(1)
+	}
+}
+
 func (c *counter) snapshot() counts {
 	var s counts
 	for i := range s.stmts {
@@ -221,6 +238,7 @@ func (c *counter) snapshot() counts {
 	s.commits = c.commits.Load()
 	s.rollbacks = c.rollbacks.Load()
 	s.roundTrips = c.roundTrips.Load()
+	s.groups, s.grouped, s.splits = c.groups.Load(), c.grouped.Load(), c.splits.Load()
 	s.byName = make(map[string]int64)
 	c.byName.Range(func(k, v any) bool {
 		s.byName[k.(string)] = v.(*atomic.Int64).Load()
@@ -235,6 +253,9 @@ func (s counts) since(before counts) counts {
 		commits:    s.commits - before.commits,
 		rollbacks:  s.rollbacks - before.rollbacks,
 		roundTrips: s.roundTrips - before.roundTrips,
+		groups:     s.groups - before.groups,
+		grouped:    s.grouped - before.grouped,
+		splits:     s.splits - before.splits,
 		byName:     maps.Clone(s.byName),
 	}
 	for i := range s.stmts {

@@ -97,6 +97,7 @@ func (b *bench) newEnvWith(ctx context.Context, cfg envConfig) (_ *env, err erro
 	if cfg.engine != nil {
 		cfg.engine(ecfg)
 	}
+	ecfg.Observer = engine.Observers(ecfg.Observer, &engine.Observer{CommitGrouped: e.appCount.commitGrouped})
 	if e.eng, err = engine.New(e.app, ecfg); err != nil {
 		return e, err
 	}

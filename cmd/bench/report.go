@@ -61,6 +61,13 @@ type result struct {
 	OtherStatementsPerOp  float64 `json:"other_statements_per_op"`
 	TxControlPerOp        float64 `json:"begin_commit_per_op"`
 	RoundTripsPerOp       float64 `json:"round_trips_per_op"`
+	// CommitGroupsPerOp are the engine's group commits (engine.Config's
+	// GroupCommit) per operation; CommitGroupSize the mean transactions in
+	// one, CommitGroupsSplit those whose member failed so that each went
+	// again alone.
+	CommitGroupsPerOp float64 `json:"commit_groups_per_op"`
+	CommitGroupSize   float64 `json:"commit_group_size"`
+	CommitGroupsSplit int64   `json:"commit_groups_split"`
 	// By name: sqlc's query name, BEGIN, COMMIT, or a statement's first word.
 	Statements map[string]float64 `json:"statements"`
 
@@ -100,18 +107,23 @@ func newResult(mode string, opts *options, lat []float32, failed int64, elapsed 
 		return out
 	}
 	slices.Sort(lat)
+	groupSize := 0.0
+	if app.groups > 0 {
+		groupSize = round(float64(app.grouped)/float64(app.groups), 2)
+	}
 	r := &result{
-		Mode:        mode,
-		N:           opts.n,
-		Concurrency: opts.c,
-		History:     opts.history,
-		Errors:      failed,
-		Seconds:     round(elapsed.Seconds(), 3),
-		OpsPerS:     round(n/elapsed.Seconds(), 1),
-		P50ms:       percentile(lat, 0.50),
-		P90ms:       percentile(lat, 0.90),
-		P99ms:       percentile(lat, 0.99),
-		MaxMs:       round(float64(lat[len(lat)-1]), 3),
+		CommitGroupSize: groupSize,
+		Mode:            mode,
+		N:               opts.n,
+		Concurrency:     opts.c,
+		History:         opts.history,
+		Errors:          failed,
+		Seconds:         round(elapsed.Seconds(), 3),
+		OpsPerS:         round(n/elapsed.Seconds(), 1),
+		P50ms:           percentile(lat, 0.50),
+		P90ms:           percentile(lat, 0.90),
+		P99ms:           percentile(lat, 0.99),
+		MaxMs:           round(float64(lat[len(lat)-1]), 3),
 
 		CommitsPerOp:    per(db.commits),
 		RollbacksPerOp:  per(db.rollbacks),
@@ -132,6 +144,8 @@ func newResult(mode string, opts *options, lat []float32, failed int64, elapsed 
 		TxControlPerOp:        per(app.stmts[catTxControl]),
 		RoundTripsPerOp:       per(app.roundTrips),
 		Statements:            perName(app.byName),
+		CommitGroupsPerOp:     per(app.groups),
+		CommitGroupsSplit:     app.splits,
 
 		ProviderCommitsPerOp:    per(prov.commits),
 		ProviderStatementsPerOp: per(prov.statements()),
@@ -207,14 +221,14 @@ func (r *report) finish() {
 		return
 	}
 	tw := tabwriter.NewWriter(r.w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "round\tmode\tops/s\tp50 ms\tp90 ms\tp99 ms\tcommits/op\trollbacks/op\tWAL syncs/op\tbuffers/op\tapp commits/op\tprovider commits/op\tapp stmts/op\tengine\tsteps\triver\tBEGIN+COMMIT/op\tround trips/op\tprovider stmts/op\tbench CPU us/op\tallocs/op\tPG CPU us/op\tothers' CPU %\tpeak RSS MB\terrors\t")
+	fmt.Fprintln(tw, "round\tmode\tops/s\tp50 ms\tp90 ms\tp99 ms\tcommits/op\trollbacks/op\tWAL syncs/op\tbuffers/op\tapp commits/op\tprovider commits/op\tapp stmts/op\tengine\tsteps\triver\tBEGIN+COMMIT/op\tround trips/op\tgroups/op\tgroup size\tprovider stmts/op\tbench CPU us/op\tallocs/op\tPG CPU us/op\tothers' CPU %\tpeak RSS MB\terrors\t")
 	for _, res := range r.results {
-		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%.1f\t%.0f\t%d\t\n",
+		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%.1f\t%.0f\t%d\t\n",
 			res.Round, res.Mode, res.OpsPerS, res.P50ms, res.P90ms, res.P99ms,
 			res.CommitsPerOp, res.RollbacksPerOp, res.WALSyncsPerOp, res.BlocksHitPerOp+res.BlocksReadPerOp,
 			res.EngineCommitsPerOp, res.ProviderCommitsPerOp,
 			res.StatementsPerOp, res.EngineStatementsPerOp, res.StepStatementsPerOp, res.RiverStatementsPerOp,
-			res.TxControlPerOp, res.RoundTripsPerOp, res.ProviderStatementsPerOp,
+			res.TxControlPerOp, res.RoundTripsPerOp, res.CommitGroupsPerOp, res.CommitGroupSize, res.ProviderStatementsPerOp,
 			res.BenchCPUusPerOp, res.AllocsPerOp, res.PostgresCPUusPerOp, res.OthersCPUPct, res.PeakRSSMB, res.Errors)
 	}
 	_ = tw.Flush()

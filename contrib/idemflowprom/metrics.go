@@ -75,6 +75,8 @@ type Metrics struct {
 	mismatches     *prometheus.GaugeVec
 	// waited is idemflow_wait_duration_seconds{operation,step,reason}.
 	waited *prometheus.HistogramVec
+	// groups is idemflow_commit_group_size{split}.
+	groups *prometheus.HistogramVec
 
 	// mu guards seen, the operation types the gauges reported last time: a
 	// type with nothing in progress any more is reported 0, not dropped.
@@ -151,12 +153,17 @@ func New(reg prometheus.Registerer, opts *Opts) (*Metrics, error) {
 		waited: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "idemflow_wait_duration_seconds", Help: "Time wait steps decided in this process waited, from the moment they were reached, by reason (signal, timer, approval).", Buckets: o.WaitBuckets,
 		}, []string{"operation", "step", "reason"}),
+		groups: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemflow_commit_group_size",
+			Help:    "Transactions of this process that were sent together to share one commit (engine.Config.GroupCommit), by whether one of them failed so that each went again alone (split).",
+			Buckets: []float64{2, 3, 4, 6, 8, 12, 16, 24, 32},
+		}, []string{"split"}),
 		seen: map[string]bool{},
 	}
 	for _, k := range reconcile.Kinds {
 		m.mismatches.WithLabelValues(string(k)).Set(0)
 	}
-	for _, c := range []prometheus.Collector{m.started, m.finished, m.attempts, m.duration, m.recoveries, m.lookups, m.requests, m.inProgress, m.attention, m.outcome, m.waiting, m.oldest, m.waitingVersion, m.operators, m.mismatches, m.waited} {
+	for _, c := range []prometheus.Collector{m.started, m.finished, m.attempts, m.duration, m.recoveries, m.lookups, m.requests, m.inProgress, m.attention, m.outcome, m.waiting, m.oldest, m.waitingVersion, m.operators, m.mismatches, m.waited, m.groups} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -193,6 +200,9 @@ func (m *Metrics) Observer() *engine.Observer {
 		Waited: func(_ context.Context, s engine.StepEvent, reason engine.WaitReason, waited time.Duration) {
 			m.waited.WithLabelValues(s.Operation.Name, s.Step, string(reason)).Observe(waited.Seconds())
 		},
+		CommitGrouped: func(_ context.Context, size int, split bool) {
+			m.groups.WithLabelValues(strconv.FormatBool(split)).Observe(float64(size))
+		},
 	}
 }
 
@@ -212,6 +222,7 @@ func (m *Metrics) Declare(defs ...engine.Definition) {
 			m.operators.WithLabelValues(string(a), r)
 		}
 	}
+	m.groups.WithLabelValues("false")
 	for _, d := range defs {
 		m.started.WithLabelValues(d.Name())
 		m.inProgress.WithLabelValues(d.Name()).Set(0)

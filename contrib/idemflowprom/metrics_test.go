@@ -313,3 +313,32 @@ func TestShippedRulesAndDashboard(t *testing.T) {
 		}
 	}
 }
+
+// TestCommitGroupSize: idemflow_commit_group_size counts the groups of
+// commits the engine sent, by whether they split; the series of groups that
+// did not split exists from Declare on.
+func TestCommitGroupSize(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m, err := idemflowprom.New(reg, nil)
+	require.NoError(t, err)
+	m.Declare()
+	require.Equal(t, 1, testutil.CollectAndCount(reg, "idemflow_commit_group_size"), "declared")
+	obs := m.Observer()
+	obs.CommitGrouped(context.Background(), 3, false)
+	obs.CommitGrouped(context.Background(), 16, false)
+	obs.CommitGrouped(context.Background(), 5, true)
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string][2]float64{}
+	for _, f := range families {
+		if f.GetName() != "idemflow_commit_group_size" {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			h := mt.GetHistogram()
+			got[mt.GetLabel()[0].GetValue()] = [2]float64{float64(h.GetSampleCount()), h.GetSampleSum()}
+		}
+	}
+	require.Equal(t, map[string][2]float64{"false": {2, 19}, "true": {1, 5}}, got)
+}
