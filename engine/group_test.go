@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -10,8 +12,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/internal/testdb"
 	"github.com/idemflow/idemflow/store"
 )
 
@@ -295,4 +299,101 @@ func TestGroupCommitAlone(t *testing.T) {
 	}
 	require.Equal(t, []int{0, 1, 2}, txnRows(t, pool))
 	require.Empty(t, seen.sent(), "no group was sent")
+}
+
+// TestGroupCommitOperations runs operations through the engine whose first
+// commits are held in one queue behind a busy sender, so that they commit in
+// groups: every operation ends as it would alone (a step whose write breaks
+// a constraint fails its own operation, after its own attempts), each write
+// is there once, and the groups were sent.
+func TestGroupCommitOperations(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	_, err := pool.Exec(ctx, `CREATE TABLE grp_debit (key text PRIMARY KEY, amount int NOT NULL CHECK (amount > 0));
+		CREATE TABLE grp_credit (key text PRIMARY KEY, amount int NOT NULL)`)
+	require.NoError(t, err)
+	write := func(table string) func(context.Context, Tx, Attempt, int, *int) error {
+		return func(ctx context.Context, tx Tx, at Attempt, in int, _ *int) error {
+			_, err := AtCommit(tx).Exec(ctx, `INSERT INTO `+table+` (key, amount) VALUES ($1, $2)`, at.Key, in)
+			return err
+		}
+	}
+	hold := func(ctx context.Context, tx Tx, _ Attempt, _ int, _ *int) error {
+		_, err := AtCommit(tx).Exec(ctx, `SELECT pg_advisory_xact_lock(1)`)
+		return err
+	}
+	op, err := NewOperation("grouped", []Step[int, int]{
+		TxStep("debit", write("grp_debit")),
+		TxStep("credit", write("grp_credit")),
+	}, func(in int, _ *int) (int, error) { return in, nil }, &OperationOpts{Retry: RetryPolicy{Base: time.Millisecond, MaxAttempts: 2}})
+	require.NoError(t, err)
+	blocker, err := NewOperation("blocker", []Step[int, int]{TxStep("hold", hold)},
+		func(in int, _ *int) (int, error) { return in, nil }, nil)
+	require.NoError(t, err)
+	e, err := New(pool, &Config{Operations: []Definition{op, blocker}, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Stop(context.WithoutCancel(ctx)) })
+	seen := &groupSeen{}
+	e.group = newGrouper(pool, 0, 16, 1, seen.observe)
+
+	release := holdLock(t, pool, 1)
+	held := make(chan error, 1)
+	go func() {
+		_, err := Start(ctx, e, blocker, "c", "blocker", 1, nil)
+		held <- err
+	}()
+	require.Eventually(t, func() bool { e.group.mu.Lock(); defer e.group.mu.Unlock(); return e.group.sending == 1 }, 5*time.Second, time.Millisecond)
+
+	const n = 16 // as many as may queue behind one sender (groupSenders × GroupCommit)
+	started := make([]*Started, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		amount := 10 + i
+		if i%10 == 3 {
+			amount = -1 // breaks grp_debit's CHECK
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := Start(ctx, e, op, "c", fmt.Sprint("k", i), amount, nil)
+			assert.NoError(t, err)
+			started[i] = s
+		}()
+	}
+	require.Eventually(t, func() bool { e.group.mu.Lock(); defer e.group.mu.Unlock(); return len(e.group.queue) == n }, 10*time.Second, time.Millisecond,
+		"every first commit queued behind the blocker")
+	release()
+	require.NoError(t, <-held)
+	wg.Wait()
+
+	for i, s := range started {
+		require.NotNil(t, s, "operation %d started", i)
+		info, err := s.Wait(ctx)
+		require.NoError(t, err)
+		if i%10 == 3 {
+			require.Equal(t, StatusFailed, info.Status, "operation %d: its own constraint fails it", i)
+			continue
+		}
+		require.Equal(t, StatusSucceeded, info.Status, "operation %d", i)
+		require.JSONEq(t, fmt.Sprint(10+i), string(info.Result))
+	}
+	var debits, credits, amounts int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM grp_debit), (SELECT count(*) FROM grp_credit),
+		(SELECT coalesce(sum(amount), 0) FROM grp_credit)`).Scan(&debits, &credits, &amounts))
+	want := 0
+	for i := range n {
+		if i%10 != 3 {
+			want += 10 + i
+		}
+	}
+	require.Equal(t, n-2, debits)
+	require.Equal(t, n-2, credits)
+	require.Equal(t, want, amounts, "each credit once")
+
+	// The 16 queued first commits went in one group, which the two failing
+	// members split.
+	groups := seen.sent()
+	require.NotEmpty(t, groups)
+	require.Equal(t, groupSent{n, true}, groups[0])
 }
