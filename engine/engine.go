@@ -150,7 +150,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		return nil, fmt.Errorf("engine: invalid config: %w", err)
 	}
 	if c.GroupCommit > 1 {
-		e.group = newGrouper(pool, c.AcquireTimeout, c.GroupCommit, groupSenders, e.observeGroup)
+		senders := groupSenders
+		if c.Faults.GroupSenders > 0 {
+			senders = c.Faults.GroupSenders
+		}
+		e.group = newGrouper(pool, c.AcquireTimeout, c.GroupCommit, senders, e.observeGroup, c.Logger)
 	}
 	e.baseCtx, e.cancelBase = context.WithCancel(context.Background())
 	e.idleRunners = make(chan func())

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -38,6 +39,8 @@ type grouper struct {
 	// observe, when not nil, is told of each group of two or more that was
 	// sent: its size, and whether it failed and went one by one.
 	observe func(size int, split bool)
+	// logger is told why a group split, at debug level.
+	logger *slog.Logger
 
 	mu sync.Mutex
 	// sending counts the groups in flight (a lone transaction is one).
@@ -73,8 +76,11 @@ type verdict struct {
 	err error
 }
 
-func newGrouper(pool *pgxpool.Pool, acquireTimeout time.Duration, max, senders int, observe func(int, bool)) *grouper {
-	return &grouper{pool: pool, acquireTimeout: acquireTimeout, max: max, senders: senders, observe: observe}
+func newGrouper(pool *pgxpool.Pool, acquireTimeout time.Duration, max, senders int, observe func(int, bool), logger *slog.Logger) *grouper {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &grouper{pool: pool, acquireTimeout: acquireTimeout, max: max, senders: senders, observe: observe, logger: logger}
 }
 
 // commit commits m's transaction, alone or in a group, and returns its
@@ -218,6 +224,7 @@ func (g *grouper) run(ctx context.Context, group []*member) verdict {
 		// The server (or pgx, before sending anything) refused a statement:
 		// the implicit transaction rolled back, nothing of the group is
 		// written.
+		g.logger.DebugContext(ctx, "a member of a group commit failed; each goes again alone", slog.Int("size", len(group)), slog.Any("error", err))
 		return verdict{alone: true}
 	}
 	// The connection failed: the commit may or may not have happened, for all

@@ -183,7 +183,7 @@ func TestGroupCommit(t *testing.T) {
 			t.Parallel()
 			pool := txnPool(t)
 			seen := &groupSeen{}
-			g := newGrouper(pool, 0, 8, 1, seen.observe)
+			g := newGrouper(pool, 0, 8, 1, seen.observe, nil)
 			members := []groupMember{{queue: insertAtCommit(1), row: 1}, {queue: insertAtCommit(2), row: 2}}
 			if bad := tc.prepare(t, pool); bad != nil {
 				members = append(members, *bad)
@@ -216,7 +216,7 @@ func TestGroupCommitSlowMember(t *testing.T) {
 	ctx := context.Background()
 	pool := txnPool(t)
 	seen := &groupSeen{}
-	g := newGrouper(pool, 0, 8, 1, seen.observe)
+	g := newGrouper(pool, 0, 8, 1, seen.observe, nil)
 	releaseSlow := holdLock(t, pool, 2)
 
 	slow := groupMember{queue: func(t *testing.T, tx *txn) *pgx.Batch {
@@ -254,7 +254,7 @@ func TestGroupCommitCancelled(t *testing.T) {
 	ctx := context.Background()
 	pool := txnPool(t)
 	seen := &groupSeen{}
-	g := newGrouper(pool, 0, 8, 1, seen.observe)
+	g := newGrouper(pool, 0, 8, 1, seen.observe, nil)
 	release := holdLock(t, pool, 1)
 	first := newTxn(pool, 0, g)
 	_, err := AtCommit(first).Exec(ctx, `SELECT pg_advisory_xact_lock(1)`)
@@ -291,7 +291,7 @@ func TestGroupCommitAlone(t *testing.T) {
 	ctx := context.Background()
 	pool := txnPool(t)
 	seen := &groupSeen{}
-	g := newGrouper(pool, 0, 8, 1, seen.observe)
+	g := newGrouper(pool, 0, 8, 1, seen.observe, nil)
 	for n := range 3 {
 		tx := newTxn(pool, 0, g)
 		insertAtCommit(n)(t, tx)
@@ -335,7 +335,7 @@ func TestGroupCommitOperations(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Stop(context.WithoutCancel(ctx)) })
 	seen := &groupSeen{}
-	e.group = newGrouper(pool, 0, 16, 1, seen.observe)
+	e.group = newGrouper(pool, 0, 16, 1, seen.observe, nil)
 
 	release := holdLock(t, pool, 1)
 	held := make(chan error, 1)

@@ -323,7 +323,10 @@ func (r *chaosRun) spawn() *demo {
 		args = append(args, "-pooler", "transaction")
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(demoEnviron(), "DATABASE_URL="+r.demoURL)
+	// One sender of commits per demo: two operations that commit at once
+	// share a commit (a group), so that groups meet the kills, restarts and
+	// resets too, not only under a benchmark's load.
+	cmd.Env = append(demoEnviron(), "DATABASE_URL="+r.demoURL, "DEMO_GROUP_SENDERS=1")
 	// Every demo but one in four also injects step faults of its own, in every
 	// operation it runs: panics before and at the provider call, and a finalize
 	// that fails past the maximum attempts (10), after the provider refunded:
@@ -1315,6 +1318,7 @@ func (r *chaosRun) reconcileReport() string {
 // report logs and prints what the run did, and fails the test on any broken
 // invariant.
 func (r *chaosRun) report() {
+	groups := r.groupCommits()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var orders, refunds, succeeded, declined, exceeded, notFound, interrupted, retries int
@@ -1386,6 +1390,7 @@ func (r *chaosRun) report() {
 			chaosStepFaults[3], r.stepFaults[chaosStepFaults[3]]),
 		r.entryReport(),
 		r.reconcileReport(),
+		groups,
 		fmt.Sprintf("  duplicates found:   %d", r.dups),
 		fmt.Sprintf("  operations lost:    %d", r.lost),
 		fmt.Sprintf("  longest recovery:   %s from the first request to the final answer (%s); %s from a kill, restart, reset or stall to the final answer of a key it interrupted (%s); %d keys interrupted",
@@ -1429,4 +1434,32 @@ func countsByName(counts map[string]int) string {
 		parts = append(parts, fmt.Sprintf("%s %d", name, counts[name]))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// groupCommits reads, from the metrics of the demos running now, the groups
+// of commits they sent (idemflow_commit_group_size) since they started, for
+// the report.
+func (r *chaosRun) groupCommits() string {
+	r.mu.Lock()
+	demos := slices.Clone(r.demos)
+	r.mu.Unlock()
+	var groups, members, split float64
+	running := 0
+	for _, d := range demos {
+		if d == nil {
+			continue
+		}
+		m, err := scrapeMetrics(d.base)
+		if err != nil {
+			continue
+		}
+		running++
+		for _, s := range []string{"false", "true"} {
+			groups += m[`idemflow_commit_group_size_count{split="`+s+`"}`]
+			members += m[`idemflow_commit_group_size_sum{split="`+s+`"}`]
+		}
+		split += m[`idemflow_commit_group_size_count{split="true"}`]
+	}
+	return fmt.Sprintf("  group commits:      %.0f groups of %.0f transactions, %.0f split, in the %d demos running at the end (DEMO_GROUP_SENDERS=1)",
+		groups, members, split, running)
 }

@@ -40,6 +40,7 @@ type config struct {
 	retention    time.Duration   // -retention, DEMO_RETENTION
 	panics       *stepFault      // DEMO_PANIC
 	fails        *stepFault      // DEMO_FAIL
+	groupSenders int             // DEMO_GROUP_SENDERS
 	maxInFlight  int             // -max-in-flight, DEMO_MAX_IN_FLIGHT
 	perClient    int             // -max-in-flight-per-client, DEMO_MAX_IN_FLIGHT_PER_CLIENT
 	versions     []int           // -refund-versions, DEMO_REFUND_VERSIONS
@@ -247,6 +248,11 @@ func parseConfig(name string, args []string, getenv func(string) string, stderr 
 	}
 	if c.fails, err = parseStepFault(getenv("DEMO_FAIL")); err != nil {
 		return nil, fmt.Errorf("DEMO_FAIL: %w", err)
+	}
+	if v := getenv("DEMO_GROUP_SENDERS"); v != "" {
+		if c.groupSenders, err = strconv.Atoi(v); err != nil || c.groupSenders < 1 {
+			return nil, fmt.Errorf("DEMO_GROUP_SENDERS: %q is not a positive integer", v)
+		}
 	}
 	return c, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -15,10 +16,21 @@ import (
 // metricsOf reads GET /metrics (no authentication) into series → value.
 func metricsOf(t *testing.T, d *demo) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(d.base + "/metrics")
+	m, err := scrapeMetrics(d.base)
 	require.NoError(t, err)
+	return m
+}
+
+// scrapeMetrics reads the metrics that the demo at base serves, by series.
+func scrapeMetrics(base string) (map[string]float64, error) {
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		return nil, err
+	}
 	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
 	out := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
@@ -28,10 +40,12 @@ func metricsOf(t *testing.T, d *demo) map[string]float64 {
 		}
 		i := strings.LastIndexByte(line, ' ')
 		v, err := strconv.ParseFloat(line[i+1:], 64)
-		require.NoError(t, err, line)
+		if err != nil {
+			return nil, fmt.Errorf("%q: %w", line, err)
+		}
 		out[line[:i]] = v
 	}
-	return out
+	return out, sc.Err()
 }
 
 // TestMetrics: the metrics' values after known traffic: a refund, its replay,

@@ -205,7 +205,7 @@ func serveAPI(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.W
 		Lease:             cfg.lease,
 		Retention:         cfg.retention,
 		RetentionInterval: min(cfg.retention, time.Minute),
-		Faults:            engine.Faults{Hook: faultHook(cfg)},
+		Faults:            engine.Faults{Hook: faultHook(cfg), GroupSenders: cfg.groupSenders},
 		ControlPool:       control,
 		// Through a pooler: River polls, and the liveness lock is held on the
 		// direct connection, if any.

@@ -62,4 +62,9 @@ type Config struct {
 	// make a call land late (found, hidden until later) or stay pending for a
 	// while (an error matching errAccepted).
 	Lookup func(ctx context.Context, ev Event, found bool, err error) (bool, error)
+	// GroupSenders, when positive, is how many groups of commits (or lone
+	// transactions) the engine has in flight before it queues the next
+	// (engine.Config.GroupCommit): 1 makes groups of two operations that
+	// commit at once, for tests that want groups without the load.
+	GroupSenders int
 }
