@@ -40,6 +40,12 @@ var _ Tx = pgx.Tx(nil)
 // if the step had returned it (a transient failure, retried). Reads, batches
 // and copies through the returned Tx fail.
 //
+// A transaction whose step sent nothing itself, its writes all queued so, may
+// also share its commit with other operations' that are ready at the same
+// moment (Config.GroupCommit): under load, many operations then cost one round
+// trip and one commit. Its statements and their failures are its own all the
+// same.
+//
 // On a Tx that is not the engine's, a pgx.Tx in a test for instance, AtCommit
 // returns tx itself: the statement runs at once.
 func AtCommit(tx Tx) Tx {
