@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,6 +56,9 @@ const groupLockTimeout = "100ms"
 
 // member is one transaction's part of a group.
 type member struct {
+	// ctx is the member's run's: a group's send ends when one of its
+	// members' does.
+	ctx     context.Context
 	t       *txn
 	b       *pgx.Batch
 	prelude int
@@ -86,10 +90,11 @@ func newGrouper(pool *pgxpool.Pool, acquireTimeout time.Duration, max, senders i
 // commit commits m's transaction, alone or in a group, and returns its
 // error as txn.commitImplicit would.
 func (g *grouper) commit(ctx context.Context, m *member) error {
+	m.ctx = ctx
 	g.mu.Lock()
-	if g.sending < g.senders || len(g.queue) >= g.max*g.senders {
+	if g.sending < g.senders || len(g.queue) >= g.max*g.senders || !joinable(m.b) {
 		// A sender is free, or enough are queued to keep every sender busy
-		// for a round: no waiting.
+		// for a round, or the transaction must not share its own: no waiting.
 		g.sending++
 		g.mu.Unlock()
 		return g.lead(ctx, []*member{m}, m)
@@ -116,6 +121,20 @@ func (g *grouper) commit(ctx context.Context, m *member) error {
 	return v.err
 }
 
+// joinable reports whether a transaction of b's statements may share its
+// commit: not when one of them may change what the transaction's later
+// statements see of its settings (SET, set_config), which in a group would
+// reach the other members' statements.
+func joinable(b *pgx.Batch) bool {
+	for _, q := range b.QueuedQueries {
+		sql := strings.ToLower(q.SQL)
+		if strings.Contains(sql, "set_config") || strings.HasPrefix(strings.TrimLeft(sql, " \t\r\n("), "set ") {
+			return false
+		}
+	}
+	return true
+}
+
 // dequeue takes m out of the queue, and reports whether it was still there.
 func (g *grouper) dequeue(m *member) bool {
 	g.mu.Lock()
@@ -130,17 +149,20 @@ func (g *grouper) dequeue(m *member) bool {
 }
 
 // lead sends group, of which self is a member, with the sender that the
-// caller holds, then hands the sender on to the oldest queued transaction, and
-// returns self's error.
+// caller holds, hands the sender on to the oldest queued transactions, and
+// returns self's error. A group that split hands the sender on before its
+// members go alone.
 func (g *grouper) lead(ctx context.Context, group []*member, self *member) error {
-	var err error
 	if len(group) == 1 {
-		err = self.t.commitAlone(ctx, self.b, self.prelude, self.last)
-	} else {
-		err = g.send(context.WithoutCancel(ctx), group, self)
+		defer g.handOn()
+		return self.t.commitAlone(ctx, self.b, self.prelude, self.last)
 	}
+	v := g.send(group, self)
 	g.handOn()
-	return err
+	if v.alone {
+		return self.t.commitAlone(ctx, self.b, self.prelude, self.last)
+	}
+	return v.err
 }
 
 // handOn gives the caller's sender to the next group, the oldest queued
@@ -159,9 +181,18 @@ func (g *grouper) handOn() {
 	next[0].done <- verdict{lead: next}
 }
 
-// send sends a group of two or more in one implicit transaction and tells each
-// member but self its verdict, returning self's error.
-func (g *grouper) send(ctx context.Context, group []*member, self *member) error {
+// send sends a group of two or more in one implicit transaction, tells each
+// member but self its verdict, and returns the verdict.
+func (g *grouper) send(group []*member, self *member) verdict {
+	// The send ends when any member's run must stop (its lease runs out, the
+	// engine stops), as the member's own commit would: the outcome is then
+	// unknown to all, as it is to a lone transaction cut off.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(self.ctx))
+	defer cancel()
+	for _, m := range group {
+		stop := context.AfterFunc(m.ctx, cancel)
+		defer stop()
+	}
 	v := g.run(ctx, group)
 	if g.observe != nil {
 		g.observe(len(group), v.alone)
@@ -171,19 +202,13 @@ func (g *grouper) send(ctx context.Context, group []*member, self *member) error
 			m.done <- v
 		}
 	}
-	switch {
-	case v.alone:
-		return self.t.commitAlone(ctx, self.b, self.prelude, self.last)
-	case v.err != nil:
-		return v.err
-	}
-	return nil
+	return v
 }
 
 // run sends the group's statements, behind a bound on its lock waits, in one
 // batch, and reads each member's results in order: a statement that fails
 // rolls back the whole group, and every member then goes alone.
-func (g *grouper) run(ctx context.Context, group []*member) verdict {
+func (g *grouper) run(ctx context.Context, group []*member) (v verdict) {
 	actx := ctx
 	if g.acquireTimeout > 0 {
 		var cancel context.CancelFunc
@@ -195,6 +220,8 @@ func (g *grouper) run(ctx context.Context, group []*member) verdict {
 		// Nothing was sent, and a member alone would have waited as long.
 		return verdict{err: fmt.Errorf("engine: acquire a connection: %w", err)}
 	}
+	// A connection left in the middle of a batch (a panic) is closed, not
+	// reused: the server rolls back what it got of a batch without its end.
 	defer conn.Release()
 
 	b := &pgx.Batch{}
@@ -212,8 +239,24 @@ func (g *grouper) run(ctx context.Context, group []*member) verdict {
 	for _, m := range group {
 		m.t.firstSent = now
 	}
+	sent := false
+	defer func() {
+		if p := recover(); p != nil {
+			// A member's argument panicked as pgx encoded it (before the
+			// batch's end went out: nothing commits), or a member's reading of
+			// its result did (after: the commit may have happened). The
+			// member's own run meets the panic again alone.
+			g.logger.DebugContext(ctx, "a group commit panicked", slog.Any("panic", p), slog.Bool("sent", sent))
+			if sent {
+				v = verdict{err: fmt.Errorf("engine: commit: panic reading a group's results: %v", p)}
+				return
+			}
+			v = verdict{alone: true}
+		}
+	}()
 	br := conn.SendBatch(ctx, b)
-	err = readGroup(br, group)
+	sent = true
+	first, err := readGroup(br, group)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -226,6 +269,11 @@ func (g *grouper) run(ctx context.Context, group []*member) verdict {
 		// written.
 		g.logger.DebugContext(ctx, "a member of a group commit failed; each goes again alone", slog.Int("size", len(group)), slog.Any("error", err))
 		return verdict{alone: true}
+	case first && !conn.Conn().PgConn().IsClosed():
+		// pgx failed the batch before sending it (an argument it could not
+		// rewrite or encode): the connection is whole and nothing ran.
+		g.logger.DebugContext(ctx, "a group commit was not sent; each goes again alone", slog.Int("size", len(group)), slog.Any("error", err))
+		return verdict{alone: true}
 	}
 	// The connection failed: the commit may or may not have happened, for all
 	// of the group alike, as it may for one transaction alone.
@@ -233,10 +281,11 @@ func (g *grouper) run(ctx context.Context, group []*member) verdict {
 }
 
 // readGroup reads the results of the group's batch (the lock bound's, then
-// each member's) up to the first error, which it returns.
-func readGroup(br pgx.BatchResults, group []*member) error {
+// each member's) up to the first error, which it returns; first says that the
+// error was the first result's, before any member's.
+func readGroup(br pgx.BatchResults, group []*member) (first bool, err error) {
 	if _, err := br.Exec(); err != nil {
-		return err
+		return true, err
 	}
 	for _, m := range group {
 		n := m.b.Len() - m.last.Len()
@@ -248,9 +297,9 @@ func readGroup(br pgx.BatchResults, group []*member) error {
 				_, err = br.Exec()
 			}
 			if err != nil {
-				return err
+				return false, err
 			}
 		}
 	}
-	return nil
+	return false, nil
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"database/sql/driver"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -107,7 +108,14 @@ func commitGroup(t *testing.T, pool *pgxpool.Pool, g *grouper, members []groupMe
 		last := m.queue(t, tx)
 		wg.Add(1)
 		go func() {
-			defer wg.Done()
+			defer func() {
+				// A member whose argument panics panics alone, in its own
+				// run, as it would without a group.
+				if p := recover(); p != nil {
+					errs[i] = fmt.Errorf("panic: %v", p)
+				}
+				wg.Done()
+			}()
 			errs[i] = tx.commit(ctx, last)
 		}()
 		require.Eventually(t, func() bool {
@@ -165,6 +173,27 @@ func TestGroupCommit(t *testing.T) {
 				wantErr: failsWith(store.ErrFenced),
 			}
 		}, true},
+		{"a member's argument cannot be rewritten", func(*testing.T, *pgxpool.Pool) *groupMember {
+			// pgx fails the whole batch before sending it: nothing ran.
+			return &groupMember{
+				queue: func(t *testing.T, tx *txn) *pgx.Batch {
+					_, err := AtCommit(tx).Exec(context.Background(), `INSERT INTO txn_test (n) VALUES (@n)`, pgx.StrictNamedArgs{})
+					require.NoError(t, err)
+					return nil
+				},
+				wantErr: func(t *testing.T, err error) { require.ErrorContains(t, err, "rewrite query failed") },
+			}
+		}, true},
+		{"a member's argument panics", func(*testing.T, *pgxpool.Pool) *groupMember {
+			return &groupMember{
+				queue: func(t *testing.T, tx *txn) *pgx.Batch {
+					_, err := AtCommit(tx).Exec(context.Background(), `INSERT INTO txn_test (n) VALUES ($1)`, panicValue{})
+					require.NoError(t, err)
+					return nil
+				},
+				wantErr: func(t *testing.T, err error) { require.ErrorContains(t, err, "panic: encoding panicked") },
+			}
+		}, true},
 		{"a member's key is taken", func(t *testing.T, pool *pgxpool.Pool) *groupMember {
 			p := reserve(t, pool, "taken")
 			return &groupMember{
@@ -206,6 +235,41 @@ func TestGroupCommit(t *testing.T) {
 			require.Zero(t, pool.Stat().AcquiredConns(), "every connection went back to the pool")
 		})
 	}
+}
+
+// panicValue panics when pgx encodes it.
+type panicValue struct{}
+
+func (panicValue) Value() (driver.Value, error) { panic("encoding panicked") }
+
+// TestGroupCommitSettings: a transaction that changes its settings (SET,
+// set_config) does not join a group, where the change would reach the other
+// members' statements: it is sent at once, alone, even with every sender busy.
+func TestGroupCommitSettings(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := txnPool(t)
+	seen := &groupSeen{}
+	g := newGrouper(pool, 0, 8, 1, seen.observe, nil)
+	release := holdLock(t, pool, 1)
+	first := newTxn(pool, 0, g)
+	_, err := AtCommit(first).Exec(ctx, `SELECT pg_advisory_xact_lock(1)`)
+	require.NoError(t, err)
+	firstDone := make(chan error, 1)
+	go func() { firstDone <- first.commit(ctx, nil) }()
+	require.Eventually(t, func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.sending == 1 }, 5*time.Second, time.Millisecond)
+
+	for n, sql := range []string{`SELECT set_config('app.tenant', 'a', true)`, `SET LOCAL work_mem = '8MB'`} {
+		tx := newTxn(pool, 0, g)
+		_, err := AtCommit(tx).Exec(ctx, sql)
+		require.NoError(t, err)
+		insertAtCommit(n)(t, tx)
+		require.NoError(t, tx.commit(ctx, nil), sql)
+	}
+	require.Equal(t, []int{0, 1}, txnRows(t, pool), "committed while the sender was busy")
+	release()
+	require.NoError(t, <-firstDone)
+	require.Empty(t, seen.sent())
 }
 
 // TestGroupCommitSlowMember: a member that waits on a lock makes its group

@@ -44,7 +44,10 @@ var _ Tx = pgx.Tx(nil)
 // also share its commit with other operations' that are ready at the same
 // moment (Config.GroupCommit): under load, many operations then cost one round
 // trip and one commit. Its statements and their failures are its own all the
-// same.
+// same; a transaction whose statements change its settings (SET, set_config)
+// never shares its commit, and statements that rely on the transaction's
+// identity or time (txid_current(), now()) belong in a Tx of their own, not
+// queued with AtCommit.
 //
 // On a Tx that is not the engine's, a pgx.Tx in a test for instance, AtCommit
 // returns tx itself: the statement runs at once.
