@@ -127,12 +127,22 @@ func (g *grouper) commit(ctx context.Context, m *member) error {
 // reach the other members' statements.
 func joinable(b *pgx.Batch) bool {
 	for _, q := range b.QueuedQueries {
-		sql := strings.ToLower(q.SQL)
-		if strings.Contains(sql, "set_config") || strings.HasPrefix(strings.TrimLeft(sql, " \t\r\n("), "set ") {
+		if start := strings.TrimLeft(q.SQL, " \t\r\n("); len(start) >= 4 && strings.EqualFold(start[:4], "set ") || containsFold(q.SQL, "set_config") {
 			return false
 		}
 	}
 	return true
+}
+
+// containsFold reports whether s holds word (lower case, ASCII), in any case;
+// unlike strings.ToLower, it copies nothing.
+func containsFold(s, word string) bool {
+	for i := 0; i+len(word) <= len(s); i++ {
+		if s[i]|0x20 == word[0] && strings.EqualFold(s[i:i+len(word)], word) {
+			return true
+		}
+	}
+	return false
 }
 
 // dequeue takes m out of the queue, and reports whether it was still there.

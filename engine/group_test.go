@@ -461,3 +461,24 @@ func TestGroupCommitOperations(t *testing.T) {
 	require.NotEmpty(t, groups)
 	require.Equal(t, groupSent{n, true}, groups[0])
 }
+
+// TestJoinable: which statements keep a transaction out of a group.
+func TestJoinable(t *testing.T) {
+	t.Parallel()
+	for sql, want := range map[string]bool{
+		`INSERT INTO t (n) VALUES ($1)`:                  true,
+		`-- name: OperationReserve :exec\nINSERT INTO x`: true,
+		`UPDATE t SET n = 1`:                             true,
+		`SELECT set_config('app.tenant', $1, true)`:      false,
+		`select SET_CONFIG('a', 'b', true)`:              false,
+		`SET LOCAL lock_timeout = '1s'`:                  false,
+		"  \n(set statement_timeout = 0)":                false,
+		`set search_path = x`:                            false,
+		`SETTLE`:                                         true,
+	} {
+		b := &pgx.Batch{}
+		b.Queue(`INSERT INTO t (n) VALUES (1)`)
+		b.Queue(sql)
+		require.Equal(t, want, joinable(b), sql)
+	}
+}
