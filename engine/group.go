@@ -127,22 +127,29 @@ func (g *grouper) commit(ctx context.Context, m *member) error {
 // reach the other members' statements.
 func joinable(b *pgx.Batch) bool {
 	for _, q := range b.QueuedQueries {
-		if start := strings.TrimLeft(q.SQL, " \t\r\n("); len(start) >= 4 && strings.EqualFold(start[:4], "set ") || containsFold(q.SQL, "set_config") {
+		if start := strings.TrimLeft(q.SQL, " \t\r\n("); len(start) >= 4 && strings.EqualFold(start[:4], "set ") || hasSetConfig(q.SQL) {
 			return false
 		}
 	}
 	return true
 }
 
-// containsFold reports whether s holds word (lower case, ASCII), in any case;
-// unlike strings.ToLower, it copies nothing.
-func containsFold(s, word string) bool {
-	for i := 0; i+len(word) <= len(s); i++ {
-		if s[i]|0x20 == word[0] && strings.EqualFold(s[i:i+len(word)], word) {
+// hasSetConfig reports whether sql calls set_config, in any case. It looks
+// only around each underscore (strings.IndexByte is fast): it runs on every
+// statement of a transaction that would queue.
+func hasSetConfig(sql string) bool {
+	const word, at = "set_config", 3 // the underscore is word[at]
+	for i := 0; ; {
+		j := strings.IndexByte(sql[i:], '_')
+		if j < 0 {
+			return false
+		}
+		i += j
+		if i >= at && i-at+len(word) <= len(sql) && strings.EqualFold(sql[i-at:i-at+len(word)], word) {
 			return true
 		}
+		i++
 	}
-	return false
 }
 
 // dequeue takes m out of the queue, and reports whether it was still there.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -480,5 +481,19 @@ func TestJoinable(t *testing.T) {
 		b.Queue(`INSERT INTO t (n) VALUES (1)`)
 		b.Queue(sql)
 		require.Equal(t, want, joinable(b), sql)
+	}
+}
+
+// BenchmarkJoinable: the check runs on every statement of a transaction that
+// would queue; the engine's own statements are long (sqlc's, with comments).
+func BenchmarkJoinable(b *testing.B) {
+	batch := &pgx.Batch{}
+	for range 4 {
+		batch.Queue("-- name: StepCheckpointMany :exec\n" + strings.Repeat("UPDATE idemflow_operation SET checkpoints = checkpoints || $2::jsonb, locked_until = now() WHERE id = $1 AND locked_by = $3;\n", 20))
+	}
+	for b.Loop() {
+		if !joinable(batch) {
+			b.Fatal("not joinable")
+		}
 	}
 }
