@@ -593,6 +593,12 @@ func (c *apiClient) accounts() []account {
 func (c *apiClient) providerRefunds() []providerRefund {
 	c.t.Helper()
 	r := c.get("/provider/refunds")
+	// Right after a chaos run's faults, a read may meet a pooled connection
+	// that the fault proxy reset (500): the provider's next read works.
+	for try := 0; r.status >= 500 && try < 5; try++ {
+		time.Sleep(200 * time.Millisecond)
+		r = c.get("/provider/refunds")
+	}
 	requireStatus(c.t, r, http.StatusOK)
 	body := decodeAs[struct {
 		Refunds []providerRefund `json:"refunds"`
