@@ -307,13 +307,7 @@ func readGroup(br pgx.BatchResults, group []*member) (first bool, err error) {
 	for _, m := range group {
 		n := m.b.Len() - m.last.Len()
 		for i := range m.b.Len() {
-			var err error
-			if j := i - n; j >= 0 && m.last.QueuedQueries[j].Fn != nil {
-				err = m.last.QueuedQueries[j].Fn(br)
-			} else {
-				_, err = br.Exec()
-			}
-			if err != nil {
+			if err := readStatement(br, m.last, i-n); err != nil {
 				return false, err
 			}
 		}

@@ -90,17 +90,7 @@ func holdLock(t *testing.T, pool *pgxpool.Pool, key int) func() {
 func commitGroup(t *testing.T, pool *pgxpool.Pool, g *grouper, members []groupMember) []error {
 	t.Helper()
 	ctx := context.Background()
-	release := holdLock(t, pool, 1)
-	first := newTxn(pool, 0, g)
-	_, err := AtCommit(first).Exec(ctx, `SELECT pg_advisory_xact_lock(1)`)
-	require.NoError(t, err)
-	firstDone := make(chan error, 1)
-	go func() { firstDone <- first.commit(ctx, nil) }()
-	require.Eventually(t, func() bool {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		return g.sending == 1
-	}, 5*time.Second, time.Millisecond, "the first transaction holds the sender")
+	release := busySender(t, pool, g)
 
 	errs := make([]error, len(members))
 	var wg sync.WaitGroup
@@ -126,9 +116,31 @@ func commitGroup(t *testing.T, pool *pgxpool.Pool, g *grouper, members []groupMe
 		}, 5*time.Second, time.Millisecond, "member %d queued, in order", i)
 	}
 	release()
-	require.NoError(t, <-firstDone)
 	wg.Wait()
 	return errs
+}
+
+// busySender takes g's only sender with a transaction that waits on a lock
+// until the function it returns lets the lock go; that function then waits
+// for the transaction to commit.
+func busySender(t *testing.T, pool *pgxpool.Pool, g *grouper) func() {
+	t.Helper()
+	ctx := context.Background()
+	release := holdLock(t, pool, 1)
+	first := newTxn(pool, 0, g)
+	_, err := AtCommit(first).Exec(ctx, `SELECT pg_advisory_xact_lock(1)`)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- first.commit(ctx, nil) }()
+	require.Eventually(t, func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.sending == 1
+	}, 5*time.Second, time.Millisecond, "the first transaction holds the sender")
+	return func() {
+		release()
+		require.NoError(t, <-done, "the transaction that held the sender")
+	}
 }
 
 // TestGroupCommit: transactions queued behind a busy sender commit as one
@@ -252,13 +264,7 @@ func TestGroupCommitSettings(t *testing.T) {
 	pool := txnPool(t)
 	seen := &groupSeen{}
 	g := newGrouper(pool, 0, 8, 1, seen.observe, nil)
-	release := holdLock(t, pool, 1)
-	first := newTxn(pool, 0, g)
-	_, err := AtCommit(first).Exec(ctx, `SELECT pg_advisory_xact_lock(1)`)
-	require.NoError(t, err)
-	firstDone := make(chan error, 1)
-	go func() { firstDone <- first.commit(ctx, nil) }()
-	require.Eventually(t, func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.sending == 1 }, 5*time.Second, time.Millisecond)
+	release := busySender(t, pool, g)
 
 	for n, sql := range []string{`SELECT set_config('app.tenant', 'a', true)`, `SET LOCAL work_mem = '8MB'`} {
 		tx := newTxn(pool, 0, g)
@@ -269,7 +275,6 @@ func TestGroupCommitSettings(t *testing.T) {
 	}
 	require.Equal(t, []int{0, 1}, txnRows(t, pool), "committed while the sender was busy")
 	release()
-	require.NoError(t, <-firstDone)
 	require.Empty(t, seen.sent())
 }
 
@@ -312,21 +317,15 @@ func TestGroupCommitSlowMember(t *testing.T) {
 }
 
 // TestGroupCommitCancelled: a transaction whose context ends while it is
-// queued leaves the queue, commits nothing, and does not hold up the group
-// behind it.
+// queued leaves the queue, commits nothing, and leaves the sender free once
+// the transaction ahead of it is done.
 func TestGroupCommitCancelled(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := txnPool(t)
 	seen := &groupSeen{}
 	g := newGrouper(pool, 0, 8, 1, seen.observe, nil)
-	release := holdLock(t, pool, 1)
-	first := newTxn(pool, 0, g)
-	_, err := AtCommit(first).Exec(ctx, `SELECT pg_advisory_xact_lock(1)`)
-	require.NoError(t, err)
-	firstDone := make(chan error, 1)
-	go func() { firstDone <- first.commit(ctx, nil) }()
-	require.Eventually(t, func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.sending == 1 }, 5*time.Second, time.Millisecond)
+	release := busySender(t, pool, g)
 
 	cctx, cancel := context.WithCancel(ctx)
 	gone := newTxn(pool, 0, g)
@@ -341,7 +340,6 @@ func TestGroupCommitCancelled(t *testing.T) {
 	g.mu.Unlock()
 
 	release()
-	require.NoError(t, <-firstDone)
 	require.Empty(t, txnRows(t, pool), "the cancelled transaction committed nothing")
 	require.Empty(t, seen.sent())
 	g.mu.Lock()
@@ -496,4 +494,29 @@ func BenchmarkJoinable(b *testing.B) {
 			b.Fatal("not joinable")
 		}
 	}
+}
+
+// TestGroupCommitConnectionLost: when the group's connection dies before the
+// server answers, its commit is unknown to every member, as a lone
+// transaction's is: none is sent again alone (which could apply a committed
+// write twice); each gets its run's commit error to settle as it would alone.
+// Here the server had not committed, and nothing is written.
+func TestGroupCommitConnectionLost(t *testing.T) {
+	t.Parallel()
+	pool := txnPool(t)
+	seen := &groupSeen{}
+	g := newGrouper(pool, 0, 8, 1, seen.observe, nil)
+	kill := groupMember{queue: func(t *testing.T, tx *txn) *pgx.Batch {
+		_, err := AtCommit(tx).Exec(context.Background(), `SELECT pg_terminate_backend(pg_backend_pid())`)
+		require.NoError(t, err)
+		return nil
+	}}
+	errs := commitGroup(t, pool, g, []groupMember{{queue: insertAtCommit(1)}, kill, {queue: insertAtCommit(3)}})
+	for i, err := range errs {
+		require.ErrorContains(t, err, "engine: commit:", "member %d", i)
+		var se *stepError
+		require.NotErrorAs(t, err, &se, "member %d: not the step's own failure", i)
+	}
+	require.Empty(t, txnRows(t, pool), "nothing was sent again alone")
+	require.Equal(t, []groupSent{{3, false}}, seen.sent())
 }

@@ -105,13 +105,7 @@ func commitError(err error) error {
 func (t *txn) readCommitted(br pgx.BatchResults, prelude int, last *pgx.Batch) error {
 	n := t.atCommit.Len()
 	for i := range prelude + n + last.Len() {
-		var err error
-		if j := i - prelude - n; j >= 0 && last.QueuedQueries[j].Fn != nil {
-			// A statement of the engine's that reads its own result.
-			err = last.QueuedQueries[j].Fn(br)
-		} else {
-			_, err = br.Exec()
-		}
+		err := readStatement(br, last, i-prelude-n)
 		if err == nil {
 			continue
 		}
@@ -133,4 +127,14 @@ func (t *txn) readCommitted(br pgx.BatchResults, prelude int, last *pgx.Batch) e
 		return store.Err(err)
 	}
 	return nil
+}
+
+// readStatement reads the result of br's next statement, which is last's j-th
+// when j >= 0: one of the engine's that reads its own result does so (its Fn).
+func readStatement(br pgx.BatchResults, last *pgx.Batch, j int) error {
+	if j >= 0 && last.QueuedQueries[j].Fn != nil {
+		return last.QueuedQueries[j].Fn(br)
+	}
+	_, err := br.Exec()
+	return err
 }
