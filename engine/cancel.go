@@ -185,7 +185,7 @@ func (e *Engine) cancel(ctx context.Context, id uuid.UUID, reason string) (*Info
 	cancelled := &PermanentError{Code: CodeCancelled, Message: "the operation was cancelled by an operator", Cause: reason}
 	req := operatorClaim(rec)
 	req.err = cancelled
-	info, err := e.claimAndRun(ctx, id, rec.Name, req, false)
+	info, err := e.claimAndRun(ctx, id, rec.Name, req, false, nil)
 	if errors.Is(err, errNotClaimed) {
 		return nil, fmt.Errorf("engine: cancel %s: %w", id, ErrRunning)
 	}

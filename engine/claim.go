@@ -52,7 +52,7 @@ func (e *Engine) defKeys() []defKey {
 // claimAndRun claims an operation and runs what is left of it; with cancelReq, it
 // ends the operation failed with that error instead, after compensating, unless
 // it is past its point of no return (ErrPastPivot).
-func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, cancelReq *cancelling, recovery bool) (*Info, error) {
+func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, cancelReq *cancelling, recovery bool, place *room) (*Info, error) {
 	var cancelWith *PermanentError
 	if cancelReq != nil {
 		cancelWith = cancelReq.err
@@ -84,6 +84,7 @@ func (e *Engine) claimAndRun(ctx context.Context, id uuid.UUID, name string, can
 	}
 	def := e.def(name, rec.Version)
 	r := e.newRun(def, id, runID, rec.Scope, rec.Key, rec.KeySecret, decodeFingerprint(rec.Fingerprint), rec.Steps)
+	r.room = place
 	r.rowed = make(map[string]bool, len(rec.Steps))
 	r.waits = make(map[string]*stepWait)
 	// The first claim of an operation reserved in a caller's transaction

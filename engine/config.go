@@ -52,7 +52,9 @@ type Config struct {
 
 	// MaxInFlight bounds the first attempts that run in this process at once:
 	// beyond it Start answers ErrOverloaded at once, reserving nothing (resumes
-	// are bounded by River.MaxWorkers). Defaults to 1000; Off: no bound.
+	// are bounded by River.MaxWorkers). A run's place, here and in
+	// MaxInFlightPerScope, is free again before its starter, or Wait, hears
+	// that it ended. Defaults to 1000; Off: no bound.
 	MaxInFlight int
 	// MaxInFlightPerScope bounds the operations of one scope (one client)
 	// running in this process at once, first attempts and resumes together:

@@ -42,6 +42,23 @@ func (c *scopeCounts) leave(scope string, max int) {
 	}
 }
 
+// room is the place a run holds in this process's bounds (Config.MaxInFlight,
+// Config.MaxInFlightPerScope). The run gives it back in end, before its starter
+// and waiters hear that it ended: a client that starts its next operation the
+// moment it hears finds its place free, never a refusal for a run that has
+// ended. Only the run's goroutine uses it.
+type room struct {
+	leave func()
+}
+
+// giveBack gives the place back, once; a nil room holds none.
+func (r *room) giveBack() {
+	if r != nil && r.leave != nil {
+		r.leave()
+		r.leave = nil
+	}
+}
+
 // scopeSnooze is how long a resume of a scope over its share is put back.
 // River makes a snoozed job available again at its next promotion of
 // scheduled jobs.

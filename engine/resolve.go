@@ -73,7 +73,7 @@ func (e *Engine) resolve(ctx context.Context, id uuid.UUID, res Resolution) (*In
 	}
 	req := operatorClaim(rec)
 	req.resolve = &res
-	_, err = e.claimAndRun(ctx, id, rec.Name, req, false)
+	_, err = e.claimAndRun(ctx, id, rec.Name, req, false, nil)
 	switch {
 	case errors.Is(err, errNotClaimed):
 		return nil, fmt.Errorf("engine: resolve %s: %w", id, ErrRunning)

@@ -109,6 +109,9 @@ type run struct {
 	pending []store.StepCheckpointParams
 
 	local *localRun
+	// room is the run's place in the process's bounds, given back in end; nil
+	// for a run that holds none (an operator's cancel or resolve).
+	room *room
 	// mu guards reserved, which the lease timer reads.
 	mu        sync.Mutex
 	reserved  bool
@@ -191,6 +194,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 	default:
 		r.logger().ErrorContext(ctx, "run stopped; the operation resumes once its lease expires", slog.Any("error", err))
 	}
+	r.room.giveBack()
 	if info != nil {
 		// Before the starter hears of it: an answer it gives is counted already.
 		r.observeFinished(ctx, info.Status)

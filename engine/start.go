@@ -132,10 +132,13 @@ func Start[In, S, Out any](ctx context.Context, e *Engine, op *Operation[In, S, 
 	// the engine.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	stopWithEngine := context.AfterFunc(e.baseCtx, cancelRun)
+	r.room = &room{leave: func() {
+		e.inFlight.Add(-1)
+		e.scopes.leave(scope, perScope)
+	}}
 	e.goRun(func() {
 		defer e.runs.Done()
-		defer e.inFlight.Add(-1)
-		defer e.scopes.leave(scope, perScope)
+		defer r.room.giveBack() // when the run ended before end
 		defer cancelRun()
 		defer stopWithEngine()
 		r.execute(runCtx)

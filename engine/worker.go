@@ -49,13 +49,15 @@ func (w *resumeWorker) Work(ctx context.Context, job *river.Job[resumeArgs]) err
 		return river.JobSnooze(schemaRecheck)
 	}
 	scope, max := job.Args.Scope, w.e.cfg.MaxInFlightPerScope
+	var place *room
 	if scope != "" {
 		if !w.e.scopes.enter(scope, max) {
 			return river.JobSnooze(scopeSnooze)
 		}
-		defer w.e.scopes.leave(scope, max)
+		place = &room{leave: func() { w.e.scopes.leave(scope, max) }}
+		defer place.giveBack() // when no run took it over
 	}
-	err := w.e.resume(ctx, job.Args.OperationID, job.Args.Operation, job.Args.Recovery)
+	err := w.e.resume(ctx, job.Args.OperationID, job.Args.Operation, job.Args.Recovery, place)
 	if w.e.schemaFault(ctx, err) != nil {
 		return river.JobSnooze(schemaRecheck)
 	}
@@ -198,8 +200,8 @@ func (e *Engine) handToWorkers(ctx context.Context, resumes []handedResume, why 
 
 // resume claims an operation and runs it from its first unfinished step.
 // recovery says that the run before it stopped renewing its lease.
-func (e *Engine) resume(ctx context.Context, id uuid.UUID, name string, recovery bool) error {
-	_, err := e.claimAndRun(ctx, id, name, nil, recovery)
+func (e *Engine) resume(ctx context.Context, id uuid.UUID, name string, recovery bool, place *room) error {
+	_, err := e.claimAndRun(ctx, id, name, nil, recovery, place)
 	switch {
 	case err == nil, errors.Is(err, errHandedOff), errors.Is(err, errLost), errors.Is(err, errNotClaimed),
 		errors.Is(err, errParked), errors.Is(err, errWaiting), errors.Is(err, errVersionNotRun):
