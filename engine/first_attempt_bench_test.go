@@ -4,7 +4,9 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
@@ -25,7 +27,8 @@ type benchState struct {
 // BenchmarkFirstAttempt runs first attempts of an operation shaped as the
 // refund (a transactional step, a call, a transactional step, each step's
 // write sent with its commit), one at a time, and reports the allocations
-// per operation: the engine's own Go work and pgx's, without a provider.
+// per operation: the engine's own Go work and pgx's, without a provider;
+// with and without StartOpts.Wait.
 //
 //	go test ./engine -run '^$' -bench FirstAttempt -benchmem -benchtime 2000x
 func BenchmarkFirstAttempt(b *testing.B) {
@@ -53,13 +56,24 @@ func BenchmarkFirstAttempt(b *testing.B) {
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = e.Stop(context.WithoutCancel(ctx)) })
 
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := range b.N {
-		s, err := engine.Start(ctx, e, op, "c", "k-"+strconv.Itoa(i), benchIn{Client: "c", OrderID: "O-" + strconv.Itoa(i), Amount: 100}, nil)
-		require.NoError(b, err)
-		info, err := s.Wait(ctx)
-		require.NoError(b, err)
-		require.Equal(b, engine.StatusSucceeded, info.Status)
+	for _, bc := range []struct {
+		name string
+		opts *engine.StartOpts
+	}{
+		{"Start", nil},
+		{"StartWait", &engine.StartOpts{Wait: time.Minute}}, // woken once, with the answer
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			prefix := uuid.NewString() // each run's keys its own
+			for i := range b.N {
+				k := prefix + "-" + strconv.Itoa(i)
+				s, err := engine.Start(ctx, e, op, "c", k, benchIn{Client: "c", OrderID: k, Amount: 100}, bc.opts)
+				require.NoError(b, err)
+				info, err := s.Wait(ctx)
+				require.NoError(b, err)
+				require.Equal(b, engine.StatusSucceeded, info.Status)
+			}
+		})
 	}
 }

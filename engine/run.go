@@ -112,10 +112,12 @@ type run struct {
 	// room is the run's place in the process's bounds, given back in end; nil
 	// for a run that holds none (an operator's cancel or resolve).
 	room *room
-	// mu guards reserved, which the lease timer reads.
-	mu        sync.Mutex
-	reserved  bool
-	cancelRun context.CancelCauseFunc
+	// mu guards reserved, which the lease timer reads, and reservedAt, when
+	// this process saw the reservation commit.
+	mu         sync.Mutex
+	reserved   bool
+	reservedAt time.Time
+	cancelRun  context.CancelCauseFunc
 	// leaseFrom is when the run's claim (or reservation) was sent: the lease it
 	// holds runs out a Lease after it at the latest. mu guards it: a first
 	// attempt moves it to when its reservation was sent, once it commits.
@@ -200,6 +202,11 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		r.observeFinished(ctx, info.Status)
 	}
 	if r.local != nil {
+		r.mu.Lock()
+		if r.local.speaker != nil {
+			r.local.speaker.Stop() // the answer tells a quiet starter now
+		}
+		r.mu.Unlock()
 		if !r.isReserved() {
 			if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
 				// Why the run stopped (errLeaseExpiring: the database did not
@@ -226,6 +233,9 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 				// Its answer was lost, not the reservation: the starter is told
 				// it started, never that the database was unavailable while
 				// its key is taken.
+				r.mu.Lock()
+				r.reservedAt = time.Now()
+				r.mu.Unlock()
 				res = reservation{created: true}
 			}
 			r.local.reserved <- res

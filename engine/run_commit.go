@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -91,11 +92,12 @@ func (r *run) commitEnd(ctx context.Context, tx *txn, end *store.StepCheckpointM
 		r.insert = nil
 		r.mu.Lock()
 		r.reserved = true
+		r.reservedAt = time.Now()
 		r.leaseFrom = tx.firstSent
-		r.mu.Unlock()
 		if r.local != nil {
-			r.local.reserved <- reservation{created: true}
+			r.tellReserved()
 		}
+		r.mu.Unlock()
 		r.observeStarted(ctx)
 	}
 	return nil

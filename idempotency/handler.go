@@ -230,8 +230,11 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 
 	// No read first: the reservation finds a taken key, and only then does the
 	// engine read the operation that holds it.
+	// Start waits for the answer itself (StartOpts.Wait), so that the request
+	// is woken once, with it, rather than once for the reservation and again
+	// for the answer; what is left of Wait after it returns is waited below.
 	rctx, cancel := context.WithTimeout(ctx, ep.cfg.ReserveTimeout)
-	started, err := engine.Start(rctx, ep.cfg.Engine, ep.op, scope, key, in, &engine.StartOpts{Fingerprint: fp})
+	started, err := engine.Start(rctx, ep.cfg.Engine, ep.op, scope, key, in, &engine.StartOpts{Fingerprint: fp, Wait: ep.cfg.Wait})
 	cancel()
 	var reused *engine.ReusedError
 	switch {
@@ -265,7 +268,7 @@ func (ep *endpoint[In, S, Out]) ServeHTTP(w http.ResponseWriter, r *http.Request
 		return
 	}
 
-	waitCtx, cancel := context.WithTimeout(ctx, ep.cfg.Wait)
+	waitCtx, cancel := context.WithDeadline(ctx, started.ReservedAt.Add(ep.cfg.Wait))
 	defer cancel()
 	info, err := started.Wait(waitCtx)
 	if err != nil || info.Status == engine.StatusInProgress {

@@ -216,8 +216,10 @@ func key(prefix string, i int) string {
 
 func engineRefund(ctx context.Context, e *env, prefix string, i int) error {
 	k := key(prefix, i)
+	// A starter that waits for the answer says so (StartOpts.Wait): it is
+	// woken once, with it.
 	started, err := engine.Start(ctx, e.eng, e.wf.Refund, benchClient, k,
-		refund.RefundInput{Client: benchClient, OrderID: k, Amount: refundAmount}, nil)
+		refund.RefundInput{Client: benchClient, OrderID: k, Amount: refundAmount}, &engine.StartOpts{Wait: time.Minute})
 	if err != nil {
 		return err
 	}
