@@ -112,8 +112,8 @@ type run struct {
 	// room is the run's place in the process's bounds, given back in end; nil
 	// for a run that holds none (an operator's cancel or resolve).
 	room *room
-	// mu guards reserved, which the lease timer reads, and reservedAt, when
-	// this process saw the reservation commit.
+	// mu guards reserved, which the lease timer reads, reservedAt, when this
+	// process saw the reservation commit, and local's quiet and speaker.
 	mu         sync.Mutex
 	reserved   bool
 	reservedAt time.Time
@@ -196,7 +196,6 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 	default:
 		r.logger().ErrorContext(ctx, "run stopped; the operation resumes once its lease expires", slog.Any("error", err))
 	}
-	r.room.giveBack()
 	if info != nil {
 		// Before the starter hears of it: an answer it gives is counted already.
 		r.observeFinished(ctx, info.Status)
@@ -204,9 +203,12 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 	if r.local != nil {
 		r.mu.Lock()
 		if r.local.speaker != nil {
-			r.local.speaker.Stop() // the answer tells a quiet starter now
+			// done tells a quiet starter now. A speaker that fired already
+			// may still send the reservation, into a buffer nobody needs.
+			r.local.speaker.Stop()
 		}
 		r.mu.Unlock()
+		var told *reservation
 		if !r.isReserved() {
 			if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
 				// Why the run stopped (errLeaseExpiring: the database did not
@@ -232,17 +234,25 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 			case IsUnavailable(err) && r.reservedAfterAll(ctx):
 				// Its answer was lost, not the reservation: the starter is told
 				// it started, never that the database was unavailable while
-				// its key is taken.
+				// its key is taken. When it committed is not known: when
+				// this process found it had stands for it.
 				r.mu.Lock()
 				r.reservedAt = time.Now()
 				r.mu.Unlock()
 				res = reservation{created: true}
 			}
-			r.local.reserved <- res
+			told = &res
+		}
+		// The reads above ran within the run's place; it is given back
+		// before the starter hears.
+		r.room.giveBack()
+		if told != nil {
+			r.local.reserved <- *told
 		}
 		r.local.info = info
 		close(r.local.done)
 	}
+	r.room.giveBack() // before the waiters hear
 	if info != nil {
 		r.e.notifyFinished(info)
 	}

@@ -41,9 +41,11 @@ type Started struct {
 	// Existing is the operation that already held the key when Created is false:
 	// its state, fingerprint and, once finished, its stored result or error.
 	Existing *Info
-	// ReservedAt is when this process saw the reservation commit, when Created
-	// is true: a wait for the answer that counts from the reservation (as
-	// StartOpts.Wait does) counts from it.
+	// ReservedAt is when this process saw the reservation commit, when Start
+	// created the operation (a reservation whose answer was lost: when the
+	// engine found it had committed): a wait for the answer that counts from
+	// the reservation, as StartOpts.Wait does, counts from it. Zero for
+	// StartTx, whose caller's transaction commits it.
 	ReservedAt time.Time
 
 	e     *Engine
@@ -53,11 +55,12 @@ type Started struct {
 // Wait waits until the operation finishes or is parked and returns it (see
 // Engine.Wait): check Info.Status, and Info.Parked for an operation that waits
 // for an operator. For a first attempt that finishes the operation in this
-// process it returns the moment the attempt ends, without reading the database.
+// process it returns the moment the attempt ends, without reading the database,
+// and, once it has, whatever ctx.
 func (s *Started) Wait(ctx context.Context) (*Info, error) {
 	if s.local != nil {
 		select {
-		case <-s.local.done: // an attempt that has ended answers whatever ctx
+		case <-s.local.done: // an attempt that has ended is not waited for
 		default:
 			select {
 			case <-s.local.done:
