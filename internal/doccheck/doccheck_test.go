@@ -285,7 +285,7 @@ var goTestFlags = map[string]bool{
 	"modfile": true, "C": true, "ldflags": true, "gcflags": true, "outputdir": true, "cpuprofile": true,
 	"memprofile": true, "blockprofile": true, "mutexprofile": true, "trace": true, "vet": true,
 	"v": false, "race": false, "short": false, "cover": false, "json": false, "failfast": false,
-	"benchmem": false, "x": false, "n": false, "a": false, "fullpath": false,
+	"benchmem": false, "x": false, "n": false, "a": false, "fullpath": false, "c": false,
 }
 
 // checkCommand returns what is wrong with the command c.
