@@ -146,7 +146,12 @@ func TestQueue(t *testing.T) {
 		dbURL := testdb.URL(t)
 		d := startDemo(t, dbURL, &demoOpts{crash: "consume:after-effect"})
 		c := d.client(t, tokenA)
-		c.enqueue("m-3", "A-3", "cus_1", 300)
+		// The job that the message's commit wakes may crash the demo before
+		// the 202 reaches the client: a cut connection then, after that
+		// commit (the stuck delivery below is its job).
+		if r, err := c.send(http.MethodPost, "/queue/orders", "", map[string]any{"messageId": "m-3", "orderId": "A-3", "customerId": "cus_1", "amount": 300}); err == nil {
+			requireStatus(t, r, http.StatusAccepted)
+		}
 		require.Equal(t, crashExitCode, d.waitExit(), "exit status of DEMO_CRASH")
 		require.Contains(t, d.stderr.String(), "DEMO_CRASH")
 
