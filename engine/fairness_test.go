@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/engine"
@@ -66,18 +67,67 @@ func TestMaxInFlightPerScope(t *testing.T) {
 	require.NoError(t, err, "Off: no bound")
 }
 
-// TestRoomBeforeAnswer: a run gives its place in the process's bounds back
-// before its starter hears that it ended, so that a client that starts its
-// next operation at once is never refused for one that has ended. The first
-// run is held in the observer's RunEnded, which it calls after its starter
-// heard, while the client starts the next.
-func TestRoomBeforeAnswer(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
+// endHold is a one-step operation whose run of the held operation is held in
+// the observer's RunEnded, which a run calls after its starter and waiters
+// heard that it ended: the run is over, and still holds whatever end has not
+// given back.
+type endHold struct {
+	op            *engine.Operation[int, int, int]
+	id            atomic.Pointer[uuid.UUID]
+	held, release chan struct{}
+}
+
+func newEndHold(t *testing.T) *endHold {
+	t.Helper()
 	op, err := engine.NewOperation("quick", []engine.Step[int, int]{
 		engine.ExternalStep("noop", func(context.Context, engine.Attempt, int, *int) error { return nil }),
 	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
 	require.NoError(t, err)
+	return &endHold{op: op, held: make(chan struct{}), release: make(chan struct{})}
+}
+
+// newEngine is an engine of cfg that runs the operation and holds its run.
+func (h *endHold) newEngine(t *testing.T, pool *pgxpool.Pool, cfg engine.Config) *engine.Engine {
+	t.Helper()
+	cfg.Operations = []engine.Definition{h.op}
+	cfg.Observer = &engine.Observer{RunEnded: func(_ context.Context, ev engine.OperationEvent, _ engine.RunEnd, _ error) {
+		if id := h.id.Load(); id != nil && *id == ev.ID {
+			close(h.held)
+			<-h.release
+		}
+	}}
+	e, err := engine.New(pool, &cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.Stop(context.Background())) })
+	return e
+}
+
+// nextStart waits until the held run is in RunEnded, starts the client's next
+// operation while it is, and reports that start's error (nil once it ran).
+func (h *endHold) nextStart(t *testing.T, e *engine.Engine) error {
+	t.Helper()
+	ctx := context.Background()
+	select {
+	case <-h.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held run never reached RunEnded")
+	}
+	next, err := engine.Start(ctx, e, h.op, "client", "k-2", 1, nil)
+	close(h.release)
+	if err != nil {
+		return err
+	}
+	_, err = next.Wait(ctx)
+	require.NoError(t, err)
+	return nil
+}
+
+// TestRoomBeforeAnswer: a run gives its place in the process's bounds back
+// before its starter hears that it ended, so that a client that starts its
+// next operation at once is never refused for one that has ended.
+func TestRoomBeforeAnswer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
 	for _, tc := range []struct {
 		name string
 		cfg  engine.Config
@@ -88,36 +138,15 @@ func TestRoomBeforeAnswer(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			var first atomic.Pointer[uuid.UUID]
-			held, release := make(chan struct{}), make(chan struct{})
-			cfg := tc.cfg
-			cfg.Operations = []engine.Definition{op}
-			cfg.Observer = &engine.Observer{RunEnded: func(_ context.Context, ev engine.OperationEvent, _ engine.RunEnd, _ error) {
-				if id := first.Load(); id != nil && *id == ev.ID {
-					close(held)
-					<-release
-				}
-			}}
-			e, err := engine.New(testdb.Pool(t), &cfg)
+			h := newEndHold(t)
+			e := h.newEngine(t, testdb.Pool(t), tc.cfg)
+			s, err := engine.Start(ctx, e, h.op, "client", "k-1", 1, nil)
 			require.NoError(t, err)
-			t.Cleanup(func() { require.NoError(t, e.Stop(context.Background())) })
-
-			s, err := engine.Start(ctx, e, op, "client", "k-1", 1, nil)
-			require.NoError(t, err)
-			first.Store(&s.ID)
+			h.id.Store(&s.ID)
 			info, err := s.Wait(ctx)
 			require.NoError(t, err)
 			require.Equal(t, engine.StatusSucceeded, info.Status)
-			select {
-			case <-held: // the first run has told its starter, and is still running
-			case <-time.After(10 * time.Second):
-				t.Fatal("the first run never reached RunEnded")
-			}
-			next, err := engine.Start(ctx, e, op, "client", "k-2", 1, nil)
-			close(release)
-			require.NoError(t, err, "a place held after the answer would refuse it: %v", tc.want)
-			_, err = next.Wait(ctx)
-			require.NoError(t, err)
+			require.NoError(t, h.nextStart(t, e), "a place held after the answer would refuse it: %v", tc.want)
 		})
 	}
 }
@@ -128,41 +157,19 @@ func TestRoomBeforeAnswer(t *testing.T) {
 func TestRoomBeforeAnswerResume(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	op, err := engine.NewOperation("quick", []engine.Step[int, int]{
-		engine.ExternalStep("noop", func(context.Context, engine.Attempt, int, *int) error { return nil }),
-	}, func(in int, _ *int) (int, error) { return in, nil }, nil)
-	require.NoError(t, err)
-	var first atomic.Pointer[uuid.UUID]
-	held, release := make(chan struct{}), make(chan struct{})
+	h := newEndHold(t)
 	pool := testdb.Pool(t)
-	e, err := engine.New(pool, &engine.Config{Operations: []engine.Definition{op}, MaxInFlightPerScope: 1,
-		Observer: &engine.Observer{RunEnded: func(_ context.Context, ev engine.OperationEvent, _ engine.RunEnd, _ error) {
-			if id := first.Load(); id != nil && *id == ev.ID {
-				close(held)
-				<-release
-			}
-		}}})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, e.Stop(context.Background())) })
+	e := h.newEngine(t, pool, engine.Config{MaxInFlightPerScope: 1})
 
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	s, err := engine.StartTx(ctx, tx, e, op, "client", "k-1", 1, nil)
+	s, err := engine.StartTx(ctx, tx, e, h.op, "client", "k-1", 1, nil)
 	require.NoError(t, err)
-	first.Store(&s.ID)
+	h.id.Store(&s.ID)
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, e.StartWorkers(ctx))
 	info, err := e.Wait(ctx, s.ID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, info.Status)
-	select {
-	case <-held:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the worker's run never reached RunEnded")
-	}
-	next, err := engine.Start(ctx, e, op, "client", "k-2", 1, nil)
-	close(release)
-	require.NoError(t, err, "the worker's place held after the answer would refuse it")
-	_, err = next.Wait(ctx)
-	require.NoError(t, err)
+	require.NoError(t, h.nextStart(t, e), "the worker's place held after the answer would refuse it")
 }

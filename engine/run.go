@@ -200,6 +200,7 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 		// Before the starter hears of it: an answer it gives is counted already.
 		r.observeFinished(ctx, info.Status)
 	}
+	var told *reservation // what a starter whose reservation did not commit hears
 	if r.local != nil {
 		r.mu.Lock()
 		if r.local.speaker != nil {
@@ -208,7 +209,6 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 			r.local.speaker.Stop()
 		}
 		r.mu.Unlock()
-		var told *reservation
 		if !r.isReserved() {
 			if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
 				// Why the run stopped (errLeaseExpiring: the database did not
@@ -243,16 +243,17 @@ func (r *run) end(ctx context.Context, info *Info, err error) {
 			}
 			told = &res
 		}
-		// The reads above ran within the run's place; it is given back
-		// before the starter hears.
-		r.room.giveBack()
+	}
+	// The reads above ran within the run's place; it is given back before the
+	// starter and the waiters hear.
+	r.room.giveBack()
+	if r.local != nil {
 		if told != nil {
 			r.local.reserved <- *told
 		}
 		r.local.info = info
 		close(r.local.done)
 	}
-	r.room.giveBack() // before the waiters hear
 	if info != nil {
 		r.e.notifyFinished(info)
 	}

@@ -24,10 +24,10 @@ type StartOpts struct {
 	// Start waiting after the reservation has committed, up to Wait, for the
 	// first attempt to end: the starter then wakes once, with the answer,
 	// rather than once for the reservation and again for the answer, while
-	// the attempt runs (15 to 60 µs of CPU less per operation in
-	// BenchmarkFirstAttempt; see docs/benchmarks.md). ctx ends the wait too. Zero: Start returns as soon
-	// as the reservation has committed. StartTx, whose operation runs on a
-	// River worker, has no attempt to wait for.
+	// the attempt runs (12 to 60 µs of CPU less per operation in
+	// BenchmarkFirstAttempt; see docs/benchmarks.md). ctx ends the wait too.
+	// Zero: Start returns as soon as the reservation has committed. StartTx,
+	// whose operation runs on a River worker, has no attempt to wait for.
 	Wait time.Duration
 }
 
